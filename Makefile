@@ -1,0 +1,43 @@
+# Every target bootstraps .venv on a fresh machine; nothing needs to be installed by hand first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit test-integration lint bench check-tools venv clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "spark-eos needs Python >= 3.10, found " + sys.version' 
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+check-tools:
+	@scripts/check-tools.sh
+
+demo: $(STAMP) check-tools
+	$(VENV)/bin/spark-eos demo
+
+test: $(STAMP) check-tools
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-integration: $(STAMP) check-tools
+	$(PY) -m pytest integration $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check connectors sources sinks integration tests bench
+	$(VENV)/bin/ruff format --check connectors sources sinks integration tests bench
+	$(VENV)/bin/mypy
+
+bench: $(STAMP) check-tools
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse .eos

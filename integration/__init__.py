@@ -1,0 +1,1 @@
+"""Service-backed tests: Kafka, Postgres and Spark fixtures, connector tests, crash matrix."""

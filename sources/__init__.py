@@ -1,0 +1,1 @@
+"""spark-eos sources."""
