@@ -7,15 +7,15 @@ from typing import Any
 from connectors.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError
 
 __all__ = [
-    "register",
-    "upsert_batch",
-    "twopc_batch",
-    "EosError",
-    "ConfigError",
-    "RetriableError",
-    "FatalError",
-    "CommitUnknown",
     "FORMATS",
+    "CommitUnknown",
+    "ConfigError",
+    "EosError",
+    "FatalError",
+    "RetriableError",
+    "register",
+    "twopc_batch",
+    "upsert_batch",
 ]
 
 FORMATS = ("kafka-eos", "postgres-upsert", "postgres-2pc")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 __all__ = [
-    "EosError",
-    "ConfigError",
-    "RetriableError",
-    "FatalError",
     "CommitUnknown",
-    "ServiceError",
+    "ConfigError",
     "DataLossError",
+    "EosError",
+    "FatalError",
+    "RetriableError",
+    "ServiceError",
 ]
 
 

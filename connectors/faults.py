@@ -32,7 +32,7 @@ from functools import lru_cache
 
 from connectors.errors import ConfigError, EosError
 
-__all__ = ["POINTS", "FaultInjected", "FaultRule", "point", "parse_spec", "fired", "ENV_SPEC", "ENV_LOG", "ENV_STATE"]
+__all__ = ["ENV_LOG", "ENV_SPEC", "ENV_STATE", "POINTS", "FaultInjected", "FaultRule", "fired", "parse_spec", "point"]
 
 ENV_SPEC = "EOS_FAULTS"
 ENV_LOG = "EOS_FAULTS_LOG"
@@ -119,7 +119,9 @@ def parse_spec(spec: str) -> tuple[FaultRule, ...]:
                 try:
                     kwargs[k] = float(v)
                 except ValueError:
-                    raise ConfigError(f"fault spec {text!r}: seconds must be a number, got {v!r}", option="faults") from None
+                    raise ConfigError(
+                        f"fault spec {text!r}: seconds must be a number, got {v!r}", option="faults"
+                    ) from None
             else:
                 conditions.append((k, v))
         rules.append(FaultRule(point=name, conditions=tuple(conditions), text=text, **kwargs))  # type: ignore[arg-type]

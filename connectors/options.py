@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from connectors.errors import ConfigError
 
-__all__ = ["Option", "OptionSet", "REQUIRED", "parse_duration", "parse_bool", "redact"]
+__all__ = ["REQUIRED", "Option", "OptionSet", "parse_bool", "parse_duration", "redact"]
 
 T = TypeVar("T")
 
@@ -27,13 +27,25 @@ REQUIRED: Any = _Required()
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|millis|milliseconds|seconds?|minutes?|hours?|days?)?\s*$", re.I)
+_DURATION = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|millis|milliseconds|seconds?|minutes?|hours?|days?)?\s*$", re.I
+)
 _UNIT_SECONDS = {
-    "ms": 0.001, "millis": 0.001, "milliseconds": 0.001,
-    "s": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+    "ms": 0.001,
+    "millis": 0.001,
+    "milliseconds": 0.001,
+    "s": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
 }
 
 
@@ -264,10 +276,10 @@ class OptionSet:
         hint = ""
         if close:
             hint = f"; did you mean '{self.by_key[close[0]].name}'?"
-        prefixes = f" (or any option starting with {', '.join(repr(p) for p in self.passthrough)})" if self.passthrough else ""
-        return (
-            f"{self.context}: unknown option '{key}'{hint} Known options: {', '.join(sorted(known))}{prefixes}"
+        prefixes = (
+            f" (or any option starting with {', '.join(repr(p) for p in self.passthrough)})" if self.passthrough else ""
         )
+        return f"{self.context}: unknown option '{key}'{hint} Known options: {', '.join(sorted(known))}{prefixes}"
 
     def markdown(self) -> str:
         """A README table of the options."""
