@@ -12,22 +12,22 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 __all__ = [
+    "SHOW_IDS",
     "Check",
     "Report",
-    "compare_records",
-    "compare_aggregates",
-    "expected_aggregates",
     "check_end_state",
-    "check_faults",
     "check_exit",
+    "check_faults",
+    "compare_aggregates",
+    "compare_records",
+    "expected_aggregates",
     "last_commit",
+    "last_decided_batch",
     "last_offsets",
     "prepared_gids",
-    "last_decided_batch",
-    "read_topic",
     "read_table",
+    "read_topic",
     "verify",
-    "SHOW_IDS",
 ]
 
 SHOW_IDS = 20  # ids listed per finding; the counts are always complete
@@ -275,7 +275,12 @@ def compare_aggregates(
                 "phantom": len(phantom),
                 "repeated": len(dup_keys),
             },
-            {"wrong": _sample(wrong), "missing": _sample(missing), "phantom": _sample(phantom), "repeated": _sample(dup_keys)},
+            {
+                "wrong": _sample(wrong),
+                "missing": _sample(missing),
+                "phantom": _sample(phantom),
+                "repeated": _sample(dup_keys),
+            },
         )
     ]
 
@@ -320,9 +325,7 @@ def prepared_gids(conn: Any, sink_id: str | None = None) -> list[str]:
 def last_decided_batch(conn: Any, sink_id: str, *, eos_schema: str = "eos") -> int | None:
     """The sink's last decided batch in ``<eos_schema>.sink_batches`` (None when it has none)."""
     with conn.cursor() as cur:
-        cur.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (f"{_ident(eos_schema)}.sink_batches",)
-        )
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{_ident(eos_schema)}.sink_batches",))
         if not cur.fetchone()[0]:
             return None
         cur.execute(f"SELECT max(batch_id) FROM {_ident(eos_schema)}.sink_batches WHERE sink_id = %s", (sink_id,))
@@ -396,8 +399,13 @@ def check_faults(
     ]
 
 
-def check_exit(returncode: int | None, *, expect_signal: int | None = None, expect_code: int | None = None,
-               name: str = "fault.exit") -> list[Check]:
+def check_exit(
+    returncode: int | None,
+    *,
+    expect_signal: int | None = None,
+    expect_code: int | None = None,
+    name: str = "fault.exit",
+) -> list[Check]:
     """The killed process really died as intended: by ``expect_signal`` or with ``expect_code``."""
     if expect_signal is not None:
         ok = returncode == -expect_signal
@@ -405,8 +413,19 @@ def check_exit(returncode: int | None, *, expect_signal: int | None = None, expe
     else:
         ok = returncode == expect_code if expect_code is not None else returncode not in (0, None)
         want = f"exit code {expect_code}" if expect_code is not None else "a non-zero exit"
-    got = "still running" if returncode is None else (f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}")
-    return [Check(name, ok, f"process ended with {got}; wanted {want}", {"returncode": -999 if returncode is None else returncode})]
+    got = (
+        "still running"
+        if returncode is None
+        else (f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}")
+    )
+    return [
+        Check(
+            name,
+            ok,
+            f"process ended with {got}; wanted {want}",
+            {"returncode": -999 if returncode is None else returncode},
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +471,9 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json:
         done: set[int] = set()
         while len(done) < len(ends):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic!r}: partitions {sorted(set(ends) - done)} not drained in {timeout}s")
+                raise TimeoutError(
+                    f"reading {topic!r}: partitions {sorted(set(ends) - done)} not drained in {timeout}s"
+                )
             for msg in consumer.consume(1000, 1.0):
                 if msg.error():
                     continue
@@ -461,7 +482,11 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json:
                     done.add(p)
                 if off >= ends[p]:
                     continue
-                out.append(_parse(msg.value(), p, off) if parse_json else {"value": msg.value(), "_partition": p, "_offset": off})
+                out.append(
+                    _parse(msg.value(), p, off)
+                    if parse_json
+                    else {"value": msg.value(), "_partition": p, "_offset": off}
+                )
             # a partition whose tail is a transaction marker has no record at hi-1
             for p, hi in ends.items():
                 if p not in done:
@@ -489,7 +514,7 @@ def read_table(conn: Any, table: str, columns: Sequence[str] | None = None) -> l
     with conn.cursor() as cur:
         cur.execute(f"SELECT {cols} FROM {_ident(table)}")
         names = [d.name for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+        return [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
 
 
 def verify(
@@ -536,7 +561,9 @@ def verify(
                     columns=aggregates.get("columns"),
                 )
             )
-        report.add(*check_end_state(conn, sink_id=sink_id, checkpoint=checkpoint, eos_schema=eos_schema, decisions=decisions))
+        report.add(
+            *check_end_state(conn, sink_id=sink_id, checkpoint=checkpoint, eos_schema=eos_schema, decisions=decisions)
+        )
     if min_faults > 0:
         report.add(*check_faults(fault_log, expect=expect_faults, min_count=min_faults))
     return report

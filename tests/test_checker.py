@@ -28,7 +28,7 @@ def test_clean_run_passes():
 
 def test_duplicates_reported_with_ids_and_counts():
     src = _src()
-    sink = src + [src[3], src[3], src[7]]
+    sink = [*src, src[3], src[3], src[7]]
     checks = _by(compare_records(src, sink))
     assert not checks["duplicates"].ok
     assert checks["duplicates"].counts["duplicates"] == 3
@@ -48,7 +48,7 @@ def test_losses_reported():
 
 def test_phantoms_reported():
     src = _src()
-    checks = _by(compare_records(src, src + [{"id": "zz", "key": "k0", "amount": 1}]))
+    checks = _by(compare_records(src, [*src, {"id": "zz", "key": "k0", "amount": 1}]))
     assert not checks["phantoms"].ok
     assert checks["phantoms"].ids["phantoms"] == ["zz"]
     assert checks["losses"].ok and checks["duplicates"].ok
@@ -75,7 +75,7 @@ def test_payload_fields_restrict_the_comparison():
 
 
 def test_repeated_source_ids_void_the_run():
-    src = _src() + [_src()[0]]
+    src = [*_src(), _src()[0]]
     checks = _by(compare_records(src, src))
     assert not checks["losses"].ok
     assert checks["losses"].counts["source_duplicates"] == 1
@@ -83,14 +83,17 @@ def test_repeated_source_ids_void_the_run():
 
 def test_aggregates_catch_double_applied_and_missing_keys():
     src = _src(9)  # k0: 0+30+60, k1: 10+40+70, k2: 20+50+80
-    good = [{"key": "k0", "total": 90, "events": 3}, {"key": "k1", "total": 120, "events": 3},
-            {"key": "k2", "total": 150, "events": 3}]
+    good = [
+        {"key": "k0", "total": 90, "events": 3},
+        {"key": "k1", "total": 120, "events": 3},
+        {"key": "k2", "total": 150, "events": 3},
+    ]
     (ok,) = compare_aggregates(src, good)
     assert ok.ok and ok.counts["keys"] == 3
     replayed = [dict(good[0], total=180, events=6), *good[1:]]
     (bad,) = compare_aggregates(src, replayed)
     assert not bad.ok and bad.ids["wrong"] == ["k0"]
-    (missing,) = compare_aggregates(src, good[:2] + [{"key": "k9", "total": 1, "events": 1}])
+    (missing,) = compare_aggregates(src, [*good[:2], {"key": "k9", "total": 1, "events": 1}])
     assert not missing.ok and missing.ids["missing"] == ["k2"] and missing.ids["phantom"] == ["k9"]
 
 
@@ -197,7 +200,7 @@ def test_last_commit_ignores_crc_and_temp_files(tmp_path):
 
 def test_report_ok_table_json_and_pickle():
     src = _src()
-    report = Report(info={"kills": 3}).add(*compare_records(src, src[1:] + [src[2]]))
+    report = Report(info={"kills": 3}).add(*compare_records(src, [*src[1:], src[2]]))
     assert not report.ok
     table = report.table()
     assert "records.duplicates  FAIL" in table and "records.losses      FAIL" in table
