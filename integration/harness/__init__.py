@@ -1,0 +1,1 @@
+"""Crash-test harness: a TCP proxy, a reference pipeline runner and helpers for the crash matrix."""
