@@ -1,0 +1,215 @@
+"""The crash matrix's reference pipeline: Kafka JSON records -> parse -> a sink, run as its own process.
+
+    python -m integration.harness.runner --sink 2pc|upsert|stateful|broken --bootstrap HOST:PORT \
+        --topic T --dsn URL --table TBL --checkpoint DIR [--sink-id ID] [--max-offsets N] ...
+
+Records are JSON objects ``{"id": str, "key": str, "amount": int, ...}``. Sinks:
+
+- ``2pc``: ``postgres-2pc`` append into ``table`` (id, key, amount, src_partition, src_offset);
+- ``upsert``: ``postgres-upsert`` keyed by ``id`` into ``table``;
+- ``stateful``: ``groupBy(key)`` sum/count (update mode) through the upsert sink's foreachBatch
+  adapter into ``table`` (key, total, events);
+- ``broken``: a deliberately wrong sink that commits each task's rows directly (at-least-once),
+  used to prove that the crash matrix's checker bites.
+
+A malformed record stops the query with an error naming its topic, partition and offset (the
+documented policy: never a silent drop). Exit code 0 when the trigger drained the topic, 2 on a
+query failure (the error is printed last on stderr, prefixed ``RUNNER FAILED:``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["SINKS", "build_parser", "create_tables", "main"]
+
+SINKS = ("2pc", "upsert", "stateful", "broken")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m integration.harness.runner", description=__doc__.split("\n")[0])
+    p.add_argument("--sink", choices=SINKS, required=True)
+    p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--dsn", required=True, help="Postgres DSN the sink writes through (may be a proxy)")
+    p.add_argument("--table", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--sink-id", default=None, help="postgres-2pc sink.id (default: the table name)")
+    p.add_argument("--max-offsets", type=int, default=500, help="maxOffsetsPerTrigger (several batches)")
+    p.add_argument("--trigger", default="available-now", help="available-now | processing:SECONDS")
+    p.add_argument("--master", default="local[2,2]", help="Spark master (local-cluster[2,1,1024] for F6)")
+    p.add_argument("--partitions", type=int, default=2, help="spark.sql.shuffle.partitions")
+    p.add_argument("--fail-on-data-loss", default="true")
+    p.add_argument("--isolation", default="read_committed", help="kafka.isolation.level")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
+    p.add_argument("--extra", action="append", default=[], help="extra sink option key=value (repeatable)")
+    return p
+
+
+def create_tables(dsn: str, sink: str, table: str) -> None:
+    """Create the target table (idempotent): the sink's expected schema, primary key where keyed."""
+    import psycopg
+
+    if sink == "stateful":
+        ddl = (
+            f"CREATE TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, total bigint NOT NULL, events bigint NOT NULL)"
+        )
+    elif sink == "upsert":
+        ddl = (
+            f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, key text, amount bigint, "
+            "src_partition integer, src_offset bigint)"
+        )
+    else:  # 2pc and broken append: no key, so a duplicate shows as a second row
+        ddl = f"CREATE TABLE IF NOT EXISTS {table} (id text, key text, amount bigint, src_partition integer, src_offset bigint)"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(ddl)
+
+
+def _spark(args: argparse.Namespace) -> Any:
+    from pyspark.sql import SparkSession
+
+    import connectors
+
+    builder = (
+        SparkSession.builder.master(args.master)
+        .appName(f"eos-runner-{args.sink}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+    )
+    if args.master.startswith("local-cluster"):
+        builder = builder.config("spark.executor.memory", "512m")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    connectors.register(spark)
+    return spark
+
+
+def _parsed(spark: Any, args: argparse.Namespace) -> Any:
+    from pyspark.sql import functions as F
+
+    raw = (
+        spark.readStream.format("kafka-eos")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribe", args.topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(args.max_offsets))
+        .option("failOnDataLoss", args.fail_on_data_loss)
+        .option("kafka.isolation.level", args.isolation)
+        .load()
+    )
+    schema = "id string, key string, amount long"
+    rec = F.from_json(F.col("value").cast("string"), schema)
+    where = F.concat(
+        F.lit("malformed record (not a JSON object with a string id) at topic "),
+        F.col("topic"),
+        F.lit(" partition "),
+        F.col("partition").cast("string"),
+        F.lit(" offset "),
+        F.col("offset").cast("string"),
+        F.lit(": stopping rather than dropping it; fix or remove the record, or move the start offset past it"),
+    )
+    # raise_error inside the projection of id: a poison record fails its task (and so the query)
+    checked_id = F.when(rec.isNull() | rec["id"].isNull(), F.raise_error(where)).otherwise(rec["id"])
+    return raw.select(
+        checked_id.alias("id"),
+        rec["key"].alias("key"),
+        rec["amount"].alias("amount"),
+        F.col("partition").alias("src_partition"),
+        F.col("offset").alias("src_offset"),
+    )
+
+
+def _broken_batch(dsn: str, table: str) -> Any:
+    """foreachBatch that INSERTs and commits inside each task: at-least-once, duplicates on replay."""
+    from connectors import faults
+
+    def write(batch_df: Any, batch_id: int) -> None:
+        def part(rows: Any) -> None:
+            import psycopg
+
+            with psycopg.connect(dsn) as conn:
+                with conn.cursor() as cur:
+                    for r in rows:
+                        cur.execute(
+                            f"INSERT INTO {table} (id, key, amount, src_partition, src_offset) VALUES (%s,%s,%s,%s,%s)",
+                            (r.id, r.key, r.amount, r.src_partition, r.src_offset),
+                        )
+                conn.commit()
+
+        batch_df.foreachPartition(part)
+        # the same driver-side point the real sinks pass once every row is committed
+        faults.point("sink.after_commit", batch=batch_id)
+
+    return write
+
+
+def _query(spark: Any, args: argparse.Namespace) -> Any:
+    from pyspark.sql import functions as F
+
+    df = _parsed(spark, args)
+    sink_id = args.sink_id or args.table.replace(".", "_")
+    extra = dict(kv.split("=", 1) for kv in args.extra)
+    if args.sink == "stateful":
+        agg = df.groupBy("key").agg(F.sum("amount").alias("total"), F.count(F.lit(1)).alias("events"))
+        writer = agg.writeStream.outputMode("update").foreachBatch(
+            connectors_upsert_batch(dsn=args.dsn, table=args.table, key="key", **extra)
+        )
+    elif args.sink == "broken":
+        writer = df.writeStream.foreachBatch(_broken_batch(args.dsn, args.table))
+    else:
+        fmt = "postgres-2pc" if args.sink == "2pc" else "postgres-upsert"
+        writer = df.writeStream.format(fmt).option("dsn", args.dsn).option("table", args.table)
+        writer = writer.option("sink.id", sink_id) if args.sink == "2pc" else writer.option("key", "id")
+        for k, v in extra.items():
+            writer = writer.option(k, v)
+    writer = writer.option("checkpointLocation", args.checkpoint).queryName(f"eos_{args.sink}")
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    elif args.trigger.startswith("processing:"):
+        writer = writer.trigger(processingTime=f"{float(args.trigger.split(':', 1)[1])} seconds")
+    else:
+        raise SystemExit(f"--trigger {args.trigger!r}: expected available-now or processing:SECONDS")
+    return writer.start()
+
+
+def connectors_upsert_batch(**options: Any) -> Any:
+    import connectors
+
+    return connectors.upsert_batch(**options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    create_tables(args.dsn, args.sink, args.table)
+    spark = _spark(args)
+    started = time.monotonic()
+    try:
+        query = _query(spark, args)
+        print(f"RUNNER STARTED pid={os.getpid()} query={query.id}", flush=True)
+        finished = query.awaitTermination(args.timeout)
+        if not finished:
+            query.stop()
+            print(f"RUNNER TIMEOUT after {args.timeout}s", file=sys.stderr, flush=True)
+            return 3
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+    except Exception as exc:
+        msg = str(exc).replace("\n", " ")[:4000]
+        print(f"RUNNER FAILED: {type(exc).__name__}: {msg}", file=sys.stderr, flush=True)
+        return 2
+    print(f"RUNNER DONE in {time.monotonic() - started:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
