@@ -1,0 +1,187 @@
+"""Harness pieces without services: process-group kills, checkpoint tampering, the proxy, kill plans."""
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from connectors import chaos, harness
+from integration.harness.proxy import TcpProxy
+
+CHILD = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_group_takes_children_too(tmp_path):
+    log = str(tmp_path / "log")
+    proc = harness.PipelineProcess([sys.executable, "-c", CHILD], log_path=log).start()
+    harness.wait_until(lambda: "ready" in proc.log_tail(), timeout=20, what="child ready")
+    kids = harness.descendants(proc.pid)
+    assert kids, "the grandchild should exist"
+    assert os.getpgid(kids[0]) == proc.pid  # own session: the whole tree shares the group
+    proc.kill_group()
+    out = proc.wait(10)
+    assert out.killed and out.signal == signal.SIGKILL
+    assert "SIGKILL" in str(out)
+    harness.wait_until(
+        lambda: not any(os.path.exists(f"/proc/{k}") and harness._state(k) != "Z" for k in kids),
+        timeout=10,
+        what="grandchild gone",
+    )
+
+
+def test_exit_code_reported(tmp_path):
+    out = harness.PipelineProcess(
+        [sys.executable, "-c", "import sys; print('bye'); sys.exit(17)"], log_path=str(tmp_path / "l")
+    ).run(30)
+    assert out.returncode == 17 and not out.killed
+    assert "bye" in out.log_tail
+    assert harness.describe_exit(17) == "exit code 17"
+
+
+def test_run_timeout_kills_and_raises(tmp_path):
+    proc = harness.PipelineProcess([sys.executable, "-c", "import time; time.sleep(60)"], log_path=str(tmp_path / "l"))
+    with pytest.raises(TimeoutError, match="did not finish"):
+        proc.run(0.5)
+    assert not proc.alive()
+
+
+def test_truncate_and_corrupt(tmp_path):
+    d = tmp_path / "offsets"
+    d.mkdir()
+    for n in (0, 1, 2):
+        (d / str(n)).write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":' + str(n * 100) + "}}")
+    (d / ".2.crc").write_bytes(b"crc")
+    last = harness.latest_file(str(d))
+    assert last.endswith("2")
+    size = os.path.getsize(last)
+    assert harness.truncate_file(last) == size // 2
+    assert os.path.getsize(last) == size // 2 and not (d / ".2.crc").exists()
+    harness.corrupt_file(str(d / "1"))
+    body = (d / "1").read_bytes()
+    assert body.startswith(b"v1\n") and b"not json" in body
+
+
+def test_make_unwritable_refuses_new_files_even_for_root(tmp_path):
+    d = tmp_path / "commits"
+    d.mkdir()
+    state = harness.make_unwritable(str(d))
+    try:
+        with pytest.raises(OSError):
+            (d / "5").write_text("x")
+    finally:
+        harness.restore_writable(state)
+    (d / "5").write_text("x")
+
+
+def _echo_server():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+
+            def echo(c=conn):
+                try:
+                    while data := c.recv(100):
+                        c.sendall(data)
+                except OSError:
+                    pass
+
+            threading.Thread(target=echo, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def test_proxy_forwards_stalls_resets_and_cuts():
+    srv = _echo_server()
+    with TcpProxy("127.0.0.1", srv.getsockname()[1]) as proxy:
+        c = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
+        c.sendall(b"hi")
+        assert c.recv(10) == b"hi"
+        proxy.stall()
+        c.sendall(b"x")
+        c.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            c.recv(10)
+        proxy.heal()
+        c.settimeout(3)
+        assert c.recv(10) == b"x"
+        proxy.reset_on(b"COMMIT PREPARED")
+        c.sendall(b"COMMIT PREPARED 'g'")
+        with pytest.raises(ConnectionResetError):
+            c.recv(100)
+        assert proxy.stats.pattern_hits == 1
+        proxy.cut()
+        c2 = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
+        with pytest.raises((ConnectionResetError, ConnectionAbortedError)):
+            c2.sendall(b"y")
+            time.sleep(0.2)
+            if not c2.recv(10):
+                raise ConnectionResetError
+        assert proxy.stats.refused >= 1
+        proxy.heal()
+        c3 = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
+        c3.sendall(b"ok")
+        assert c3.recv(10) == b"ok"
+        assert proxy.reset() >= 1
+    srv.close()
+
+
+def test_kill_plan_is_seeded_and_mixed():
+    a = chaos.plan_kills("2pc", 40, seed=7)
+    assert a == chaos.plan_kills("2pc", 40, seed=7)
+    assert a != chaos.plan_kills("2pc", 40, seed=8)
+    kinds = {p.kind for p in a}
+    assert kinds == {"sigkill", "fault"}
+    points = {p.point for p in a if p.point}
+    assert points <= set(chaos.FAULT_POINTS["2pc"]) and len(points) >= 3
+    fault = next(p for p in a if p.point and p.point.startswith("sink."))
+    spec = fault.spec(last_commit=4)
+    assert spec.startswith(fault.point) and f":batch={5 + fault.skip}:" in spec and spec.endswith("kill-group:once")
+
+
+def test_fault_points_of_chaos_exist():
+    from connectors import faults
+
+    for points in chaos.FAULT_POINTS.values():
+        for p in points:
+            assert p in faults.POINTS
+            faults.parse_spec(f"{p}:batch=1:action=kill-group:once")
+
+
+def test_records_unique_and_reproducible():
+    a = chaos.make_records(100, seed=3)
+    assert len({r["id"] for r in a}) == 100
+    assert a == chaos.make_records(100, seed=3)
+    b = chaos.make_records(100, seed=3, start=100)
+    assert not {r["id"] for r in a} & {r["id"] for r in b}
+
+
+def test_chaos_arguments_and_help():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    chaos.add_subparser(sub)
+    args = parser.parse_args(
+        ["chaos", "--pipeline", "stateful", "--kills", "3", "--seed", "5", "--records", "90", "--json"]
+    )
+    assert (args.pipeline, args.kills, args.seed, args.records, args.json) == ("stateful", 3, 5, 90, True)
+    assert args.func is not None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["chaos", "--pipeline", "nope"])
