@@ -1,0 +1,58 @@
+"""Opt-in shim: the Python API's .format("kafka") resolves to kafka-eos when Spark's JVM Kafka source is absent."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+__all__ = ["install_kafka_alias", "jvm_kafka_available"]
+
+log = logging.getLogger(__name__)
+
+_SESSIONS: weakref.WeakSet[Any] = weakref.WeakSet()
+_PATCHED = False
+
+
+def jvm_kafka_available(spark: Any) -> bool:
+    """True when Spark's own Kafka connector (spark-sql-kafka-0-10) is on the driver's class path."""
+    try:
+        spark._jvm.java.lang.Class.forName("org.apache.spark.sql.kafka010.KafkaSourceProvider")
+        return True
+    except Exception:  # no class, or no JVM gateway (Spark Connect): treat as absent
+        return False
+
+
+def install_kafka_alias(spark: Any) -> bool:
+    """Make ``spark.read/readStream.format("kafka")`` use kafka-eos for this session.
+
+    Returns False (and changes nothing) when Spark's JVM Kafka connector is present. Only the
+    Python DataFrameReader/DataStreamReader are redirected: SQL ``USING kafka`` and other
+    languages still look up the JVM source, which Python cannot serve.
+    """
+    global _PATCHED
+    if jvm_kafka_available(spark):
+        log.info("kafka-eos: Spark's JVM Kafka connector is present; format('kafka') left to it")
+        return False
+    _SESSIONS.add(spark)
+    if not _PATCHED:
+        from pyspark.sql.readwriter import DataFrameReader
+        from pyspark.sql.streaming.readwriter import DataStreamReader
+
+        for cls in (DataFrameReader, DataStreamReader):
+            _wrap(cls)
+        _PATCHED = True
+    return True
+
+
+def _wrap(cls: type) -> None:
+    original = cls.format
+
+    def format(self: Any, source: str) -> Any:
+        if isinstance(source, str) and source.lower() == "kafka" and getattr(self, "_spark", None) in _SESSIONS:
+            source = "kafka-eos"
+        return original(self, source)
+
+    format.__doc__ = original.__doc__
+    format.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.format = format  # type: ignore[attr-defined]

@@ -1,0 +1,206 @@
+"""The kafka-eos data source: Spark's Kafka schema and options, a replayable stream reader and a batch reader."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from connectors import faults
+from connectors.errors import ConfigError
+from connectors.options import parse_bool
+from sources.kafka.offsets import PartitionOffsets, from_json, is_symbolic, to_json
+from sources.kafka.options import KafkaSourceOptions, parse_options
+from sources.kafka.planner import KafkaPlanner, limits_from
+from sources.kafka.reader import read_partition
+from sources.kafka.split import KafkaInputPartition
+
+__all__ = ["FORMAT", "KafkaBatchReader", "KafkaEosDataSource", "KafkaStreamReader", "kafka_schema"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "kafka-eos"
+
+
+def kafka_schema(include_headers: bool = False) -> StructType:
+    """Spark's Kafka source schema, field for field."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(
+            StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])))
+        )
+    return StructType(fields)
+
+
+class KafkaEosDataSource(DataSource):
+    """``spark.readStream.format("kafka-eos")`` / ``spark.read.format("kafka-eos")``: Kafka as Spark reads it."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def _headers(self) -> bool:
+        raw = next((v for k, v in self.options.items() if k.lower() == "includeheaders"), "false")
+        try:
+            return parse_bool(raw)
+        except ValueError:
+            raise ConfigError(f"kafka-eos: option 'includeHeaders' is {raw!r}; expected true or false", option="includeHeaders") from None
+
+    def schema(self) -> StructType:
+        return kafka_schema(self._headers())
+
+    def _check_schema(self, schema: StructType) -> None:
+        if schema is not None and schema != self.schema():
+            raise ConfigError(
+                "kafka-eos: the Kafka source has a fixed schema and cannot be given a custom one; drop .schema(...) "
+                "and cast the key/value columns instead"
+            )
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        self._check_schema(schema)
+        return KafkaStreamReader(parse_options(dict(self.options), streaming=True))
+
+    def reader(self, schema: StructType) -> KafkaBatchReader:
+        self._check_schema(schema)
+        return KafkaBatchReader(parse_options(dict(self.options), streaming=False))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader; its offsets (Spark's offsets/n) are the source's operator state.
+
+    The start of batch 0 is never written to the checkpoint by Spark and ``initialOffset`` is
+    called again on restart, so a start that depends on time (latest, timestamps, group, earliest
+    under retention) is resolved once: into ``startingOffsetsLocation`` when set, otherwise by an
+    empty batch 0 whose end pins the resolved start in ``offsets/0``.
+    """
+
+    def __init__(self, opts: KafkaSourceOptions) -> None:
+        self.opts = opts
+        self.planner = KafkaPlanner(opts, streaming=True)
+        self._initial: dict[str, Any] | None = None
+        self._pinned: dict[str, dict[str, int]] = {}
+        self._target: PartitionOffsets | None = None
+        self._last_trigger = time.monotonic()
+        self._latest: PartitionOffsets | None = None
+
+    # Spark pickles the reader to executors; only options and the (client-free) planner travel.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_pinned"], state["_target"], state["_latest"] = {}, None, None
+        return state
+
+    def initialOffset(self) -> dict:
+        if self._initial is None:
+            tps = self.planner.discover()
+            if self.opts.starting_offsets_location:
+                start = self.planner.persisted_start(tps)
+            elif self.planner.starting_is_deterministic():
+                start = self.planner.resolve_start(tps)
+            else:
+                start = self.planner.symbolic_start(tps)
+            self._initial = to_json(start, symbolic=True)
+        return self._initial
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        o = self.opts
+        if o.max_offsets_per_trigger is not None:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_offsets_per_trigger is not None:
+            return ReadMinRows(o.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        tps = self.planner.current()
+        self._target = self.planner.client.latest(tps)
+        log.info("kafka-eos: AvailableNow target %s", to_json(self._target))
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = from_json(start, symbolic=True, what="start offset")
+        if is_symbolic(begin):
+            key = repr(start)
+            if key not in self._pinned:
+                # batch 0 reads nothing; its end is the resolved start, kept by Spark in offsets/0
+                self._pinned[key] = to_json(self.planner.resolve_start(sorted(begin)))
+            end_json = self._pinned[key]
+        else:
+            limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._target is not None)
+            end = self.planner.plan_end(begin, limits, target=self._target)
+            self._latest = end
+            if limits.min_rows is not None and any(tp in begin for tp in end):
+                new_rows = sum(max(0, e - begin[tp]) for tp, e in end.items() if tp in begin)
+                waited = time.monotonic() - self._last_trigger
+                if new_rows < limits.min_rows and waited < self.opts.max_trigger_delay and set(end) == set(begin):
+                    return to_json(begin)
+            end_json = to_json(end)
+        if end_json != to_json(begin, symbolic=True):
+            self._last_trigger = time.monotonic()
+            faults.point("source.plan", spec=self.opts.faults)
+        return end_json
+
+    def reportLatestOffset(self) -> dict | None:
+        return to_json(self._latest) if self._latest else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = from_json(start, symbolic=True, what="start offset")
+        if is_symbolic(begin):
+            return []  # the pinning batch 0 (see the class docstring)
+        return self.planner.input_partitions(begin, from_json(end, what="end offset"))
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaInputPartition)
+        return read_partition(partition)
+
+    def commit(self, end: dict) -> None:
+        if self.opts.commit_offsets_to_group and self.opts.group_id:
+            self.planner.client.commit(self.opts.group_id, from_json(end, what="end offset"))
+
+    def stop(self) -> None:
+        self.planner.client.close()
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read.format("kafka-eos")``: the records between the starting and ending offsets."""
+
+    def __init__(self, opts: KafkaSourceOptions) -> None:
+        self.opts = opts
+        self.planner = KafkaPlanner(opts, streaming=False)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        parts = self.planner.plan_batch()
+        self.planner.client.close()
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaInputPartition)
+        return read_partition(partition)

@@ -1,0 +1,88 @@
+"""Kafka source offsets: topic-partition -> offset maps in the canonical JSON of Spark's JVM source."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from connectors.errors import ConfigError
+
+__all__ = ["EARLIEST", "LATEST", "PartitionOffsets", "TopicPartition", "dumps", "from_json", "is_symbolic", "to_json"]
+
+EARLIEST = -2
+"""Sentinel offset: the earliest offset still in the log (Spark's JSON uses -2)."""
+LATEST = -1
+"""Sentinel offset: the offset after the last record (Spark's JSON uses -1)."""
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+PartitionOffsets = dict[TopicPartition, int]
+
+
+def _check(tp: TopicPartition, offset: int, *, symbolic: bool) -> None:
+    if not isinstance(tp.topic, str) or not tp.topic:
+        raise ValueError(f"offset map: topic must be a non-empty string, got {tp.topic!r}")
+    if not isinstance(tp.partition, int) or isinstance(tp.partition, bool) or tp.partition < 0:
+        raise ValueError(f"offset map: partition of {tp.topic!r} must be an int >= 0, got {tp.partition!r}")
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise ValueError(f"offset map: offset of {tp} must be an int, got {offset!r}")
+    if offset < 0 and not (symbolic and offset in (EARLIEST, LATEST)):
+        raise ValueError(f"offset map: offset of {tp} is {offset}; expected >= 0" + (" or -2/-1" if symbolic else ""))
+
+
+def to_json(offsets: Mapping[TopicPartition, int], *, symbolic: bool = False) -> dict[str, dict[str, int]]:
+    """The canonical offset dict: topics sorted, partitions in numeric order, partition keys strings.
+
+    Spark compares offsets by their JSON text, so two equal maps must always give the same dict
+    (``json.dumps`` keeps insertion order).
+    """
+    by_topic: dict[str, dict[int, int]] = {}
+    for tp, off in offsets.items():
+        tp = TopicPartition(*tp)
+        _check(tp, off, symbolic=symbolic)
+        by_topic.setdefault(tp.topic, {})[tp.partition] = off
+    return {t: {str(p): by_topic[t][p] for p in sorted(by_topic[t])} for t in sorted(by_topic)}
+
+
+def from_json(value: Any, *, symbolic: bool = False, what: str = "offsets") -> PartitionOffsets:
+    """Parse an offset dict (or its JSON text) back into a map; invariants checked."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{what}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what}: expected a JSON object of topic -> {{partition: offset}}, got {value!r}")
+    out: PartitionOffsets = {}
+    for topic, parts in value.items():
+        if not isinstance(parts, dict):
+            raise ConfigError(f"{what}: topic {topic!r} must map partitions to offsets, got {parts!r}")
+        for p, off in parts.items():
+            try:
+                tp = TopicPartition(str(topic), int(p))
+                _check(tp, off, symbolic=symbolic)
+            except ValueError as exc:
+                raise ConfigError(f"{what}: {exc}") from None
+            out[tp] = off
+    return out
+
+
+def dumps(offsets: Mapping[TopicPartition, int]) -> str:
+    """Compact JSON text exactly as Spark's JVM source writes it: {"t":{"0":12}}."""
+    return json.dumps(to_json(offsets, symbolic=True), separators=(",", ":"))
+
+
+def is_symbolic(offsets: Mapping[TopicPartition, int]) -> bool:
+    return any(off < 0 for off in offsets.values())
+
+
+def partitions_of(offsets: Iterable[TopicPartition]) -> list[TopicPartition]:
+    return sorted(offsets)

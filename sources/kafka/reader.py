@@ -1,0 +1,242 @@
+"""Executor side of kafka-eos: read exactly [start, end) of one topic-partition as Arrow record batches."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as CkTopicPartition
+
+from connectors import faults
+from connectors.errors import ConfigError, DataLossError, RetriableError
+from sources.kafka.split import KafkaInputPartition, ReadSettings
+
+__all__ = ["KafkaPartitionReader", "arrow_schema", "read_partition"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+_BASE = [
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("timestampType", pa.int32()),
+]
+# confluent-kafka timestamp types -> Java's TimestampType ids that Spark exposes
+_TS_TYPE = {1: 0, 2: 1, 0: -1}
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    """Spark's Kafka schema as Arrow (what the JVM expects from a Python data source)."""
+    return pa.schema(_BASE + ([pa.field("headers", pa.list_(_HEADER))] if include_headers else []))
+
+
+# One consumer per distinct configuration per Python worker, reused by every task it runs.
+_CONSUMERS: dict[tuple[tuple[str, str], ...], Consumer] = {}
+
+
+def _consumer(settings: ReadSettings) -> Consumer:
+    key = tuple(sorted(settings.consumer_config.items()))
+    c = _CONSUMERS.get(key)
+    if c is None:
+        conf: dict[str, Any] = dict(settings.consumer_config)
+        conf.update(
+            {
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "error",  # never a silent jump: out-of-range is reported
+                "enable.partition.eof": True,  # tells us we are past the end when the range ends in a gap
+            }
+        )
+        try:
+            c = Consumer(conf)
+        except KafkaException as exc:
+            raise ConfigError(f"kafka-eos: the kafka.* options are not a valid consumer configuration: {exc}") from None
+        _CONSUMERS[key] = c
+    return c
+
+
+class _Columns:
+    """Columns of the next Arrow batch, flushed by row count or payload bytes."""
+
+    def __init__(self, topic: str, partition: int, headers: bool) -> None:
+        self.topic, self.partition, self.headers = topic, partition, headers
+        self.schema = arrow_schema(headers)
+        self.reset()
+
+    def reset(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.stamps: list[int | None] = []
+        self.types: list[int] = []
+        self.hdrs: list[list[tuple[str, bytes | None]] | None] = []
+        self.bytes = 0
+
+    def add(self, m: Any) -> None:
+        k, v = m.key(), m.value()
+        self.keys.append(k)
+        self.values.append(v)
+        self.offsets.append(m.offset())
+        ts_type, ts = m.timestamp()
+        self.stamps.append(ts * 1000 if ts_type != 0 and ts >= 0 else None)
+        self.types.append(_TS_TYPE.get(ts_type, -1))
+        self.bytes += (len(k) if k else 0) + (len(v) if v else 0) + 32
+        if self.headers:
+            h = m.headers()
+            self.hdrs.append([(hk, hv) for hk, hv in h] if h else None)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def flush(self) -> pa.RecordBatch:
+        n = len(self.offsets)
+        cols = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.stamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.types, pa.int32()),
+        ]
+        if self.headers:
+            cols.append(pa.array(self.hdrs, pa.list_(_HEADER)))
+        batch = pa.RecordBatch.from_arrays(cols, schema=self.schema)
+        self.reset()
+        return batch
+
+
+def _batch_id() -> str | None:
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    except Exception:  # outside Spark (unit tests, benchmarks)
+        return None
+
+
+class KafkaPartitionReader:
+    """Reads one KafkaInputPartition; a generator of Arrow batches that never holds more than one chunk."""
+
+    def __init__(self, part: KafkaInputPartition) -> None:
+        self.part = part
+        self.range = part.range
+        self.settings = part.settings
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        r, s = self.range, self.settings
+        if r.size == 0:
+            return
+        batch = _batch_id()
+        ctx = {"batch": batch, "topic": r.topic, "partition": r.partition}
+        faults.point("source.read.start", spec=s.faults, **ctx)
+        consumer = _consumer(s)
+        ctp = CkTopicPartition(r.topic, r.partition)
+        timeout = s.poll_timeout_ms / 1000.0
+        start = self._check_start(consumer, ctp, r.start, timeout)
+        if start >= r.end:
+            return
+        consumer.assign([CkTopicPartition(r.topic, r.partition, start)])
+        cols = _Columns(r.topic, r.partition, s.include_headers)
+        half = r.start + r.size // 2
+        mid_done = False
+        position = start
+        deadline = time.monotonic() + timeout
+        try:
+            while position < r.end:
+                msgs = consumer.consume(num_messages=min(1000, max(1, r.end - position)), timeout=min(1.0, timeout))
+                if time.monotonic() > deadline:  # no record for a whole pollTimeoutMs: never hang
+                    self._timed_out(consumer, ctp, position, timeout)
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if m.topic() == r.topic and m.partition() == r.partition and m.offset() >= r.end:
+                                position = r.end  # the rest of the range is a gap (markers, aborted, compacted)
+                                break
+                            continue
+                        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                            position = self._out_of_range(consumer, ctp, position, timeout, err)
+                            consumer.assign([CkTopicPartition(r.topic, r.partition, position)])
+                            break
+                        if err.retriable() or not err.fatal():
+                            log.warning("kafka-eos: reading %s-%d: %s (retrying)", r.topic, r.partition, err)
+                            continue
+                        raise KafkaException(err)
+                    off = m.offset()
+                    if off < position:
+                        continue  # already read (a fetch can start below the seek position)
+                    if off >= r.end:
+                        position = r.end
+                        break
+                    cols.add(m)
+                    position = off + 1
+                    deadline = time.monotonic() + timeout
+                    if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
+                        yield cols.flush()
+                    if not mid_done and position > half:
+                        mid_done = True
+                        if len(cols):
+                            yield cols.flush()
+                        faults.point("source.read.mid", spec=s.faults, **ctx)
+            if len(cols):
+                yield cols.flush()
+        finally:
+            try:
+                consumer.unassign()
+            except KafkaException:
+                log.debug("unassign failed", exc_info=True)
+
+    def _check_start(self, consumer: Consumer, ctp: CkTopicPartition, start: int, timeout: float) -> int:
+        try:
+            low, _high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
+        except KafkaException as exc:
+            raise RetriableError(
+                f"kafka-eos: cannot read the offsets of {ctp.topic}-{ctp.partition} from "
+                f"{self.settings.consumer_config.get('bootstrap.servers')} within {timeout:g}s: {exc}"
+            ) from None
+        if low > start:
+            self._loss(f"records {start}..{min(low, self.range.end) - 1} of {ctp.topic}-{ctp.partition} are gone "
+                       f"(earliest offset is now {low})")
+            return low
+        return start
+
+    def _out_of_range(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float, err: Any) -> int:
+        low, high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
+        self._loss(f"offset {position} of {ctp.topic}-{ctp.partition} is out of range [{low}, {high}) ({err})")
+        return max(position, low) if low < self.range.end else self.range.end
+
+    def _loss(self, what: str) -> None:
+        if self.settings.fail_on_data_loss:
+            raise DataLossError(
+                f"kafka-eos: {what}. Some data may have been lost; set failOnDataLoss=false to skip it.",
+                read_range=str(self.range),
+            )
+        log.warning("kafka-eos: %s; skipping (failOnDataLoss=false)", what)
+
+    def _timed_out(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float) -> None:
+        try:
+            low, high = consumer.get_watermark_offsets(ctp, timeout=min(timeout, 5.0), cached=False)
+            marks = f"offsets now [{low}, {high})"
+        except KafkaException as exc:
+            marks = f"watermarks unavailable: {exc}"
+        raise RetriableError(
+            f"kafka-eos: no record of {ctp.topic}-{ctp.partition} arrived within kafkaConsumer.pollTimeoutMs="
+            f"{int(timeout * 1000)} while reading [{self.range.start}, {self.range.end}) at offset {position} "
+            f"({marks}; pid {os.getpid()}); is the broker reachable and the topic intact?"
+        )
+
+
+def read_partition(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """Spark's read(): Arrow batches of exactly the records in the partition's range."""
+    return iter(KafkaPartitionReader(part))
