@@ -1,0 +1,170 @@
+"""Connecting to Postgres, sorting its errors into retriable or fatal, and retrying with backoff.
+
+Public API:
+
+- ``connect(opts, *, autocommit=False) -> psycopg.Connection``: a ConnectionError/OperationalError
+  becomes a ``RetriableError`` naming user@host:port/db (never the password).
+- ``classify(exc) -> RetriableError | FatalError``: retriable are serialization failure (40001),
+  deadlock (40P01), connection exceptions (08*), admin/crash shutdown (57P01/57P02/57P03),
+  cannot-connect-now and OperationalErrors without a sqlstate (a dropped socket); everything else
+  is fatal. The message carries the Postgres message and its sqlstate; ``.sqlstate`` is set.
+- ``retrying(fn, *, attempts, base_delay, max_delay, what)``: call ``fn()`` until it succeeds or
+  a fatal error; bounded exponential backoff with jitter; the last retriable error is re-raised
+  with the attempt count; the original exception is always chained (never hidden).
+- ``close_quietly(conn)`` / ``rollback_quietly(conn)``: cleanup that logs and never masks the
+  error that caused it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+
+from connectors.errors import ConfigError, EosError, FatalError, RetriableError
+from sinks.postgres.options import ConnectionOptions, redact_conninfo
+
+__all__ = [
+    "RETRIABLE_SQLSTATES",
+    "classify",
+    "close_quietly",
+    "connect",
+    "retrying",
+    "rollback_quietly",
+    "sqlstate_of",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRIABLE_SQLSTATES: dict[str, str] = {
+    "40001": "serialization failure",
+    "40P01": "deadlock detected",
+    "57P01": "admin shutdown",
+    "57P02": "crash shutdown",
+    "57P03": "cannot connect now",
+    "55P03": "lock not available",
+}
+_RETRIABLE_CLASSES = ("08",)  # connection exceptions
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    state = getattr(exc, "sqlstate", None)
+    if state is None and isinstance(exc, EosError):
+        state = exc.fields.get("sqlstate")  # type: ignore[assignment]
+    return state if isinstance(state, str) else None
+
+
+def connect(opts: ConnectionOptions, *, autocommit: bool = False, application_name: str = "spark-eos") -> psycopg.Connection:
+    """Open a connection; failures are RetriableError (server down) or ConfigError (bad login)."""
+    try:
+        conninfo = opts.conninfo()
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"postgres: bad connection options: {redact_conninfo(str(exc))}", option="dsn") from None
+    try:
+        return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
+    except psycopg.Error as exc:
+        message = redact_conninfo(str(exc).strip())
+        state = exc.sqlstate
+        if state in ("28P01", "28000", "3D000"):  # bad password, no such role/database
+            raise ConfigError(
+                f"postgres: cannot connect to {opts.describe()}: {message} (sqlstate {state}); "
+                "check the dsn/user/password/dbname options",
+                option="dsn",
+                sqlstate=state,
+            ) from None
+        raise RetriableError(
+            f"postgres: cannot connect to {opts.describe()}: {message}"
+            + (f" (sqlstate {state})" if state else "")
+            + "; check that the server runs and the dsn/host/port options",
+            sqlstate=state,
+        ) from None
+
+
+def classify(exc: BaseException, context: str = "") -> EosError:
+    """Sort ``exc`` into a RetriableError or a FatalError (EosErrors pass through unchanged)."""
+    if isinstance(exc, EosError):
+        return exc
+    prefix = f"{context}: " if context else ""
+    if not isinstance(exc, psycopg.Error):
+        return FatalError(f"{prefix}{type(exc).__name__}: {exc}")
+    state = exc.sqlstate
+    diag = getattr(exc, "diag", None)
+    text = (getattr(diag, "message_primary", None) or str(exc)).strip()
+    detail = getattr(diag, "message_detail", None)
+    hint = getattr(diag, "message_hint", None)
+    text = redact_conninfo(text)
+    if detail:
+        text += f" DETAIL: {detail}"
+    if hint:
+        text += f" HINT: {hint}"
+    if state is None:
+        # A dropped socket or a server that went away: psycopg raises OperationalError without a
+        # sqlstate; InterfaceError ("the connection is closed") belongs there too.
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return RetriableError(f"{prefix}postgres connection lost: {text}", sqlstate=None)
+        return FatalError(f"{prefix}postgres error: {text}", sqlstate=None)
+    if state in RETRIABLE_SQLSTATES or state.startswith(_RETRIABLE_CLASSES):
+        reason = RETRIABLE_SQLSTATES.get(state, "connection exception")
+        return RetriableError(f"{prefix}postgres {reason}: {text} (sqlstate {state})", sqlstate=state)
+    return FatalError(f"{prefix}postgres error: {text} (sqlstate {state})", sqlstate=state)
+
+
+def retrying(
+    fn: Callable[[], T],
+    *,
+    attempts: int = 5,
+    base_delay: float = 0.2,
+    max_delay: float = 5.0,
+    what: str = "postgres write",
+    on_retry: Callable[[int, EosError], None] | None = None,
+) -> T:
+    """Run ``fn`` until it succeeds, retrying RetriableErrors (after ``classify``) with backoff.
+
+    Fatal errors are raised at once. After ``attempts`` tries the last retriable error is raised
+    with the count in its message. The original exception is always the ``__cause__``.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn()
+        except Exception as exc:
+            err = classify(exc, what)
+            if not isinstance(err, RetriableError):
+                if err is exc:
+                    raise
+                raise err from exc
+            if attempt >= attempts:
+                final = RetriableError(f"{err.message} (gave up after {attempt} attempts)", **err.fields)
+                raise final from exc
+            delay = min(max_delay, base_delay * (2 ** (attempt - 1)))
+            delay *= 0.5 + random.random() / 2  # jitter: tasks that failed together do not retry in lockstep
+            log.warning("%s: attempt %d/%d failed, retrying in %.2fs: %s", what, attempt, attempts, delay, err.message)
+            if on_retry is not None:
+                on_retry(attempt, err)
+            time.sleep(delay)
+
+
+def rollback_quietly(conn: psycopg.Connection | None) -> None:
+    """Roll back, logging (never raising) a failure: the caller is already handling an error."""
+    if conn is None or conn.closed:
+        return
+    try:
+        conn.rollback()
+    except Exception as exc:
+        log.warning("rollback after an error failed too (the first error is reported): %s", exc)
+
+
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close, logging (never raising) a failure."""
+    if conn is None:
+        return
+    try:
+        conn.close()
+    except Exception as exc:
+        log.warning("closing a postgres connection failed: %s", exc)

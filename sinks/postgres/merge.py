@@ -1,0 +1,228 @@
+"""Merge a staged batch into the target: dedup per key, version-guarded upsert, deletes, tombstones.
+
+Public API:
+
+- ``MergePlan`` (frozen, picklable): target table, written columns, key, version, deletes.
+- ``MergePlan.staging_columns()``: the (name, pg type) columns a staging table needs: the written
+  columns under their DataFrame names, then ``ORDINAL`` (bigint, input order within the task) and,
+  when deletes are on, ``DELETE_FLAG`` (boolean).
+- ``merge_statements(plan, staging) -> list[(label, sql)]`` and
+  ``merge_staged(cur, staging, plan) -> MergeCounts``: run inside a transaction the caller owns (the
+  upsert sink commits it; the two-phase sink prepares it).
+- ``tombstone_sql(plan) -> str`` / ``ensure_tombstones(conn, plan)``: the tombstone table.
+
+Semantics (the README states them for users):
+
+- Within a batch, the rows of one key collapse to one: the highest version, ties (and no version
+  column) broken by the last in input order (``ORDINAL``), deterministically.
+- Version guard: a row replaces the stored one only when the stored version is lower (or NULL).
+  An equal version is a no-op: the stored row is not rewritten, so a replay writes nothing and of
+  two different rows with one version the first one stored stays.
+- Deletes (``delete.column`` true, or a tombstone row) remove the key under the same guard. With a
+  version column every applied delete leaves a row (key, version) in ``<table>__eos_tombstones``;
+  an upsert applies only when its version is above the tombstone's, and removes the tombstone. So a
+  replayed, older upsert cannot resurrect a deleted key. Invariant: per key at most one of (row,
+  tombstone) exists, and "the current version" of a key is the version of whichever exists.
+- Concurrency: with tombstones, every statement first locks the batch's keys through the tombstone
+  table's primary key (placeholder rows with a NULL version, removed at the end), in key order, so
+  a concurrent delete and upsert of one key serialize instead of racing (READ COMMITTED gives each
+  later statement a fresh snapshot). Without tombstones the target's unique index does that job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from sinks.postgres.options import TableName, quote_ident
+from sinks.postgres.types import Column
+
+__all__ = [
+    "DELETE_FLAG",
+    "ORDINAL",
+    "TOMBSTONE_SUFFIX",
+    "MergeCounts",
+    "MergePlan",
+    "ensure_tombstones",
+    "merge_staged",
+    "merge_statements",
+    "tombstone_sql",
+]
+
+ORDINAL = "__eos_ord"
+DELETE_FLAG = "__eos_del"
+TOMBSTONE_SUFFIX = "__eos_tombstones"
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """What one merge did: rows inserted or updated, rows deleted, tombstones written."""
+
+    staged: int = 0
+    upserted: int = 0
+    deleted: int = 0
+    tombstoned: int = 0
+
+    def __add__(self, other: MergeCounts) -> MergeCounts:
+        return MergeCounts(
+            self.staged + other.staged,
+            self.upserted + other.upserted,
+            self.deleted + other.deleted,
+            self.tombstoned + other.tombstoned,
+        )
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """How to merge: built on the driver from the checked table, pickled to every task."""
+
+    target: TableName
+    columns: tuple[Column, ...]  # written columns; Column.name = staging/DataFrame name, .target = table
+    key: tuple[str, ...]  # DataFrame names of the key columns
+    version: str | None = None  # DataFrame name of the version column
+    deletes: bool = False
+
+    def __post_init__(self) -> None:
+        names = {c.name for c in self.columns}
+        missing = [k for k in (*self.key, *([self.version] if self.version else [])) if k not in names]
+        if missing:
+            raise ValueError(f"merge plan: key/version columns {missing} are not among the written columns")
+
+    @property
+    def tombstones(self) -> TableName | None:
+        """The tombstone table: only with deletes and a version (without a version there is no guard)."""
+        if self.deletes and self.version:
+            return self.target.derived(TOMBSTONE_SUFFIX)
+        return None
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+    def staging_columns(self) -> list[tuple[str, str]]:
+        cols = [(c.name, c.pg_type) for c in self.columns]
+        cols.append((ORDINAL, "bigint"))
+        if self.deletes:
+            cols.append((DELETE_FLAG, "boolean"))
+        return cols
+
+
+def _q(name: str) -> str:
+    return quote_ident(name)
+
+
+def _expr(c: Column, alias: str = "d") -> str:
+    """The staged value of ``c``, cast to the table's type when they differ."""
+    ref = f"{alias}.{_q(c.name)}"
+    return f"CAST({ref} AS {c.cast})" if c.cast else ref
+
+
+def _dedup(plan: MergePlan, staging: str) -> str:
+    keys = ", ".join(_q(k) for k in plan.key)
+    order = [keys]
+    if plan.version:
+        order.append(f"{_q(plan.version)} DESC NULLS LAST")
+    order.append(f"{_q(ORDINAL)} DESC")
+    return f"SELECT DISTINCT ON ({keys}) * FROM {staging} ORDER BY {', '.join(order)}"
+
+
+def _key_match(plan: MergePlan, left: str, right: str = "d") -> str:
+    return " AND ".join(f"{left}.{_q(plan.column(k).target)} = {_expr(plan.column(k), right)}" for k in plan.key)
+
+
+def _upsert(plan: MergePlan, staging: str, where: str = "", join: str = "") -> str:
+    targets = ", ".join(_q(c.target) for c in plan.columns)
+    values = ", ".join(_expr(c) for c in plan.columns)
+    conflict = ", ".join(_q(plan.column(k).target) for k in plan.key)
+    updates = [c for c in plan.columns if c.name not in plan.key]
+    sql = (
+        f"INSERT INTO {plan.target.sql} AS t ({targets}) SELECT {values} FROM ({_dedup(plan, staging)}) d{join}"
+        f"{(' WHERE ' + where) if where else ''} ON CONFLICT ({conflict}) DO "
+    )
+    if not updates:
+        return sql + "NOTHING"
+    sql += "UPDATE SET " + ", ".join(f"{_q(c.target)} = EXCLUDED.{_q(c.target)}" for c in updates)
+    if plan.version:
+        v = _q(plan.column(plan.version).target)
+        sql += f" WHERE t.{v} IS NULL OR t.{v} < EXCLUDED.{v}"
+    return sql
+
+
+def merge_statements(plan: MergePlan, staging: str) -> list[tuple[str, str]]:
+    """The statements of one merge, in order, each labelled with the counter its rowcount feeds."""
+    dedup = _dedup(plan, staging)
+    flag = f"d.{_q(DELETE_FLAG)}"
+    if not plan.deletes:
+        return [("upserted", _upsert(plan, staging))]
+    if plan.version is None:
+        return [
+            ("deleted", f"DELETE FROM {plan.target.sql} t USING ({dedup}) d WHERE {flag} AND {_key_match(plan, 't')}"),
+            ("upserted", _upsert(plan, staging, where=f"NOT {flag}")),
+        ]
+    tomb = plan.tombstones
+    assert tomb is not None
+    key_cols = [plan.column(k) for k in plan.key]
+    vcol = plan.column(plan.version)
+    tkeys = ", ".join(_q(c.target) for c in key_cols)
+    tv = _q(vcol.target)
+    dv = _expr(vcol)
+    lock = (
+        f"INSERT INTO {tomb.sql} AS tb ({tkeys}, {tv}) SELECT {', '.join(_expr(c) for c in key_cols)}, NULL "
+        f"FROM ({dedup}) d ORDER BY {', '.join(_q(c.name) for c in key_cols)} "
+        f"ON CONFLICT ({tkeys}) DO UPDATE SET {tv} = tb.{tv}"
+    )
+    tombstone = (
+        f"UPDATE {tomb.sql} tb SET {tv} = {dv} FROM ({dedup}) d WHERE {flag} AND {_key_match(plan, 'tb')} "
+        f"AND (tb.{tv} IS NULL OR tb.{tv} < {dv}) AND NOT EXISTS (SELECT 1 FROM {plan.target.sql} t "
+        f"WHERE {_key_match(plan, 't')} AND t.{tv} >= {dv})"
+    )
+    delete = (
+        f"DELETE FROM {plan.target.sql} t USING ({dedup}) d WHERE {flag} AND {_key_match(plan, 't')} "
+        f"AND (t.{tv} IS NULL OR t.{tv} < {dv})"
+    )
+    upsert = _upsert(
+        plan,
+        staging,
+        join=f" JOIN {tomb.sql} tb ON {_key_match(plan, 'tb')}",
+        where=f"NOT {flag} AND (tb.{tv} IS NULL OR tb.{tv} < {dv})",
+    )
+    cleanup = (
+        f"DELETE FROM {tomb.sql} tb USING ({dedup}) d WHERE {_key_match(plan, 'tb')} "
+        f"AND (tb.{tv} IS NULL OR (NOT {flag} AND tb.{tv} < {dv}))"
+    )
+    return [("", lock), ("tombstoned", tombstone), ("deleted", delete), ("upserted", upsert), ("", cleanup)]
+
+
+def merge_staged(cur: psycopg.Cursor, staging: str, plan: MergePlan, staged: int = 0) -> MergeCounts:
+    """Merge ``staging`` into the target inside the caller's transaction; return the counts."""
+    counts = {"upserted": 0, "deleted": 0, "tombstoned": 0}
+    for label, sql in merge_statements(plan, staging):
+        cur.execute(sql)  # type: ignore[arg-type]  # built from quoted identifiers only
+        if label:
+            counts[label] += max(cur.rowcount, 0)
+    return MergeCounts(staged=staged, **counts)
+
+
+def tombstone_sql(plan: MergePlan) -> str | None:
+    """CREATE TABLE IF NOT EXISTS for the tombstone table (None when the plan needs none)."""
+    tomb = plan.tombstones
+    if tomb is None or plan.version is None:
+        return None
+    key_cols = [plan.column(k) for k in plan.key]
+    vcol = plan.column(plan.version)
+    defs = [f"{_q(c.target)} {c.target_type or c.pg_type} NOT NULL" for c in key_cols]
+    defs.append(f"{_q(vcol.target)} {vcol.target_type or vcol.pg_type}")  # NULL: a key lock placeholder
+    pk = ", ".join(_q(c.target) for c in key_cols)
+    return f"CREATE TABLE IF NOT EXISTS {tomb.sql} ({', '.join(defs)}, PRIMARY KEY ({pk}))"
+
+
+def ensure_tombstones(conn: psycopg.Connection, plan: MergePlan) -> None:
+    """Create the tombstone table when the plan needs one (driver side, before the first write)."""
+    sql = tombstone_sql(plan)
+    if sql is None:
+        return
+    with conn.cursor() as cur:
+        cur.execute(sql)  # type: ignore[arg-type]
+    if not conn.autocommit:
+        conn.commit()
+

@@ -1,0 +1,280 @@
+"""Options of the Postgres sinks: connection (dsn or host/port/...), table, key, version, deletes.
+
+Public API (shared by ``postgres-upsert`` and ``postgres-2pc``):
+
+- ``CONNECTION_OPTIONS``: ``dsn`` | ``host``/``port``/``dbname``/``user``/``password`` (secret),
+  ``connect_timeout``, ``statement_timeout``, ``retry.attempts``, ``retry.backoff``,
+  ``retry.max.backoff``.
+- ``TABLE_OPTIONS``: ``table`` (schema-qualified ok), ``key`` (list), ``version``,
+  ``delete.column``, ``delete.tombstones``, ``table.create``, ``columns`` (JSON rename map).
+- ``FAULTS_OPTION``: ``faults`` (a fault spec, see ``connectors.faults``).
+- ``ConnectionOptions.from_options(raw)`` / ``UpsertOptions.from_options(raw)``: frozen dataclasses;
+  ``ConnectionOptions.conninfo()`` is the libpq conninfo; its repr/str never show the password.
+- ``parse_table_name(text) -> (schema | None, name)`` and ``quote_ident``/``qualified``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from connectors.errors import ConfigError
+from connectors.options import REQUIRED, Option, OptionSet
+
+__all__ = [
+    "CONNECTION_OPTIONS",
+    "FAULTS_OPTION",
+    "TABLE_OPTIONS",
+    "UPSERT_OPTIONS",
+    "ConnectionOptions",
+    "TableName",
+    "UpsertOptions",
+    "connection_options",
+    "parse_table_name",
+    "quote_ident",
+    "redact_conninfo",
+]
+
+CONNECTION_OPTIONS: tuple[Option, ...] = (
+    Option("dsn", "str", None, "libpq conninfo ('host=... dbname=...') or URL ('postgresql://user@host:5432/db')", secret=True),
+    Option("host", "str", None, "server host (when no dsn is given; default localhost)"),
+    Option("port", "int", None, "server port (default 5432)", min=1, max=65535),
+    Option("dbname", "str", None, "database name"),
+    Option("user", "str", None, "user name"),
+    Option("password", "str", None, "password (never logged or shown)", secret=True),
+    Option("connect_timeout", "duration", 10.0, "give up connecting after this long", min=0.001),
+    Option("statement_timeout", "duration", 0.0, "cancel any statement running longer (0: no limit)", min=0),
+    Option("retry.attempts", "int", 5, "tries of one task transaction on retriable failures (deadlock, serialization, connection loss)", min=1, max=100),
+    Option("retry.backoff", "duration", 0.2, "first backoff between tries; doubles each time", min=0),
+    Option("retry.max.backoff", "duration", 5.0, "upper bound of one backoff", min=0),
+)
+
+TABLE_OPTIONS: tuple[Option, ...] = (
+    Option("table", "str", REQUIRED, "target table, optionally schema-qualified (schema.table; quote mixed case: \"My\".\"T\")"),
+    Option("key", "list", REQUIRED, "comma-separated key columns (DataFrame names); the table needs a unique or primary key on them"),
+    Option("version", "str", None, "column whose value orders writes of one key: a row replaces only a lower version; equal is a no-op"),
+    Option("delete.column", "str", None, "boolean column: true deletes the key (honouring the version guard)"),
+    Option("delete.tombstones", "bool", False, "a row whose non-key columns (except version) are all null deletes the key, as a Kafka tombstone"),
+    Option("table.create", "bool", False, "create the table from the DataFrame schema (key as primary key) when it does not exist"),
+    Option("columns", "json", None, "JSON object renaming DataFrame columns to table columns, e.g. {\"userId\": \"user_id\"}"),
+)
+
+FAULTS_OPTION = Option("faults", "str", None, "fault spec for tests (see connectors.faults); EOS_FAULTS adds to it")
+
+UPSERT_OPTIONS = OptionSet("postgres-upsert", (*CONNECTION_OPTIONS, *TABLE_OPTIONS, FAULTS_OPTION))
+
+_CONN_KEYS = {o.name for o in CONNECTION_OPTIONS}
+
+
+def connection_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of ``raw`` that are connection options (case-insensitive keys)."""
+    return {k: v for k, v in raw.items() if str(k).lower() in _CONN_KEYS}
+
+
+def redact_conninfo(text: str) -> str:
+    """A conninfo or URL with any password replaced by ***, for messages."""
+    text = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
+    text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text, flags=re.I)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", text, flags=re.I)
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Where and how to connect; ``repr``/``str`` never show the password."""
+
+    dsn: str | None = field(default=None, repr=False)
+    host: str | None = None
+    port: int | None = None
+    dbname: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    connect_timeout: float = 10.0
+    statement_timeout: float = 0.0
+    retry_attempts: int = 5
+    retry_backoff: float = 0.2
+    retry_max_backoff: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.dsn:
+            try:
+                conninfo_to_dict(self.dsn)
+            except Exception as exc:  # psycopg.ProgrammingError; its text may echo the password
+                raise ConfigError(
+                    f"postgres: option 'dsn' is not a valid libpq conninfo or URL ({redact_conninfo(str(exc))}); "
+                    "expected e.g. 'postgresql://user@127.0.0.1:5432/db' or 'host=127.0.0.1 dbname=db'",
+                    option="dsn",
+                ) from None
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any], context: str = "postgres") -> ConnectionOptions:
+        return OptionSet(context, CONNECTION_OPTIONS).parse_into(cls, connection_options(raw))
+
+    def conninfo(self) -> str:
+        """The libpq conninfo string: the dsn with host/port/... given separately taking precedence."""
+        params: dict[str, Any] = {}
+        for name in ("host", "port", "dbname", "user", "password"):
+            value = getattr(self, name)
+            if value is not None:
+                params[name] = value
+        if not self.dsn and "host" not in params:
+            params["host"] = "localhost"
+        params["connect_timeout"] = max(1, round(self.connect_timeout))
+        if self.statement_timeout:
+            params["options"] = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
+        return make_conninfo(self.dsn or "", **params)
+
+    def describe(self) -> str:
+        """Where we connect, for messages: user@host:port/dbname, never the password."""
+        info = conninfo_to_dict(self.conninfo())
+        host = info.get("host") or info.get("hostaddr") or "localhost"
+        return f"{info.get('user') or '(default user)'}@{host}:{info.get('port') or 5432}/{info.get('dbname') or '(default db)'}"
+
+    def __repr__(self) -> str:
+        return f"ConnectionOptions({self.describe()}, password={redact(self.password or self._dsn_password())})"
+
+    __str__ = __repr__
+
+    def _dsn_password(self) -> str | None:
+        if not self.dsn:
+            return None
+        try:
+            return conninfo_to_dict(self.dsn).get("password")  # type: ignore[return-value]
+        except Exception:
+            return None
+
+
+def redact(value: object) -> str:
+    return "***" if value else "None"
+
+
+_IDENT = r'(?:"(?:[^"]|"")+"|[^".\s]+)'
+_TABLE_RE = re.compile(rf"^\s*({_IDENT})(?:\s*\.\s*({_IDENT}))?\s*$")
+
+
+def _unquote_ident(text: str) -> str:
+    if text.startswith('"'):
+        return text[1:-1].replace('""', '"')
+    return text.lower()  # Postgres folds unquoted identifiers to lower case
+
+
+def quote_ident(name: str) -> str:
+    """Quote an identifier for SQL (always quoted: column names keep their exact spelling)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class TableName:
+    """A table name; ``schema`` None means the first existing one on the search_path."""
+
+    schema: str | None
+    name: str
+
+    @property
+    def sql(self) -> str:
+        return (quote_ident(self.schema) + "." if self.schema else "") + quote_ident(self.name)
+
+    def derived(self, suffix: str) -> TableName:
+        """A sibling table name (same schema) with a suffix, kept within Postgres' 63-byte limit."""
+        import hashlib
+
+        name = self.name + suffix
+        if len(name.encode()) > 63:
+            digest = hashlib.sha1(self.name.encode()).hexdigest()[:8]
+            name = self.name.encode()[: 63 - len(suffix) - 9].decode(errors="ignore") + "_" + digest + suffix
+        return TableName(self.schema, name)
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}" if self.schema else self.name
+
+
+def parse_table_name(text: str, option: str = "table") -> TableName:
+    """Parse ``table``, ``schema.table`` or quoted ``"Schema"."Table"``; unquoted parts fold to lower case."""
+    m = _TABLE_RE.match(text or "")
+    if not m:
+        raise ConfigError(
+            f"postgres: option '{option}' has an invalid value {text!r}; expected table or schema.table "
+            '(double-quote names with dots or upper case: "My.Schema"."T")',
+            option=option,
+        )
+    first, second = m.group(1), m.group(2)
+    if second is None:
+        return TableName(None, _unquote_ident(first))
+    return TableName(_unquote_ident(first), _unquote_ident(second))
+
+
+@dataclass(frozen=True)
+class UpsertOptions:
+    """Parsed options of the upsert sink (also the upsert mode of the two-phase sink)."""
+
+    connection: ConnectionOptions
+    table: TableName
+    key: tuple[str, ...]
+    version: str | None = None
+    delete_column: str | None = None
+    delete_tombstones: bool = False
+    table_create: bool = False
+    columns: tuple[tuple[str, str], ...] = ()
+    faults: str | None = None
+
+    @property
+    def rename(self) -> dict[str, str]:
+        return dict(self.columns)
+
+    @property
+    def deletes(self) -> bool:
+        return self.delete_column is not None or self.delete_tombstones
+
+    @classmethod
+    def from_options(
+        cls, raw: Mapping[str, Any], option_set: OptionSet = UPSERT_OPTIONS, **extra: Any
+    ) -> UpsertOptions:
+        """Parse the raw option map; ``option_set`` lets the 2PC sink add its own options."""
+        values = option_set.parse(raw)
+        return cls.from_values(values, option_set.context, **extra)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], context: str = "postgres-upsert", **extra: Any) -> UpsertOptions:
+        conn_fields = {f.name for f in dataclasses.fields(ConnectionOptions)}
+        connection = ConnectionOptions(**{k: v for k, v in values.items() if k in conn_fields})
+        key = tuple(values["key"])
+        if not key:
+            raise ConfigError(f"{context}: option 'key' is empty; name one or more key columns", option="key")
+        if len(set(key)) != len(key):
+            raise ConfigError(f"{context}: option 'key' names a column twice: {','.join(key)}", option="key")
+        columns = values.get("columns")
+        if columns is None:
+            columns = {}
+        if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in columns.items()):
+            raise ConfigError(
+                f"{context}: option 'columns' must be a JSON object of DataFrame column -> table column names "
+                f"(strings), e.g. {{\"userId\": \"user_id\"}}; got {columns!r}",
+                option="columns",
+            )
+        targets = list(columns.values())
+        if len(set(targets)) != len(targets):
+            raise ConfigError(f"{context}: option 'columns' maps two columns to one table column: {columns!r}", option="columns")
+        version = values.get("version")
+        delete_column = values.get("delete_column")
+        for opt, col in (("version", version), ("delete.column", delete_column)):
+            if col is not None and col in key:
+                raise ConfigError(f"{context}: option '{opt}' names the key column {col!r}; pick a non-key column", option=opt)
+        if version is not None and delete_column is not None and version == delete_column:
+            raise ConfigError(f"{context}: options 'version' and 'delete.column' name the same column {version!r}", option="delete.column")
+        return cls(
+            connection=connection,
+            table=parse_table_name(values["table"]),
+            key=key,
+            version=version,
+            delete_column=delete_column,
+            delete_tombstones=bool(values.get("delete_tombstones", False)),
+            table_create=bool(values.get("table_create", False)),
+            columns=tuple(sorted(columns.items())),
+            faults=values.get("faults"),
+            **extra,
+        )
+

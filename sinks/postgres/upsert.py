@@ -1,0 +1,363 @@
+"""The ``postgres-upsert`` data source: idempotent, version-guarded upserts and deletes.
+
+Public API:
+
+- ``PostgresUpsertDataSource`` (format ``postgres-upsert``): ``df.write`` (batch) and
+  ``df.writeStream`` (append and complete modes).
+- ``upsert_batch(**options)``: a ``foreachBatch(df, batch_id)`` function for update mode
+  (aggregations), which Python streaming sinks refuse.
+- ``UpsertPlanner``: the driver-side part shared with the two-phase sink's upsert mode: parses
+  options, checks (or creates) the table and the tombstone table, builds the ``MergePlan``.
+- ``prepare_batches(batches, plan, opts)``: the Arrow batches a task stages (columns picked,
+  ordinal and delete flag added; a null key or version is a FatalError naming the column).
+- ``UpsertCommitMessage``: what each task reports (picklable).
+
+Each task: buffer its Arrow batches, then in ONE transaction: CREATE TEMP staging, binary COPY,
+merge (dedup, INSERT ... ON CONFLICT ... WHERE version guard, deletes, tombstones), COMMIT.
+Retriable failures rerun the whole transaction with bounded backoff. A crash after COMMIT and
+before Spark's commit log replays the batch, which the version guard (or plain key equality)
+turns into a no-op: that is the exactly-once argument of this sink.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BooleanType, StructType
+
+from connectors import faults
+from connectors.errors import ConfigError, FatalError
+from sinks.postgres.connection import close_quietly, connect, retrying, rollback_quietly
+from sinks.postgres.copy import copy_arrow, create_staging
+from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, ensure_tombstones, merge_staged
+from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions
+from sinks.postgres.types import check_table
+
+__all__ = [
+    "FORMAT",
+    "PostgresUpsertDataSource",
+    "UpsertBatchWriter",
+    "UpsertCommitMessage",
+    "UpsertPlanner",
+    "UpsertStreamWriter",
+    "prepare_batches",
+    "upsert_batch",
+]
+
+FORMAT = "postgres-upsert"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UpsertCommitMessage(WriterCommitMessage):
+    """One task's outcome; its transaction is already committed when Spark receives this."""
+
+    partition: int
+    attempt: int
+    batch_id: int | None
+    staged: int
+    upserted: int
+    deleted: int
+    tombstoned: int
+    tries: int
+
+
+class UpsertPlanner:
+    """Driver side: options -> checked table -> MergePlan (also used by the two-phase upsert mode)."""
+
+    def __init__(self, opts: UpsertOptions, schema: StructType, *, temporary_staging: bool = True) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.temporary_staging = temporary_staging
+
+    def validate_schema(self) -> None:
+        """Checks that need only the DataFrame schema (no database)."""
+        names = [f.name for f in self.schema.fields]
+        opts = self.opts
+        for role, col in [("key", k) for k in opts.key] + [("version", opts.version), ("delete.column", opts.delete_column)]:
+            if col is not None and col not in names:
+                raise ConfigError(
+                    f"{FORMAT}: option '{role}' names column {col!r}, which the DataFrame does not have; "
+                    f"DataFrame columns: {', '.join(names)}",
+                    option=role,
+                    column=col,
+                )
+        if opts.delete_column is not None:
+            dtype = self.schema[opts.delete_column].dataType
+            if not isinstance(dtype, BooleanType):
+                raise ConfigError(
+                    f"{FORMAT}: option 'delete.column' names {opts.delete_column!r} of type {dtype.simpleString()}; "
+                    "it must be boolean (true deletes the key); e.g. F.col('op') == 'd'",
+                    option="delete.column",
+                    column=opts.delete_column,
+                )
+        if opts.delete_tombstones and not self._payload_columns():
+            raise ConfigError(
+                f"{FORMAT}: option 'delete.tombstones' needs at least one column besides the key and version "
+                "(a tombstone is a row whose other columns are all null)",
+                option="delete.tombstones",
+            )
+
+    def _payload_columns(self) -> list[str]:
+        skip = {*self.opts.key, self.opts.version, self.opts.delete_column}
+        return [f.name for f in self.schema.fields if f.name not in skip]
+
+    def plan(self) -> MergePlan:
+        """Connect, check (or create) the table and tombstones, and return the merge plan."""
+        self.validate_schema()
+        opts = self.opts
+        conn = connect(opts.connection, autocommit=True, application_name="spark-eos check")
+        try:
+            columns = check_table(
+                conn,
+                opts.table,
+                self.schema,
+                opts.key,
+                opts.rename,
+                create=opts.table_create,
+                version=opts.version,
+                skip=[opts.delete_column] if opts.delete_column else [],
+            )
+            plan = MergePlan(opts.table, tuple(columns), opts.key, opts.version, opts.deletes)
+            ensure_tombstones(conn, plan)
+            return plan
+        finally:
+            close_quietly(conn)
+
+
+def prepare_batches(
+    batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions
+) -> tuple[list[pa.RecordBatch], int]:
+    """Stage-ready batches (written columns + ordinal + delete flag) and their row count.
+
+    Runs before the task connects, so a null key or version fails the task before it writes.
+    """
+    names = [c.name for c in plan.columns]
+    payload = [c.name for c in plan.columns if c.name not in plan.key and c.name != plan.version]
+    out: list[pa.RecordBatch] = []
+    ordinal = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        for col in (*plan.key, *([plan.version] if plan.version else [])):
+            nulls = batch.column(batch.schema.get_field_index(col)).null_count
+            if nulls:
+                role = "key" if col in plan.key else "version"
+                raise FatalError(
+                    f"{FORMAT}: {nulls} row(s) have a null {role} column {col!r} (table {plan.target}); "
+                    f"filter them (df.where(F.col('{col}').isNotNull())) or fill them before writing; nothing of "
+                    "this task was written",
+                    column=col,
+                )
+        arrays = [batch.column(batch.schema.get_field_index(n)) for n in names]
+        arrays.append(pa.array(range(ordinal, ordinal + batch.num_rows), pa.int64()))
+        fields = [*names, ORDINAL]
+        if plan.deletes:
+            arrays.append(_delete_flags(batch, opts, payload))
+            fields.append(DELETE_FLAG)
+        ordinal += batch.num_rows
+        out.append(pa.RecordBatch.from_arrays(arrays, names=fields))
+    return out, ordinal
+
+
+def _delete_flags(batch: pa.RecordBatch, opts: UpsertOptions, payload: list[str]) -> pa.Array:
+    flags = pa.array([False] * batch.num_rows, pa.bool_())
+    if opts.delete_column is not None:
+        col = batch.column(batch.schema.get_field_index(opts.delete_column))
+        flags = pc.or_(flags, pc.fill_null(col, False))
+    if opts.delete_tombstones:
+        all_null = None
+        for name in payload:
+            nulls = pc.is_null(batch.column(batch.schema.get_field_index(name)))
+            all_null = nulls if all_null is None else pc.and_(all_null, nulls)
+        if all_null is not None:
+            flags = pc.or_(flags, all_null)
+    return flags
+
+
+def _task_context() -> tuple[int, int, int | None]:
+    """(partition, attempt, batch id) of the running task; batch id None outside streaming."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, 0, None
+    raw = ctx.getLocalProperty("streaming.sql.batchId")
+    return ctx.partitionId(), ctx.attemptNumber(), int(raw) if raw not in (None, "") else None
+
+
+class _UpsertWriterMixin:
+    """The task side shared by the batch and the stream writer."""
+
+    opts: UpsertOptions
+    plan: MergePlan
+
+    def _setup(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.opts = UpsertOptions.from_options(dict(options))
+        self.plan = UpsertPlanner(self.opts, schema).plan()
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:
+        partition, attempt, batch_id = _task_context()
+        ctx = {"batch": batch_id, "partition": partition, "attempt": attempt}
+        faults.point("sink.before_write", spec=self.opts.faults, **ctx)
+        batches, rows = prepare_batches(iterator, self.plan, self.opts)
+        tries = 0
+
+        def once() -> MergeCounts:
+            nonlocal tries
+            tries += 1
+            return write_transaction(self.opts, self.plan, batches, rows, fault_context=ctx)
+
+        conn_opts = self.opts.connection
+        counts = retrying(
+            once,
+            attempts=conn_opts.retry_attempts,
+            base_delay=conn_opts.retry_backoff,
+            max_delay=conn_opts.retry_max_backoff,
+            what=f"{FORMAT} into {self.plan.target} (partition {partition}, batch {batch_id})",
+        )
+        return UpsertCommitMessage(
+            partition, attempt, batch_id, counts.staged, counts.upserted, counts.deleted, counts.tombstoned, tries
+        )
+
+
+def write_transaction(
+    opts: UpsertOptions,
+    plan: MergePlan,
+    batches: list[pa.RecordBatch],
+    rows: int,
+    *,
+    fault_context: Mapping[str, Any] | None = None,
+) -> MergeCounts:
+    """One try: connect, stage, merge, commit. Any failure rolls back and propagates unchanged."""
+    if rows == 0:
+        return MergeCounts()
+    conn = connect(opts.connection, application_name=f"spark-eos {FORMAT}")
+    try:
+        with conn.cursor() as cur:
+            staging = create_staging(cur, plan.target, plan.staging_columns())
+            staged = copy_arrow(cur, staging, plan.staging_columns(), batches)
+            counts = merge_staged(cur, staging, plan, staged)
+        faults.point("sink.after_write", spec=opts.faults, **dict(fault_context or {}))
+        conn.commit()
+        return counts
+    except BaseException:
+        rollback_quietly(conn)
+        raise
+    finally:
+        close_quietly(conn)
+
+
+def _log_commit(messages: Iterable[WriterCommitMessage | None], batch_id: int | None, table: object) -> MergeCounts:
+    total = MergeCounts()
+    for m in messages:
+        if isinstance(m, UpsertCommitMessage):
+            total = total + MergeCounts(m.staged, m.upserted, m.deleted, m.tombstoned)
+    log.info(
+        "%s %s batch %s: %d staged, %d upserted, %d deleted, %d tombstoned",
+        FORMAT, table, batch_id, total.staged, total.upserted, total.deleted, total.tombstoned,
+    )
+    return total
+
+
+class UpsertBatchWriter(_UpsertWriterMixin, DataSourceArrowWriter):
+    """``df.write.format("postgres-upsert")``: each task commits its own transaction."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self._setup(options, schema)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:  # type: ignore[override]
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        _log_commit(messages, None, self.plan.target)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        # Tasks that finished are committed; a rerun of the job is a no-op for them (idempotent).
+        log.warning("%s %s: job aborted; finished tasks stay committed, rerunning is safe", FORMAT, self.plan.target)
+
+
+class UpsertStreamWriter(_UpsertWriterMixin, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("postgres-upsert")`` (append/complete): replays are no-ops."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        # Also runs in the separate driver process that calls commit/abort: the checks are
+        # read-only (or idempotent CREATE ... IF NOT EXISTS), so running them again is harmless.
+        self._setup(options, schema)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:  # type: ignore[override]
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        _log_commit(messages, batchId, self.plan.target)
+        # The window the sink's idempotence covers: every task committed, Spark's commits/n not yet.
+        faults.point("sink.after_commit", spec=self.opts.faults, batch=batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        log.warning("%s %s batch %s aborted; its replay is a no-op for tasks that committed", FORMAT, self.plan.target, batchId)
+
+
+class PostgresUpsertDataSource(DataSource):
+    """Format ``postgres-upsert``: see the module docstring and the README for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def writer(self, schema: StructType, overwrite: bool) -> UpsertBatchWriter:
+        _refuse_overwrite(overwrite, streaming=False)
+        return UpsertBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> UpsertStreamWriter:
+        # Complete mode arrives as overwrite=True: upserting the full result is what it needs.
+        return UpsertStreamWriter(self.options, schema)
+
+
+def _refuse_overwrite(overwrite: bool, *, streaming: bool) -> None:
+    if overwrite and not streaming:
+        raise ConfigError(
+            f"{FORMAT}: save mode 'overwrite' is not supported (the sink never truncates); "
+            "use mode('append'): rows are upserted by key",
+            option="mode",
+        )
+
+
+def upsert_batch(**options: Any) -> Callable[[Any, int], None]:
+    """A ``foreachBatch`` function upserting each micro-batch (use it for update mode).
+
+    Options are those of ``postgres-upsert`` (as keyword arguments; dots allowed via
+    ``**{"delete.column": "op"}``). They are checked here, at once; the table is checked when
+    the first batch is written.
+    """
+    raw = {k: _option_text(v) for k, v in options.items()}
+    UPSERT_OPTIONS.parse(raw)  # unknown or malformed options fail when the query is built
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        df.sparkSession.dataSource.register(PostgresUpsertDataSource)
+        df.write.format(FORMAT).options(**raw).mode("append").save()
+
+    write_batch.__name__ = f"upsert_batch[{raw.get('table')}]"
+    return write_batch
+
+
+def _option_text(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
