@@ -1,0 +1,131 @@
+"""One crash-matrix pipeline under test: its topic, table, checkpoint, fault log, runs and checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors import checker, faults
+from connectors.harness import Outcome, PipelineProcess
+
+__all__ = ["REPO", "Pipeline"]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass
+class Pipeline:
+    """The runner for one sink against one topic/table, run again and again from one checkpoint."""
+
+    sink: str
+    bootstrap: str
+    topic: str
+    dsn: str  # what the pipeline connects to (maybe a proxy)
+    check_dsn: str  # what the checker reads (always direct)
+    table: str
+    workdir: str
+    max_offsets: int = 200
+    master: str = "local[2,2]"
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        os.makedirs(self.workdir, exist_ok=True)
+
+    @property
+    def checkpoint(self) -> str:
+        return os.path.join(self.workdir, "checkpoint")
+
+    @property
+    def fault_log(self) -> str:
+        return os.path.join(self.workdir, "faults.jsonl")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.workdir, "pipeline.log")
+
+    @property
+    def sink_id(self) -> str:
+        return self.table
+
+    def argv(
+        self,
+        *,
+        trigger: str = "available-now",
+        master: str | None = None,
+        checkpoint: str | None = None,
+        sink_id: str | None = None,
+        fail_on_data_loss: str = "true",
+        extra: Sequence[str] = (),
+        bootstrap: str | None = None,
+    ) -> list[str]:
+        args = [
+            sys.executable, "-m", "integration.harness.runner", "--sink", self.sink,
+            "--bootstrap", bootstrap or self.bootstrap, "--topic", self.topic, "--dsn", self.dsn,
+            "--table", self.table, "--checkpoint", checkpoint or self.checkpoint,
+            "--sink-id", sink_id or self.sink_id, "--max-offsets", str(self.max_offsets),
+            "--trigger", trigger, "--master", master or self.master, "--fail-on-data-loss", fail_on_data_loss,
+            "--timeout", "400",
+        ]  # fmt: skip
+        for kv in extra:
+            args += ["--extra", kv]
+        return args
+
+    def env(self, fault_spec: str | None, state: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop(faults.ENV_SPEC, None)
+        if fault_spec:
+            env[faults.ENV_SPEC] = fault_spec
+        env[faults.ENV_LOG] = self.fault_log
+        # once/times state per step, never shared with another test that uses the same spec text
+        env[faults.ENV_STATE] = os.path.join(self.workdir, "fault-state", state)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        return env
+
+    def process(self, fault_spec: str | None = None, *, state: str | None = None, **argv: Any) -> PipelineProcess:
+        step = state or f"run{len(self.outcomes)}"
+        return PipelineProcess(self.argv(**argv), self.env(fault_spec, step), self.log_path, REPO)
+
+    def run(self, fault_spec: str | None = None, *, timeout: float = 420.0, **argv: Any) -> Outcome:
+        """Run to its end (drained, killed by a fault, or failed) and record the outcome."""
+        out = self.process(fault_spec, **argv).run(timeout)
+        self.outcomes.append(out)
+        return out
+
+    def fired(self, point: str | None = None, **conditions: Any) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in faults.fired(self.fault_log)
+            if (point is None or e.get("point") == point)
+            and all(str(e.get(k)) == str(v) for k, v in conditions.items())
+        ]
+
+    def report(
+        self,
+        *,
+        expect_faults: Sequence[str] | None = None,
+        min_faults: int = 0,
+        decisions: bool | None = None,
+        aggregates: Mapping[str, Any] | None = None,
+    ) -> checker.Report:
+        stateful = self.sink == "stateful"
+        return checker.verify(
+            bootstrap=self.bootstrap,
+            topic=self.topic,
+            dsn=self.check_dsn,
+            table="" if stateful else self.table,
+            payload_fields=("key", "amount"),
+            sink_id=self.sink_id if self.sink == "2pc" else None,
+            checkpoint=self.checkpoint,
+            decisions=(self.sink == "2pc") if decisions is None else decisions,
+            aggregates=aggregates or ({"table": self.table, "key": "key", "value": "amount"} if stateful else None),
+            fault_log=self.fault_log,
+            expect_faults=expect_faults,
+            min_faults=min_faults,
+        )
+
+    def describe(self) -> str:
+        runs = ", ".join(str(o) for o in self.outcomes)
+        return f"{self.sink} pipeline {self.table} (runs: {runs}); log tail:\n{self.outcomes[-1].log_tail if self.outcomes else ''}"
