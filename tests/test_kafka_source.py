@@ -1,0 +1,317 @@
+"""Unit tests of the kafka-eos source without services: options, offsets, splits, limits, pickling, schema."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
+
+from connectors.errors import ConfigError, DataLossError
+from sources.kafka import KafkaEosDataSource, kafka_schema, parse_options
+from sources.kafka.datasource import KafkaBatchReader, KafkaStreamReader
+from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition, dumps, from_json, to_json
+from sources.kafka.options import OPTIONS, consumer_config
+from sources.kafka.planner import Limits, limits_from, rate_limit
+from sources.kafka.reader import _Columns, arrow_schema
+from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings, split_ranges
+
+BS = {"kafka.bootstrap.servers": "127.0.0.1:9"}
+
+
+def opts(streaming: bool = True, **kw: str):
+    return parse_options({**BS, **kw}, streaming=streaming)
+
+
+def bad(message: str, *, streaming: bool = True, **kw: str) -> ConfigError:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_options({**BS, **kw}, streaming=streaming)
+    return info.value
+
+
+# ---- options -------------------------------------------------------------------------------
+
+
+def test_topic_selection_needs_exactly_one() -> None:
+    bad("exactly one of .*none is given")
+    err = bad("exactly one of .*subscribe, assign are all given", subscribe="a", assign='{"a":[0]}')
+    assert err.option == "subscribe"
+    bad("exactly one", subscribe="a", subscribePattern="a.*")
+    bad("lists no topic", subscribe=" , ")
+    bad("not a valid regular expression", subscribePattern="a(")
+    bad("'assign' must be JSON mapping topics", assign='{"a":"0"}')
+    bad("'assign' has an invalid value", assign="{not json")
+
+
+def test_starting_offsets_json_checked() -> None:
+    bad("neither earliest nor latest nor group nor valid JSON", subscribe="t", startingOffsets='{"t":{"0":1')
+    bad("neither earliest", subscribe="t", startingOffsets="beginning")
+    bad(r"t-0 is -3; expected a offset >= 0 or -2 or -1", subscribe="t", startingOffsets='{"t":{"0":-3}}')
+    bad("is not a partition number", subscribe="t", startingOffsets='{"t":{"x":1}}')
+    err = bad("does not cover the assigned partitions t-1", assign='{"t":[0,1]}', startingOffsets='{"t":{"0":5}}')
+    assert err.option == "startingOffsets"
+    bad("names partitions that 'assign' does not: u-0", assign='{"t":[0]}', startingOffsets='{"t":{"0":5},"u":{"0":1}}')
+    bad("startingOffsetsByTimestamp' does not cover", assign='{"t":[0,1]}', startingOffsetsByTimestamp='{"t":{"0":5}}')
+    o = opts(assign='{"t":[0,1]}', startingOffsets='{"t":{"0":5,"1":-2}}')
+    assert o.assign == {"t": [0, 1]}
+
+
+def test_streaming_refuses_ending_options() -> None:
+    for name, value in (("endingOffsets", "latest"), ("endingTimestamp", "5"), ("endingOffsetsByTimestamp", '{"t":{"0":1}}')):
+        err = bad(f"option '{name}' is for batch queries only", subscribe="t", **{name: value})
+        assert err.option == name
+
+
+def test_batch_rules() -> None:
+    bad("cannot be latest for batch", streaming=False, subscribe="t", startingOffsets="latest")
+    bad("cannot use -1 .latest. for batch", streaming=False, subscribe="t", startingOffsets='{"t":{"0":-1}}')
+    bad("cannot be earliest for batch", streaming=False, subscribe="t", endingOffsets="earliest")
+    bad("cannot use -2", streaming=False, subscribe="t", endingOffsets='{"t":{"0":-2}}')
+    bad("startingOffsets 9 is after endingOffsets 3 for t-0", streaming=False, subscribe="t",
+        startingOffsets='{"t":{"0":9}}', endingOffsets='{"t":{"0":3}}')
+    bad("'startingTimestamp' .20. is after 'endingTimestamp' .10.", streaming=False, subscribe="t",
+        startingTimestamp="20", endingTimestamp="10")
+    o = opts(streaming=False, subscribe="t", endingOffsets='{"t":{"0":3}}')
+    assert o.ending_offsets == '{"t":{"0":3}}'
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("kafka.auto.offset.reset", "startingOffsets"),
+        ("kafka.key.deserializer", "keys are always read as bytes"),
+        ("kafka.value.deserializer", "values are always read as bytes"),
+        ("kafka.enable.auto.commit", "offsets are kept in the Spark checkpoint"),
+        ("kafka.interceptor.classes", "interceptors"),
+        ("kafka.AUTO.OFFSET.RESET", "startingOffsets"),
+    ],
+)
+def test_rejected_kafka_options_say_why(key: str, reason: str) -> None:
+    err = bad(f"Kafka option '{key[6:].lower()}' is not supported: .*{reason}", subscribe="t", **{key: "x"})
+    assert err.option == key.lower()
+
+
+def test_other_option_errors() -> None:
+    with pytest.raises(ConfigError, match=r"'kafka\.bootstrap\.servers' is required"):
+        parse_options({"subscribe": "t"}, streaming=True)
+    bad("kafka.isolation.level' is 'serializable'", subscribe="t", **{"kafka.isolation.level": "serializable"})
+    bad("'minOffsetsPerTrigger' .10. is greater than 'maxOffsetsPerTrigger' .5.", subscribe="t",
+        minOffsetsPerTrigger="10", maxOffsetsPerTrigger="5")
+    bad("'maxOffsetsPerTrigger' is '0', out of range", subscribe="t", maxOffsetsPerTrigger="0")
+    bad("'maxOffsetsPerTrigger' has an invalid value 'ten'", subscribe="t", maxOffsetsPerTrigger="ten")
+    bad("'failOnDataLoss' has an invalid value 'maybe'", subscribe="t", failOnDataLoss="maybe")
+    bad("'startingOffsetsByTimestampStrategy' has an invalid value", subscribe="t", startingOffsetsByTimestampStrategy="skip")
+    bad("'commitOffsetsToGroup' needs the consumer group", subscribe="t", commitOffsetsToGroup="true")
+    bad("'startingOffsets' needs the consumer group", subscribe="t", startingOffsets="group")
+    bad("unknown option 'maxOffsetPerTrigger'; did you mean 'maxOffsetsPerTrigger'", subscribe="t", maxOffsetPerTrigger="1")
+    bad("unknown fault point", subscribe="t", faults="source.nope")
+
+
+def test_options_parsed_typed_and_case_insensitive() -> None:
+    o = parse_options(
+        {**BS, "SUBSCRIBE": "a, b", "maxoffsetspertrigger": "100", "failOnDataLoss": "false", "maxTriggerDelay": "30s",
+         "kafka.Isolation.Level": "read_committed", "kafka.group.id": "g", "startingOffsets": "group",
+         "kafkaConsumer.pollTimeoutMs": "500"},
+        streaming=True,
+    )
+    assert o.subscribe == ("a", "b")
+    assert o.max_offsets_per_trigger == 100 and o.fail_on_data_loss is False and o.max_trigger_delay == 30.0
+    assert o.read_committed and o.group_id == "g" and o.starting_is_group and o.poll_timeout_ms == 500
+
+
+def test_java_names_mapped_to_librdkafka() -> None:
+    o = opts(subscribe="t", **{
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p w";',
+        "kafka.ssl.truststore.location": "/etc/ca.pem",
+        "kafka.ssl.endpoint.identification.algorithm": "",
+        "kafka.max.poll.records": "10",
+    })
+    conf = consumer_config(o)
+    assert conf == {
+        "bootstrap.servers": "127.0.0.1:9",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": "PLAIN",
+        "sasl.username": "u",
+        "sasl.password": "p w",
+        "ssl.ca.location": "/etc/ca.pem",
+        "ssl.endpoint.identification.algorithm": "none",
+    }
+    with pytest.raises(ConfigError, match="not Java trust stores"):
+        consumer_config(opts(subscribe="t", **{"kafka.ssl.truststore.location": "/etc/trust.jks"}))
+    with pytest.raises(ConfigError, match="could not be mapped"):
+        consumer_config(opts(subscribe="t", **{"kafka.sasl.jaas.config": "com.sun.Krb5LoginModule required;"}))
+
+
+def test_options_markdown_lists_every_option() -> None:
+    table = OPTIONS.markdown()
+    for name in ("subscribePattern", "startingOffsetsByTimestampStrategy", "kafkaConsumer.pollTimeoutMs", "commitOffsetsToGroup"):
+        assert f"`{name}`" in table
+
+
+# ---- offsets ---------------------------------------------------------------------------------
+
+
+def test_offsets_canonical_like_spark() -> None:
+    m = {TopicPartition("b", 10): 7, TopicPartition("b", 2): 3, TopicPartition("a", 0): 12}
+    assert json.dumps(to_json(m)) == '{"a": {"0": 12}, "b": {"2": 3, "10": 7}}'
+    assert dumps(m) == '{"a":{"0":12},"b":{"2":3,"10":7}}'
+    shuffled = dict(reversed(list(m.items())))
+    assert json.dumps(to_json(shuffled)) == json.dumps(to_json(m))  # Spark compares JSON text
+    assert from_json(json.dumps(to_json(m))) == m
+    assert from_json(to_json(m)) == m
+
+
+def test_offsets_invariants() -> None:
+    assert (EARLIEST, LATEST) == (-2, -1)
+    with pytest.raises(ValueError, match="expected >= 0"):
+        to_json({TopicPartition("a", 0): -1})
+    assert to_json({TopicPartition("a", 0): LATEST}, symbolic=True) == {"a": {"0": -1}}
+    with pytest.raises(ValueError, match="partition of 'a' must be an int >= 0"):
+        to_json({TopicPartition("a", -1): 0})
+    with pytest.raises(ConfigError, match="offset of a-0 must be an int"):
+        from_json('{"a":{"0":"5"}}')
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        from_json("{")
+
+
+# ---- splitting and admission control ----------------------------------------------------------
+
+
+def r(p: int, s: int, e: int, t: str = "t") -> OffsetRange:
+    return OffsetRange(t, p, s, e)
+
+
+def test_split_ranges_like_spark_offset_range_calculator() -> None:
+    assert split_ranges([r(0, 0, 10), r(1, 5, 5)]) == [r(0, 0, 10)]
+    assert split_ranges([r(0, 0, 10), r(1, 0, 10)], min_partitions=2) == [r(0, 0, 10), r(1, 0, 10)]
+    # one big and one small range: the small one stays whole, the big one takes the rest
+    assert split_ranges([r(0, 0, 100), r(1, 0, 10)], min_partitions=5) == [
+        r(0, 0, 25), r(0, 25, 50), r(0, 50, 75), r(0, 75, 100), r(1, 0, 10)
+    ]
+    assert split_ranges([r(0, 0, 4)], min_partitions=3) == [r(0, 0, 1), r(0, 1, 2), r(0, 2, 4)]
+    assert split_ranges([r(0, 0, 10)], max_records_per_partition=4) == [r(0, 0, 3), r(0, 3, 6), r(0, 6, 10)]
+    pieces = split_ranges([r(0, 3, 1003), r(1, 0, 7)], min_partitions=8, max_records_per_partition=300)
+    assert sum(p.size for p in pieces) == 1007 and all(p.size <= 300 for p in pieces) and len(pieces) >= 8
+    # contiguous, no gap, no overlap
+    p0 = [p for p in pieces if p.partition == 0]
+    assert p0[0].start == 3 and p0[-1].end == 1003 and all(a.end == b.start for a, b in itertools.pairwise(p0))
+
+
+def test_offset_range_invariants() -> None:
+    with pytest.raises(ValueError, match=r"\[5, 3\) is invalid"):
+        r(0, 5, 3)
+    with pytest.raises(ValueError, match="bad topic-partition"):
+        r(-1, 0, 1)
+
+
+def test_rate_limit_proportional_to_backlog() -> None:
+    a, b, c = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
+    start = {a: 0, b: 100, c: 5}
+    until = {a: 300, b: 200, c: 6}
+    got = rate_limit(start, until, 100)
+    assert got[a] == 0 + 74 and got[b] == 100 + 24  # floor(100*300/401), floor(100*100/401)
+    assert got[c] == 6  # a share below one record is rounded up: never starve a partition
+    assert rate_limit(start, until, 1000) == until
+    assert sum(got[tp] - start[tp] for tp in start) <= 100
+
+
+def test_limits_from_spark_read_limits() -> None:
+    o = opts(subscribe="t", maxOffsetsPerTrigger="10", minOffsetsPerTrigger="5", maxBytesPerTrigger="1000")
+    default = ReadMaxRows(10)
+    got = limits_from(default, default, o, available_now=False)
+    assert (got.max_rows, got.min_rows, got.max_bytes) == (10, 5, 1000)
+    got = limits_from(default, default, o, available_now=True)
+    assert got.min_rows is None  # AvailableNow never waits for min offsets
+    assert vars(limits_from(ReadAllAvailable(), default, o, available_now=False)) == vars(Limits())
+    assert limits_from(ReadMaxRows(3), default, o, available_now=False).max_rows == 3
+    assert limits_from(ReadMinRows(3), default, o, available_now=False).min_rows == 3
+    assert limits_from(ReadMaxBytes(3), default, o, available_now=False).max_bytes == 3
+
+
+def test_default_read_limit_from_options() -> None:
+    assert KafkaStreamReader(opts(subscribe="t", maxOffsetsPerTrigger="9")).getDefaultReadLimit() == ReadMaxRows(9)
+    assert KafkaStreamReader(opts(subscribe="t", maxBytesPerTrigger="9")).getDefaultReadLimit() == ReadMaxBytes(9)
+    assert KafkaStreamReader(opts(subscribe="t", minOffsetsPerTrigger="9")).getDefaultReadLimit() == ReadMinRows(9)
+    assert KafkaStreamReader(opts(subscribe="t")).getDefaultReadLimit() == ReadAllAvailable()
+
+
+# ---- pickling --------------------------------------------------------------------------------
+
+
+def test_pickle_round_trips() -> None:
+    part = KafkaInputPartition(r(1, 5, 9), ReadSettings({"bootstrap.servers": "x"}, include_headers=True, faults="source.read.mid"))
+    assert pickle.loads(pickle.dumps(part)) == part
+    reader = KafkaStreamReader(opts(subscribe="t", maxOffsetsPerTrigger="3"))
+    reader.planner.client.__dict__["_admin"] = object()  # a live client must never travel
+    back = pickle.loads(pickle.dumps(reader))
+    assert back.opts == reader.opts and back.planner.client._admin is None
+    batch = pickle.loads(pickle.dumps(KafkaBatchReader(opts(streaming=False, subscribe="t"))))
+    assert batch.opts.subscribe == ("t",)
+    err = pickle.loads(pickle.dumps(DataLossError("gone", topic_partition="t-0")))
+    assert isinstance(err, DataLossError) and err.topic_partition == "t-0" and str(err) == "gone"
+    ds = KafkaEosDataSource({**BS, "subscribe": "t"})
+    assert pickle.loads(pickle.dumps(ds)).options["subscribe"] == "t"
+
+
+# ---- schema ------------------------------------------------------------------------------------
+
+
+class _Msg:
+    def __init__(self, off: int, key: bytes | None, value: bytes | None, ts: tuple[int, int], headers: list | None) -> None:
+        self._off, self._k, self._v, self._ts, self._h = off, key, value, ts, headers
+
+    def offset(self) -> int:
+        return self._off
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._ts
+
+    def headers(self) -> list | None:
+        return self._h
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_arrow_schema_matches_spark(headers: bool) -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    expected = to_arrow_schema(kafka_schema(headers), timezone="UTC", prefers_large_types=False)
+    assert arrow_schema(headers).equals(expected, check_metadata=False) or [
+        (f.name, f.type) for f in arrow_schema(headers)
+    ] == [(f.name, f.type) for f in expected]
+    assert [f.name for f in kafka_schema(headers).fields][:7] == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType"
+    ]
+
+
+def test_columns_build_spark_rows() -> None:
+    cols = _Columns("t", 3, True)
+    cols.add(_Msg(7, b"k", b"v", (1, 1_700_000_000_123), [("h", b"x"), ("n", None)]))
+    cols.add(_Msg(9, None, None, (2, 5), None))
+    batch = cols.flush()
+    assert batch.schema == arrow_schema(True)
+    rows = batch.to_pylist()
+    assert rows[0]["offset"] == 7 and rows[0]["partition"] == 3 and rows[0]["timestampType"] == 0
+    assert rows[0]["timestamp"].timestamp() == pytest.approx(1_700_000_000.123)
+    assert rows[0]["headers"] == [{"key": "h", "value": b"x"}, {"key": "n", "value": None}]
+    assert rows[1]["key"] is None and rows[1]["timestampType"] == 1 and rows[1]["headers"] is None
+    assert len(cols) == 0 and isinstance(batch, pa.RecordBatch)
+
+
+def test_custom_schema_refused() -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    ds = KafkaEosDataSource({**BS, "subscribe": "t"})
+    with pytest.raises(ConfigError, match="fixed schema"):
+        ds.streamReader(StructType([StructField("value", StringType())]))
+    assert isinstance(ds.streamReader(kafka_schema()), KafkaStreamReader)
