@@ -79,7 +79,7 @@ def connection_options(raw: Mapping[str, Any]) -> dict[str, Any]:
 def redact_conninfo(text: str) -> str:
     """A conninfo or URL with any password replaced by ***, for messages."""
     text = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
-    text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text, flags=re.I)
+    text = re.sub(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text, flags=re.I)
     return re.sub(r"([?&]password=)[^&]*", r"\1***", text, flags=re.I)
 
 

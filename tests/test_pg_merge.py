@@ -1,0 +1,85 @@
+"""Unit tests for the merge SQL: dedup order, version guard, deletes and tombstones."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_statements, tombstone_sql
+from sinks.postgres.options import TableName
+from sinks.postgres.types import Column
+
+T = TableName("app", "t")
+COLS = (
+    Column("id", "id", "bigint", "bigint", target_type="bigint"),
+    Column("name", "full_name", "text", "string", target_type="character varying(40)"),
+    Column("ver", "ver", "bigint", "bigint", target_type="bigint"),
+)
+
+
+def test_plain_upsert_is_one_statement_with_dedup_by_input_order() -> None:
+    plan = MergePlan(T, COLS, ("id",))
+    [(label, sql)] = merge_statements(plan, "stage")
+    assert label == "upserted"
+    assert 'SELECT DISTINCT ON ("id") * FROM stage ORDER BY "id", "__eos_ord" DESC' in sql
+    assert 'INSERT INTO "app"."t" AS t ("id", "full_name", "ver")' in sql
+    assert 'ON CONFLICT ("id") DO UPDATE SET "full_name" = EXCLUDED."full_name", "ver" = EXCLUDED."ver"' in sql
+    assert "WHERE t." not in sql  # no version guard without a version column
+    assert 'CAST(d."name" AS character varying(40))' in sql
+
+
+def test_version_guard_is_strict_so_equal_versions_are_no_ops() -> None:
+    plan = MergePlan(T, COLS, ("id",), version="ver")
+    [(_, sql)] = merge_statements(plan, "stage")
+    assert 'ORDER BY "id", "ver" DESC NULLS LAST, "__eos_ord" DESC' in sql
+    assert sql.endswith('WHERE t."ver" IS NULL OR t."ver" < EXCLUDED."ver"')
+
+
+def test_key_only_table_does_nothing_on_conflict() -> None:
+    plan = MergePlan(T, COLS[:1], ("id",))
+    [(_, sql)] = merge_statements(plan, "stage")
+    assert sql.endswith("DO NOTHING")
+
+
+def test_deletes_without_version() -> None:
+    plan = MergePlan(T, COLS, ("id",), deletes=True)
+    labels = [label for label, _ in merge_statements(plan, "stage")]
+    assert labels == ["deleted", "upserted"]
+    delete, upsert = (sql for _, sql in merge_statements(plan, "stage"))
+    assert delete.startswith('DELETE FROM "app"."t" t USING') and f'd."{DELETE_FLAG}"' in delete
+    assert f'WHERE NOT d."{DELETE_FLAG}"' in upsert
+    assert plan.tombstones is None and tombstone_sql(plan) is None
+
+
+def test_deletes_with_version_lock_keys_and_keep_tombstones() -> None:
+    plan = MergePlan(T, COLS, ("id",), version="ver", deletes=True)
+    assert plan.tombstones == TableName("app", "t__eos_tombstones")
+    steps = merge_statements(plan, "stage")
+    assert [label for label, _ in steps] == ["", "tombstoned", "deleted", "upserted", ""]
+    lock, tomb, delete, upsert, cleanup = (sql for _, sql in steps)
+    assert lock.startswith('INSERT INTO "app"."t__eos_tombstones" AS tb') and 'ORDER BY "id"' in lock
+    assert "NOT EXISTS" in tomb and 't."ver" >= d."ver"' in tomb
+    assert 't."ver" < d."ver"' in delete
+    assert 'JOIN "app"."t__eos_tombstones" tb' in upsert and 'tb."ver" < d."ver"' in upsert
+    assert 'tb."ver" IS NULL' in cleanup
+    assert tombstone_sql(plan) == (
+        'CREATE TABLE IF NOT EXISTS "app"."t__eos_tombstones" ("id" bigint NOT NULL, "ver" bigint, PRIMARY KEY ("id"))'
+    )
+
+
+def test_staging_columns() -> None:
+    plan = MergePlan(T, COLS, ("id",), version="ver", deletes=True)
+    assert plan.staging_columns() == [("id", "bigint"), ("name", "text"), ("ver", "bigint"), (ORDINAL, "bigint"), (DELETE_FLAG, "boolean")]
+    assert MergePlan(T, COLS, ("id",)).staging_columns()[-1] == (ORDINAL, "bigint")
+
+
+def test_plan_checks_its_columns() -> None:
+    with pytest.raises(ValueError, match="not among the written columns"):
+        MergePlan(T, COLS, ("nope",))
+
+
+def test_plan_and_counts_pickle() -> None:
+    plan = MergePlan(T, COLS, ("id",), version="ver", deletes=True)
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    assert MergeCounts(1, 2, 3, 4) + MergeCounts(1, 1, 1, 1) == MergeCounts(2, 3, 4, 5)

@@ -1,0 +1,128 @@
+"""Unit tests for the Postgres sink options: parsing, errors, password redaction, table names."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from connectors.errors import ConfigError
+from sinks.postgres.options import (
+    ConnectionOptions,
+    TableName,
+    UpsertOptions,
+    parse_table_name,
+    redact_conninfo,
+)
+
+BASE = {"dsn": "postgresql://app:s3cret@127.0.0.1:5433/shop", "table": "orders", "key": "id"}
+
+
+def test_parses_typed_options() -> None:
+    opts = UpsertOptions.from_options(
+        {"dsn": BASE["dsn"], "table": "orders", "Key": "a, b", "version": "v", "delete.column": "gone", "table.create": "TRUE",
+         "columns": '{"userId": "user_id"}', "connect_timeout": "3s", "statement_timeout": "500ms"}
+    )
+    assert opts.key == ("a", "b")
+    assert opts.version == "v" and opts.delete_column == "gone" and opts.deletes
+    assert opts.table_create is True
+    assert opts.rename == {"userId": "user_id"}
+    assert opts.connection.connect_timeout == 3.0
+    assert opts.connection.statement_timeout == 0.5
+    assert opts.table == TableName(None, "orders")
+
+
+def test_conninfo_merges_dsn_and_fields_and_sets_timeouts() -> None:
+    conn = ConnectionOptions(dsn="postgresql://app@h1:5432/db", port=6000, connect_timeout=3, statement_timeout=1.5)
+    info = conn.conninfo()
+    assert "port=6000" in info and "connect_timeout=3" in info
+    assert "statement_timeout=1500" in info
+    fields = ConnectionOptions(host="db.local", dbname="x", user="u", password="pw")
+    assert "host=db.local" in fields.conninfo() and "password=pw" in fields.conninfo()
+    assert "host=localhost" in ConnectionOptions(dbname="x").conninfo()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"dsn": "postgresql://app:s3cret@127.0.0.1/shop"},
+        {"dsn": "host=127.0.0.1 password=s3cret dbname=shop"},
+        {"host": "127.0.0.1", "password": "s3cret"},
+    ],
+)
+def test_password_never_in_repr_or_str(raw: dict[str, str]) -> None:
+    conn = ConnectionOptions.from_options(raw)
+    for text in (repr(conn), str(conn), conn.describe(), repr(UpsertOptions.from_options({**raw, "table": "t", "key": "k"}))):
+        assert "s3cret" not in text
+    assert "***" in repr(conn)
+
+
+def test_password_not_in_option_errors() -> None:
+    with pytest.raises(ConfigError) as err:
+        UpsertOptions.from_options({**BASE, "password": "s3cret", "port": "notaport"})
+    assert "s3cret" not in str(err.value) and "port" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        ConnectionOptions.from_options({"dsn": "host=h password=s3cret bogus"})
+    assert "s3cret" not in str(err.value) and "'dsn'" in str(err.value)
+
+
+def test_redact_conninfo() -> None:
+    assert redact_conninfo("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+    assert redact_conninfo("host=h password='a b' user=u") == "host=h password=*** user=u"
+    assert redact_conninfo("postgresql://h/db?password=pw&x=1") == "postgresql://h/db?password=***&x=1"
+
+
+def test_unknown_option_suggests_the_closest() -> None:
+    with pytest.raises(ConfigError) as err:
+        UpsertOptions.from_options({**BASE, "versoin": "v"})
+    assert "versoin" in str(err.value) and "did you mean 'version'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"table": None}, "'table' is required"),
+        ({"key": " , "}, "'key' is empty"),
+        ({"key": "a,a"}, "names a column twice"),
+        ({"version": "id"}, "names the key column"),
+        ({"columns": "[1]"}, "must be a JSON object"),
+        ({"columns": "{bad json"}, "'columns' has an invalid value"),
+        ({"columns": '{"a": "x", "b": "x"}'}, "maps two columns"),
+        ({"table.create": "maybe"}, "expected true or false"),
+        ({"retry.attempts": "0"}, "out of range"),
+        ({"table": "a.b.c"}, "expected table or schema.table"),
+    ],
+)
+def test_option_errors_name_the_option(extra: dict[str, str | None], needle: str) -> None:
+    raw = {**BASE, **extra}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    with pytest.raises(ConfigError) as err:
+        UpsertOptions.from_options(raw)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "sql"),
+    [
+        ("orders", TableName(None, "orders"), '"orders"'),
+        ("Sales.Orders", TableName("sales", "orders"), '"sales"."orders"'),
+        ('"Sales"."My.Orders"', TableName("Sales", "My.Orders"), '"Sales"."My.Orders"'),
+        ('public."Quote""d"', TableName("public", 'Quote"d'), '"public"."Quote""d"'),
+    ],
+)
+def test_table_names(text: str, expected: TableName, sql: str) -> None:
+    name = parse_table_name(text)
+    assert name == expected and name.sql == sql
+
+
+def test_derived_names_stay_within_63_bytes() -> None:
+    long = TableName("s", "x" * 60)
+    derived = long.derived("__eos_tombstones")
+    assert len(derived.name.encode()) <= 63 and derived.name.endswith("__eos_tombstones")
+    assert derived != TableName("s", "x" * 59).derived("__eos_tombstones")
+    assert TableName(None, "t").derived("__eos_tombstones").name == "t__eos_tombstones"
+
+
+def test_options_pickle() -> None:
+    opts = UpsertOptions.from_options({**BASE, "version": "v"})
+    assert pickle.loads(pickle.dumps(opts)) == opts
