@@ -1,0 +1,304 @@
+"""The decision log of the two-phase sink: protocol tables, the sink lock, owners and prepared gids."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+
+from connectors.errors import ConfigError, FatalError
+from sinks.postgres.gid import Gid, parse_gid, sink_prefix
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "Decision",
+    "Owner",
+    "Prepared",
+    "ProtocolTables",
+    "check_max_prepared",
+    "list_prepared",
+    "max_prepared_transactions",
+    "sink_lock",
+    "sink_lock_key",
+]
+
+DEFAULT_SCHEMA = "eos"
+_SCHEMA_LOCK = 0x656F735F736368  # any constant: serialises concurrent CREATE ... IF NOT EXISTS
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A row of ``sink_batches``: batch ``batch_id`` of the sink is committed with exactly ``gids``."""
+
+    sink_id: str
+    batch_id: int
+    gids: tuple[str, ...]
+    rows: int
+    decided_at: datetime | None = None
+    published_at: datetime | None = None
+    owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A row of ``sink_owners``: which writer identity (a streaming query's id, or batch jobs) owns a sink id."""
+
+    sink_id: str
+    identity: str
+    run_id: str | None
+    claimed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One prepared transaction of the sink, as ``pg_prepared_xacts`` shows it."""
+
+    gid: Gid
+    prepared_at: datetime
+    age_seconds: float
+    database: str
+
+
+def sink_lock_key(sink_id: str) -> int:
+    """The advisory-lock key of a sink (signed 64-bit, stable across processes and versions)."""
+    return int.from_bytes(hashlib.sha1(("eos-sink:" + sink_id).encode()).digest()[:8], "big", signed=True)
+
+
+@contextmanager
+def sink_lock(conn: psycopg.Connection, sink_id: str) -> Iterator[None]:
+    """Hold the sink's session advisory lock on an autocommit connection.
+
+    Every step that rolls back a gid or writes a decision runs under it, so "no decision names
+    this gid" and "roll it back" are one atomic step against "decide the batch", and a decision only
+    ever names gids that are still prepared when it is written.
+    """
+    key = sink_lock_key(sink_id)
+    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    try:
+        yield
+    finally:
+        if not conn.closed and not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def list_prepared(conn: psycopg.Connection, sink_id: str) -> list[Prepared]:
+    """The prepared transactions of this sink in the connected database, oldest first."""
+    rows = conn.execute(
+        "SELECT gid, prepared, extract(epoch FROM now() - prepared)::float8, database FROM pg_prepared_xacts "
+        "WHERE starts_with(gid, %s) AND database = current_database() ORDER BY prepared, gid",
+        (sink_prefix(sink_id),),
+    ).fetchall()
+    out = []
+    for gid_text, prepared, age, database in rows:
+        gid = parse_gid(gid_text)
+        if gid is not None and gid.sink_id == sink_id:
+            out.append(Prepared(gid, prepared, float(age), database))
+    return out
+
+
+def max_prepared_transactions(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SELECT current_setting('max_prepared_transactions')::int").fetchone()[0])  # type: ignore[index]
+
+
+def check_max_prepared(conn: psycopg.Connection, writers: int | None = None, where: str = "") -> int:
+    """Refuse to run when prepared transactions are off or too few for ``writers`` concurrent tasks."""
+    limit = max_prepared_transactions(conn)
+    fix = (
+        "set max_prepared_transactions in postgresql.conf (or `-c max_prepared_transactions=64` on the command line, "
+        "`ALTER SYSTEM SET max_prepared_transactions = 64`) to at least the number of concurrent writer tasks "
+        "(plus other users of prepared transactions), then restart Postgres"
+    )
+    if limit == 0:
+        raise ConfigError(
+            f"postgres-2pc{where}: the server has max_prepared_transactions = 0, so PREPARE TRANSACTION is disabled; {fix}",
+            option="max_prepared_transactions",
+        )
+    if writers is not None and writers > limit:
+        raise ConfigError(
+            f"postgres-2pc{where}: {writers} writer tasks would prepare concurrently but the server allows only "
+            f"max_prepared_transactions = {limit}; {fix}, or write with fewer partitions (df.coalesce({limit}))",
+            option="max_prepared_transactions",
+        )
+    return limit
+
+
+class ProtocolTables:
+    """The protocol tables in one schema (``eos`` by default): decisions, markers and owners."""
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        if not schema or "\x00" in schema:
+            raise ConfigError(f"postgres-2pc: option 'eos.schema' has an invalid value {schema!r}", option="eos.schema")
+        self.schema = schema
+        s = sql.Identifier(schema)
+        self.batches = sql.SQL("{}.sink_batches").format(s)
+        self.parts = sql.SQL("{}.sink_parts").format(s)
+        self.owners = sql.SQL("{}.sink_owners").format(s)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ProtocolTables, (self.schema,))
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def ensure(self, conn: psycopg.Connection) -> None:
+        """Create the schema and tables when missing (safe to run concurrently and repeatedly)."""
+        s = sql.Identifier(self.schema)
+        exists = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename IN ('sink_batches','sink_parts','sink_owners')",
+            (self.schema,),
+        ).fetchone()
+        if exists and exists[0] == 3:
+            if not conn.autocommit:
+                conn.commit()
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} ("
+                    " sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,"
+                    " rows bigint NOT NULL DEFAULT 0, owner text,"
+                    " decided_at timestamptz NOT NULL DEFAULT clock_timestamp(), published_at timestamptz,"
+                    " PRIMARY KEY (sink_id, batch_id))"
+                ).format(self.batches)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} ("
+                    " gid text PRIMARY KEY, sink_id text NOT NULL, batch_id bigint NOT NULL,"
+                    " partition_id int NOT NULL, rows bigint NOT NULL,"
+                    " written_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+                ).format(self.parts)
+            )
+            conn.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS sink_parts_batch ON {} (sink_id, batch_id)").format(self.parts)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} ("
+                    " sink_id text PRIMARY KEY, identity text NOT NULL, run_id text,"
+                    " claimed_at timestamptz NOT NULL DEFAULT clock_timestamp(),"
+                    " updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+                ).format(self.owners)
+            )
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def decision(self, conn: psycopg.Connection, sink_id: str, batch_id: int) -> Decision | None:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT gids, rows, decided_at, published_at, owner FROM {} WHERE sink_id = %s AND batch_id = %s"
+            ).format(self.batches),
+            (sink_id, batch_id),
+        ).fetchone()
+        if row is None:
+            return None
+        return Decision(sink_id, batch_id, tuple(row[0]), int(row[1]), row[2], row[3], row[4])
+
+    def decisions(self, conn: psycopg.Connection, sink_id: str, batch_ids: Iterable[int]) -> dict[int, Decision]:
+        ids = sorted(set(batch_ids))
+        if not ids:
+            return {}
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT batch_id, gids, rows, decided_at, published_at, owner FROM {} "
+                "WHERE sink_id = %s AND batch_id = ANY(%s)"
+            ).format(self.batches),
+            (sink_id, ids),
+        ).fetchall()
+        return {int(r[0]): Decision(sink_id, int(r[0]), tuple(r[1]), int(r[2]), r[3], r[4], r[5]) for r in rows}
+
+    def recent(self, conn: psycopg.Connection, sink_id: str, limit: int = 20) -> list[Decision]:
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT batch_id, gids, rows, decided_at, published_at, owner FROM {} WHERE sink_id = %s "
+                "ORDER BY batch_id DESC LIMIT %s"
+            ).format(self.batches),
+            (sink_id, limit),
+        ).fetchall()
+        return [Decision(sink_id, int(r[0]), tuple(r[1]), int(r[2]), r[3], r[4], r[5]) for r in rows]
+
+    def last_batch(self, conn: psycopg.Connection, sink_id: str) -> int | None:
+        row = conn.execute(sql.SQL("SELECT max(batch_id) FROM {} WHERE sink_id = %s").format(self.batches), (sink_id,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def insert_decision(
+        self, conn: psycopg.Connection, sink_id: str, batch_id: int, gids: Iterable[str], rows: int, owner: str | None
+    ) -> None:
+        """Insert (inside the caller's transaction) the decision row; the primary key makes it unique."""
+        conn.execute(
+            sql.SQL("INSERT INTO {} (sink_id, batch_id, gids, rows, owner) VALUES (%s, %s, %s, %s, %s)").format(self.batches),
+            (sink_id, batch_id, sorted(gids), rows, owner),
+        )
+
+    def mark_published(self, conn: psycopg.Connection, sink_id: str, batch_id: int) -> None:
+        conn.execute(
+            sql.SQL("UPDATE {} SET published_at = clock_timestamp() WHERE sink_id = %s AND batch_id = %s").format(self.batches),
+            (sink_id, batch_id),
+        )
+
+    # -- markers -----------------------------------------------------------------------------
+
+    def insert_marker(self, conn: psycopg.Connection, gid: Gid, rows: int) -> None:
+        """The marker row written inside the prepared transaction: committed iff the gid committed."""
+        conn.execute(
+            sql.SQL("INSERT INTO {} (gid, sink_id, batch_id, partition_id, rows) VALUES (%s, %s, %s, %s, %s)").format(self.parts),
+            (str(gid), gid.sink_id, gid.batch, gid.partition, rows),
+        )
+
+    def marker_exists(self, conn: psycopg.Connection, gid: str) -> bool:
+        row = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE gid = %s").format(self.parts), (gid,)).fetchone()
+        return row is not None
+
+    def prune_markers(self, conn: psycopg.Connection, sink_id: str, below_batch: int) -> None:
+        """Markers only prove commits of batches that may still be replayed; older ones can go."""
+        conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s AND batch_id < %s").format(self.parts), (sink_id, below_batch))
+
+    # -- owners (fencing) --------------------------------------------------------------------
+
+    def owner(self, conn: psycopg.Connection, sink_id: str, *, for_update: bool = False) -> Owner | None:
+        query = sql.SQL("SELECT identity, run_id, claimed_at FROM {} WHERE sink_id = %s").format(self.owners)
+        if for_update:
+            query = query + sql.SQL(" FOR UPDATE")
+        row = conn.execute(query, (sink_id,)).fetchone()
+        return None if row is None else Owner(sink_id, row[0], row[1], row[2])
+
+    def check_owner(self, conn: psycopg.Connection, sink_id: str, identity: str, *, claim: bool, run_id: str | None = None) -> None:
+        """Refuse a writer whose identity differs from the sink's owner; with ``claim``, become the owner.
+
+        ``claim`` must run inside a transaction (the decision's): the row lock serialises claims.
+        """
+        current = self.owner(conn, sink_id, for_update=claim)
+        if current is not None and current.identity != identity:
+            raise FatalError(
+                f"postgres-2pc: sink id {sink_id!r} belongs to {current.identity} (claimed {current.claimed_at}), "
+                f"not to this writer ({identity}). Two queries (or a query restarted with a NEW checkpoint) must not "
+                "share a sink id: the batch numbers would collide and batches would be skipped as already written. "
+                "Give this query its own 'sink.id'; if the old query is gone for good and you really mean to reuse the "
+                f"id, run `spark-eos sinks release --sink-id {sink_id} --dsn ...` first",
+                sink_id=sink_id,
+            )
+        if not claim:
+            return
+        if current is None:
+            conn.execute(
+                sql.SQL("INSERT INTO {} (sink_id, identity, run_id) VALUES (%s, %s, %s) ON CONFLICT (sink_id) DO NOTHING").format(self.owners),
+                (sink_id, identity, run_id),
+            )
+            again = self.owner(conn, sink_id, for_update=True)
+            if again is not None and again.identity != identity:  # lost a race against another claimant
+                self.check_owner(conn, sink_id, identity, claim=False)
+        elif run_id and current.run_id != run_id:
+            conn.execute(
+                sql.SQL("UPDATE {} SET run_id = %s, updated_at = clock_timestamp() WHERE sink_id = %s").format(self.owners),
+                (run_id, sink_id),
+            )
+
+    def release(self, conn: psycopg.Connection, sink_id: str) -> bool:
+        cur = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.owners), (sink_id,))
+        return cur.rowcount > 0
