@@ -8,8 +8,8 @@ Keys other than the reserved ones below are conditions, compared as strings with
 code passes at the point (``batch``, ``partition``, ``attempt``, ``k`` ...). Reserved keys:
 
 - ``action``: ``raise`` (default; raises FaultInjected), ``kill`` (SIGKILL this process),
-  ``kill-group`` (SIGKILL this process group: the driver JVM, its Python workers and the query
-  process all go at once), ``exit`` (``os._exit(code)``, code from ``code=``, default 17),
+  ``kill-group`` (SIGKILL the process group named by EOS_FAULTS_PGID, else this process's group:
+  the driver JVM, its Python workers and the query process all go at once), ``exit`` (``os._exit(code)``, code from ``code=``, default 17),
   ``sleep`` (``seconds=``, default 5; a stall).
 - ``once``: fire on the first match only, across processes; ``times=N``: at most N times.
 
@@ -37,6 +37,7 @@ __all__ = ["ENV_LOG", "ENV_SPEC", "ENV_STATE", "POINTS", "FaultInjected", "Fault
 ENV_SPEC = "EOS_FAULTS"
 ENV_LOG = "EOS_FAULTS_LOG"
 ENV_STATE = "EOS_FAULTS_STATE"
+ENV_PGID = "EOS_FAULTS_PGID"
 
 POINTS: dict[str, str] = {
     "source.plan": "driver, after the source computed a batch's end offsets (latestOffset)",
@@ -196,7 +197,11 @@ def _act(rule: FaultRule, name: str, context: dict[str, object]) -> None:
     if rule.action == "exit":
         os._exit(rule.code)
     if rule.action == "kill-group":
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        # PySpark's daemon moves executor Python workers into a process group of their own, so a
+        # pipeline names its group in EOS_FAULTS_PGID: a fault in a worker then takes the whole
+        # query (driver, JVM, every worker) down, as the action promises.
+        target = os.environ.get(ENV_PGID)
+        os.killpg(int(target) if target else os.getpgrp(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # SIGKILL is asynchronous: never run past the point
 

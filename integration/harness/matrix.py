@@ -30,6 +30,7 @@ class Pipeline:
     max_offsets: int = 200
     master: str = "local[2,2]"
     outcomes: list[Outcome] = field(default_factory=list)
+    proxy: Any = None  # a TcpProxy between the pipeline and Postgres, when the test needs one
 
     def __post_init__(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)

@@ -72,8 +72,6 @@ def create_tables(dsn: str, sink: str, table: str) -> None:
 def _spark(args: argparse.Namespace) -> Any:
     from pyspark.sql import SparkSession
 
-    import connectors
-
     builder = (
         SparkSession.builder.master(args.master)
         .appName(f"eos-runner-{args.sink}")
@@ -84,13 +82,25 @@ def _spark(args: argparse.Namespace) -> Any:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
         .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
     )
     if args.master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "512m")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    connectors.register(spark)
+    # register only what this run needs, so one sink's pipeline never depends on the other sink
+    from sources.kafka import KafkaEosDataSource
+
+    spark.dataSource.register(KafkaEosDataSource)
+    if args.sink == "2pc":
+        from sinks.postgres import Postgres2pcDataSource
+
+        spark.dataSource.register(Postgres2pcDataSource)
+    elif args.sink == "upsert":
+        from sinks.postgres import PostgresUpsertDataSource
+
+        spark.dataSource.register(PostgresUpsertDataSource)
     return spark
 
 
@@ -161,9 +171,7 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
     extra = dict(kv.split("=", 1) for kv in args.extra)
     if args.sink == "stateful":
         agg = df.groupBy("key").agg(F.sum("amount").alias("total"), F.count(F.lit(1)).alias("events"))
-        writer = agg.writeStream.outputMode("update").foreachBatch(
-            connectors_upsert_batch(dsn=args.dsn, table=args.table, key="key", **extra)
-        )
+        writer = agg.writeStream.outputMode("update").foreachBatch(_stateful_batch(args.dsn, args.table, extra))
     elif args.sink == "broken":
         writer = df.writeStream.foreachBatch(_broken_batch(args.dsn, args.table))
     else:
@@ -172,7 +180,7 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
         writer = writer.option("sink.id", sink_id) if args.sink == "2pc" else writer.option("key", "id")
         for k, v in extra.items():
             writer = writer.option(k, v)
-    writer = writer.option("checkpointLocation", args.checkpoint).queryName(f"eos_{args.sink}")
+    writer = writer.option("checkpointLocation", args.checkpoint)
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     elif args.trigger.startswith("processing:"):
@@ -182,14 +190,27 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
     return writer.start()
 
 
-def connectors_upsert_batch(**options: Any) -> Any:
+def _stateful_batch(dsn: str, table: str, extra: dict[str, str]) -> Any:
+    """The upsert sink's foreachBatch adapter, between the driver-side points of a batch."""
     import connectors
+    from connectors import faults
 
-    return connectors.upsert_batch(**options)
+    write = connectors.upsert_batch(dsn=dsn, table=table, key="key", **extra)
+
+    def batch(df: Any, batch_id: int) -> None:
+        faults.point("pipeline.batch", batch=batch_id)
+        write(df, batch_id)
+        # every task committed, Spark's commits/n not yet written: the window replays must cover
+        faults.point("sink.after_commit", batch=batch_id)
+
+    return batch
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # executor Python workers live in PySpark's daemon's own process group: tell kill-group faults
+    # which group is the pipeline's (inherited by the JVM and every worker)
+    os.environ.setdefault("EOS_FAULTS_PGID", str(os.getpgrp()))
     create_tables(args.dsn, args.sink, args.table)
     spark = _spark(args)
     started = time.monotonic()
