@@ -29,6 +29,7 @@ from connectors.options import REQUIRED, Option, OptionSet
 __all__ = [
     "CONNECTION_OPTIONS",
     "FAULTS_OPTION",
+    "SPARK_OPTIONS",
     "TABLE_OPTIONS",
     "UPSERT_OPTIONS",
     "ConnectionOptions",
@@ -66,7 +67,12 @@ TABLE_OPTIONS: tuple[Option, ...] = (
 
 FAULTS_OPTION = Option("faults", "str", None, "fault spec for tests (see connectors.faults); EOS_FAULTS adds to it")
 
-UPSERT_OPTIONS = OptionSet("postgres-upsert", (*CONNECTION_OPTIONS, *TABLE_OPTIONS, FAULTS_OPTION))
+SPARK_OPTIONS = ("path", "checkpointLocation")
+"""Options Spark itself adds to a sink's option map; accepted and ignored."""
+
+UPSERT_OPTIONS = OptionSet(
+    "postgres-upsert", (*CONNECTION_OPTIONS, *TABLE_OPTIONS, FAULTS_OPTION), ignored=SPARK_OPTIONS
+)
 
 _CONN_KEYS = {o.name for o in CONNECTION_OPTIONS}
 
