@@ -178,7 +178,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.input_partitions(begin, from_json(end, what="end offset"))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, KafkaInputPartition)
+        if not isinstance(partition, KafkaInputPartition):
+            return iter(())  # Spark reads one placeholder partition when a plan has none
         return read_partition(partition)
 
     def commit(self, end: dict) -> None:
@@ -202,5 +203,6 @@ class KafkaBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, KafkaInputPartition)
+        if not isinstance(partition, KafkaInputPartition):
+            return iter(())  # Spark reads one placeholder partition when a plan has none
         return read_partition(partition)
