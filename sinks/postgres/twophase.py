@@ -318,7 +318,7 @@ class _TwoPhaseWriter:
         identity = f"query:{query_id}" if query_id else BATCH_IDENTITY
         sink_id = self.plan.sink_id
         gid = Gid(sink_id, batch_id, partition, self.nonce, task_attempt)
-        fctx = {"batch": batch_id, "partition": partition, "attempt": attempt_no}
+        fctx = {"batch": batch_id, "partition": partition, "attempt": attempt_no, "task": task_attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **fctx)
         tables = ProtocolTables(self.opts.eos_schema)
         copts = self.opts.connection
