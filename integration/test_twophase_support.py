@@ -29,7 +29,7 @@ import pytest
 from connectors.faults import fired
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 
-__all__ = ["EmbeddedPg", "twophase_pg", "AppRun", "Scenario", "start_cluster"]
+__all__ = ["AppRun", "EmbeddedPg", "Scenario", "start_cluster", "twophase_pg"]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,223 @@
+"""The two-phase protocol step by step against a real Postgres, driving writer and committer directly.
+
+Spark is not needed to exercise write/commit/abort: tasks are simulated by setting what
+``TaskContext`` would report (partition, attempt, task attempt id, batch, query id).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from connectors.errors import CommitUnknown, ConfigError, FatalError, RetriableError
+from integration.test_twophase_support import start_cluster, twophase_pg  # noqa: F401  (fixture)
+from sinks.postgres import twophase
+from sinks.postgres.decisions import ProtocolTables, list_prepared
+from sinks.postgres.recovery import commit_prepared, resolve
+from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = StructType([StructField("id", LongType(), False), StructField("name", StringType(), True)])
+
+
+def _batch(ids: range, name: str = "x") -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"id": pa.array(list(ids), pa.int64()), "name": pa.array([f"{name}{i}" for i in ids], pa.string())}
+    )
+
+
+@pytest.fixture
+def sink(twophase_pg: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    table = "tp_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text)")  # type: ignore[arg-type]
+    state = {"ctx": (0, 0, 0, None, "q1", "run1")}
+    monkeypatch.setattr(twophase, "_task_context", lambda: state["ctx"])
+    opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{table}"}
+    yield {"dsn": twophase_pg.dsn, "table": table, "opts": opts, "state": state, "sink_id": f"s-{table}"}
+
+
+def _task(sink: dict[str, Any], writer: Any, partition: int, ids: range, *, batch: int, attempt: int = 0,
+          task: int | None = None, query: str = "q1") -> TwoPhaseMessage:
+    sink["state"]["ctx"] = (partition, attempt, task if task is not None else partition + 10 * attempt, batch, query, "run1")
+    msg = writer.write(iter([_batch(ids)]))
+    assert isinstance(msg, TwoPhaseMessage)
+    return msg
+
+
+def _rows(sink: dict[str, Any]) -> list[int]:
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        return [r[0] for r in conn.execute(f"SELECT id FROM {sink['table']} ORDER BY id").fetchall()]  # type: ignore[arg-type]
+
+
+def _prepared(sink: dict[str, Any]) -> list[str]:
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        return sorted(str(p.gid) for p in list_prepared(conn, sink["sink_id"]))
+
+
+def test_write_prepares_commit_publishes_and_second_commit_is_a_no_op(sink: dict[str, Any]) -> None:
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    m0 = _task(sink, w, 0, range(0, 5), batch=0)
+    m1 = _task(sink, w, 1, range(5, 8), batch=0)
+    assert m0.gid and m1.gid and m0.rows == 5
+    assert _prepared(sink) == sorted([m0.gid, m1.gid])
+    assert _rows(sink) == []  # prepared: invisible
+    committer = TwoPhaseStreamWriter(sink["opts"], SCHEMA)  # a fresh writer, as in Spark's commit process
+    assert committer.nonce != w.nonce
+    committer.commit([m0, m1], 0)
+    assert _rows(sink) == list(range(8))
+    assert _prepared(sink) == []
+    committer.commit([m0, m1], 0)  # Spark never does, recovery may: idempotent
+    assert _rows(sink) == list(range(8))
+    # the replay of a decided batch writes nothing
+    again = _task(sink, TwoPhaseStreamWriter(sink["opts"], SCHEMA), 0, range(0, 5), batch=0)
+    assert again.skipped and again.gid is None
+    assert pickle.loads(pickle.dumps(m0)) == m0
+
+
+def test_stale_gids_of_dead_attempts_are_rolled_back_before_writing_siblings_kept(sink: dict[str, Any]) -> None:
+    dead = TwoPhaseStreamWriter(sink["opts"], SCHEMA)  # a run that crashed after PREPARE
+    d0 = _task(sink, dead, 0, range(0, 5), batch=3)
+    d1 = _task(sink, dead, 1, range(5, 10), batch=3)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        # What a stale prepared transaction can do to a replay: it holds its locks until resolved.
+        # Here it holds the marker/staging rows; show that a lock on the target row would block a
+        # writer (lock_timeout turns the endless wait into an error).
+        conn.execute(f"BEGIN; INSERT INTO {sink['table']} VALUES (99, 'lock'); PREPARE TRANSACTION 'eos-test-{sink['table']}'")  # type: ignore[arg-type]
+        with psycopg.connect(sink["dsn"], autocommit=True) as other:
+            other.execute("SET lock_timeout = '300ms'")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute(f"INSERT INTO {sink['table']} VALUES (99, 'blocked')")  # type: ignore[arg-type]
+        conn.execute(f"ROLLBACK PREPARED 'eos-test-{sink['table']}'")  # type: ignore[arg-type]
+    live = TwoPhaseStreamWriter(sink["opts"], SCHEMA)  # the replay after restart
+    r0 = _task(sink, live, 0, range(0, 5), batch=3)
+    prepared = _prepared(sink)
+    assert d0.gid not in prepared and d1.gid not in prepared, "the dead attempt's gids must be rolled back first"
+    assert r0.gid in prepared
+    # a task retry of partition 1 in the live attempt: its predecessor (same nonce) goes, partition 0 stays
+    first = _task(sink, live, 1, range(5, 10), batch=3, attempt=0, task=21)
+    retry = _task(sink, live, 1, range(5, 10), batch=3, attempt=1, task=22)
+    prepared = _prepared(sink)
+    assert first.gid not in prepared and retry.gid in prepared and r0.gid in prepared
+    TwoPhaseStreamWriter(sink["opts"], SCHEMA).commit([r0, retry], 3)
+    assert _rows(sink) == list(range(10)) and _prepared(sink) == []
+
+
+def test_gid_gone_is_resolved_through_its_marker_and_never_guessed(sink: dict[str, Any]) -> None:
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    m0 = _task(sink, w, 0, range(0, 3), batch=1)
+    m1 = _task(sink, w, 1, range(3, 6), batch=1)
+    tables = ProtocolTables()
+    failing = TwoPhaseStreamWriter(dict(sink["opts"], faults="sink.commit.after_decision:batch=1:action=raise"), SCHEMA)
+    with pytest.raises(Exception, match="fault injected"):
+        failing.commit([m0, m1], 1)  # decided, nothing committed yet
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        assert not tables.marker_exists(conn, m0.gid)  # type: ignore[arg-type]
+        conn.execute(f"COMMIT PREPARED '{m0.gid}'")  # type: ignore[arg-type]  # as if our reply was lost
+        assert tables.marker_exists(conn, m0.gid)  # type: ignore[arg-type]
+    w.commit([m0, m1], 1)  # m0 is 42704 now: proven committed by its marker
+    assert _rows(sink) == list(range(6))
+
+    def unreachable() -> psycopg.Connection:
+        raise psycopg.OperationalError("connection refused")
+
+    with pytest.raises(CommitUnknown) as err:
+        commit_prepared(unreachable, tables, m1.gid, attempts=2, backoff=0.01)  # type: ignore[arg-type]
+    assert "nothing was guessed" in str(err.value)
+
+    # a decided gid rolled back by hand is provably lost: a loud FatalError, not a silent success
+    m2 = _task(sink, w, 0, range(10, 12), batch=2)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        with conn.transaction():
+            tables.insert_decision(conn, sink["sink_id"], 2, [m2.gid], 2, "query:q1")  # type: ignore[list-item]
+        conn.execute(f"ROLLBACK PREPARED '{m2.gid}'")  # type: ignore[arg-type]
+    with pytest.raises(FatalError, match="rolled back outside the protocol"):
+        w.commit([m2], 2)
+
+
+def test_commit_refuses_to_decide_a_vanished_gid_and_abort_respects_decisions(sink: dict[str, Any]) -> None:
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    m0 = _task(sink, w, 0, range(0, 3), batch=4)
+    m1 = _task(sink, w, 1, range(3, 6), batch=4)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        conn.execute(f"ROLLBACK PREPARED '{m1.gid}'")  # type: ignore[arg-type]
+    with pytest.raises(RetriableError, match="vanished before the decision"):
+        w.commit([m0, m1], 4)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        assert ProtocolTables().decision(conn, sink["sink_id"], 4) is None
+    w.abort([m0, None], 4)  # a failed task's message is None: abort rolls back by batch
+    assert _prepared(sink) == [] and _rows(sink) == []
+
+    # abort after a decision (Spark aborts when commit() failed late) must keep the decided gids
+    m2 = _task(sink, w, 0, range(6, 9), batch=5)
+    faults_opts = dict(sink["opts"], faults="sink.commit.after_decision:batch=5:action=raise")
+    failing = TwoPhaseStreamWriter(faults_opts, SCHEMA)
+    with pytest.raises(Exception, match="fault injected"):
+        failing.commit([m2], 5)
+    failing.abort([m2], 5)
+    assert _prepared(sink) == [m2.gid]
+    w.commit([m2], 5)  # the replay's commit rolls the decision forward
+    assert _rows(sink) == [6, 7, 8] and _prepared(sink) == []
+
+
+def test_two_queries_cannot_share_a_sink_id(sink: dict[str, Any]) -> None:
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    w.commit([_task(sink, w, 0, range(0, 2), batch=0, query="query-A")], 0)
+    other = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    with pytest.raises(FatalError, match="belongs to query:query-A") as err:
+        _task(sink, other, 0, range(2, 4), batch=0, query="query-B")
+    assert "sink.id" in str(err.value)
+    assert _rows(sink) == [0, 1]
+
+
+def test_batch_write_with_batch_id_is_a_no_op_when_repeated(sink: dict[str, Any]) -> None:
+    opts = dict(sink["opts"], **{"batch.id": "7"})
+    for _ in range(2):
+        w = TwoPhaseBatchWriter(opts, SCHEMA)
+        msgs = [_task(sink, w, p, range(p * 4, p * 4 + 4), batch=-1, query="") for p in (0, 1)]
+        w.commit(msgs)
+    assert _rows(sink) == list(range(8))
+    with pytest.raises(ConfigError, match="batch.id"):
+        TwoPhaseBatchWriter(sink["opts"], SCHEMA)
+
+
+def test_old_prepared_transactions_are_logged(sink: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    w = TwoPhaseStreamWriter(dict(sink["opts"], **{"prepared.warn.age": "0s"}), SCHEMA)
+    straggler = _task(sink, w, 0, range(0, 2), batch=9)  # a sibling that stays prepared past the commit
+    m = _task(sink, w, 1, range(2, 4), batch=8)
+    with caplog.at_level(logging.WARNING, logger="sinks.postgres.recovery"):
+        w.commit([m], 8)
+    assert any(straggler.gid in r.getMessage() and "block VACUUM" in r.getMessage() for r in caplog.records)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        actions = resolve(conn, ProtocolTables(), sink["sink_id"], dry_run=True)
+        assert [(a.gid, a.action) for a in actions] == [(straggler.gid, "rollback")]
+
+
+def test_refuses_to_start_without_prepared_transactions() -> None:
+    pg = start_cluster(max_prepared_transactions="0")
+    try:
+        opts = {"dsn": pg.dsn, "table": "t", "table.create": "true", "sink.id": "s"}
+        with pytest.raises(ConfigError) as err:
+            TwoPhaseStreamWriter(opts, SCHEMA)
+        text = str(err.value)
+        assert "max_prepared_transactions = 0" in text and "max_prepared_transactions=64" in text
+    finally:
+        pg.stop()
+        shutil.rmtree(os.path.dirname(pg.data), ignore_errors=True)
+
+
+def test_missing_sink_id_is_refused(sink: dict[str, Any]) -> None:
+    opts = {k: v for k, v in sink["opts"].items() if k != "sink.id"}
+    with pytest.raises(ConfigError, match="'sink.id' is required"):
+        TwoPhaseStreamWriter(opts, SCHEMA)
