@@ -10,9 +10,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from integration import test_twophase_support as support
 from integration.harness.proxy import TcpProxy
-from integration.test_twophase_support import Scenario, twophase_pg  # noqa: F401  (fixture)
+from integration.test_twophase_support import Scenario
 from sinks.postgres.decisions import ProtocolTables, list_prepared
+
+twophase_pg = support.twophase_pg  # the shared fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 

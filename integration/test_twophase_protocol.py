@@ -20,11 +20,14 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from connectors.errors import CommitUnknown, ConfigError, FatalError, RetriableError
-from integration.test_twophase_support import start_cluster, twophase_pg  # noqa: F401  (fixture)
+from integration import test_twophase_support as support
+from integration.test_twophase_support import start_cluster
 from sinks.postgres import twophase
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 from sinks.postgres.recovery import commit_prepared, resolve
 from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter
+
+twophase_pg = support.twophase_pg  # the shared fixture
 
 pytestmark = pytest.mark.integration
 
@@ -188,7 +191,7 @@ def test_batch_write_with_batch_id_is_a_no_op_when_repeated(sink: dict[str, Any]
         msgs = [_task(sink, w, p, range(p * 4, p * 4 + 4), batch=-1, query="") for p in (0, 1)]
         w.commit(msgs)
     assert _rows(sink) == list(range(8))
-    with pytest.raises(ConfigError, match="batch.id"):
+    with pytest.raises(ConfigError, match=r"batch\.id"):
         TwoPhaseBatchWriter(sink["opts"], SCHEMA)
 
 
@@ -219,5 +222,5 @@ def test_refuses_to_start_without_prepared_transactions() -> None:
 
 def test_missing_sink_id_is_refused(sink: dict[str, Any]) -> None:
     opts = {k: v for k, v in sink["opts"].items() if k != "sink.id"}
-    with pytest.raises(ConfigError, match="'sink.id' is required"):
+    with pytest.raises(ConfigError, match=r"'sink\.id' is required"):
         TwoPhaseStreamWriter(opts, SCHEMA)
