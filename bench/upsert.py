@@ -1,0 +1,231 @@
+"""Benchmark: postgres-upsert vs Spark's JDBC writer vs one process doing the same COPY + merge.
+
+Run: ``.venv/bin/python -m bench.upsert [--quick] [--rows N] [--keys K] [--dsn URL]``.
+
+Same data for every contender (``--rows`` rows, ``--keys`` distinct keys, 10 rows per key by
+default, two Spark partitions that do not share keys), each into a fresh LOGGED table:
+
+- ``postgres-upsert``: ``df.write.format("postgres-upsert")`` with key and version (2 tasks);
+- ``postgres-upsert replay``: the same write again (every row a no-op under the version guard);
+- ``jdbc (foreachBatch)``: Spark's JDBC writer, what a foreachBatch sink does: plain INSERTs into a
+  table without a key (at-least-once); skipped with a message when no PostgreSQL JDBC jar is found;
+- ``limit: 1 process COPY+merge``: this process alone, the same Arrow data, binary COPY into a
+  staging table and the same INSERT ... ON CONFLICT (``merge_staged``): no Spark at all.
+
+Postgres: ``--dsn`` or EOS_POSTGRES_DSN, else a throwaway cluster from the system binaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pyarrow as pa
+
+__all__ = ["main"]
+
+JDBC_GLOBS = (
+    os.path.expanduser("~/.m2/repository/org/postgresql/postgresql/*/postgresql-*.jar"),
+    "/usr/share/java/postgresql.jar",
+    "/usr/share/java/postgresql-jdbc4.jar",
+)
+
+
+def find_jdbc_jar() -> str | None:
+    for pattern in JDBC_GLOBS:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def throwaway_postgres() -> Iterator[str]:
+    """A temporary cluster (initdb/pg_ctl), run as user 'postgres' when we are root."""
+    root = tempfile.mkdtemp(prefix="eos-bench-pg-")
+    data = os.path.join(root, "data")
+    port = _free_port()
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        run_as = ["runuser", "-u", "postgres", "--"]
+    subprocess.run([*run_as, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_prepared_transactions=16 -c shared_buffers=256MB"
+    subprocess.run([*run_as, "pg_ctl", "-D", data, "-o", opts, "-l", os.path.join(root, "log"), "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*run_as, "pg_ctl", "-D", data, "-m", "fast", "-w", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def make_table(conn: psycopg.Connection, name: str, *, key: bool) -> None:
+    conn.execute(f'DROP TABLE IF EXISTS "{name}"')  # type: ignore[arg-type]
+    pk = " PRIMARY KEY" if key else ""
+    conn.execute(f'CREATE TABLE "{name}" (k bigint{pk}, v text, n double precision, ver bigint)')  # type: ignore[arg-type]
+
+
+def arrow_data(rows: int, per_key: int) -> pa.RecordBatch:
+    import numpy as np
+
+    ids = np.arange(rows, dtype=np.int64)
+    return pa.record_batch(
+        {
+            "k": pa.array(ids // per_key),
+            "v": pa.array([f"value-{i}" for i in range(rows)]),
+            "n": pa.array(ids * 0.5),
+            "ver": pa.array(ids),
+        }
+    )
+
+
+def spark_data(spark, rows: int, per_key: int):  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, numPartitions=2).select(
+        (F.col("id") / per_key).cast("long").alias("k"),
+        F.concat(F.lit("value-"), F.col("id").cast("string")).alias("v"),
+        (F.col("id") * 0.5).alias("n"),
+        F.col("id").alias("ver"),
+    )
+
+
+def bench_limit(dsn: str, table: str, batch: pa.RecordBatch) -> float:
+    """One Python process: Arrow -> binary COPY into staging -> the sink's own merge."""
+    from sinks.postgres.copy import copy_arrow, create_staging
+    from sinks.postgres.merge import ORDINAL, MergePlan, merge_staged
+    from sinks.postgres.options import TableName
+    from sinks.postgres.types import Column
+
+    cols = (
+        Column("k", "k", "bigint", "bigint", False, "bigint"),
+        Column("v", "v", "text", "string", True, "text"),
+        Column("n", "n", "double precision", "double", True, "double precision"),
+        Column("ver", "ver", "bigint", "bigint", True, "bigint"),
+    )
+    plan = MergePlan(TableName(None, table), cols, ("k",), "ver")
+    staged = pa.RecordBatch.from_arrays([*batch.columns, pa.array(range(batch.num_rows), pa.int64())], names=[*batch.schema.names, ORDINAL])
+    start = time.perf_counter()
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        staging = create_staging(cur, plan.target, plan.staging_columns())
+        chunks = pa.Table.from_batches([staged]).to_batches(max_chunksize=10_000)  # like Spark's Arrow batches
+        rows = copy_arrow(cur, staging, plan.staging_columns(), chunks)
+        merge_staged(cur, staging, plan, rows)
+        conn.commit()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="100k rows, 10k keys")
+    p.add_argument("--rows", type=int, default=None)
+    p.add_argument("--keys", type=int, default=None)
+    p.add_argument("--dsn", default=os.environ.get("EOS_POSTGRES_DSN"))
+    args = p.parse_args(argv)
+    rows = args.rows or (100_000 if args.quick else 1_000_000)
+    keys = args.keys or (10_000 if args.quick else 100_000)
+    if rows % keys:
+        p.error("--rows must be a multiple of --keys")
+    if args.dsn:
+        return run(args.dsn, rows, keys)
+    with throwaway_postgres() as dsn:
+        return run(dsn, rows, keys)
+
+
+def run(dsn: str, rows: int, keys: int) -> int:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from sinks.postgres import PostgresUpsertDataSource
+
+    per_key = rows // keys
+    jar = find_jdbc_jar()
+    builder = (
+        SparkSession.builder.master("local[2]").appName("bench-upsert")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    if jar:
+        builder = builder.config("spark.jars", jar)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(PostgresUpsertDataSource)
+    conn = psycopg.connect(dsn, autocommit=True)
+    results: list[tuple[str, float | None, str]] = []
+    df = spark_data(spark, rows, per_key).cache()
+    df.count()  # materialize once: every contender reads the same cached rows
+
+    def upsert(table: str) -> float:
+        start = time.perf_counter()
+        (df.write.format("postgres-upsert").option("dsn", dsn).option("table", table)
+         .option("key", "k").option("version", "ver").mode("append").save())
+        return time.perf_counter() - start
+
+    make_table(conn, "bench_warm", key=True)  # start Python workers and the JVM paths once
+    spark_data(spark, 1000, 10).write.format("postgres-upsert").option("dsn", dsn).option("table", "bench_warm").option("key", "k").mode("append").save()
+
+    make_table(conn, "bench_upsert", key=True)
+    results.append(("postgres-upsert", upsert("bench_upsert"), "2 tasks, staging COPY + ON CONFLICT, version guard"))
+    results.append(("postgres-upsert replay", upsert("bench_upsert"), "same rows again: every row a no-op"))
+    got = conn.execute("SELECT count(*), sum(ver) FROM bench_upsert").fetchone()
+    want = (keys, sum(k * per_key + per_key - 1 for k in range(keys)))
+    if got != want:
+        print(f"WRONG RESULT in bench_upsert: {got} != {want}", file=sys.stderr)
+        return 1
+
+    if jar:
+        make_table(conn, "bench_jdbc", key=False)
+        user_free = dsn.split("://", 1)[1]
+        hostpart = user_free.split("@", 1)[-1]
+        user = user_free.split("@", 1)[0] if "@" in user_free else "postgres"
+        url = f"jdbc:postgresql://{hostpart}"
+        start = time.perf_counter()
+        (df.write.format("jdbc").option("url", url).option("dbtable", "bench_jdbc").option("user", user.split(":")[0])
+         .option("password", user.split(":")[1] if ":" in user else "").option("driver", "org.postgresql.Driver")
+         .option("batchsize", 10000).mode("append").save())
+        results.append(("jdbc (foreachBatch)", time.perf_counter() - start, f"plain INSERTs, no key, at-least-once; {os.path.basename(jar)}"))
+    else:
+        results.append(("jdbc (foreachBatch)", None, "SKIPPED: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java)"))
+
+    make_table(conn, "bench_limit", key=True)
+    batch = arrow_data(rows, per_key)
+    results.append(("limit: 1 process COPY+merge", bench_limit(dsn, "bench_limit", batch), "no Spark; same COPY and merge SQL"))
+    if conn.execute("SELECT count(*), sum(ver) FROM bench_limit").fetchone() != want:
+        print("WRONG RESULT in bench_limit", file=sys.stderr)
+        return 1
+    spark.stop()
+
+    timed = {name: secs for name, secs, _ in results if secs}
+    limit = timed.get("limit: 1 process COPY+merge")
+    jdbc = timed.get("jdbc (foreachBatch)")
+    print(f"\npostgres-upsert benchmark: {rows:,} rows, {keys:,} distinct keys, logged tables, 2 Spark tasks\n")
+    print(f"{'contender':<30} {'seconds':>8} {'rows/s':>11} {'vs limit':>9} {'vs jdbc':>8}  notes")
+    for name, secs, note in results:
+        if secs is None:
+            print(f"{name:<30} {'-':>8} {'-':>11} {'-':>9} {'-':>8}  {note}")
+            continue
+        vs_limit = f"{limit / secs:.2f}x" if limit else "-"
+        vs_jdbc = f"{jdbc / secs:.2f}x" if jdbc else "-"
+        print(f"{name:<30} {secs:8.2f} {rows / secs:11,.0f} {vs_limit:>9} {vs_jdbc:>8}  {note}")
+    print("\nvs limit / vs jdbc: speed relative to that contender (>1 = faster).")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
