@@ -112,7 +112,7 @@ def _has_map(type_: pa.DataType) -> bool:
 
 def to_python(array: pa.Array | pa.ChunkedArray, pg_type: str) -> list[Any]:
     """Python values of one Arrow column, ready for psycopg's binary dumper of ``pg_type``."""
-    values = array.to_pylist()
+    values: list[Any] = array.to_pylist()
     type_ = array.type
     if pg_type == "jsonb":
         if _has_map(type_):
