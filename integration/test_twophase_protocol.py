@@ -224,3 +224,30 @@ def test_missing_sink_id_is_refused(sink: dict[str, Any]) -> None:
     opts = {k: v for k, v in sink["opts"].items() if k != "sink.id"}
     with pytest.raises(ConfigError, match=r"'sink\.id' is required"):
         TwoPhaseStreamWriter(opts, SCHEMA)
+
+
+def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from sinks.postgres import status
+
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    undecided = _task(sink, w, 1, range(3, 6), batch=1)  # (a later task would roll a decided gid forward)
+    decided = _task(sink, w, 0, range(0, 3), batch=0)
+    failing = TwoPhaseStreamWriter(dict(sink["opts"], faults="sink.commit.after_decision:batch=0:action=raise"), SCHEMA)
+    with pytest.raises(Exception, match="fault injected"):
+        failing.commit([decided], 0)
+    base = ["--dsn", sink["dsn"], "--sink-id", sink["sink_id"]]
+    assert status.main(["status", *base]) == 0
+    out = capsys.readouterr().out
+    assert "last decided batch 0" in out and "owner query:q1" in out
+    assert f"commit  {decided.gid}" in out and f"rollback  {undecided.gid}" in out
+    assert status.main(["recover", *base]) == 0  # dry run
+    assert "would do" in capsys.readouterr().out and len(_prepared(sink)) == 2
+    assert status.main(["recover", *base, "--apply"]) == 0
+    assert _prepared(sink) == []
+    info = status.sink_status(sink["dsn"], sink["sink_id"])
+    assert info["in_doubt"] == [] and info["decisions"][0]["published"] is False  # the replay publishes it
+    w.commit([decided], 0)  # Spark's replay of batch 0 after the restart
+    assert _rows(sink) == [0, 1, 2]
+    assert status.main(["release", *base]) == 2  # needs --yes
+    assert status.main(["release", *base, "--yes"]) == 0
+    assert status.sink_status(sink["dsn"], sink["sink_id"])["owner"] is None

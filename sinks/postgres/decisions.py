@@ -299,6 +299,10 @@ class ProtocolTables:
                 (run_id, sink_id),
             )
 
-    def release(self, conn: psycopg.Connection, sink_id: str) -> bool:
-        cur = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.owners), (sink_id,))
-        return cur.rowcount > 0
+    def release(self, conn: psycopg.Connection, sink_id: str) -> int:
+        """Forget the sink id: owner, decisions and markers (one transaction); returns the decisions removed."""
+        with conn.transaction():
+            conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.owners), (sink_id,))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.parts), (sink_id,))
+            cur = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.batches), (sink_id,))
+            return max(cur.rowcount, 0)

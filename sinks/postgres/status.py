@@ -1,0 +1,169 @@
+"""Operator commands of the two-phase sink: ``spark-eos sinks status | recover | release``.
+
+    python -m sinks.postgres.status status  --dsn URL --sink-id ID [--eos-schema eos] [--json]
+    python -m sinks.postgres.status recover --dsn URL --sink-id ID [--apply]
+    python -m sinks.postgres.status release --dsn URL --sink-id ID --yes
+
+``status`` shows the owner of the sink id, the last decided batches and every in-doubt (prepared)
+gid with its age and what recovery would do with it. ``recover`` resolves in-doubt gids by the
+decision log (commit what a decision names, roll back the rest); a dry run unless ``--apply``.
+``release`` forgets which query owns the sink id (only when that query is gone for good).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import psycopg
+
+from connectors.errors import FatalError
+from sinks.postgres.decisions import DEFAULT_SCHEMA, ProtocolTables, list_prepared, max_prepared_transactions, sink_lock
+from sinks.postgres.recovery import resolve
+
+__all__ = ["add_subparser", "main", "recover", "release", "sink_status"]
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True, application_name="spark-eos sinks")
+
+
+def sink_status(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, limit: int = 10) -> dict[str, Any]:
+    """The sink's owner, last decisions and in-doubt gids (with the action recovery would take)."""
+    tables = ProtocolTables(schema)
+    with _connect(dsn) as conn:
+        tables.ensure(conn)
+        owner = tables.owner(conn, sink_id)
+        decisions = tables.recent(conn, sink_id, limit)
+        prepared = {str(p.gid): p for p in list_prepared(conn, sink_id)}
+        plan = resolve(conn, tables, sink_id, dry_run=True)
+        return {
+            "sink_id": sink_id,
+            "owner": None if owner is None else {"identity": owner.identity, "run_id": owner.run_id, "claimed_at": str(owner.claimed_at)},
+            "last_batch": tables.last_batch(conn, sink_id),
+            "max_prepared_transactions": max_prepared_transactions(conn),
+            "decisions": [
+                {"batch": d.batch_id, "gids": len(d.gids), "rows": d.rows, "decided_at": str(d.decided_at),
+                 "published": d.published_at is not None}
+                for d in decisions
+            ],
+            "in_doubt": [
+                {"gid": a.gid, "batch": a.batch, "partition": a.partition, "age_seconds": round(a.age_seconds, 1),
+                 "prepared_at": str(prepared[a.gid].prepared_at) if a.gid in prepared else None,
+                 "recovery": a.action, "why": a.reason}
+                for a in plan
+            ],
+        }
+
+
+def recover(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, apply: bool = False) -> list[dict[str, Any]]:
+    """Resolve the sink's in-doubt gids by the decision log; only a plan unless ``apply``."""
+    tables = ProtocolTables(schema)
+    with _connect(dsn) as conn:
+        tables.ensure(conn)
+        actions = resolve(conn, tables, sink_id, dry_run=not apply)
+    return [{"gid": a.gid, "batch": a.batch, "action": a.action, "why": a.reason, "applied": apply} for a in actions]
+
+
+def release(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA) -> int:
+    """Forget the sink id (owner, decisions, markers); refused while it has in-doubt gids."""
+    tables = ProtocolTables(schema)
+    with _connect(dsn) as conn:
+        tables.ensure(conn)
+        with sink_lock(conn, sink_id):
+            pending = list_prepared(conn, sink_id)
+            if pending:
+                raise FatalError(
+                    f"sink {sink_id!r} has {len(pending)} in-doubt prepared transaction(s); run "
+                    f"`spark-eos sinks recover --sink-id {sink_id} --apply` first"
+                )
+            return tables.release(conn, sink_id)
+
+
+def _print_status(info: dict[str, Any]) -> None:
+    owner = info["owner"]
+    print(f"sink {info['sink_id']}: last decided batch {info['last_batch']}, "
+          f"owner {owner['identity'] + ' (run ' + str(owner['run_id']) + ')' if owner else '(none)'}, "
+          f"max_prepared_transactions {info['max_prepared_transactions']}")
+    print("decided batches (newest first):")
+    print(f"  {'batch':>8} {'gids':>5} {'rows':>10} {'published':>9}  decided at")
+    for d in info["decisions"]:
+        print(f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10} {('yes' if d['published'] else 'NO'):>9}  {d['decided_at']}")
+    if not info["in_doubt"]:
+        print("in-doubt (prepared) transactions: none")
+        return
+    print("in-doubt (prepared) transactions:")
+    print(f"  {'age s':>8} {'recovery':>8}  gid  (why)")
+    for g in info["in_doubt"]:
+        print(f"  {g['age_seconds']:>8} {g['recovery']:>8}  {g['gid']}  ({g['why']})")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    info = sink_status(args.dsn, args.sink_id, schema=args.eos_schema)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        _print_status(info)
+    return 0
+
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    actions = recover(args.dsn, args.sink_id, schema=args.eos_schema, apply=args.apply)
+    verb = "did" if args.apply else "would do (dry run; add --apply)"
+    if not actions:
+        print(f"sink {args.sink_id}: no in-doubt transactions")
+    for a in actions:
+        print(f"{verb}: {a['action']:>8} {a['gid']}  ({a['why']})")
+    return 0
+
+
+def _cmd_release(args: argparse.Namespace) -> int:
+    if not args.yes:
+        print(f"release forgets sink {args.sink_id!r}: its owner AND its decision log, so that a query with a NEW "
+              "checkpoint (whose batch numbers start again at 0) can use the id without its batches being skipped "
+              "as already written. Only when the old query is gone for good; a new sink.id is simpler. "
+              "Repeat with --yes to proceed.", file=sys.stderr)
+        return 2
+    print(f"released: {release(args.dsn, args.sink_id, schema=args.eos_schema)} decision row(s) removed")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
+    p.add_argument("--sink-id", required=True, help="the sink.id option of the query")
+    p.add_argument("--eos-schema", default=DEFAULT_SCHEMA, help="the eos.schema option (default eos)")
+
+
+def _add_commands(sub: Any) -> None:
+    p = sub.add_parser("status", help="decided batches and in-doubt prepared transactions of a two-phase sink")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_status)
+    p = sub.add_parser("recover", help="resolve in-doubt transactions by the decision log (dry run by default)")
+    _common(p)
+    p.add_argument("--apply", action="store_true", help="really commit/roll back (default: print the plan)")
+    p.set_defaults(func=_cmd_recover)
+    p = sub.add_parser("release", help="forget the owner of a sink id (to reuse it with a new checkpoint)")
+    _common(p)
+    p.add_argument("--yes", action="store_true")
+    p.set_defaults(func=_cmd_release)
+
+
+def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``sinks {status,recover,release}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
+    p = subparsers.add_parser("sinks", help="operate the two-phase Postgres sink (status, recover, release)")
+    _add_commands(p.add_subparsers(dest="sinks_command", required=True))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sinks.postgres.status", description=__doc__.split("\n")[0])
+    _add_commands(parser.add_subparsers(dest="sinks_command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
