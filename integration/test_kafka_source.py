@@ -153,17 +153,23 @@ def rows_of(df: Any) -> list[tuple[int, int, bytes | None]]:
     return sorted((r["partition"], r["offset"], bytes(r["value"]) if r["value"] is not None else None) for r in df.collect())
 
 
+OUT_SCHEMA = "partition int, offset long, value binary"
+
+
 def run_available_now(spark: Any, options: dict[str, str], checkpoint: str, name: str) -> Any:
-    """Run an AvailableNow query into a memory table; return the finished query."""
-    df = spark.readStream.format("kafka-eos").options(**options).load()
-    q = (df.writeStream.format("memory").queryName(name).option("checkpointLocation", checkpoint)
-         .trigger(availableNow=True).start())
-    q.awaitTermination(180)
+    """Run an AvailableNow query into a parquet sink (it recovers from its checkpoint); return the finished query."""
+    df = spark.readStream.format("kafka-eos").options(**options).load().select("partition", "offset", "value")
+    q = (df.writeStream.format("parquet").option("path", os.path.join(checkpoint, "_out_" + name))
+         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        q.awaitTermination(180)
+    except Exception:  # the caller inspects q.exception()
+        pass
     return q
 
 
-def memory_rows(spark: Any, name: str) -> list[tuple[int, int, bytes | None]]:
-    return rows_of(spark.table(name))
+def memory_rows(spark: Any, name: str, checkpoint: str) -> list[tuple[int, int, bytes | None]]:
+    return rows_of(spark.read.schema(OUT_SCHEMA).parquet(os.path.join(checkpoint, "_out_" + name)))
 
 
 # ---- batch reads ------------------------------------------------------------------------------------
@@ -253,7 +259,7 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 6 and max(sizes) <= 10, sizes
-    assert memory_rows(spark, name) == truth
+    assert memory_rows(spark, name, tmp_checkpoint) == truth
     # offsets/n holds the source state in Spark's JVM shape
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
     state = json.loads(Path(tmp_checkpoint, "offsets", str(last)).read_text().splitlines()[-1])
@@ -270,14 +276,20 @@ def test_transaction_gaps_under_both_isolation_levels(
         p.begin_transaction()
         for i in range(4):
             p.produce(topic, value=f"{label}{i}".encode(), partition=0)
-        p.flush()
+        if not kafka_service.is_tansu:
+            # real Kafka stores the aborted records; tansu does not filter stored aborted records for
+            # read_committed, so there the aborted batch is purged unsent (DESIGN 8: gaps remain)
+            p.flush()
         (p.commit_transaction if commit else p.abort_transaction)(10)
     # the topic now ends on a commit marker: every range that reaches the end ends on a control record
     committed = [f"{x}{i}".encode() for x in "ac" for i in range(4)]
     truth_committed = topic_content(kafka_service.bootstrap, topic, committed=True)
     assert [v for _, _, v in truth_committed] == committed
-    latest = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
-    assert truth_committed[-1][1] < 13  # offsets have gaps: 12 data records + 3 markers
+    end = Consumer({"bootstrap.servers": kafka_service.bootstrap, "group.id": "wm"})
+    _, high = end.get_watermark_offsets(CkTP(topic, 0), timeout=10)
+    end.close()
+    assert high > truth_committed[-1][1] + 1  # the log ends on a control record: a gap at the end
+    assert len(truth_committed) < high  # and markers leave gaps inside
 
     for level in ("read_committed", "read_uncommitted"):
         opts = base_options(kafka_service.bootstrap, subscribe=topic, **{"kafka.isolation.level": level})
@@ -292,8 +304,7 @@ def test_transaction_gaps_under_both_isolation_levels(
         q = run_available_now(spark, {**opts, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "3"},
                               os.path.join(tmp_checkpoint, level), name)
         assert q.exception() is None
-        assert [v for _, _, v in memory_rows(spark, name)] == values
-    _ = latest
+        assert [v for _, _, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, level))] == values
 
 
 def test_new_partitions_discovered_mid_stream(
@@ -316,7 +327,7 @@ def test_new_partitions_discovered_mid_stream(
         added = True
     q = run_available_now(spark, opts, tmp_checkpoint, name)
     assert q.exception() is None
-    got = memory_rows(spark, name)
+    got = memory_rows(spark, name, tmp_checkpoint)
     truth = topic_content(kafka_service.bootstrap, first) + topic_content(kafka_service.bootstrap, second)
     assert sorted(v for *_, v in got) == sorted(v for *_, v in truth)
     assert len(got) == len(truth) == 5 + 1 + 6 + 2 + 3 + 1 + (2 if added else 0)
@@ -335,7 +346,7 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
         opts = base_options(kafka_service.bootstrap, subscribe=f"{keep},{doomed}", startingOffsets="earliest",
                             failOnDataLoss=fail)
         assert run_available_now(spark, opts, cp, name).exception() is None
-        assert len(memory_rows(spark, name)) == 4
+        assert len(memory_rows(spark, name, cp)) == 4
         admin.delete_topics([doomed])[doomed].result()
         produce(keep, [(None, b"k1")])
         q = run_available_now(spark, opts, cp, name)
@@ -343,7 +354,7 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
             assert q.exception() is not None and "is gone (topic or partition deleted)" in str(q.exception())
         else:
             assert q.exception() is None
-            assert sorted(v for *_, v in memory_rows(spark, name)).count(b"k1") == 1
+            assert sorted(v for *_, v in memory_rows(spark, name, cp)).count(b"k1") == 1
 
 
 def test_latest_start_is_pinned_and_group_offsets(
@@ -357,13 +368,13 @@ def test_latest_start_is_pinned_and_group_offsets(
     opts = base_options(kafka_service.bootstrap, subscribe=topic, startingOffsetsLocation=location,
                         commitOffsetsToGroup="true", **{"kafka.group.id": group})
     assert run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name).exception() is None
-    assert memory_rows(spark, name) == []  # latest: nothing written before the start is read
+    assert memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp")) == []  # latest: nothing written before the start is read
     pinned = json.loads(Path(location).read_text())
     assert pinned == {topic: {"0": 4}}
     produce(topic, [(None, b"new%d" % i) for i in range(4)])
     q = run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name)
     assert q.exception() is None
-    assert [v for *_, v in memory_rows(spark, name)] == [b"new0", b"new1", b"new2", b"new3", b"__end__"]
+    assert [v for *_, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp"))] == [b"new0", b"new1", b"new2", b"new3", b"__end__"]
     assert json.loads(Path(location).read_text()) == pinned  # resolved once, never again
 
     # startingOffsets=group reads from what commitOffsetsToGroup published (committed when the next batch is planned)
@@ -379,7 +390,7 @@ def test_latest_start_is_pinned_and_group_offsets(
     name2 = "pin_" + uuid.uuid4().hex[:6]
     cp2 = os.path.join(tmp_checkpoint, "cp2")
     q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), cp2, name2)
-    assert q.exception() is None and memory_rows(spark, name2) == []
+    assert q.exception() is None and memory_rows(spark, name2, cp2) == []
     assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 9}}
 
 
@@ -461,7 +472,7 @@ def test_fault_in_read_is_retried_without_duplicates(
                         faults=spec)
     q = run_available_now(spark, opts, tmp_checkpoint, name)
     assert q.exception() is None
-    assert memory_rows(spark, name) == topic_content(kafka_service.bootstrap, topic)
+    assert memory_rows(spark, name, tmp_checkpoint) == topic_content(kafka_service.bootstrap, topic)
     # executors do not see this process's EOS_FAULTS_LOG; the once-markers prove both faults fired
     state = faults._state_dir(spec)
     assert sorted(os.listdir(state)) == sorted(f"{rule.key}.0" for rule in faults.parse_spec(spec))

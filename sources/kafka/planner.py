@@ -218,12 +218,12 @@ class KafkaPlanner:
         target: PartitionOffsets | None = None,
     ) -> PartitionOffsets:
         """The end offsets of the next micro-batch from a concrete ``start`` (``target`` under AvailableNow)."""
+        present = set(self.current())
         if target is not None:
-            tps = sorted(set(target) | set(start))
-            latest = {tp: target.get(tp, start.get(tp, 0)) for tp in tps}
-            present = set(tps)
+            # AvailableNow: never beyond the snapshot; partitions that appeared after it are not read
+            present &= set(target) | set(start)
+            latest = {tp: target.get(tp, start.get(tp, 0)) for tp in present}
         else:
-            present = set(self.current())
             latest = self.client.latest(sorted(present))
         end: PartitionOffsets = {}
         for tp, s in start.items():
