@@ -101,3 +101,25 @@ def test_upsert_batch_checks_options_at_once() -> None:
     assert callable(fn) and "t" in fn.__name__
     cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ()), strict=True))
     assert cells["raw"] == {"dsn": "postgresql://u@h/db", "table": "t", "key": "a,b", "table.create": "true"}
+
+
+def test_schema_checks_without_a_database() -> None:
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+    from sinks.postgres.upsert import UpsertPlanner
+
+    def planner(fields: list[StructField], **raw: str) -> UpsertPlanner:
+        return UpsertPlanner(UpsertOptions.from_options({**RAW, **raw}), StructType(fields))
+
+    base = [StructField("id", LongType()), StructField("name", StringType())]
+    with pytest.raises(ConfigError, match="option 'version' names column 'ver', which the DataFrame does not have"):
+        planner(base).validate_schema()
+    with pytest.raises(ConfigError, match="has no useful order"):
+        planner([*base, StructField("ver", ArrayType(LongType()))]).validate_schema()
+    with pytest.raises(ConfigError, match="clashes with a staging column"):
+        planner([*base, StructField("ver", LongType()), StructField(ORDINAL, LongType())]).validate_schema()
+    with pytest.raises(ConfigError, match="must be boolean"):
+        planner([*base, StructField("ver", LongType())], **{"delete.column": "name"}).validate_schema()
+    with pytest.raises(ConfigError, match="needs at least one column besides the key and version"):
+        planner([StructField("id", LongType()), StructField("ver", LongType())], **{"delete.tombstones": "true"}).validate_schema()
+    planner([*base, StructField("ver", LongType())]).validate_schema()  # fine

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -34,7 +35,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BooleanType, StructType
+from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, StructType
 
 from connectors import faults
 from connectors.errors import ConfigError, FatalError
@@ -92,6 +93,21 @@ class UpsertPlanner:
                     f"DataFrame columns: {', '.join(names)}",
                     option=role,
                     column=col,
+                )
+        reserved = [n for n in names if n in (ORDINAL, DELETE_FLAG)]
+        if reserved:
+            raise ConfigError(
+                f"{FORMAT}: DataFrame column {reserved[0]!r} clashes with a staging column the sink adds; rename it",
+                column=reserved[0],
+            )
+        if opts.version is not None:
+            vtype = self.schema[opts.version].dataType
+            if isinstance(vtype, (ArrayType, MapType, StructType, BinaryType)):
+                raise ConfigError(
+                    f"{FORMAT}: option 'version' names {opts.version!r} of type {vtype.simpleString()}, which has no "
+                    "useful order; use a number, decimal, timestamp or date column",
+                    option="version",
+                    column=opts.version,
                 )
         if opts.delete_column is not None:
             dtype = self.schema[opts.delete_column].dataType
@@ -161,7 +177,7 @@ def prepare_batches(
                     column=col,
                 )
         arrays = [batch.column(batch.schema.get_field_index(n)) for n in names]
-        arrays.append(pa.array(range(ordinal, ordinal + batch.num_rows), pa.int64()))
+        arrays.append(pa.array(np.arange(ordinal, ordinal + batch.num_rows, dtype=np.int64)))
         fields = [*names, ORDINAL]
         if plan.deletes:
             arrays.append(_delete_flags(batch, opts, payload))
