@@ -20,7 +20,9 @@ Protocol (README "two-phase sink" has the diagram; DESIGN §6 the reasoning):
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -490,6 +492,7 @@ class Committer:
         finally:
             close_quietly(conn)
         self.timings["total"] = time.perf_counter() - t0
+        _record_timings(sink_id, batch_id, len(decided), self.timings)
         log.info("%s %s: batch %d committed (%d gids) in %.3fs", FORMAT, sink_id, batch_id, len(decided), self.timings["total"])
         faults.point("sink.after_commit", spec=self.opts.faults, **fctx)
 
@@ -562,6 +565,17 @@ class Committer:
             log.warning("%s %s: abort of batch %d could not finish (recovery will): %s", FORMAT, sink_id, batch_id, exc)
         finally:
             close_quietly(conn)
+
+
+def _record_timings(sink_id: str, batch_id: int, gids: int, timings: Mapping[str, float]) -> None:
+    # Diagnostics for bench/twophase.py: commit() runs in a Python process Spark starts, so the
+    # per-batch latency leaves it through a file named by EOS_2PC_TIMINGS (unset: nothing happens).
+    path = os.environ.get("EOS_2PC_TIMINGS")
+    if not path:
+        return
+    entry = {"sink_id": sink_id, "batch": batch_id, "gids": gids, **{k: round(v, 6) for k, v in timings.items()}}
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

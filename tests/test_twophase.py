@@ -1,0 +1,105 @@
+"""postgres-2pc without services: options, picklable messages/plans/errors, recovery planning rules."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from connectors.errors import CommitUnknown, ConfigError
+from sinks.postgres import recovery
+from sinks.postgres.decisions import Decision, Prepared, ProtocolTables, sink_lock_key
+from sinks.postgres.gid import Gid
+from sinks.postgres.twophase import TwoPhaseMessage, TwoPhaseOptions, twopc_batch
+
+DSN = "postgresql://u:secret@127.0.0.1:5/db"
+NONCE_A, NONCE_B = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
+
+
+def test_options_parse_with_defaults_and_redact_the_password() -> None:
+    o = TwoPhaseOptions.from_options({"dsn": DSN, "table": "s.t", "sink.id": "orders", "checkpointLocation": "/x"})
+    assert (o.mode, o.eos_schema, o.batch_id, o.upsert, o.table.schema) == ("append", "eos", None, None, "s")
+    assert "secret" not in repr(o)
+    assert pickle.loads(pickle.dumps(o)) == o
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"mode": "upsert"}, "'key'"),
+        ({"key": "id"}, "only applies to mode=upsert"),
+        ({"mode": "merge"}, "one of append, upsert"),
+        ({"batch.id": "-1"}, "batch.id"),
+        ({"sink.id": "a\tb"}, "sink.id"),
+        ({"sinkid": "x"}, "did you mean 'sink.id'"),
+        ({"prepared.warn.age": "soon"}, "prepared.warn.age"),
+    ],
+)
+def test_bad_options_name_the_option(raw: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        TwoPhaseOptions.from_options({"dsn": DSN, "table": "t", "sink.id": "s", **raw})
+    assert fragment in str(err.value)
+
+
+def test_upsert_mode_reuses_the_upsert_options() -> None:
+    o = TwoPhaseOptions.from_options({"dsn": DSN, "table": "t", "sink.id": "s", "mode": "upsert", "key": "id", "version": "v"})
+    assert o.upsert is not None and o.upsert.key == ("id",) and o.upsert.version == "v"
+
+
+def test_foreach_batch_adapter_checks_options_at_once() -> None:
+    with pytest.raises(ConfigError, match=r"sink\.id"):
+        twopc_batch(dsn=DSN, table="t")
+    with pytest.raises(ConfigError, match="do not pass it"):
+        twopc_batch(dsn=DSN, table="t", sink_id="s", **{"batch.id": 3})
+    fn = twopc_batch(dsn=DSN, table="t", sink_id="s")
+    assert callable(fn) and "s" in fn.__name__
+
+
+def test_messages_errors_and_tables_pickle() -> None:
+    m = TwoPhaseMessage("s", 3, 1, 0, str(Gid("s", 3, 1, NONCE_A, 7)), 10, False, "query:q", "r")
+    assert pickle.loads(pickle.dumps(m)) == m
+    err = pickle.loads(pickle.dumps(CommitUnknown("x", gid="g")))
+    assert isinstance(err, CommitUnknown) and err.gid == "g"
+    assert pickle.loads(pickle.dumps(ProtocolTables("my schema"))).schema == "my schema"
+
+
+def test_sink_lock_key_is_stable_and_signed_64_bit() -> None:
+    k = sink_lock_key("orders")
+    assert k == sink_lock_key("orders") != sink_lock_key("orders2")
+    assert -(2**63) <= k < 2**63
+
+
+class _FakeTables:
+    def __init__(self, decisions: dict[int, tuple[str, ...]]) -> None:
+        self._d = decisions
+
+    def decisions(self, conn: Any, sink_id: str, batch_ids: Any) -> dict[int, Decision]:
+        return {b: Decision(sink_id, b, g, 0) for b, g in self._d.items()}
+
+
+def _prepared(*gids: Gid) -> list[Prepared]:
+    now = datetime.now(timezone.utc)
+    return [Prepared(g, now, 1.0, "db") for g in gids]
+
+
+def test_recovery_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    decided = Gid("s", 1, 0, NONCE_A, 1)
+    loser = Gid("s", 1, 1, NONCE_A, 2)  # batch 1 is decided without it
+    dead = Gid("s", 2, 0, NONCE_A, 3)  # undecided, another batch attempt
+    sibling = Gid("s", 2, 1, NONCE_B, 4)  # undecided, the running attempt
+    own_retry_old = Gid("s", 2, 0, NONCE_B, 5)  # this partition's earlier attempt
+    own = Gid("s", 2, 0, NONCE_B, 6)
+    gids = [decided, loser, dead, sibling, own_retry_old]
+    monkeypatch.setattr(recovery, "list_prepared", lambda conn, sink: _prepared(*gids))
+    tables = _FakeTables({1: (str(decided),)})
+    plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", keep_nonce=NONCE_B, own=own)}  # type: ignore[arg-type]
+    assert plan == {str(decided): "commit", str(loser): "rollback", str(dead): "rollback",
+                    str(sibling): "keep", str(own_retry_old): "rollback"}
+    # the commit-side stray cleanup of batch 1 only looks at batches <= 1
+    plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", upto_batch=1)}  # type: ignore[arg-type]
+    assert plan == {str(decided): "commit", str(loser): "rollback"}
+    # abort of batch 2 and batch-job cleanup only touch batch 2
+    plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", only_batch=2)}  # type: ignore[arg-type]
+    assert set(plan) == {str(dead), str(sibling), str(own_retry_old)} and set(plan.values()) == {"rollback"}
