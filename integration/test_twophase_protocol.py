@@ -207,7 +207,7 @@ def test_old_prepared_transactions_are_logged(sink: dict[str, Any], caplog: pyte
         assert [(a.gid, a.action) for a in actions] == [(straggler.gid, "rollback")]
 
 
-def test_refuses_to_start_without_prepared_transactions() -> None:
+def test_refuses_to_start_without_prepared_transactions_or_with_too_few(monkeypatch: pytest.MonkeyPatch) -> None:
     pg = start_cluster(max_prepared_transactions="0")
     try:
         opts = {"dsn": pg.dsn, "table": "t", "table.create": "true", "sink.id": "s"}
@@ -215,6 +215,25 @@ def test_refuses_to_start_without_prepared_transactions() -> None:
             TwoPhaseStreamWriter(opts, SCHEMA)
         text = str(err.value)
         assert "max_prepared_transactions = 0" in text and "max_prepared_transactions=64" in text
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            assert list(conn.execute("SELECT count(*) FROM pg_tables WHERE tablename = 't'").fetchone()) == [0]  # type: ignore[arg-type]
+        # one slot, two concurrent writer tasks: the second PREPARE is refused with the fix
+        pg.crash()
+        pg.settings["max_prepared_transactions"] = "1"
+        pg.start()
+        with pytest.raises(ConfigError, match="2 writer tasks would prepare concurrently"):
+            from sinks.postgres.decisions import check_max_prepared
+
+            with psycopg.connect(pg.dsn, autocommit=True) as conn:
+                check_max_prepared(conn, writers=2)  # what twopc_batch checks with the DataFrame's partitions
+        ctx = {"v": (0, 0, 0, 0, "q", "r")}
+        monkeypatch.setattr(twophase, "_task_context", lambda: ctx["v"])
+        w = TwoPhaseStreamWriter(opts, SCHEMA)
+        w.write(iter([_batch(range(0, 2))]))
+        ctx["v"] = (1, 0, 1, 0, "q", "r")
+        with pytest.raises(ConfigError) as err:
+            w.write(iter([_batch(range(2, 4))]))
+        assert "max_prepared_transactions" in str(err.value) and "fewer partitions" in str(err.value)
     finally:
         pg.stop()
         shutil.rmtree(os.path.dirname(pg.data), ignore_errors=True)
