@@ -223,3 +223,29 @@ class Scenario:
                 last = ProtocolTables().last_batch(conn, self.sink_id)
                 assert last == self.spark_last_commit(), f"decision log last batch {last} != Spark commits {self.spark_last_commit()}"
         return tags
+
+
+@pytest.fixture(scope="session")
+def twophase_spark(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The shared ``spark`` fixture when the harness provides one, else a local[2,2] session."""
+    try:
+        yield request.getfixturevalue("spark")
+        return
+    except pytest.FixtureLookupError:
+        pass
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import connectors
+
+    spark = (
+        SparkSession.builder.master("local[2,2]").appName("twophase-tests")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    connectors.register(spark)
+    try:
+        yield spark
+    finally:
+        spark.stop()
