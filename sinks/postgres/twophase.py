@@ -347,7 +347,7 @@ class _TwoPhaseWriter:
                 return TwoPhaseMessage(sink_id, batch_id, partition, attempt_no, None, 0, False, identity, run_id)
 
             def once() -> None:
-                self._prepare(ctl, tables, gid, batches, rows, fctx)
+                self._prepare(tables, gid, batches, rows, fctx)
 
             retrying(once, attempts=copts.retry_attempts, base_delay=copts.retry_backoff,
                      max_delay=copts.retry_max_backoff, what=f"{FORMAT} {gid}")
@@ -370,14 +370,14 @@ class _TwoPhaseWriter:
         return out, rows
 
     def _prepare(
-        self, ctl: psycopg.Connection, tables: ProtocolTables, gid: Gid, batches: list[pa.RecordBatch], rows: int,
-        fctx: Mapping[str, Any],
+        self, tables: ProtocolTables, gid: Gid, batches: list[pa.RecordBatch], rows: int, fctx: Mapping[str, Any],
     ) -> None:
         text = str(gid)
-        if any(str(p.gid) == text for p in list_prepared(ctl, gid.sink_id)):
-            return  # an earlier try prepared it and only the reply was lost
         conn = connect(self.opts.connection, application_name=f"spark-eos {FORMAT} task")
         try:
+            if conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (text,)).fetchone():
+                conn.rollback()
+                return  # an earlier try prepared it and only the reply was lost
             with conn.cursor() as cur:
                 cur.execute("SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
                             (text, str(gid.partition)))
@@ -436,9 +436,12 @@ class Committer:
         if wrong:
             raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: messages of another batch/sink: {wrong!r}")
         identities = {m.identity for m in msgs}
-        identity = identities.pop() if len(identities) == 1 else (BATCH_IDENTITY if not msgs else None)
-        if identity is None:
-            raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: tasks of different writers: {sorted({m.identity for m in msgs})}")
+        if len(identities) > 1:
+            raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: tasks of different writers: {sorted(identities)}")
+        # No task at all (an empty input with zero partitions): nothing to fence, and stray cleanup
+        # stays within this batch since we cannot tell whether a streaming query owns the sink.
+        identity = identities.pop() if identities else None
+        owns_all = identity is not None and identity != BATCH_IDENTITY
         run_id = next((m.run_id for m in msgs if m.run_id), None)
         fctx = {"batch": batch_id}
         faults.point("sink.commit.before_decision", spec=self.opts.faults, **fctx)
@@ -465,7 +468,8 @@ class Committer:
                             "batch will be replayed on restart"
                         )
                     with conn.transaction():
-                        self.tables.check_owner(conn, sink_id, identity, claim=True, run_id=run_id)
+                        if identity is not None:
+                            self.tables.check_owner(conn, sink_id, identity, claim=True, run_id=run_id)
                         self.tables.insert_decision(conn, sink_id, batch_id, gids, sum(m.rows for m in msgs), identity)
                     decided = tuple(gids)
                 else:
@@ -483,10 +487,10 @@ class Committer:
             # for a streaming query that owns every batch of the sink, of older batches.
             resolve(
                 conn, self.tables, sink_id,
-                only_batch=None if identity != BATCH_IDENTITY else batch_id,
-                upto_batch=batch_id if identity != BATCH_IDENTITY else None,
+                only_batch=None if owns_all else batch_id,
+                upto_batch=batch_id if owns_all else None,
             )
-            if identity != BATCH_IDENTITY:
+            if owns_all:
                 self.tables.prune_markers(conn, sink_id, batch_id - 100)
             warn_old_prepared(list_prepared(conn, sink_id), sink_id, self.opts.warn_age)
         finally:
