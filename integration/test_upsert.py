@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 UTC = dt.timezone.utc
 
 
-_DOTTED = {"table_create": "table.create", "delete_column": "delete.column", "delete_tombstones": "delete.tombstones"}
+_DOTTED = {"table_create": "table.create", "delete_column": "delete.column", "delete_tombstones": "delete.tombstones", "retry_attempts": "retry.attempts"}
 
 
 def _write(df: DataFrame, dsn: str, table: str, **options: Any) -> None:
@@ -179,13 +179,16 @@ def test_schema_qualified_table_and_renamed_columns(spark: SparkSession, postgre
     pg_conn.execute(f'CREATE SCHEMA "{schema_name}"')
     pg_conn.execute(
         f'CREATE TABLE "{schema_name}"."{table}" (order_id uuid PRIMARY KEY, total numeric(20,4), note varchar(50), '
-        "created timestamptz DEFAULT now(), qty bigint)"
+        "created timestamptz DEFAULT now(), qty bigint, tags jsonb)"
     )
     oid = str(uuid.uuid4())
-    df = spark.createDataFrame([(oid, decimal.Decimal("12.50"), "hi", 3)], "orderId string, total decimal(10,2), note string, qty int")
+    df = spark.createDataFrame(
+        [(oid, decimal.Decimal("12.50"), "hi", 3, ["x", "y"])],
+        "orderId string, total decimal(10,2), note string, qty int, tags array<string>",
+    )
     _write(df, postgres_service.dsn, f'{schema_name}."{table}"', key="orderId", columns=json.dumps({"orderId": "order_id"}))
-    row = pg_conn.execute(f'SELECT order_id::text, total, note, qty FROM "{schema_name}"."{table}"').fetchone()
-    assert row == (oid, decimal.Decimal("12.5000"), "hi", 3)
+    row = pg_conn.execute(f'SELECT order_id::text, total, note, qty, tags FROM "{schema_name}"."{table}"').fetchone()
+    assert row == (oid, decimal.Decimal("12.5000"), "hi", 3, ["x", "y"])
 
 
 def test_connection_killed_mid_task_converges(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
@@ -288,3 +291,15 @@ def test_fault_point_before_write(spark: SparkSession, postgres_service: Any, pg
         _write(df, postgres_service.dsn, table, key="k", table_create=True, faults="sink.before_write:action=raise")
     assert "fault injected at sink.before_write" in str(err.value)
     assert _rows(pg_conn, table) == []
+
+
+def test_postgres_error_fails_the_task_with_message_and_sqlstate(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+    table = new_table("fatal")
+    pg_conn.execute(f'CREATE TABLE "{table}" (k bigint PRIMARY KEY, code varchar(3))')
+    df = spark.createDataFrame([(1, "ok"), (2, "too long")], "k long, code string").coalesce(1)
+    with pytest.raises(Exception) as err:
+        _write(df, postgres_service.dsn, table, key="k", retry_attempts=3)
+    text = str(err.value)
+    assert "value too long for type character varying(3)" in text and "sqlstate 22001" in text
+    assert "gave up after" not in text  # fatal: not retried
+    assert _rows(pg_conn, table) == []  # the task's transaction rolled back: not even row 1

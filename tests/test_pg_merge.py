@@ -26,7 +26,7 @@ def test_plain_upsert_is_one_statement_with_dedup_by_input_order() -> None:
     assert 'INSERT INTO "app"."t" AS t ("id", "full_name", "ver")' in sql
     assert 'ON CONFLICT ("id") DO UPDATE SET "full_name" = EXCLUDED."full_name", "ver" = EXCLUDED."ver"' in sql
     assert "WHERE t." not in sql  # no version guard without a version column
-    assert 'CAST(d."name" AS character varying(40))' in sql
+    assert 'SELECT d."id", d."name", d."ver" FROM' in sql  # varchar(40): assignment conversion, no truncating CAST
 
 
 def test_version_guard_is_strict_so_equal_versions_are_no_ops() -> None:

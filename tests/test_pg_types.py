@@ -136,10 +136,30 @@ def test_unmappable_type_is_a_clear_error() -> None:
         pg_type(CalendarIntervalType())
 
 
-def test_column_cast_and_pickle() -> None:
+def test_column_values_use_assignment_conversion_unless_a_cast_is_needed() -> None:
     same = Column("a", "a", "bigint", "bigint", target_type="bigint")
     wider = Column("a", "a", "integer", "int", target_type="bigint")
     text_uuid = Column("a", "a", "text", "string", target_type="uuid")
-    assert same.cast is None and wider.cast == "bigint" and text_uuid.cast == "uuid"
+    short = Column("a", "a", "text", "string", target_type="character varying(3)")
+    tags = Column("a", "a", "text[]", "array<string>", target_type="jsonb")
+    assert same.cast is None and wider.cast is None and short.cast is None  # INSERT converts, raising on overflow
+    assert text_uuid.cast == "uuid" and text_uuid.sql_value("d.a") == "CAST(d.a AS uuid)"
+    assert short.sql_value("d.a") == "d.a"  # an explicit CAST to varchar(3) would truncate silently
+    assert tags.sql_value("d.a") == "to_jsonb(d.a)"
+    assert Column("a", "a", "text[]", "array<string>", target_type="json").sql_value("d.a") == "to_jsonb(d.a)::json"
     assert Column("d", "d", "numeric(10,2)", "decimal(10,2)", target_type="numeric(12,2)").cast is None
     assert pickle.loads(pickle.dumps(text_uuid)) == text_uuid
+
+
+@pytest.mark.parametrize(
+    ("staged", "target", "ok"),
+    [
+        ("numeric(10,2)", "numeric", True),
+        ("numeric(10,2)", "numeric(12,4)", True),
+        ("numeric(10,2)", "numeric(10,1)", False),  # would round
+        ("numeric(10,2)", "numeric(9,2)", False),  # could overflow
+        ("numeric(38,0)", "numeric(38,0)", True),
+    ],
+)
+def test_numeric_precision_and_scale(staged: str, target: str, ok: bool) -> None:
+    assert compatible(staged, target) is ok

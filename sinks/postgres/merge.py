@@ -112,9 +112,8 @@ def _q(name: str) -> str:
 
 
 def _expr(c: Column, alias: str = "d") -> str:
-    """The staged value of ``c``, cast to the table's type when they differ."""
-    ref = f"{alias}.{_q(c.name)}"
-    return f"CAST({ref} AS {c.cast})" if c.cast else ref
+    """The staged value of ``c`` as it goes into the table (see ``Column.sql_value``)."""
+    return c.sql_value(f"{alias}.{_q(c.name)}")
 
 
 def _dedup(plan: MergePlan, staging: str) -> str:

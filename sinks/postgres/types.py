@@ -126,12 +126,28 @@ def _base(type_name: str) -> str:
     return core + ("[]" if is_array else "")
 
 
+def _numeric_fits(staged: str, target: str) -> bool:
+    """numeric(p,s) into numeric(P,S): no rounding (S >= s) and no overflow (P - S >= p - s)."""
+    import re
+
+    def typmod(text: str) -> tuple[int, int] | None:
+        m = re.search(r"numeric\((\d+)(?:,(\d+))?\)", text.replace(" ", ""))
+        return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+    src, dst = typmod(staged), typmod(target)
+    if dst is None or src is None:
+        return dst is None  # unconstrained numeric takes anything
+    return dst[1] >= src[1] and dst[0] - dst[1] >= src[0] - src[1]
+
+
 def compatible(staged: str, target: str, target_kind: str = "b") -> bool:
     """Whether a value staged as ``staged`` may be written to a column of type ``target``.
 
     ``target_kind`` is pg_type.typtype of the target: 'e' (enum) accepts text.
     """
     s, t = _base(staged), _base(target)
+    if s == "numeric" and t == "numeric" and not _numeric_fits(staged, target):
+        return False
     if s.endswith("[]"):
         if t in ("json", "jsonb"):
             return True
@@ -154,10 +170,29 @@ class Column:
 
     @property
     def cast(self) -> str | None:
-        """The cast needed from the staged type to the table type, or None."""
-        if self.target_type is None or _base(self.target_type) == _base(self.pg_type):
+        """The explicit cast a staged value needs, or None when assignment conversion does it.
+
+        Only text into types without an assignment cast from text (uuid, json, inet, enums, ...)
+        is cast explicitly. Everything else (int into bigint, text into varchar(3), numeric into
+        numeric(12,4)) is left to INSERT's assignment conversion, which raises on overflow
+        instead of truncating as an explicit CAST to varchar(n) would.
+        """
+        if self.target_type is None:
             return None
-        return self.target_type
+        staged, target = _base(self.pg_type), _base(self.target_type)
+        if staged == target or staged.endswith("[]"):
+            return None
+        if staged == "text" and target not in ("text", "character varying", "character", "name"):
+            return self.target_type.split("(", 1)[0].strip() if "(" in self.target_type else self.target_type
+        return None
+
+    def sql_value(self, ref: str) -> str:
+        """SQL for the staged value ``ref`` as it goes into the table column."""
+        if self.target_type is not None and self.pg_type.endswith("[]"):
+            target = _base(self.target_type)
+            if target in ("json", "jsonb"):
+                return f"to_jsonb({ref})" + ("::json" if target == "json" else "")
+        return f"CAST({ref} AS {self.cast})" if self.cast else ref
 
 
 def plan_columns(schema: StructType, rename: Mapping[str, str] | None = None) -> list[Column]:
