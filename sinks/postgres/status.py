@@ -153,7 +153,7 @@ def _add_commands(sub: Any) -> None:
 
 def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``sinks {status,recover,release}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
-    p = subparsers.add_parser("sinks", help="operate the two-phase Postgres sink (status, recover, release)")
+    p: argparse.ArgumentParser = subparsers.add_parser("sinks", help="operate the two-phase Postgres sink (status, recover, release)")
     _add_commands(p.add_subparsers(dest="sinks_command", required=True))
     return p
 
