@@ -14,8 +14,11 @@ share one run behind two proxies. See /tmp/eos-readme/guarantees.md for what eac
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import time
 import uuid
 
 import psycopg
@@ -25,10 +28,15 @@ from connectors import checker
 from connectors.chaos import create_topic, make_records, produce_records
 from connectors.harness import (
     executor_pids,
+    latest_file,
+    make_unwritable,
+    restore_writable,
+    truncate_file,
     wait_until,
 )
 from integration.harness.matrix import Pipeline
 from integration.harness.proxy import TcpProxy
+from integration.harness.tansu import Broker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -179,3 +187,197 @@ def _state(pid: int) -> str:
     from connectors.harness import _state as state
 
     return state(pid)
+
+
+# ---------------------------------------------------------------------------------------------
+# F9, F10, F15: Kafka and Postgres unreachable for a while; aborted transactions in the input
+
+
+def _cut_for(proxy: TcpProxy, seconds: float) -> int:
+    before = proxy.stats.resets + proxy.stats.refused
+    proxy.cut()
+    time.sleep(seconds)
+    proxy.heal()
+    return proxy.stats.resets + proxy.stats.refused - before
+
+
+def test_f9_f10_f15_network_cuts_and_aborted_input(make_pipeline, postgres_service, tmp_path):
+    broker_port = free_port()
+    with (
+        TcpProxy("127.0.0.1", broker_port) as kafka_proxy,
+        Broker(port=broker_port, advertised=kafka_proxy.port, log_path=str(tmp_path / "tansu.log")) as broker,
+    ):
+        topic = f"cm_net_{uuid.uuid4().hex[:8]}"
+        create_topic(broker.bootstrap, topic, 2)
+        committed = make_records(RECORDS, seed=9, prefix=f"{topic}-")
+        aborted = [dict(r, id=r["id"] + "-aborted") for r in make_records(50, seed=10, prefix=f"{topic}-")]
+        # F15: half the input in a committed transaction, then an aborted one, then plain records
+        half = RECORDS // 2
+        produce_records(broker.bootstrap, topic, committed[:half], partitions=2, transactional_id=f"{topic}-tx",
+                        aborted=aborted)  # fmt: skip
+        produce_records(broker.bootstrap, topic, committed[half:], partitions=2)
+        pipe = make_pipeline("2pc", topic=topic, bootstrap=broker.bootstrap, proxy_pg=True, produce=False)
+        # a short stall per batch keeps the query busy long enough to cut it mid-stream
+        proc = pipe.process("sink.before_write:partition=0:action=sleep:seconds=1", state="F9").start()
+        try:
+            wait_until(lambda: (checker.last_commit(pipe.checkpoint) or -1) >= 1, timeout=300, what="commits/1",
+                       alive=proc.alive)  # fmt: skip
+            at_cut = checker.last_commit(pipe.checkpoint)
+            f9 = _cut_for(kafka_proxy, 6)  # F9: every Kafka connection reset, new ones refused
+            wait_until(lambda: (checker.last_commit(pipe.checkpoint) or -1) >= at_cut + 2, timeout=300,
+                       what="progress after the Kafka cut", alive=proc.alive)  # fmt: skip
+            f10 = _cut_for(pipe.proxy, 6)  # F10: Postgres likewise
+            out = proc.wait(400)
+        finally:
+            proc.stop()
+        pipe.outcomes.append(out)
+        assert f9 > 0 and f10 > 0, f"the cuts hit no connection (kafka {f9}, postgres {f10})"
+        if out.returncode != 0:  # a cut may fail the query loudly; a restart must finish the job
+            assert out.returncode == 2, pipe.describe()
+            assert pipe.run().returncode == 0, pipe.describe()
+        report = pipe.report()
+        _assert_ok(report, pipe)
+        assert report.info["source_records"] == RECORDS  # read_committed saw no aborted record
+        with psycopg.connect(pipe.check_dsn) as conn:
+            leaked = conn.execute(f"SELECT count(*) FROM {pipe.table} WHERE id LIKE '%%-aborted'").fetchone()[0]
+        assert leaked == 0, f"F15: {leaked} records of an aborted transaction reached the sink"
+
+
+# ---------------------------------------------------------------------------------------------
+# F11, F12, F14: unwritable checkpoint, truncated checkpoint files, a deleted topic: fail loudly
+
+
+def _rows(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def test_f11_f12_f14_damaged_checkpoint_and_lost_input_fail_loudly(make_pipeline, kafka_service):
+    pipe = make_pipeline("2pc")
+    commits = os.path.join(pipe.checkpoint, "commits")
+    proc = pipe.process("sink.before_write:batch=2:action=sleep:seconds=4:once", state="F11").start()
+    try:
+        wait_until(lambda: os.path.exists(os.path.join(commits, "1")), timeout=300, what="commits/1", alive=proc.alive)
+        locked = make_unwritable(commits)  # F11: Spark cannot write commits/2
+        try:
+            out = proc.wait(300)
+        finally:
+            restore_writable(locked)
+    finally:
+        proc.stop()
+    pipe.outcomes.append(out)
+    assert out.returncode == 2, f"F11: an unwritable checkpoint must stop the query\n{pipe.describe()}"
+    assert "RUNNER FAILED" in out.log_tail
+    assert not os.path.exists(os.path.join(commits, "2"))
+    # batch 2 may be decided in Postgres already; the restart rolls it forward, never twice
+    assert pipe.run().returncode == 0, pipe.describe()
+    report = pipe.report()
+    _assert_ok(report, pipe)
+    rows = _rows(pipe.check_dsn, pipe.table)
+    last = checker.last_commit(pipe.checkpoint)
+
+    # F12: the newest offsets/n or commits/n cut in half -> the query refuses to start
+    procs = []
+    for log in ("offsets", "commits"):
+        copy = os.path.join(pipe.workdir, f"cp-{log}")
+        shutil.copytree(pipe.checkpoint, copy)
+        truncate_file(latest_file(os.path.join(copy, log)))
+        procs.append(
+            (log, copy, pipe.process(state=f"F12-{log}", checkpoint=copy, sink_id=f"{pipe.sink_id}_{log}").start())
+        )
+    # F14: the topic deleted and re-created (offsets went back) with failOnDataLoss=true
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": pipe.bootstrap})
+    admin.delete_topics([pipe.topic])[pipe.topic].result(30)
+    wait_until(lambda: pipe.topic not in admin.list_topics(timeout=10).topics, timeout=30, what="topic deleted")
+    create_topic(pipe.bootstrap, pipe.topic, 2)
+    produce_records(pipe.bootstrap, pipe.topic, make_records(10, seed=14, prefix="after-delete-"), partitions=2)
+    f14 = pipe.process(state="F14")
+    out14 = f14.run(400)
+    for log, copy, p in procs:
+        o = p.wait(400)
+        assert o.returncode == 2, f"F12 ({log}): a truncated {log} file must stop the query; got {o}\n{o.log_tail}"
+        assert checker.last_commit(copy) == last, f"F12 ({log}): the checkpoint moved on"
+    assert out14.returncode == 2, f"F14: lost input must stop the query; got {out14}\n{out14.log_tail}"
+    assert "RUNNER FAILED" in out14.log_tail
+    assert _rows(pipe.check_dsn, pipe.table) == rows, "a failing run changed the sink"
+    assert checker.last_commit(pipe.checkpoint) == last
+    with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+        assert not checker.prepared_gids(conn, pipe.sink_id)
+        assert checker.last_decided_batch(conn, pipe.sink_id) == last
+
+
+# ---------------------------------------------------------------------------------------------
+# F13: a poison record stops the query with a clear error; nothing past it is committed
+
+
+def test_f13_poison_record_stops_the_query(make_pipeline, kafka_service):
+    pipe = make_pipeline("2pc", records=0, produce=False)
+    create_topic(pipe.bootstrap, pipe.topic, 2)
+    before = make_records(600, seed=13, prefix=f"{pipe.table}-a")
+    after = make_records(600, seed=13, start=600, prefix=f"{pipe.table}-a")
+    produce_records(pipe.bootstrap, pipe.topic, before, partitions=2)
+    produce_records(pipe.bootstrap, pipe.topic, [], raw=[(0, b"{this is not json")])
+    produce_records(pipe.bootstrap, pipe.topic, after, partitions=2)
+    poison = next(r for r in checker.read_topic(pipe.bootstrap, pipe.topic) if "_raw" in r)
+    out = pipe.run()
+    assert out.returncode == 2, pipe.describe()
+    assert f"offset {poison['_offset']}" in out.log_tail and "malformed record" in out.log_tail, out.log_tail
+    # nothing silently skipped: every committed batch ends before the poison record ...
+    last = checker.last_commit(pipe.checkpoint)
+    assert last is not None
+    with open(os.path.join(pipe.checkpoint, "offsets", str(last)), encoding="utf-8") as fh:
+        end = json.loads(fh.read().splitlines()[-1])[pipe.topic]["0"]
+    assert end <= poison["_offset"]
+    # ... and the sink holds exactly the records of the committed batches, no more, no less
+    with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+        rows = checker.read_table(conn, pipe.table)
+        assert not checker.prepared_gids(conn, pipe.sink_id)
+    assert all(r["src_offset"] < end for r in rows if r["src_partition"] == 0)
+    source = {r["id"]: r for r in before + after}
+    checks = checker.compare_records([source[r["id"]] for r in rows], rows, payload_fields=("key", "amount"))
+    assert all(c.ok for c in checks), [c.summary for c in checks]
+    assert rows, "the batches before the poison record were committed"
+
+
+# ---------------------------------------------------------------------------------------------
+# F16: the same query twice on one checkpoint, and a second query on the same sink id
+
+
+def test_f16_second_query_refused_or_fenced(make_pipeline):
+    pipe = make_pipeline("2pc")
+    hold = "sink.before_write:partition=0:action=sleep:seconds=2"
+    a = pipe.process(hold, state="F16-a").start()
+    b = pipe.process(hold, state="F16-b").start()
+    try:
+        wait_until(lambda: os.path.exists(os.path.join(pipe.checkpoint, "commits", "0")), timeout=300,
+                   what="commits/0", alive=lambda: a.alive() or b.alive())  # fmt: skip
+        c = pipe.process(state="F16-c", checkpoint=os.path.join(pipe.workdir, "other-checkpoint")).start()
+        outs = [p.wait(400) for p in (a, b, c)]
+    finally:
+        for p in (a, b):
+            p.stop()
+    pipe.outcomes.extend(outs)
+    out_a, out_b, out_c = outs
+    assert out_c.returncode == 2, f"F16: another query on sink id {pipe.sink_id} must be refused\n{out_c.log_tail}"
+    assert pipe.sink_id in out_c.log_tail
+    assert 2 in (out_a.returncode, out_b.returncode) or {out_a.returncode, out_b.returncode} == {0}, outs
+    assert pipe.run().returncode == 0, pipe.describe()
+    _assert_ok(pipe.report(), pipe)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checker bites: a sink that commits inside each task duplicates on replay, and F4 shows it
+
+
+def test_broken_sink_fails_the_matrix_check(make_pipeline):
+    pipe = make_pipeline("broken", records=800)
+    out = pipe.run("sink.after_commit:batch=1:action=kill-group:once", state="F4")
+    assert out.killed and pipe.fired("sink.after_commit", batch=1)
+    assert pipe.run().returncode == 0, pipe.describe()
+    report = pipe.report(decisions=False, min_faults=1)
+    assert not report.ok, report.table()
+    dups = report.get("records.duplicates")
+    assert not dups.ok and dups.counts["duplicates"] >= 1, report.table()
+    assert report.get("records.losses").ok and report.get("records.phantoms").ok
