@@ -48,8 +48,13 @@ def write_input(root: str, rows: int, batches: int) -> str:
     now = time.time() - 10_000
     for b in range(batches):
         ids = list(range(b * per, (b + 1) * per))
-        table = pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([f"value-{i}" for i in ids]),
-                          "n": pa.array([i * 0.5 for i in ids], pa.float64())})
+        table = pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "v": pa.array([f"value-{i}" for i in ids]),
+                "n": pa.array([i * 0.5 for i in ids], pa.float64()),
+            }
+        )
         f = os.path.join(path, f"part-{b:04d}.parquet")
         pq.write_table(table, f)
         os.utime(f, (now + b, now + b))  # the file source orders by modification time
@@ -119,8 +124,10 @@ def run(dsn: str, rows: int, batches: int) -> int:
     input_path = write_input(root, rows, batches)
     jar = find_jdbc_jar()
     builder = (
-        SparkSession.builder.master("local[2]").appName("bench-twophase")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        SparkSession.builder.master("local[2]")
+        .appName("bench-twophase")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
     )
     if jar:
@@ -143,15 +150,31 @@ def run(dsn: str, rows: int, batches: int) -> int:
 
     def twopc(table: str, parts: int) -> Any:
         def go(ckpt: str) -> Any:
-            return (stream(parts).writeStream.format("postgres-2pc").option("dsn", dsn).option("table", table)
-                    .option("sink.id", f"bench-{table}").option("checkpointLocation", ckpt)
-                    .trigger(availableNow=True).start())
+            return (
+                stream(parts)
+                .writeStream.format("postgres-2pc")
+                .option("dsn", dsn)
+                .option("table", table)
+                .option("sink.id", f"bench-{table}")
+                .option("checkpointLocation", ckpt)
+                .trigger(availableNow=True)
+                .start()
+            )
+
         return go
 
     def plain(table: str, parts: int) -> Any:
         def go(ckpt: str) -> Any:
-            return (stream(parts).writeStream.format("bench-plain-copy").option("dsn", dsn).option("table", table)
-                    .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+            return (
+                stream(parts)
+                .writeStream.format("bench-plain-copy")
+                .option("dsn", dsn)
+                .option("table", table)
+                .option("checkpointLocation", ckpt)
+                .trigger(availableNow=True)
+                .start()
+            )
+
         return go
 
     def jdbc(table: str, parts: int) -> Any:
@@ -160,13 +183,27 @@ def run(dsn: str, rows: int, batches: int) -> int:
         url = "jdbc:postgresql://" + rest.split("@", 1)[-1]
 
         def write(df: Any, batch_id: int) -> None:
-            (df.write.format("jdbc").option("url", url).option("dbtable", table).option("user", user.split(":")[0])
-             .option("password", user.split(":")[1] if ":" in user else "").option("driver", "org.postgresql.Driver")
-             .option("batchsize", 10000).mode("append").save())
+            (
+                df.write.format("jdbc")
+                .option("url", url)
+                .option("dbtable", table)
+                .option("user", user.split(":")[0])
+                .option("password", user.split(":")[1] if ":" in user else "")
+                .option("driver", "org.postgresql.Driver")
+                .option("batchsize", 10000)
+                .mode("append")
+                .save()
+            )
 
         def go(ckpt: str) -> Any:
-            return (stream(parts).writeStream.foreachBatch(write).option("checkpointLocation", ckpt)
-                    .trigger(availableNow=True).start())
+            return (
+                stream(parts)
+                .writeStream.foreachBatch(write)
+                .option("checkpointLocation", ckpt)
+                .trigger(availableNow=True)
+                .start()
+            )
+
         return go
 
     # warm up the JVM paths and the Python workers once, outside every measurement
@@ -178,7 +215,13 @@ def run(dsn: str, rows: int, batches: int) -> int:
     results: list[tuple[str, float | None, str]] = []
     latencies: dict[int, list[float]] = {}
     make_table(conn, "bench_plain")
-    results.append(("plain Arrow+COPY P=2", timed("plain", plain("bench_plain", 2)), "same COPY and write path, task commits, at-least-once"))
+    results.append(
+        (
+            "plain Arrow+COPY P=2",
+            timed("plain", plain("bench_plain", 2)),
+            "same COPY and write path, task commits, at-least-once",
+        )
+    )
     for parts in (2, 8):
         table = f"bench_2pc_{parts}"
         make_table(conn, table)
@@ -189,9 +232,17 @@ def run(dsn: str, rows: int, batches: int) -> int:
         results.append((f"postgres-2pc P={parts}", secs, f"{parts} writer tasks, exactly-once"))
     if jar:
         make_table(conn, "bench_jdbc")
-        results.append(("jdbc (foreachBatch) P=2", timed("jdbc", jdbc("bench_jdbc", 2)), f"at-least-once; {os.path.basename(jar)}"))
+        results.append(
+            ("jdbc (foreachBatch) P=2", timed("jdbc", jdbc("bench_jdbc", 2)), f"at-least-once; {os.path.basename(jar)}")
+        )
     else:
-        results.append(("jdbc (foreachBatch) P=2", None, "SKIPPED: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java)"))
+        results.append(
+            (
+                "jdbc (foreachBatch) P=2",
+                None,
+                "SKIPPED: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java)",
+            )
+        )
     spark.stop()
 
     want = (rows, rows, rows * (rows - 1) // 2)
@@ -213,11 +264,15 @@ def run(dsn: str, rows: int, batches: int) -> int:
     plain_s = timed_secs["plain Arrow+COPY P=2"]
     print(f"\nexactly-once overhead (2pc P=2 time / plain Arrow+COPY time): {base / plain_s:.2f}x")
     if jar:
-        print(f"2pc P=2 vs Spark JDBC in foreachBatch (jdbc time / 2pc time): {timed_secs['jdbc (foreachBatch) P=2'] / base:.2f}x")
+        print(
+            f"2pc P=2 vs Spark JDBC in foreachBatch (jdbc time / 2pc time): {timed_secs['jdbc (foreachBatch) P=2'] / base:.2f}x"
+        )
     print("\ndriver commit() latency per batch (decision + COMMIT PREPARED + publish + cleanup):")
     for parts, values in latencies.items():
-        print(f"  P={parts}: {len(values)} batches, median {statistics.median(values) * 1000:.1f} ms, "
-              f"p99 {percentile(values, 0.99) * 1000:.1f} ms")
+        print(
+            f"  P={parts}: {len(values)} batches, median {statistics.median(values) * 1000:.1f} ms, "
+            f"p99 {percentile(values, 0.99) * 1000:.1f} ms"
+        )
     return 0
 
 

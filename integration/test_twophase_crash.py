@@ -55,13 +55,17 @@ class Reader(threading.Thread):
 
 def _kill_at(s: Scenario, point: str, batch: int, cond: str) -> str:
     run = s.run(f"{point}:batch={batch}{cond}:action=kill-group:once")
-    assert run.killed, f"{point}: expected the process group to be killed, got rc={run.returncode}: {run.stderr[-2000:]}"
+    assert run.killed, (
+        f"{point}: expected the process group to be killed, got rc={run.returncode}: {run.stderr[-2000:]}"
+    )
     hits = [e for e in s.fired(point) if int(e["batch"]) == batch]
     assert len(hits) == 1, f"{point} batch {batch} should have fired once: {hits}"
     return run.tag
 
 
-def test_kill_at_every_protocol_step_then_pg_crash_task_kill_and_connection_cut(twophase_pg: Any, tmp_path: Path) -> None:
+def test_kill_at_every_protocol_step_then_pg_crash_task_kill_and_connection_cut(
+    twophase_pg: Any, tmp_path: Path
+) -> None:
     """One sink, seven runs: each of the first six dies at one protocol step (the whole process
     group, SIGKILL), the next resumes from the checkpoint. After the after_prepare kill Postgres
     itself crashes (-m immediate) with the prepared transactions in place. The last run also has a

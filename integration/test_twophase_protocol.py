@@ -51,9 +51,25 @@ def sink(twophase_pg: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str
     yield {"dsn": twophase_pg.dsn, "table": table, "opts": opts, "state": state, "sink_id": f"s-{table}"}
 
 
-def _task(sink: dict[str, Any], writer: Any, partition: int, ids: range, *, batch: int, attempt: int = 0,
-          task: int | None = None, query: str = "q1") -> TwoPhaseMessage:
-    sink["state"]["ctx"] = (partition, attempt, task if task is not None else partition + 10 * attempt, batch, query, "run1")
+def _task(
+    sink: dict[str, Any],
+    writer: Any,
+    partition: int,
+    ids: range,
+    *,
+    batch: int,
+    attempt: int = 0,
+    task: int | None = None,
+    query: str = "q1",
+) -> TwoPhaseMessage:
+    sink["state"]["ctx"] = (
+        partition,
+        attempt,
+        task if task is not None else partition + 10 * attempt,
+        batch,
+        query,
+        "run1",
+    )
     msg = writer.write(iter([_batch(ids)]))
     assert isinstance(msg, TwoPhaseMessage)
     return msg
@@ -97,7 +113,9 @@ def test_stale_gids_of_dead_attempts_are_rolled_back_before_writing_siblings_kep
         # What a stale prepared transaction can do to a replay: it holds its locks until resolved.
         # Here it holds the marker/staging rows; show that a lock on the target row would block a
         # writer (lock_timeout turns the endless wait into an error).
-        conn.execute(f"BEGIN; INSERT INTO {sink['table']} VALUES (99, 'lock'); PREPARE TRANSACTION 'eos-test-{sink['table']}'")  # type: ignore[arg-type]
+        conn.execute(
+            f"BEGIN; INSERT INTO {sink['table']} VALUES (99, 'lock'); PREPARE TRANSACTION 'eos-test-{sink['table']}'"
+        )  # type: ignore[arg-type]
         with psycopg.connect(sink["dsn"], autocommit=True) as other:
             other.execute("SET lock_timeout = '300ms'")
             with pytest.raises(psycopg.errors.LockNotAvailable):

@@ -36,16 +36,26 @@ def _table() -> str:
     return "tp_" + uuid.uuid4().hex[:10]
 
 
-def test_complete_mode_replaces_the_table_atomically_each_batch(twophase_spark: Any, twophase_pg: Any, tmp_path: Path) -> None:
+def test_complete_mode_replaces_the_table_atomically_each_batch(
+    twophase_spark: Any, twophase_pg: Any, tmp_path: Path
+) -> None:
     src = _files(tmp_path / "in", [[{"k": "a"}, {"k": "b"}, {"k": "a"}], [{"k": "a"}, {"k": "c"}]])
     table = _table()
     q = (
-        twophase_spark.readStream.schema("k string").option("maxFilesPerTrigger", 1).json(src)
-        .groupBy("k").count()
-        .writeStream.outputMode("complete").format("postgres-2pc")
-        .option("dsn", twophase_pg.dsn).option("table", table).option("table.create", "true")
-        .option("sink.id", f"s-{table}").option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True).start()
+        twophase_spark.readStream.schema("k string")
+        .option("maxFilesPerTrigger", 1)
+        .json(src)
+        .groupBy("k")
+        .count()
+        .writeStream.outputMode("complete")
+        .format("postgres-2pc")
+        .option("dsn", twophase_pg.dsn)
+        .option("table", table)
+        .option("table.create", "true")
+        .option("sink.id", f"s-{table}")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
     )
     q.awaitTermination()
     with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
@@ -55,7 +65,9 @@ def test_complete_mode_replaces_the_table_atomically_each_batch(twophase_spark: 
         assert list_prepared(conn, f"s-{table}") == []
 
 
-def test_foreach_batch_adapter_is_exactly_once_across_a_failed_commit(twophase_spark: Any, twophase_pg: Any, tmp_path: Path) -> None:
+def test_foreach_batch_adapter_is_exactly_once_across_a_failed_commit(
+    twophase_spark: Any, twophase_pg: Any, tmp_path: Path
+) -> None:
     src = _files(tmp_path / "in", [[{"id": i} for i in range(b * 5, b * 5 + 5)] for b in range(3)])
     table = _table()
     with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
@@ -66,9 +78,14 @@ def test_foreach_batch_adapter_is_exactly_once_across_a_failed_commit(twophase_s
         if faults:
             opts["faults"] = faults
         q = (
-            twophase_spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(src).repartition(2)
+            twophase_spark.readStream.schema("id long")
+            .option("maxFilesPerTrigger", 1)
+            .json(src)
+            .repartition(2)
             .writeStream.foreachBatch(connectors.twopc_batch(**opts))
-            .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start()
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
         )
         try:
             q.awaitTermination()
@@ -97,9 +114,16 @@ def test_streaming_bad_input(twophase_spark: Any, twophase_pg: Any, tmp_path: Pa
         conn.execute(f"CREATE TABLE {table} (id bigint)")  # type: ignore[arg-type]
 
     def start(name: str, **options: str) -> Any:
-        w = (twophase_spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(src)
-             .writeStream.format("postgres-2pc").option("dsn", twophase_pg.dsn).option("table", table)
-             .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True))
+        w = (
+            twophase_spark.readStream.schema("id long")
+            .option("maxFilesPerTrigger", 1)
+            .json(src)
+            .writeStream.format("postgres-2pc")
+            .option("dsn", twophase_pg.dsn)
+            .option("table", table)
+            .option("checkpointLocation", str(tmp_path / name))
+            .trigger(availableNow=True)
+        )
         for k, v in options.items():
             w = w.option(k, v)
         return w.start()

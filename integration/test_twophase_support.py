@@ -146,7 +146,9 @@ class Scenario:
     def sink_id(self) -> str:
         return f"sink-{self.name}"
 
-    def run(self, faults: str | None = None, *, dsn: str | None = None, extra: tuple[str, ...] = (), timeout: float = 400) -> AppRun:
+    def run(
+        self, faults: str | None = None, *, dsn: str | None = None, extra: tuple[str, ...] = (), timeout: float = 400
+    ) -> AppRun:
         """Run the app to its end (or its death); the fault spec goes in through EOS_FAULTS."""
         self.runs += 1
         tag = f"run{self.runs}"
@@ -159,16 +161,31 @@ class Scenario:
         if faults:
             env["EOS_FAULTS"] = faults
         cmd = [
-            sys.executable, "-m", "integration.test_twophase_app", "--dsn", dsn or self.dsn, "--table", self.name,
-            "--sink-id", self.sink_id, "--checkpoint", str(self.checkpoint), "--input", str(self.input),
-            "--tag", tag, "--mode", self.mode,
+            sys.executable,
+            "-m",
+            "integration.test_twophase_app",
+            "--dsn",
+            dsn or self.dsn,
+            "--table",
+            self.name,
+            "--sink-id",
+            self.sink_id,
+            "--checkpoint",
+            str(self.checkpoint),
+            "--input",
+            str(self.input),
+            "--tag",
+            tag,
+            "--mode",
+            self.mode,
         ]
         for kv in extra:
             cmd += ["--extra", kv]
         # Its own process group: kill-group takes the driver JVM and every Python worker at once,
         # and nothing of the app can outlive the test.
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -213,7 +230,9 @@ class Scenario:
             for b, rows in by_batch.items():
                 expected = set(range(b * self.rows, (b + 1) * self.rows))
                 got = {i for i, _ in rows}
-                assert got == expected, f"batch {b}: partial or wrong rows: missing {sorted(expected - got)[:5]}, extra {sorted(got - expected)[:5]}"
+                assert got == expected, (
+                    f"batch {b}: partial or wrong rows: missing {sorted(expected - got)[:5]}, extra {sorted(got - expected)[:5]}"
+                )
                 batch_tags = {t for _, t in rows}
                 assert len(batch_tags) == 1, f"batch {b}: rows of several attempts are visible: {batch_tags}"
                 tags[b] = batch_tags.pop()
@@ -221,7 +240,9 @@ class Scenario:
                 assert sorted(by_batch) == list(range(self.batches)), f"batches visible: {sorted(by_batch)}"
                 assert list_prepared(conn, self.sink_id) == [], "prepared transactions of the sink remain"
                 last = ProtocolTables().last_batch(conn, self.sink_id)
-                assert last == self.spark_last_commit(), f"decision log last batch {last} != Spark commits {self.spark_last_commit()}"
+                assert last == self.spark_last_commit(), (
+                    f"decision log last batch {last} != Spark commits {self.spark_last_commit()}"
+                )
         return tags
 
 
@@ -239,9 +260,12 @@ def twophase_spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     import connectors
 
     spark = (
-        SparkSession.builder.master("local[2,2]").appName("twophase-tests")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+        SparkSession.builder.master("local[2,2]")
+        .appName("twophase-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     connectors.register(spark)

@@ -52,8 +52,15 @@ def test_longest_gid_fits_postgres_limit() -> None:
 
 @pytest.mark.parametrize(
     ("sink_id", "fragment"),
-    [("", "required"), ("   ", "required"), (None, "required"), (" a", "spaces"), ("a\nb", "control"),
-     ("x" * (MAX_SINK_ID_BYTES + 1), "too long"), ("é" * 50, "too long")],
+    [
+        ("", "required"),
+        ("   ", "required"),
+        (None, "required"),
+        (" a", "spaces"),
+        ("a\nb", "control"),
+        ("x" * (MAX_SINK_ID_BYTES + 1), "too long"),
+        ("é" * 50, "too long"),
+    ],
 )
 def test_bad_sink_ids_are_config_errors_naming_the_option(sink_id: object, fragment: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -72,8 +79,17 @@ def test_invariants(kwargs: dict) -> None:
         Gid(**base)
 
 
-@pytest.mark.parametrize("text", ["", "eos:s:1:0:0123456789ab", "eos:s:x:0:0123456789ab:1", "pgx:s:1:0:0123456789ab:1",
-                                  "eos:s:1:0:0123456789AB:1", "eos:%ZZ:1:0:0123456789ab:1"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "eos:s:1:0:0123456789ab",
+        "eos:s:x:0:0123456789ab:1",
+        "pgx:s:1:0:0123456789ab:1",
+        "eos:s:1:0:0123456789AB:1",
+        "eos:%ZZ:1:0:0123456789ab:1",
+    ],
+)
 def test_foreign_gids_parse_to_none(text: str) -> None:
     assert parse_gid(text) is None
 

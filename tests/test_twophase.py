@@ -44,7 +44,9 @@ def test_bad_options_name_the_option(raw: dict[str, str], fragment: str) -> None
 
 
 def test_upsert_mode_reuses_the_upsert_options() -> None:
-    o = TwoPhaseOptions.from_options({"dsn": DSN, "table": "t", "sink.id": "s", "mode": "upsert", "key": "id", "version": "v"})
+    o = TwoPhaseOptions.from_options(
+        {"dsn": DSN, "table": "t", "sink.id": "s", "mode": "upsert", "key": "id", "version": "v"}
+    )
     assert o.upsert is not None and o.upsert.key == ("id",) and o.upsert.version == "v"
 
 
@@ -95,8 +97,13 @@ def test_recovery_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recovery, "list_prepared", lambda conn, sink: _prepared(*gids))
     tables = _FakeTables({1: (str(decided),)})
     plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", keep_nonce=NONCE_B, own=own)}  # type: ignore[arg-type]
-    assert plan == {str(decided): "commit", str(loser): "rollback", str(dead): "rollback",
-                    str(sibling): "keep", str(own_retry_old): "rollback"}
+    assert plan == {
+        str(decided): "commit",
+        str(loser): "rollback",
+        str(dead): "rollback",
+        str(sibling): "keep",
+        str(own_retry_old): "rollback",
+    }
     # the commit-side stray cleanup of batch 1 only looks at batches <= 1
     plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", upto_batch=1)}  # type: ignore[arg-type]
     assert plan == {str(decided): "commit", str(loser): "rollback"}

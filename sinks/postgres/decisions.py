@@ -224,7 +224,9 @@ class ProtocolTables:
         return [Decision(sink_id, int(r[0]), tuple(r[1]), int(r[2]), r[3], r[4], r[5]) for r in rows]
 
     def last_batch(self, conn: psycopg.Connection, sink_id: str) -> int | None:
-        row = conn.execute(sql.SQL("SELECT max(batch_id) FROM {} WHERE sink_id = %s").format(self.batches), (sink_id,)).fetchone()
+        row = conn.execute(
+            sql.SQL("SELECT max(batch_id) FROM {} WHERE sink_id = %s").format(self.batches), (sink_id,)
+        ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     def insert_decision(
@@ -232,13 +234,17 @@ class ProtocolTables:
     ) -> None:
         """Insert (inside the caller's transaction) the decision row; the primary key makes it unique."""
         conn.execute(
-            sql.SQL("INSERT INTO {} (sink_id, batch_id, gids, rows, owner) VALUES (%s, %s, %s, %s, %s)").format(self.batches),
+            sql.SQL("INSERT INTO {} (sink_id, batch_id, gids, rows, owner) VALUES (%s, %s, %s, %s, %s)").format(
+                self.batches
+            ),
             (sink_id, batch_id, sorted(gids), rows, owner),
         )
 
     def mark_published(self, conn: psycopg.Connection, sink_id: str, batch_id: int) -> None:
         conn.execute(
-            sql.SQL("UPDATE {} SET published_at = clock_timestamp() WHERE sink_id = %s AND batch_id = %s").format(self.batches),
+            sql.SQL("UPDATE {} SET published_at = clock_timestamp() WHERE sink_id = %s AND batch_id = %s").format(
+                self.batches
+            ),
             (sink_id, batch_id),
         )
 
@@ -247,7 +253,9 @@ class ProtocolTables:
     def insert_marker(self, conn: psycopg.Connection, gid: Gid, rows: int) -> None:
         """The marker row written inside the prepared transaction: committed iff the gid committed."""
         conn.execute(
-            sql.SQL("INSERT INTO {} (gid, sink_id, batch_id, partition_id, rows) VALUES (%s, %s, %s, %s, %s)").format(self.parts),
+            sql.SQL("INSERT INTO {} (gid, sink_id, batch_id, partition_id, rows) VALUES (%s, %s, %s, %s, %s)").format(
+                self.parts
+            ),
             (str(gid), gid.sink_id, gid.batch, gid.partition, rows),
         )
 
@@ -257,7 +265,9 @@ class ProtocolTables:
 
     def prune_markers(self, conn: psycopg.Connection, sink_id: str, below_batch: int) -> None:
         """Markers only prove commits of batches that may still be replayed; older ones can go."""
-        conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s AND batch_id < %s").format(self.parts), (sink_id, below_batch))
+        conn.execute(
+            sql.SQL("DELETE FROM {} WHERE sink_id = %s AND batch_id < %s").format(self.parts), (sink_id, below_batch)
+        )
 
     # -- owners (fencing) --------------------------------------------------------------------
 
@@ -268,7 +278,9 @@ class ProtocolTables:
         row = conn.execute(query, (sink_id,)).fetchone()
         return None if row is None else Owner(sink_id, row[0], row[1], row[2])
 
-    def check_owner(self, conn: psycopg.Connection, sink_id: str, identity: str, *, claim: bool, run_id: str | None = None) -> None:
+    def check_owner(
+        self, conn: psycopg.Connection, sink_id: str, identity: str, *, claim: bool, run_id: str | None = None
+    ) -> None:
         """Refuse a writer whose identity differs from the sink's owner; with ``claim``, become the owner.
 
         ``claim`` must run inside a transaction (the decision's): the row lock serialises claims.
@@ -287,7 +299,9 @@ class ProtocolTables:
             return
         if current is None:
             conn.execute(
-                sql.SQL("INSERT INTO {} (sink_id, identity, run_id) VALUES (%s, %s, %s) ON CONFLICT (sink_id) DO NOTHING").format(self.owners),
+                sql.SQL(
+                    "INSERT INTO {} (sink_id, identity, run_id) VALUES (%s, %s, %s) ON CONFLICT (sink_id) DO NOTHING"
+                ).format(self.owners),
                 (sink_id, identity, run_id),
             )
             again = self.owner(conn, sink_id, for_update=True)
@@ -295,7 +309,9 @@ class ProtocolTables:
                 self.check_owner(conn, sink_id, identity, claim=False)
         elif run_id and current.run_id != run_id:
             conn.execute(
-                sql.SQL("UPDATE {} SET run_id = %s, updated_at = clock_timestamp() WHERE sink_id = %s").format(self.owners),
+                sql.SQL("UPDATE {} SET run_id = %s, updated_at = clock_timestamp() WHERE sink_id = %s").format(
+                    self.owners
+                ),
                 (run_id, sink_id),
             )
 

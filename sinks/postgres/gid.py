@@ -116,7 +116,9 @@ class Gid:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"gid {name} must be a non-negative int, got {value!r}")
         if value_too_big(self.batch) or value_too_big(self.attempt) or self.partition >= 2**31:
-            raise ValueError(f"gid numbers out of range: batch={self.batch} partition={self.partition} attempt={self.attempt}")
+            raise ValueError(
+                f"gid numbers out of range: batch={self.batch} partition={self.partition} attempt={self.attempt}"
+            )
         if not _NONCE.match(self.nonce):
             raise ValueError(f"gid nonce must be {NONCE_LEN} lowercase hex digits, got {self.nonce!r}")
         if len(str(self).encode()) > MAX_GID_BYTES:  # cannot happen with the limits above; kept as a guard

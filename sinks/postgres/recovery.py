@@ -211,6 +211,10 @@ def warn_old_prepared(prepared: list[Prepared], sink_id: str, threshold_seconds:
         log.warning(
             "postgres-2pc %s: prepared transaction %s is %.0fs old (threshold %.0fs); prepared transactions hold "
             "locks and block VACUUM. If no query of this sink is running, run `spark-eos sinks recover --sink-id %s`",
-            sink_id, p.gid, p.age_seconds, threshold_seconds, sink_id,
+            sink_id,
+            p.gid,
+            p.age_seconds,
+            threshold_seconds,
+            sink_id,
         )
     return old

@@ -41,18 +41,31 @@ def sink_status(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, limit: 
         plan = resolve(conn, tables, sink_id, dry_run=True)
         return {
             "sink_id": sink_id,
-            "owner": None if owner is None else {"identity": owner.identity, "run_id": owner.run_id, "claimed_at": str(owner.claimed_at)},
+            "owner": None
+            if owner is None
+            else {"identity": owner.identity, "run_id": owner.run_id, "claimed_at": str(owner.claimed_at)},
             "last_batch": tables.last_batch(conn, sink_id),
             "max_prepared_transactions": max_prepared_transactions(conn),
             "decisions": [
-                {"batch": d.batch_id, "gids": len(d.gids), "rows": d.rows, "decided_at": str(d.decided_at),
-                 "published": d.published_at is not None}
+                {
+                    "batch": d.batch_id,
+                    "gids": len(d.gids),
+                    "rows": d.rows,
+                    "decided_at": str(d.decided_at),
+                    "published": d.published_at is not None,
+                }
                 for d in decisions
             ],
             "in_doubt": [
-                {"gid": a.gid, "batch": a.batch, "partition": a.partition, "age_seconds": round(a.age_seconds, 1),
-                 "prepared_at": str(prepared[a.gid].prepared_at) if a.gid in prepared else None,
-                 "recovery": a.action, "why": a.reason}
+                {
+                    "gid": a.gid,
+                    "batch": a.batch,
+                    "partition": a.partition,
+                    "age_seconds": round(a.age_seconds, 1),
+                    "prepared_at": str(prepared[a.gid].prepared_at) if a.gid in prepared else None,
+                    "recovery": a.action,
+                    "why": a.reason,
+                }
                 for a in plan
             ],
         }
@@ -84,13 +97,17 @@ def release(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA) -> int:
 
 def _print_status(info: dict[str, Any]) -> None:
     owner = info["owner"]
-    print(f"sink {info['sink_id']}: last decided batch {info['last_batch']}, "
-          f"owner {owner['identity'] + ' (run ' + str(owner['run_id']) + ')' if owner else '(none)'}, "
-          f"max_prepared_transactions {info['max_prepared_transactions']}")
+    print(
+        f"sink {info['sink_id']}: last decided batch {info['last_batch']}, "
+        f"owner {owner['identity'] + ' (run ' + str(owner['run_id']) + ')' if owner else '(none)'}, "
+        f"max_prepared_transactions {info['max_prepared_transactions']}"
+    )
     print("decided batches (newest first):")
     print(f"  {'batch':>8} {'gids':>5} {'rows':>10} {'published':>9}  decided at")
     for d in info["decisions"]:
-        print(f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10} {('yes' if d['published'] else 'NO'):>9}  {d['decided_at']}")
+        print(
+            f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10} {('yes' if d['published'] else 'NO'):>9}  {d['decided_at']}"
+        )
     if not info["in_doubt"]:
         print("in-doubt (prepared) transactions: none")
         return
@@ -121,10 +138,13 @@ def _cmd_recover(args: argparse.Namespace) -> int:
 
 def _cmd_release(args: argparse.Namespace) -> int:
     if not args.yes:
-        print(f"release forgets sink {args.sink_id!r}: its owner AND its decision log, so that a query with a NEW "
-              "checkpoint (whose batch numbers start again at 0) can use the id without its batches being skipped "
-              "as already written. Only when the old query is gone for good; a new sink.id is simpler. "
-              "Repeat with --yes to proceed.", file=sys.stderr)
+        print(
+            f"release forgets sink {args.sink_id!r}: its owner AND its decision log, so that a query with a NEW "
+            "checkpoint (whose batch numbers start again at 0) can use the id without its batches being skipped "
+            "as already written. Only when the old query is gone for good; a new sink.id is simpler. "
+            "Repeat with --yes to proceed.",
+            file=sys.stderr,
+        )
         return 2
     print(f"released: {release(args.dsn, args.sink_id, schema=args.eos_schema)} decision row(s) removed")
     return 0
@@ -153,7 +173,9 @@ def _add_commands(sub: Any) -> None:
 
 def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``sinks {status,recover,release}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
-    p: argparse.ArgumentParser = subparsers.add_parser("sinks", help="operate the two-phase Postgres sink (status, recover, release)")
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "sinks", help="operate the two-phase Postgres sink (status, recover, release)"
+    )
     _add_commands(p.add_subparsers(dest="sinks_command", required=True))
     return p
 

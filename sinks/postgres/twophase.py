@@ -88,18 +88,60 @@ TWOPC_OPTIONS = OptionSet(
     (
         *CONNECTION_OPTIONS,
         Option("table", "str", REQUIRED, "target table, optionally schema-qualified"),
-        Option("sink.id", "str", None, "name of this sink in the decision log and in every gid; REQUIRED for streaming; unique per query, stable across its restarts"),
-        Option("batch.id", "int", None, "batch writes (df.write): the caller's batch number; re-running the same batch id is a no-op", min=0),
-        Option("mode", "choice", "append", "append: insert the rows; upsert: version-guarded upsert by key (options of postgres-upsert)", choices=("append", "upsert")),
+        Option(
+            "sink.id",
+            "str",
+            None,
+            "name of this sink in the decision log and in every gid; REQUIRED for streaming; unique per query, stable across its restarts",
+        ),
+        Option(
+            "batch.id",
+            "int",
+            None,
+            "batch writes (df.write): the caller's batch number; re-running the same batch id is a no-op",
+            min=0,
+        ),
+        Option(
+            "mode",
+            "choice",
+            "append",
+            "append: insert the rows; upsert: version-guarded upsert by key (options of postgres-upsert)",
+            choices=("append", "upsert"),
+        ),
         Option("key", "list", (), "upsert mode: key columns (the table needs a unique/primary key on them)"),
         Option("version", "str", None, "upsert mode: version column; a row replaces only a lower version"),
         Option("delete.column", "str", None, "upsert mode: boolean column, true deletes the key"),
-        Option("delete.tombstones", "bool", False, "upsert mode: rows whose non-key columns are all null delete the key"),
+        Option(
+            "delete.tombstones", "bool", False, "upsert mode: rows whose non-key columns are all null delete the key"
+        ),
         Option("columns", "json", None, "JSON object renaming DataFrame columns to table columns"),
-        Option("table.create", "bool", False, "create the table from the DataFrame schema when missing (upsert: key as primary key)"),
-        Option("eos.schema", "str", DEFAULT_SCHEMA, "schema of the protocol tables (sink_batches, sink_parts, sink_owners, staging)"),
-        Option("prepared.warn.age", "duration", 300.0, "log a warning when a prepared transaction of the sink is older than this", min=0),
-        Option("commit.attempts", "int", 5, "tries of each COMMIT PREPARED on connection loss before CommitUnknown", min=1, max=100),
+        Option(
+            "table.create",
+            "bool",
+            False,
+            "create the table from the DataFrame schema when missing (upsert: key as primary key)",
+        ),
+        Option(
+            "eos.schema",
+            "str",
+            DEFAULT_SCHEMA,
+            "schema of the protocol tables (sink_batches, sink_parts, sink_owners, staging)",
+        ),
+        Option(
+            "prepared.warn.age",
+            "duration",
+            300.0,
+            "log a warning when a prepared transaction of the sink is older than this",
+            min=0,
+        ),
+        Option(
+            "commit.attempts",
+            "int",
+            5,
+            "tries of each COMMIT PREPARED on connection loss before CommitUnknown",
+            min=1,
+            max=100,
+        ),
         FAULTS_OPTION,
     ),
     ignored=("path", "checkpointLocation", "queryName"),  # Spark passes the writer's own options along
@@ -138,12 +180,29 @@ class TwoPhaseOptions:
         else:
             for opt, attr in (("key", "key"), ("version", "version"), ("delete.column", "delete_column")):
                 if values.get(attr):
-                    raise ConfigError(f"{FORMAT}: option '{opt}' only applies to mode=upsert (mode is append)", option=opt)
+                    raise ConfigError(
+                        f"{FORMAT}: option '{opt}' only applies to mode=upsert (mode is append)", option=opt
+                    )
         columns = values.get("columns") or {}
-        if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):
-            raise ConfigError(f"{FORMAT}: option 'columns' must be a JSON object of strings, got {columns!r}", option="columns")
-        conn_fields = {"dsn", "host", "port", "dbname", "user", "password", "connect_timeout", "statement_timeout",
-                       "retry_attempts", "retry_backoff", "retry_max_backoff"}
+        if not isinstance(columns, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in columns.items()
+        ):
+            raise ConfigError(
+                f"{FORMAT}: option 'columns' must be a JSON object of strings, got {columns!r}", option="columns"
+            )
+        conn_fields = {
+            "dsn",
+            "host",
+            "port",
+            "dbname",
+            "user",
+            "password",
+            "connect_timeout",
+            "statement_timeout",
+            "retry_attempts",
+            "retry_backoff",
+            "retry_max_backoff",
+        }
         return cls(
             connection=ConnectionOptions(**{k: v for k, v in values.items() if k in conn_fields}),
             table=parse_table_name(values["table"]),
@@ -328,18 +387,29 @@ class _TwoPhaseWriter:
         def ctl_connect() -> psycopg.Connection:
             return connect(copts, autocommit=True, application_name=f"spark-eos {FORMAT} task")
 
-        ctl = retrying(ctl_connect, attempts=copts.retry_attempts, base_delay=copts.retry_backoff,
-                       max_delay=copts.retry_max_backoff, what=f"{FORMAT} connect")
+        ctl = retrying(
+            ctl_connect,
+            attempts=copts.retry_attempts,
+            base_delay=copts.retry_backoff,
+            max_delay=copts.retry_max_backoff,
+            what=f"{FORMAT} connect",
+        )
         try:
             tables.check_owner(ctl, sink_id, identity, claim=False)
             if tables.decision(ctl, sink_id, batch_id) is not None:
-                log.info("%s %s: batch %d already decided; partition %d writes nothing", FORMAT, sink_id, batch_id, partition)
+                log.info(
+                    "%s %s: batch %d already decided; partition %d writes nothing", FORMAT, sink_id, batch_id, partition
+                )
                 return TwoPhaseMessage(sink_id, batch_id, partition, attempt_no, None, 0, True, identity, run_id)
             # Recovery before the first write: stale prepared gids hold locks (and slots) that this
             # write could wait on forever. Streaming queries own every batch of the sink; batch jobs
             # with their own batch ids only touch their batch (another job may be mid-flight).
             resolve(
-                ctl, tables, sink_id, keep_nonce=self.nonce, own=gid,
+                ctl,
+                tables,
+                sink_id,
+                keep_nonce=self.nonce,
+                own=gid,
                 only_batch=None if identity != BATCH_IDENTITY else batch_id,
             )
             batches, rows = self._stage_batches(iterator)
@@ -349,8 +419,13 @@ class _TwoPhaseWriter:
             def once() -> None:
                 self._prepare(tables, gid, batches, rows, fctx)
 
-            retrying(once, attempts=copts.retry_attempts, base_delay=copts.retry_backoff,
-                     max_delay=copts.retry_max_backoff, what=f"{FORMAT} {gid}")
+            retrying(
+                once,
+                attempts=copts.retry_attempts,
+                base_delay=copts.retry_backoff,
+                max_delay=copts.retry_max_backoff,
+                what=f"{FORMAT} {gid}",
+            )
         finally:
             close_quietly(ctl)
         faults.point("sink.after_prepare", spec=self.opts.faults, **fctx)
@@ -370,7 +445,12 @@ class _TwoPhaseWriter:
         return out, rows
 
     def _prepare(
-        self, tables: ProtocolTables, gid: Gid, batches: list[pa.RecordBatch], rows: int, fctx: Mapping[str, Any],
+        self,
+        tables: ProtocolTables,
+        gid: Gid,
+        batches: list[pa.RecordBatch],
+        rows: int,
+        fctx: Mapping[str, Any],
     ) -> None:
         text = str(gid)
         conn = connect(self.opts.connection, application_name=f"spark-eos {FORMAT} task")
@@ -379,8 +459,10 @@ class _TwoPhaseWriter:
                 conn.rollback()
                 return  # an earlier try prepared it and only the reply was lost
             with conn.cursor() as cur:
-                cur.execute("SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
-                            (text, str(gid.partition)))
+                cur.execute(
+                    "SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
+                    (text, str(gid.partition)),
+                )
                 copy_arrow(cur, self.plan.stage.sql, self.plan.stage_columns, batches)
                 tables.insert_marker(conn, gid, rows)
             faults.point("sink.after_write", spec=self.opts.faults, **fctx)
@@ -431,7 +513,9 @@ class Committer:
         sink_id = self.plan.sink_id
         msgs = [m for m in messages if isinstance(m, TwoPhaseMessage)]
         if len(msgs) != len(messages):
-            raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: commit() got messages of another sink or None: {messages!r}")
+            raise FatalError(
+                f"{FORMAT} {sink_id}: batch {batch_id}: commit() got messages of another sink or None: {messages!r}"
+            )
         wrong = [m for m in msgs if m.batch_id != batch_id or m.sink_id != sink_id]
         if wrong:
             raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: messages of another batch/sink: {wrong!r}")
@@ -445,8 +529,13 @@ class Committer:
         run_id = next((m.run_id for m in msgs if m.run_id), None)
         fctx = {"batch": batch_id}
         faults.point("sink.commit.before_decision", spec=self.opts.faults, **fctx)
-        conn = retrying(self._connect, attempts=self.opts.connection.retry_attempts, base_delay=self.opts.connection.retry_backoff,
-                        max_delay=self.opts.connection.retry_max_backoff, what=f"{FORMAT} commit connect")
+        conn = retrying(
+            self._connect,
+            attempts=self.opts.connection.retry_attempts,
+            base_delay=self.opts.connection.retry_backoff,
+            max_delay=self.opts.connection.retry_max_backoff,
+            what=f"{FORMAT} commit connect",
+        )
         try:
             with sink_lock(conn, sink_id):
                 decision = self.tables.decision(conn, sink_id, batch_id)
@@ -477,7 +566,9 @@ class Committer:
             self.timings["decide"] = time.perf_counter() - t0
             faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
             for k, gid in enumerate(decided, 1):
-                _, conn2 = commit_prepared(self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn)
+                _, conn2 = commit_prepared(
+                    self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
+                )
                 conn = conn2 if conn2 is not None else conn
                 faults.point("sink.commit.after_k", spec=self.opts.faults, k=k, **fctx)
             self.timings["commit_prepared"] = time.perf_counter() - t0
@@ -486,7 +577,9 @@ class Committer:
             # Strays: attempts that lost (task retries, zombies, crashed runs) of this batch and,
             # for a streaming query that owns every batch of the sink, of older batches.
             resolve(
-                conn, self.tables, sink_id,
+                conn,
+                self.tables,
+                sink_id,
                 only_batch=None if owns_all else batch_id,
                 upto_batch=batch_id if owns_all else None,
             )
@@ -497,7 +590,14 @@ class Committer:
             close_quietly(conn)
         self.timings["total"] = time.perf_counter() - t0
         _record_timings(sink_id, batch_id, len(decided), self.timings)
-        log.info("%s %s: batch %d committed (%d gids) in %.3fs", FORMAT, sink_id, batch_id, len(decided), self.timings["total"])
+        log.info(
+            "%s %s: batch %d committed (%d gids) in %.3fs",
+            FORMAT,
+            sink_id,
+            batch_id,
+            len(decided),
+            self.timings["total"],
+        )
         faults.point("sink.after_commit", spec=self.opts.faults, **fctx)
 
     def _publish(self, conn: psycopg.Connection, batch_id: int, gids: tuple[str, ...]) -> psycopg.Connection:
@@ -510,7 +610,9 @@ class Committer:
                 conn = self._connect()
             with conn.transaction():
                 row = conn.execute(
-                    sql.SQL("SELECT published_at FROM {} WHERE sink_id = %s AND batch_id = %s FOR UPDATE").format(self.tables.batches),
+                    sql.SQL("SELECT published_at FROM {} WHERE sink_id = %s AND batch_id = %s FOR UPDATE").format(
+                        self.tables.batches
+                    ),
                     (plan.sink_id, batch_id),
                 ).fetchone()
                 if row is None:
@@ -535,17 +637,29 @@ class Committer:
                     else:
                         targets = ", ".join(quote_ident(c.target) for c in plan.columns)
                         exprs = ", ".join(
-                            f"CAST({quote_ident(c.name)} AS {c.cast})" if c.cast else quote_ident(c.name) for c in plan.columns
+                            f"CAST({quote_ident(c.name)} AS {c.cast})" if c.cast else quote_ident(c.name)
+                            for c in plan.columns
                         )
                         cur.execute(
-                            sql.SQL(f"INSERT INTO {plan.target.sql} ({targets}) SELECT {exprs} FROM {plan.stage.sql} "  # type: ignore[arg-type]
-                                    f"WHERE {_TAG_GID} = ANY(") + gid_list + sql.SQL(")")
+                            sql.SQL(
+                                f"INSERT INTO {plan.target.sql} ({targets}) SELECT {exprs} FROM {plan.stage.sql} "  # type: ignore[arg-type]
+                                f"WHERE {_TAG_GID} = ANY("
+                            )
+                            + gid_list
+                            + sql.SQL(")")
                         )
-                    cur.execute(sql.SQL(f"DELETE FROM {plan.stage.sql} WHERE {_TAG_GID} = ANY(") + gid_list + sql.SQL(")"))  # type: ignore[arg-type]
+                    cur.execute(
+                        sql.SQL(f"DELETE FROM {plan.stage.sql} WHERE {_TAG_GID} = ANY(") + gid_list + sql.SQL(")")
+                    )  # type: ignore[arg-type]
                 self.tables.mark_published(conn, plan.sink_id, batch_id)
 
-        retrying(once, attempts=self.opts.connection.retry_attempts, base_delay=self.opts.connection.retry_backoff,
-                 max_delay=self.opts.connection.retry_max_backoff, what=f"{FORMAT} publish batch {batch_id}")
+        retrying(
+            once,
+            attempts=self.opts.connection.retry_attempts,
+            base_delay=self.opts.connection.retry_backoff,
+            max_delay=self.opts.connection.retry_max_backoff,
+            what=f"{FORMAT} publish batch {batch_id}",
+        )
         return conn
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
@@ -560,7 +674,10 @@ class Committer:
             if decision is not None:
                 log.warning(
                     "%s %s: abort of batch %d after its decision: keeping its gids; the replay of the batch on "
-                    "restart (or `spark-eos sinks recover`) commits them", FORMAT, sink_id, batch_id,
+                    "restart (or `spark-eos sinks recover`) commits them",
+                    FORMAT,
+                    sink_id,
+                    batch_id,
                 )
                 return
             # Messages of failed tasks are None: roll back by batch, not only the listed gids.
@@ -647,7 +764,9 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
     """
     raw = {_dotted(k): _option_text(v) for k, v in options.items()}
     if "batch.id" in {k.lower() for k in raw}:
-        raise ConfigError(f"{FORMAT}: twopc_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id")
+        raise ConfigError(
+            f"{FORMAT}: twopc_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"
+        )
     opts = TwoPhaseOptions.from_options(raw)
     if opts.sink_id is None:
         raise ConfigError(f"{FORMAT}: twopc_batch needs option 'sink.id' (unique per query)", option="sink.id")
@@ -666,9 +785,15 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
     return write_batch
 
 
-_DOTTED = {"sink_id": "sink.id", "table_create": "table.create", "eos_schema": "eos.schema",
-           "delete_column": "delete.column", "delete_tombstones": "delete.tombstones",
-           "prepared_warn_age": "prepared.warn.age", "commit_attempts": "commit.attempts"}
+_DOTTED = {
+    "sink_id": "sink.id",
+    "table_create": "table.create",
+    "eos_schema": "eos.schema",
+    "delete_column": "delete.column",
+    "delete_tombstones": "delete.tombstones",
+    "prepared_warn_age": "prepared.warn.age",
+    "commit_attempts": "commit.attempts",
+}
 
 
 def _dotted(key: str) -> str:
