@@ -194,6 +194,17 @@ def test_batch_read_offsets_timestamps_and_headers(spark: Any, kafka_service: An
                                              endingOffsets=json.dumps({topic: {"0": 5, "1": -1}}))).load()
     assert rows_of(by_offsets) == [t for t in truth if (t[0] == 0 and 2 <= t[1] < 5) or t[0] == 1]
 
+    split = spark.read.format("kafka-eos").options(**base_options(
+        kafka_service.bootstrap, subscribe=topic, minPartitions="5", maxRecordsPerPartition="4")).load()
+    assert split.rdd.getNumPartitions() >= 6  # 2 x 11 records cut into ranges of at most 4
+    assert rows_of(split) == truth
+
+    from sources.kafka import install_kafka_alias
+
+    assert install_kafka_alias(spark) is True  # no JVM Kafka connector in this environment
+    aliased = spark.read.format("kafka").options(**base_options(kafka_service.bootstrap, subscribe=topic)).load()
+    assert rows_of(aliased) == truth
+
     with pytest.raises(Exception, match="did you mean 'startingOffsets'"):
         spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, startingOffset="0")).load().collect()
 
@@ -264,6 +275,15 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
     state = json.loads(Path(tmp_checkpoint, "offsets", str(last)).read_text().splitlines()[-1])
     assert state == {topic: {str(p): max(o for pp, o, _ in truth if pp == p) + 1 for p in range(3)}}
+
+    # maxBytesPerTrigger: records of ~3 bytes (+ the 7-byte end markers), at most ~40 bytes a batch
+    cp = os.path.join(tmp_checkpoint, "bytes")
+    q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest",
+                                              maxBytesPerTrigger="40"), cp, "bytes")
+    assert q.exception() is None
+    sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert len(sizes) >= 4 and max(sizes) <= 20, sizes
+    assert memory_rows(spark, "bytes", cp) == truth
 
 
 def test_transaction_gaps_under_both_isolation_levels(
