@@ -1,0 +1,349 @@
+"""Kafka and Postgres in containers (testcontainers, host network, 127.0.0.1), with container faults."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from connectors.errors import ServiceError
+from connectors.services import docker as engines
+from connectors.services.base import KafkaService, PostgresService
+
+__all__ = [
+    "UPSTREAM_KAFKA",
+    "UPSTREAM_POSTGRES",
+    "ContainerKafka",
+    "ContainerPostgres",
+    "engine_available",
+    "image_mode",
+    "kafka_container",
+    "postgres_container",
+]
+
+log = logging.getLogger(__name__)
+
+# Upstream images for a machine whose Docker can pull (the pinned tags live in services/images.py
+# when that module names them; these are the fallbacks).
+UPSTREAM_KAFKA = "apache/kafka:3.9.1"
+UPSTREAM_POSTGRES = "postgres:16.9"
+with contextlib.suppress(ImportError):
+    from connectors.services import images as _images  # type: ignore[attr-defined]
+
+    UPSTREAM_KAFKA = getattr(_images, "KAFKA_IMAGE", UPSTREAM_KAFKA)
+    UPSTREAM_POSTGRES = getattr(_images, "POSTGRES_IMAGE", UPSTREAM_POSTGRES)
+
+READY_TIMEOUT = 120.0
+LOOPBACK = "127.0.0.1"
+
+
+def engine_available() -> bool:
+    """True when containers can run: the user's engine answers, or EOS_START_DOCKERD=1 started one.
+
+    With EOS_START_DOCKERD=1 a failure to start the engine raises ServiceError (asked for, so never
+    silently replaced by embedded services)."""
+    return engines.get_engine() is not None
+
+
+def _engine() -> engines.Engine:
+    engine = engines.get_engine()
+    if engine is None:
+        raise ServiceError("no Docker engine answers: start Docker (or set DOCKER_HOST), or set EOS_START_DOCKERD=1 as root")
+    return engine
+
+
+def image_mode(engine: engines.Engine | None = None) -> str:
+    """``local`` (spark-eos/* images built here) or ``upstream`` (apache/kafka, postgres).
+
+    ``EOS_DOCKER_IMAGES`` chooses; by default an engine spark-eos started itself (no registry
+    here) uses local images and a user's engine uses upstream ones."""
+    mode = os.environ.get("EOS_DOCKER_IMAGES", "").strip().lower()
+    if mode in ("local", "upstream"):
+        return mode
+    if mode:
+        raise ServiceError(f"EOS_DOCKER_IMAGES={mode!r} is not valid: use 'local' or 'upstream'")
+    engine = engine or _engine()
+    return "local" if engine.owned else "upstream"
+
+
+def _free_port() -> int:
+    # Host network: the server binds the port itself, so pick one that is free on 127.0.0.1 now.
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+class _Container:
+    """One container of ours: created through testcontainers on the host network, never a bridge."""
+
+    kind: Any = "container"
+    last_exit_code: int | None = None
+    role = "service"
+
+    def __init__(self, engine: engines.Engine, image: str, *, command: list[str] | None, env: dict[str, str],
+                 volumes: tuple[tuple[str, str], ...] = ()) -> None:
+        # testcontainers' reaper (ryuk) cannot be pulled here; we remove our containers ourselves.
+        os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+        from testcontainers.core.config import testcontainers_config
+        from testcontainers.core.container import DockerContainer
+
+        testcontainers_config.ryuk_disabled = True
+        self.engine = engine
+        self.image = image
+        name = f"eos-{self.role}-{engine.session}-{os.urandom(2).hex()}"
+        tc = DockerContainer(image, docker_client_kw={"environment": engine.env()}, env=env)
+        if command:
+            tc = tc.with_command(command)
+        for host, target in volumes:
+            tc = tc.with_volume_mapping(host, target, "rw")
+        self._tc = tc.with_name(name).with_kwargs(network_mode="host", labels={engines.LABEL: engine.session})
+        self.name = name
+        self._started = False
+
+    def _create(self) -> None:
+        try:
+            self._tc.start()
+        except Exception as exc:
+            self._remove()
+            raise ServiceError(f"could not start container {self.name} from {self.image}: {exc}", image=self.image) from exc
+        self._started = True
+        mode = self.network_mode()
+        if mode != "host":  # the default bridge is off-limits: refuse anything but the host network
+            self._remove()
+            raise ServiceError(f"container {self.name} got network mode {mode!r}, expected 'host'")
+
+    @property
+    def container(self) -> Any:
+        return self._tc.get_wrapped_container()
+
+    @property
+    def container_id(self) -> str:
+        return str(self.container.id)
+
+    def inspect(self) -> dict[str, Any]:
+        return dict(self.engine.client().api.inspect_container(self.name))
+
+    def network_mode(self) -> str:
+        return str(self.inspect()["HostConfig"]["NetworkMode"])
+
+    def status(self) -> str:
+        return str(self.inspect()["State"]["Status"])
+
+    def logs(self, tail: int = 60) -> str:
+        with contextlib.suppress(Exception):
+            return self.container.logs(tail=tail).decode(errors="replace")  # type: ignore[no-any-return]
+        return ""
+
+    def kill(self, sig: str = "SIGKILL") -> int:
+        """Send ``sig`` to the container's PID 1 (the server itself) and wait until it has exited."""
+        self.container.kill(signal=sig)
+        deadline = time.monotonic() + 30
+        while self.status() not in ("exited", "dead"):
+            if time.monotonic() > deadline:
+                raise ServiceError(f"container {self.name} still {self.status()} 30s after {sig}")
+            time.sleep(0.1)
+        self.last_exit_code = int(self.inspect()["State"]["ExitCode"])
+        return self.last_exit_code
+
+    def pause(self) -> None:
+        """Freeze every process of the container (cgroup freezer): sockets stay open, nothing answers."""
+        self.container.pause()
+
+    def unpause(self) -> None:
+        self.container.unpause()
+
+    def _start_again(self) -> None:
+        self.container.start()
+
+    def _remove(self) -> None:
+        with contextlib.suppress(Exception):
+            self.engine.client().containers.get(self.name).remove(force=True, v=True)
+
+    def stop(self) -> None:
+        """Remove the container (and what it owns on the host). Safe to call twice."""
+        self._remove()
+        self._started = False
+
+    def addresses(self) -> list[str]:
+        """Every address this service hands out (to check that traffic stays on loopback)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ContainerKafka(_Container, KafkaService):
+    """A Kafka broker in a container: tansu (spark-eos/kafka) or apache/kafka KRaft (upstream)."""
+
+    role = "kafka"
+
+    def __init__(self, engine: engines.Engine | None = None, *, mode: str | None = None) -> None:
+        engine = engine or _engine()
+        self.mode = mode or image_mode(engine)
+        self.port = _free_port()
+        self.bootstrap = f"{LOOPBACK}:{self.port}"
+        self.is_tansu = self.mode == "local"
+        url = f"tcp://{LOOPBACK}:{self.port}"
+        if self.mode == "local":
+            image = engines.ensure_image(engine, engines.kafka_recipe())
+            command = ["broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+            env: dict[str, str] = {}
+        else:
+            image = UPSTREAM_KAFKA
+            ctl = _free_port()
+            command = None
+            env = {
+                "KAFKA_NODE_ID": "1",
+                "KAFKA_PROCESS_ROLES": "broker,controller",
+                "KAFKA_LISTENERS": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{ctl}",
+                "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+                "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+                "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                "KAFKA_CONTROLLER_QUORUM_VOTERS": f"1@{LOOPBACK}:{ctl}",
+                "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+                "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+                "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+                "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+            }
+            self.controller_port = ctl
+        super().__init__(engine, image, command=command, env=env)
+        t0 = time.monotonic()
+        self._create()
+        self._wait_ready()
+        self.start_seconds = time.monotonic() - t0
+
+    def addresses(self) -> list[str]:
+        return [self.bootstrap]
+
+    def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 2000})
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                md = admin.list_topics(timeout=2)
+                if md.brokers:
+                    return
+            except Exception as exc:  # KafkaException while the broker boots: retried until the deadline
+                last = exc
+            else:
+                last = RuntimeError("no brokers in metadata")
+            if self.status() in ("exited", "dead"):
+                raise ServiceError(f"Kafka container {self.name} exited while starting: {self.logs()}")
+            if time.monotonic() > deadline:
+                raise ServiceError(f"Kafka container {self.name} did not answer on {self.bootstrap} within {timeout:.0f}s: {last}; logs: {self.logs()}")
+            time.sleep(0.3)
+
+    def start(self) -> None:
+        """Start the (killed) container again on the same port. tansu keeps topics in memory: a
+        restarted tansu has none of the records it had before."""
+        self._start_again()
+        self._wait_ready()
+
+    def restart(self) -> None:
+        self.kill("SIGTERM")
+        self.start()
+
+
+class ContainerPostgres(_Container, PostgresService):
+    """PostgreSQL in a container with its data directory on a host bind mount, so a SIGKILLed server
+    starts again on the same data (prepared transactions and all)."""
+
+    role = "postgres"
+
+    def __init__(self, engine: engines.Engine | None = None, *, mode: str | None = None,
+                 settings: dict[str, str] | None = None) -> None:
+        engine = engine or _engine()
+        self.mode = mode or image_mode(engine)
+        self.port = _free_port()
+        # trust authentication, and only on 127.0.0.1 inside the host's network namespace
+        self.dsn = f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres"
+        self.volume = tempfile.mkdtemp(prefix="eos-pg-volume-")
+        os.chmod(self.volume, 0o755)
+        extra: list[str] = []
+        for k, v in (settings or {}).items():
+            extra += ["-c", f"{k}={v}"]
+        if self.mode == "local":
+            image = engines.ensure_image(engine, engines.postgres_recipe())
+            target = "/var/lib/eos-postgres"
+            env = {"PG_PORT": str(self.port), "PGDATA": f"{target}/data"}
+            command = extra or None
+        else:
+            image = UPSTREAM_POSTGRES
+            target = "/var/lib/postgresql/data"
+            env = {"POSTGRES_HOST_AUTH_METHOD": "trust", "PGDATA": f"{target}/pgdata"}
+            command = ["postgres", "-p", str(self.port), "-c", f"listen_addresses={LOOPBACK}",
+                       "-c", "max_prepared_transactions=64", *extra]
+        super().__init__(engine, image, command=command, env=env, volumes=((self.volume, target),))
+        t0 = time.monotonic()
+        try:
+            self._create()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+
+    def addresses(self) -> list[str]:
+        return [f"{LOOPBACK}:{self.port}"]
+
+    def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.dsn, connect_timeout=2, autocommit=True) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:  # refused/starting up/in recovery: retried
+                last = exc
+            if self.status() in ("exited", "dead"):
+                raise ServiceError(f"Postgres container {self.name} exited while starting: {self.logs()}")
+            if time.monotonic() > deadline:
+                raise ServiceError(f"Postgres container {self.name} not ready on {self.dsn} within {timeout:.0f}s: {last}; logs: {self.logs()}")
+            time.sleep(0.2)
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster (the container's PID 1): no shutdown checkpoint, like a power cut
+        of the server process. ``last_exit_code`` then holds the container's exit code (137)."""
+        self.kill("SIGKILL")
+
+    def start(self) -> None:
+        """Start the container again on the same data volume and wait until it accepts queries."""
+        self._start_again()
+        self._wait_ready()
+
+    def restart(self) -> None:
+        """Clean stop (SIGINT: fast shutdown) and start on the same data."""
+        self.container.stop(timeout=30)
+        self.start()
+
+    def stop(self) -> None:
+        super().stop()
+        if self.volume and os.path.isdir(self.volume):
+            shutil.rmtree(self.volume, ignore_errors=True)
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.volume)
+
+
+def kafka_container() -> ContainerKafka:
+    """A started Kafka container (``kind == "container"``); ``stop()`` removes it."""
+    return ContainerKafka()
+
+
+def postgres_container() -> ContainerPostgres:
+    """A started Postgres container with a data volume (``crash``/``start``/``restart``/``stop``)."""
+    return ContainerPostgres()
