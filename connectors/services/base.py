@@ -1,0 +1,113 @@
+"""The service interface: a Kafka bootstrap address and a Postgres DSN, whoever provides them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from connectors.errors import ServiceError
+
+__all__ = ["KafkaService", "Kind", "PostgresService", "redact_dsn"]
+
+Kind = Literal["env", "container", "embedded"]
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with any password replaced by ``***`` (URL or key=value form); safe to print or log."""
+    import psycopg.conninfo
+
+    if "://" in dsn:
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostinfo}"
+        query = parts.query
+        if query:
+            pairs = []
+            for item in query.split("&"):
+                key, eq, _value = item.partition("=")
+                pairs.append(f"{key}=***" if key.lower() == "password" and eq else item)
+            query = "&".join(pairs)
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except Exception:
+        return "<unparsable DSN>"  # never echo what we could not parse: it may hold a password
+    if "password" in params:
+        params["password"] = "***"
+    return psycopg.conninfo.make_conninfo("", **params)
+
+
+class KafkaService:
+    """A reachable Kafka(-protocol) broker: ``bootstrap`` is ``host:port``.
+
+    ``is_tansu`` tells tests where broker behaviour differs from Apache Kafka (high watermark = base
+    offset of the last record batch + 1; aborted transactional records are never stored).
+    """
+
+    bootstrap: str
+    kind: Kind
+    is_tansu: bool
+
+    def stop(self) -> None:
+        """Stop the broker if this object started it; a no-op for a broker named by the user."""
+
+    def __enter__(self) -> KafkaService:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(bootstrap={self.bootstrap!r}, kind={self.kind!r}, is_tansu={self.is_tansu})"
+
+
+class PostgresService:
+    """A reachable PostgreSQL with ``max_prepared_transactions`` > 0; ``dsn`` logs in as a superuser.
+
+    ``crash()``/``start()``/``restart()`` exist only where spark-eos runs the server (embedded or a
+    container); for a server named by the user they raise ServiceError.
+    """
+
+    dsn: str
+    kind: Kind
+    port: int
+    host: str = "127.0.0.1"
+
+    @property
+    def dsn_redacted(self) -> str:
+        return redact_dsn(self.dsn)
+
+    def stop(self) -> None:
+        """Stop the server cleanly if this object started it; a no-op for a server named by the user."""
+
+    def crash(self) -> None:
+        """Stop the server like a power cut (``pg_ctl stop -m immediate``): no checkpoint, WAL replay on start."""
+        raise ServiceError(self._not_ours("crash"))
+
+    def start(self) -> None:
+        """Start the server again on the same data directory and port, and wait until it accepts connections."""
+        raise ServiceError(self._not_ours("start"))
+
+    def restart(self) -> None:
+        """A clean stop followed by ``start()``."""
+        raise ServiceError(self._not_ours("restart"))
+
+    def _not_ours(self, what: str) -> str:
+        return (
+            f"cannot {what} the Postgres at {self.dsn_redacted}: it is {self.kind!r}, not run by spark-eos. "
+            "Unset EOS_POSTGRES_DSN (or set EOS_SERVICES=embedded) to let spark-eos run its own."
+        )
+
+    def __enter__(self) -> PostgresService:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dsn={self.dsn_redacted!r}, kind={self.kind!r}, port={self.port})"

@@ -1,0 +1,282 @@
+"""Embedded Postgres: a throwaway cluster from the system binaries (initdb + postgres) in a temp dir."""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from connectors.errors import ServiceError
+from connectors.services import _proc
+from connectors.services.base import PostgresService
+
+__all__ = ["PG_BIN_GLOBS", "EmbeddedPostgres", "pg_bin_dir", "postgres_ready"]
+
+START_TIMEOUT = 60.0
+_TOOLS = ("initdb", "pg_ctl", "postgres")
+# Where distributions put the server binaries when they are not on PATH (Debian, RHEL/PGDG, Homebrew).
+PG_BIN_GLOBS = ["/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/opt/homebrew/opt/postgresql@*/bin",
+                "/usr/local/opt/postgresql@*/bin"]
+_PORT_ATTEMPTS = 3
+
+
+def _has_tools(d: Path) -> bool:
+    return all(os.access(d / t, os.X_OK) for t in _TOOLS)
+
+
+def pg_bin_dir(explicit: str | None = None) -> Path:
+    """The directory holding initdb, pg_ctl and postgres: ``explicit``, ``EOS_PG_BIN``, PATH, then known places."""
+    named = explicit or os.environ.get("EOS_PG_BIN")
+    if named:
+        if _has_tools(Path(named)):
+            return Path(named)
+        source = "bin_dir" if explicit else "EOS_PG_BIN"
+        raise ServiceError(
+            f"{source}={named!r} does not hold the PostgreSQL server binaries {', '.join(_TOOLS)}; point it at "
+            "their directory (e.g. /usr/lib/postgresql/15/bin).",
+            bin_dir=named,
+        )
+    on_path = shutil.which("initdb")
+    if on_path:
+        d = Path(on_path).resolve().parent
+        if _has_tools(d):
+            return d
+        d = Path(on_path).parent
+        if _has_tools(d):
+            return d
+    found = sorted((Path(p) for g in PG_BIN_GLOBS for p in glob.glob(g)), key=_version_key, reverse=True)
+    for d in found:
+        if _has_tools(d):
+            return d
+    raise ServiceError(
+        f"the embedded Postgres needs the PostgreSQL server binaries ({', '.join(_TOOLS)}) and found none on PATH "
+        f"or in {', '.join(PG_BIN_GLOBS)}. Install them (e.g. 'apt-get install postgresql-15'), set EOS_PG_BIN to "
+        "their directory, or set EOS_POSTGRES_DSN to a running server with max_prepared_transactions > 0."
+    )
+
+
+def _version_key(p: Path) -> tuple[int, ...]:
+    digits = "".join(c if c.isdigit() else " " for c in str(p)).split()
+    return tuple(int(x) for x in digits)
+
+
+def postgres_ready(dsn: str, timeout: float) -> tuple[bool, str]:
+    """(ready, last error) after trying ``SELECT 1`` for up to ``timeout`` seconds."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            return True, ""
+        except psycopg.Error as e:
+            last = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if time.monotonic() >= deadline:
+            return False, last
+        time.sleep(0.1)
+
+
+class EmbeddedPostgres(PostgresService):
+    """A PostgreSQL cluster in a temp dir on 127.0.0.1, run as an unprivileged user when we are root.
+
+    fsync stays on (crash tests rely on the WAL), ``max_prepared_transactions`` defaults to 64. The
+    superuser ``eos`` logs in with a random password (scram-sha-256). ``crash()`` is
+    ``pg_ctl stop -m immediate``; ``start()`` recovers on the same directory and port; ``stop()``
+    stops cleanly and deletes the directory unless ``keep=True``.
+    """
+
+    kind = "embedded"
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        bin_dir: str | None = None,
+        max_prepared_transactions: int = 64,
+        max_connections: int = 200,
+        start_timeout: float = START_TIMEOUT,
+        base_dir: str | None = None,
+        detached: bool = False,
+        keep: bool = False,
+        user: str = "eos",
+    ) -> None:
+        self.bin_dir = pg_bin_dir(bin_dir)
+        if port is not None and _proc.port_in_use(port):
+            raise ServiceError(
+                f"cannot start the embedded Postgres on 127.0.0.1:{port}: the port is in use. "
+                "Stop what holds it, pick another port, or leave the port unset to get a free one.",
+                port=port,
+            )
+        self.run_as = _proc.run_as_for_root()
+        self.user = user
+        self.password = secrets.token_urlsafe(18)
+        self.max_prepared_transactions = max_prepared_transactions
+        self.max_connections = max_connections
+        self.start_timeout = start_timeout
+        self._detached = detached
+        self._keep = keep
+        self.proc = None
+        self.pid = 0
+        self.port = port or 0
+        started = time.monotonic()
+        self.base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="eos-pg-"))
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.data_dir = self.base / "data"
+        self.log_path = self.base / "postgres.log"
+        if not detached:
+            _proc.register_cleanup(id(self), self.stop)
+        try:
+            self._initdb()
+            for attempt in range(1 if port is not None else _PORT_ATTEMPTS):
+                self.port = port if port is not None else _proc.free_port()
+                if self._launch(last_attempt=port is not None or attempt == _PORT_ATTEMPTS - 1):
+                    break
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - started
+
+    # ---- the DSN -------------------------------------------------------------------------------
+    @property
+    def dsn(self) -> str:  # type: ignore[override]
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def _tool(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def _initdb(self) -> None:
+        owner = self.run_as
+        pwfile = self.base / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        os.chmod(pwfile, 0o600)
+        os.chmod(self.base, 0o700)
+        if owner is not None:
+            for p in (self.base, pwfile):
+                os.chown(p, owner.uid, owner.gid)
+        try:
+            # --no-sync: the files initdb writes only need to survive a process crash, which the page
+            # cache guarantees; the server itself runs with fsync=on.
+            _proc.run([self._tool("initdb"), "-D", str(self.data_dir), "-U", self.user, f"--pwfile={pwfile}",
+                       "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync"], run_as=owner)
+        except ServiceError as e:
+            who = f" (as user {owner.user}: every directory above {self.base} must be reachable by it)" if owner else ""
+            raise ServiceError(f"initdb failed{who}: {e}") from e
+        finally:
+            pwfile.unlink(missing_ok=True)
+        settings = {
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": f"'{self.base}'",
+            "fsync": "on",
+            "synchronous_commit": "on",
+            "full_page_writes": "on",
+            "max_prepared_transactions": str(self.max_prepared_transactions),
+            "max_connections": str(self.max_connections),
+            "shared_buffers": "32MB",
+            "logging_collector": "off",
+            "log_min_messages": "warning",
+            "log_line_prefix": "'%m [%p] '",
+        }
+        with open(self.data_dir / "postgresql.conf", "a") as conf:
+            conf.write("\n# spark-eos embedded cluster\n")
+            conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+
+    def _launch(self, *, last_attempt: bool) -> bool:
+        log = open(self.log_path, "ab")  # the child inherits the descriptor
+        try:
+            self.proc = _proc.spawn([self._tool("postgres"), "-D", str(self.data_dir), "-p", str(self.port)],
+                                    log=log, run_as=self.run_as, tie_to_parent=not self._detached)
+        finally:
+            log.close()
+        self.pid = self.proc.pid
+        ok, last = self._wait_ready(self.start_timeout)
+        if ok:
+            return True
+        exited = self.proc.poll() is not None
+        self._kill()
+        logs = _proc.tail(self.log_path)
+        if exited and "in use" in logs.lower() and not last_attempt:
+            return False  # another process took the free port between our probe and the bind
+        what = "exited during start" if exited else f"did not accept connections within {self.start_timeout:.0f}s"
+        raise ServiceError(
+            f"embedded Postgres on 127.0.0.1:{self.port} {what}; last error: {last or '-'}; "
+            f"log {self.log_path}:\n{logs}",
+            port=self.port,
+        )
+
+    def _wait_ready(self, timeout: float) -> tuple[bool, str]:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                return False, last
+            ok, last = postgres_ready(self.dsn, min(2.0, max(0.1, deadline - time.monotonic())))
+            if ok:
+                return True, ""
+        return False, last
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _pg_ctl_stop(self, mode: str) -> None:
+        _proc.run([self._tool("pg_ctl"), "stop", "-D", str(self.data_dir), "-m", mode, "-w", "-t", "30"],
+                  run_as=self.run_as, timeout=60)
+
+    def _reap(self) -> None:
+        # The postmaster's backends share its process group; wait until none is left.
+        if self.proc is not None:
+            _proc.stop_group(self.proc, self.pid, grace=10.0, sig=0)
+        self.proc = None
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            _proc.stop_group(self.proc, self.pid, grace=0.0, sig=signal.SIGKILL)
+        self.proc = None
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``: no shutdown checkpoint; prepared transactions live on in the WAL."""
+        if not self.running():
+            raise ServiceError(f"embedded Postgres on port {self.port} is not running; nothing to crash")
+        self._pg_ctl_stop("immediate")
+        self._reap()
+
+    def start(self) -> None:
+        """Start on the same data directory and port (WAL recovery after a crash); a no-op when running."""
+        if self.running():
+            return
+        if not self.data_dir.exists():
+            raise ServiceError(f"embedded Postgres data directory {self.data_dir} is gone (stopped for good)")
+        if not self._detached:
+            _proc.register_cleanup(id(self), self.stop)
+        if _proc.port_in_use(self.port):
+            raise ServiceError(f"cannot restart the embedded Postgres: port {self.port} is now taken by another process")
+        self._launch(last_attempt=True)
+
+    def restart(self) -> None:
+        """A clean (fast) stop, keeping the data directory, then ``start()``."""
+        if self.running():
+            self._pg_ctl_stop("fast")
+            self._reap()
+        self.start()
+
+    def stop(self) -> None:
+        """Stop cleanly (``pg_ctl stop -m fast``; SIGKILL after a bound) and delete the directory unless kept."""
+        _proc.unregister_cleanup(id(self))
+        if self.running():
+            try:
+                self._pg_ctl_stop("fast")
+            except ServiceError:
+                pass  # fall through to the kill below; the directory goes anyway
+            if self.proc is not None:
+                _proc.stop_group(self.proc, self.pid, grace=10.0)
+        self.proc = None
+        if not self._keep:
+            shutil.rmtree(self.base, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""The local SparkSession spark-eos uses in tests, the CLI and the crash harness."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["local_session", "register_available"]
+
+DEFAULT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+}
+
+
+def register_available(spark: Any) -> list[str]:
+    """``connectors.register(spark)``; while a connector module is missing, register those that exist.
+
+    Returns the registered format names.
+    """
+    import connectors
+
+    try:
+        connectors.register(spark)
+        return list(connectors.FORMATS)
+    except ImportError:
+        pass
+    # A partial tree (a connector not written yet): register what imports.
+    done: list[str] = []
+    try:
+        from sources.kafka import KafkaEosDataSource
+
+        spark.dataSource.register(KafkaEosDataSource)
+        done.append("kafka-eos")
+    except ImportError:
+        pass
+    try:
+        from sinks.postgres import PostgresUpsertDataSource
+
+        spark.dataSource.register(PostgresUpsertDataSource)
+        done.append("postgres-upsert")
+    except ImportError:
+        pass
+    try:
+        from sinks.postgres import Postgres2pcDataSource
+
+        spark.dataSource.register(Postgres2pcDataSource)
+        done.append("postgres-2pc")
+    except ImportError:
+        pass
+    return done
+
+
+def local_session(app: str = "spark-eos", master: str = "local[2,2]", *, log_level: str = "ERROR",
+                  register: bool = True, **conf: str) -> Any:
+    """A SparkSession on ``master`` with the UI off, 2 shuffle partitions, quiet logs and our formats registered.
+
+    ``local[2,2]`` gives task retries (a failed task is tried twice), which exactly-once code must
+    survive. Python workers run this interpreter, so they see the same packages as the driver.
+    Extra ``conf`` keys use underscores for dots (``spark_sql_shuffle_partitions="4"``) or pass a
+    mapping through ``**{"spark.x.y": "v"}``.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app)
+    settings = dict(DEFAULT_CONF)
+    settings.update({(k.replace("_", ".") if "." not in k else k): str(v) for k, v in conf.items()})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    if register:
+        register_available(spark)
+    return spark
