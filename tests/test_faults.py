@@ -102,3 +102,25 @@ def test_exit_action_uses_code(fault_env):
     env = dict(os.environ, EOS_FAULTS="pipeline.batch:action=exit:code=42", PYTHONPATH=os.getcwd())
     proc = _run_child("from connectors import faults; faults.point('pipeline.batch')", env)
     assert proc.returncode == 42
+
+
+def test_kill_group_targets_the_group_named_in_the_environment(fault_env):
+    # PySpark's daemon puts executor workers in their own group; EOS_FAULTS_PGID names the query's.
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        env = dict(
+            os.environ,
+            EOS_FAULTS="sink.after_prepare:action=kill-group",
+            EOS_FAULTS_PGID=str(os.getpgid(victim.pid)),
+            PYTHONPATH=os.getcwd(),
+        )
+        code = "from connectors import faults; faults.point('sink.after_prepare'); print('survived')"
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, start_new_session=True
+        )
+        assert victim.wait(timeout=10) == -signal.SIGKILL
+        assert proc.returncode == -signal.SIGKILL  # and the firing process itself never runs past the point
+        assert "survived" not in proc.stdout
+    finally:
+        if victim.poll() is None:
+            victim.kill()
