@@ -93,7 +93,7 @@ def kafka(**embedded_options: Any) -> KafkaService:
         assert module is not None
         service: KafkaService = module.kafka_container()
         return service
-    from connectors.services.kafka import EmbeddedKafka
+    from connectors.services.embedded_kafka import EmbeddedKafka
 
     return EmbeddedKafka(**embedded_options)
 
@@ -108,6 +108,6 @@ def postgres(**embedded_options: Any) -> PostgresService:
         assert module is not None
         service: PostgresService = module.postgres_container()
         return service
-    from connectors.services.postgres import EmbeddedPostgres
+    from connectors.services.embedded_postgres import EmbeddedPostgres
 
     return EmbeddedPostgres(**embedded_options)

@@ -34,7 +34,7 @@ class EnvKafka(KafkaService):
     kind = "env"
 
     def __init__(self, bootstrap: str, *, timeout: float | None = None, source: str = KAFKA_ENV) -> None:
-        from connectors.services.kafka import kafka_reachable
+        from connectors.services.embedded_kafka import kafka_reachable
 
         if not bootstrap.strip():
             raise ServiceError(f"{source} is set but empty; give host:port of a Kafka broker or unset it")
@@ -58,7 +58,7 @@ def check_postgres(dsn: str, *, timeout: float, source: str = POSTGRES_ENV) -> i
     import psycopg
     import psycopg.conninfo
 
-    from connectors.services.postgres import postgres_ready
+    from connectors.services.embedded_postgres import postgres_ready
 
     shown = redact_dsn(dsn)
     try:
