@@ -321,7 +321,9 @@ def run(cfg: ChaosConfig) -> checker.Report:
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("EOS_FAULTS", None)
     chunks = max(1, min(cfg.kills + 1, 200))
-    producer = _Producer(cfg, topic, chunks, interval=30.0)
+    # writes on every restart and at least every 15 s, so a backlog builds up and the batches a
+    # fault kill waits for always come
+    producer = _Producer(cfg, topic, chunks, interval=15.0)
     progress = _Progress(cfg.kills, cfg.progress)
     started = time.monotonic()
     producer.start()
@@ -344,6 +346,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
                 time.sleep(plan.delay)
                 proc.kill_group()
             else:
+                _wait_started(proc, cfg.timeout)  # start-up on a loaded machine can take a minute
                 try:
                     proc.wait(90)
                 except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
