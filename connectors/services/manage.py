@@ -1,0 +1,255 @@
+"""``spark-eos services up|down|status|env``: keep embedded Kafka and Postgres running for manual use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from connectors.errors import ServiceError
+from connectors.services import _proc
+from connectors.services.base import redact_dsn
+
+__all__ = ["STATE_ENV", "add_subparser", "down", "load_state", "main", "state_path", "status", "up"]
+
+STATE_ENV = "EOS_STATE_DIR"
+
+
+def state_path(state_dir: str | None = None) -> Path:
+    """``<state dir>/services.json``; the state dir is ``--state-dir``, ``EOS_STATE_DIR`` or ``./.eos``."""
+    return Path(state_dir or os.environ.get(STATE_ENV) or ".eos") / "services.json"
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ServiceError(f"cannot read the services state file {path}: {e}; delete it if no service runs") from e
+    return state if isinstance(state, dict) else {}
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    # The state holds the Postgres password: readable by the owner only.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _is_ours(entry: dict[str, Any]) -> bool:
+    """The recorded pid still runs the recorded program (pids get reused after a reboot or a crash)."""
+    pid = int(entry.get("pid") or 0)
+    if pid <= 0 or not _proc.pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return False
+    return os.path.basename(cmdline) == os.path.basename(str(entry.get("program", "")))
+
+
+def _healthy(name: str, entry: dict[str, Any], timeout: float = 3.0) -> bool:
+    if name == "kafka":
+        from connectors.services.embedded_kafka import kafka_reachable
+
+        return kafka_reachable(entry["bootstrap"], timeout)[0]
+    from connectors.services.embedded_postgres import postgres_ready
+
+    return postgres_ready(entry["dsn"], timeout)[0]
+
+
+def up(*, state_dir: str | None = None, kafka: bool = True, postgres: bool = True, kafka_port: int | None = None,
+       postgres_port: int | None = None, out: Any = None) -> dict[str, Any]:
+    """Start the embedded services that are not running yet, detached from this process; return the state."""
+    from connectors.services.embedded_kafka import EmbeddedKafka
+    from connectors.services.embedded_postgres import EmbeddedPostgres
+
+    out = out or sys.stdout
+    path = state_path(state_dir)
+    state = load_state(path)
+    started: list[Any] = []
+    try:
+        if kafka:
+            entry = state.get("kafka")
+            if entry and _is_ours(entry):
+                print(f"kafka     already up (pid {entry['pid']})", file=out)
+            else:
+                k = EmbeddedKafka(port=kafka_port, detached=True)
+                started.append(k)
+                state["kafka"] = {"kind": "embedded", "pid": k.pid, "port": k.port, "bootstrap": k.bootstrap,
+                                  "program": k.binary, "log": str(k.log_path), "start_seconds": round(k.start_seconds, 2)}
+        if postgres:
+            entry = state.get("postgres")
+            if entry and _is_ours(entry):
+                print(f"postgres  already up (pid {entry['pid']})", file=out)
+            else:
+                p = EmbeddedPostgres(port=postgres_port, detached=True, keep=True)
+                started.append(p)
+                state["postgres"] = {"kind": "embedded", "pid": p.pid, "port": p.port, "dsn": p.dsn,
+                                     "program": str(p.bin_dir / "postgres"), "pg_ctl": str(p.bin_dir / "pg_ctl"),
+                                     "base": str(p.base), "data_dir": str(p.data_dir), "log": str(p.log_path),
+                                     "run_as": p.run_as.user if p.run_as else None,
+                                     "start_seconds": round(p.start_seconds, 2)}
+    except BaseException:
+        for service in started:  # never leave half of an "up" running without a record of it
+            service.stop()
+        raise
+    _save_state(path, state)
+    _print_state(state, out)
+    print(f"state: {path}   stop with: spark-eos services down   (full DSN: spark-eos services env)", file=out)
+    return state
+
+
+def _print_state(state: dict[str, Any], out: Any) -> None:
+    if "kafka" in state:
+        k = state["kafka"]
+        print(f"kafka     bootstrap {k['bootstrap']}   (tansu, memory storage: data is lost on stop)   pid {k['pid']}",
+              file=out)
+    if "postgres" in state:
+        p = state["postgres"]
+        print(f"postgres  dsn {redact_dsn(p['dsn'])}   pid {p['pid']}   data {p['data_dir']}", file=out)
+
+
+def _stop_entry(name: str, entry: dict[str, Any]) -> None:
+    pid = int(entry.get("pid") or 0)
+    if name == "postgres":
+        if _is_ours(entry) and entry.get("pg_ctl"):
+            run_as = _proc.RunAs.named(entry["run_as"]) if entry.get("run_as") else None
+            try:
+                _proc.run([entry["pg_ctl"], "stop", "-D", entry["data_dir"], "-m", "fast", "-w", "-t", "30"],
+                          run_as=run_as, timeout=60)
+            except ServiceError:
+                pass  # the signals below finish the job
+        if _is_ours(entry):
+            _proc.stop_group(None, pid, grace=10.0)
+        if entry.get("base"):
+            shutil.rmtree(entry["base"], ignore_errors=True)
+    else:
+        if _is_ours(entry):
+            _proc.stop_group(None, pid, grace=5.0, sig=signal.SIGTERM)
+        if entry.get("log"):
+            shutil.rmtree(Path(entry["log"]).parent, ignore_errors=True)
+
+
+def down(*, state_dir: str | None = None, out: Any = None) -> int:
+    """Stop what ``up`` started and delete its data; returns how many services were stopped."""
+    out = out or sys.stdout
+    path = state_path(state_dir)
+    state = load_state(path)
+    if not state:
+        print(f"no services recorded in {path}: nothing to stop", file=out)
+        return 0
+    n = 0
+    for name in ("kafka", "postgres"):
+        entry = state.get(name)
+        if entry:
+            alive = _is_ours(entry)
+            _stop_entry(name, entry)
+            print(f"{name:<9} {'stopped' if alive else 'was not running'} (pid {entry.get('pid')})", file=out)
+            n += 1 if alive else 0
+    path.unlink(missing_ok=True)
+    return n
+
+
+def status(*, state_dir: str | None = None, out: Any = None) -> dict[str, bool]:
+    """{service: up?} for what ``up`` recorded; an entry is up when its process runs and answers."""
+    out = out or sys.stdout
+    path = state_path(state_dir)
+    state = load_state(path)
+    if not state:
+        print(f"no services recorded in {path} (start them with: spark-eos services up)", file=out)
+        return {}
+    result = {}
+    for name in ("kafka", "postgres"):
+        entry = state.get(name)
+        if not entry:
+            continue
+        ok = _is_ours(entry) and _healthy(name, entry)
+        result[name] = ok
+        where = entry["bootstrap"] if name == "kafka" else redact_dsn(entry["dsn"])
+        print(f"{name:<9} {'up' if ok else 'DOWN'}   {where}   pid {entry.get('pid')}", file=out)
+    return result
+
+
+def _env_lines(state: dict[str, Any]) -> list[str]:
+    import shlex
+
+    lines = []
+    if "kafka" in state:
+        lines.append(f"export EOS_KAFKA_BOOTSTRAP={shlex.quote(state['kafka']['bootstrap'])}")
+    if "postgres" in state:
+        lines.append(f"export EOS_POSTGRES_DSN={shlex.quote(state['postgres']['dsn'])}")
+    return lines
+
+
+# ---- command line -------------------------------------------------------------------------------
+def _cmd_up(args: argparse.Namespace) -> int:
+    up(state_dir=args.state_dir, kafka=not args.no_kafka, postgres=not args.no_postgres,
+       kafka_port=args.kafka_port, postgres_port=args.postgres_port)
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    down(state_dir=args.state_dir)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    result = status(state_dir=args.state_dir)
+    return 0 if result and all(result.values()) else 3
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    state = load_state(state_path(args.state_dir))
+    if not state:
+        print("no services are up (start them with: spark-eos services up)", file=sys.stderr)
+        return 3
+    print("\n".join(_env_lines(state)))
+    return 0
+
+
+def _add_commands(sub: Any) -> None:
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--state-dir", default=None, help=f"where services.json lives (default ${STATE_ENV} or ./.eos)")
+        return p
+
+    p = common(sub.add_parser("up", help="start embedded Kafka (tansu) and Postgres and keep them running"))
+    p.add_argument("--no-kafka", action="store_true", help="do not start Kafka")
+    p.add_argument("--no-postgres", action="store_true", help="do not start Postgres")
+    p.add_argument("--kafka-port", type=int, default=None, help="port for Kafka (default: a free one)")
+    p.add_argument("--postgres-port", type=int, default=None, help="port for Postgres (default: a free one)")
+    p.set_defaults(func=_cmd_up)
+    common(sub.add_parser("down", help="stop the services started by 'up' and delete their data")).set_defaults(
+        func=_cmd_down)
+    common(sub.add_parser("status", help="show whether the services started by 'up' run and answer (exit 3 if not)")
+           ).set_defaults(func=_cmd_status)
+    common(sub.add_parser("env", help="print export lines for EOS_KAFKA_BOOTSTRAP and EOS_POSTGRES_DSN (with password)")
+           ).set_defaults(func=_cmd_env)
+
+
+def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``services {up,down,status,env}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "services", help="run embedded Kafka and Postgres for manual use (up, down, status, env)")
+    _add_commands(p.add_subparsers(dest="services_command", required=True))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m connectors.services", description=__doc__.split("\n")[0])
+    _add_commands(parser.add_subparsers(dest="services_command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ServiceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
