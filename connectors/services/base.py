@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from connectors.errors import ServiceError
@@ -34,12 +35,11 @@ def redact_dsn(dsn: str) -> str:
             query = "&".join(pairs)
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        psycopg.conninfo.conninfo_to_dict(dsn)
     except Exception:
         return "<unparsable DSN>"  # never echo what we could not parse: it may hold a password
-    if "password" in params:
-        params["password"] = "***"
-    return psycopg.conninfo.make_conninfo("", **params)
+    # In place, so the user recognises their DSN: key order and spacing stay as written.
+    return re.sub(r"\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)", "password=***", dsn)
 
 
 class KafkaService:
