@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 pytestmark = pytest.mark.integration
 
@@ -303,3 +304,14 @@ def test_postgres_error_fails_the_task_with_message_and_sqlstate(spark: SparkSes
     assert "value too long for type character varying(3)" in text and "sqlstate 22001" in text
     assert "gave up after" not in text  # fatal: not retried
     assert _rows(pg_conn, table) == []  # the task's transaction rolled back: not even row 1
+
+
+def test_unique_constraint_and_case_insensitive_columns(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+    table = new_table("uniq")
+    pg_conn.execute(f'CREATE TABLE "{table}" (id bigserial PRIMARY KEY, tenant text NOT NULL, code int NOT NULL, label text, UNIQUE (tenant, code))')
+    df = spark.createDataFrame([("acme", 1, "one"), ("acme", 2, "two"), ("zeta", 1, "z")], "Tenant string, Code int, Label string")
+    _write(df, postgres_service.dsn, table, key="Tenant,Code")
+    _write(df.withColumn("Label", F.upper("Label")), postgres_service.dsn, table, key="Tenant,Code")
+    assert pg_conn.execute(f'SELECT tenant, code, label FROM "{table}" ORDER BY 1, 2').fetchall() == [
+        ("acme", 1, "ONE"), ("acme", 2, "TWO"), ("zeta", 1, "Z")
+    ]
