@@ -186,3 +186,20 @@ def test_register_available_falls_back_to_what_imports(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "sinks.postgres", None)  # importing it now raises ImportError
     assert spark.register_available(fake) == ["kafka-eos"]
     assert [s.name() for s in registered] == ["kafka-eos"]
+
+
+# ---- docker/compose.yaml stays in step with connectors/services/images.py -----------------------
+def test_compose_uses_the_pinned_images() -> None:
+    import yaml
+
+    from connectors.services import images
+
+    compose = yaml.safe_load((Path(__file__).resolve().parent.parent / "docker" / "compose.yaml").read_text())
+    kafka, pg = compose["services"]["kafka"], compose["services"]["postgres"]
+    assert kafka["image"] == images.KAFKA_IMAGE
+    assert pg["image"] == images.POSTGRES_IMAGE
+    assert f"max_prepared_transactions={images.POSTGRES_MAX_PREPARED_TRANSACTIONS}" in pg["command"]
+    assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    assert all(port.startswith("127.0.0.1:") for svc in (kafka, pg) for port in svc["ports"])
+    for tag in (images.KAFKA_IMAGE, images.POSTGRES_IMAGE):
+        assert ":" in tag and not tag.endswith(":latest"), "images are pinned"
