@@ -495,16 +495,14 @@ def _services(args: argparse.Namespace) -> list[Any]:
     stops: list[Any] = []
     if args.bootstrap and args.dsn:
         return stops
-    try:
-        from connectors import services
-    except ImportError as exc:  # pragma: no cover - the services package is part of the product
-        raise SystemExit(f"no --bootstrap/--dsn given and embedded services unavailable: {exc}") from None
+    from connectors import services
+
     if not args.bootstrap:
-        kafka = services.embedded_kafka() if hasattr(services, "embedded_kafka") else services.start_kafka()
+        kafka = services.kafka()
         stops.append(kafka.stop)
         args.bootstrap = kafka.bootstrap
     if not args.dsn:
-        pg = services.embedded_postgres() if hasattr(services, "embedded_postgres") else services.start_postgres()
+        pg = services.postgres()
         stops.append(pg.stop)
         args.dsn = pg.dsn
     return stops
