@@ -26,14 +26,19 @@ def test_spark_session_settings_and_formats(spark: Any) -> None:
     for name in connectors.FORMATS:
         assert spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(name), name
     # Python workers run this interpreter.
-    assert spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect() == [sys.executable]
+    assert spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect() == [
+        sys.executable
+    ]
 
 
-def test_postgres_fixtures(postgres_service: PostgresService, pg_conn: psycopg.Connection,
-                           new_table: Callable[..., str], tmp_checkpoint: str) -> None:
+def test_postgres_fixtures(
+    postgres_service: PostgresService, pg_conn: psycopg.Connection, new_table: Callable[..., str], tmp_checkpoint: str
+) -> None:
     assert pg_conn.autocommit
-    row = pg_conn.execute("SELECT current_setting('max_prepared_transactions')::int, "
-                          "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)").fetchone()
+    row = pg_conn.execute(
+        "SELECT current_setting('max_prepared_transactions')::int, "
+        "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    ).fetchone()
     assert row is not None and row[0] > 0 and row[1] is True
     a, b = new_table(), new_table(prefix="orders")
     assert a != b and b.startswith("orders_") and a == a.lower()

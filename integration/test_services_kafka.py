@@ -14,13 +14,28 @@ from connectors.services.base import KafkaService
 pytestmark = pytest.mark.integration
 
 
-def _consume(bootstrap: str, topic: str, partition: int, offset: int, *, isolation: str = "read_uncommitted",
-             expect: int | None = None, timeout: float = 20.0) -> list[tuple[int, bytes | None]]:
+def _consume(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    isolation: str = "read_uncommitted",
+    expect: int | None = None,
+    timeout: float = 20.0,
+) -> list[tuple[int, bytes | None]]:
     """Read ``topic``/``partition`` from ``offset`` up to the high watermark (or ``expect`` records)."""
     import time
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                  "isolation.level": isolation, "auto.offset.reset": "error"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "auto.offset.reset": "error",
+        }
+    )
     try:
         _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         c.assign([TopicPartition(topic, partition, offset)])

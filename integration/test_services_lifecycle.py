@@ -128,8 +128,12 @@ _OWNER = textwrap.dedent(
 
 @pytest.mark.parametrize("how", ["exit", "raise", "sigterm", "sigkill"])
 def test_no_orphan_when_owner_ends(how: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _OWNER, how], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, how],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert proc.stdout is not None
     pids = [int(x) for x in proc.stdout.readline().split()]
     assert len(pids) >= 3, "the owner did not start both services"
@@ -141,8 +145,9 @@ def test_no_orphan_when_owner_ends(how: str) -> None:
     assert rc == expected  # the owner really ended the way the test says
     # SIGKILL leaves no chance to clean up: the kernel's parent-death signal ends the servers, and
     # Postgres backends follow their postmaster.
-    assert _proc.wait_until(lambda: not [p for p in pids if _proc.pid_alive(p)], 30), \
-        [p for p in pids if _proc.pid_alive(p)]
+    assert _proc.wait_until(lambda: not [p for p in pids if _proc.pid_alive(p)], 30), [
+        p for p in pids if _proc.pid_alive(p)
+    ]
 
 
 # ---- bad input --------------------------------------------------------------------------------

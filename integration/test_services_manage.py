@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EOS_")}
-    return subprocess.run([sys.executable, "-m", "connectors.services", *args, "--state-dir", str(state)],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "connectors.services", *args, "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def test_up_status_env_down(tmp_path: Path) -> None:

@@ -94,8 +94,15 @@ def test_restart_keeps_data_and_settings(own_pg: EmbeddedPostgres) -> None:
     assert own_pg.port == port and own_pg.pid != before
     with psycopg.connect(own_pg.dsn, autocommit=True) as conn:
         assert conn.execute(f"SELECT v FROM {table}").fetchall() == [(7,)]
-        settings = dict(conn.execute(
-            "SELECT name, setting FROM pg_settings WHERE name IN "
-            "('fsync', 'max_prepared_transactions', 'listen_addresses', 'max_connections')").fetchall())
-    assert settings == {"fsync": "on", "max_prepared_transactions": "64", "listen_addresses": "127.0.0.1",
-                        "max_connections": "200"}
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('fsync', 'max_prepared_transactions', 'listen_addresses', 'max_connections')"
+            ).fetchall()
+        )
+    assert settings == {
+        "fsync": "on",
+        "max_prepared_transactions": "64",
+        "listen_addresses": "127.0.0.1",
+        "max_connections": "200",
+    }

@@ -154,10 +154,16 @@ def test_ports() -> None:
 
 def test_process_table_helpers_and_stop_group() -> None:
     # a group leader with a child that made its own session, like a Postgres backend
-    proc = _proc.spawn([sys.executable, "-c",
-                        "import os, subprocess, sys, time; "
-                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
-                        "print('ok', flush=True); time.sleep(60)"], log=subprocess.PIPE)
+    proc = _proc.spawn(
+        [
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            "print('ok', flush=True); time.sleep(60)",
+        ],
+        log=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"ok"
     tree = _proc.process_tree(proc.pid)
     assert proc.pid in tree and len(tree) == 2 and _proc.group_pids(proc.pid) == [proc.pid]

@@ -48,8 +48,7 @@ def _containers() -> ModuleType | None:
         raise
 
 
-def choose(service: Service, environ: dict[str, str] | None = None,
-           engine_available: Any = None) -> Kind:
+def choose(service: Service, environ: dict[str, str] | None = None, engine_available: Any = None) -> Kind:
     """Which provider serves ``service`` under ``environ``: "env", "container" or "embedded".
 
     ``engine_available`` (a callable) replaces the Docker probe, for tests.
@@ -73,13 +72,17 @@ def choose(service: Service, environ: dict[str, str] | None = None,
             probe = getattr(module, "engine_available", None) if module is not None else None
         if probe is None:
             if mode == "container":
-                raise ServiceError(f"{MODE_ENV}=container but this spark-eos has no container provider "
-                                   "(connectors.services.containers); use embedded or env")
+                raise ServiceError(
+                    f"{MODE_ENV}=container but this spark-eos has no container provider "
+                    "(connectors.services.containers); use embedded or env"
+                )
         elif probe():
             return "container"
         elif mode == "container":
-            raise ServiceError(f"{MODE_ENV}=container but no Docker engine answers; start one (or set "
-                               f"EOS_START_DOCKERD=1 where the harness may start dockerd), or use embedded")
+            raise ServiceError(
+                f"{MODE_ENV}=container but no Docker engine answers; start one (or set "
+                f"EOS_START_DOCKERD=1 where the harness may start dockerd), or use embedded"
+            )
     return "embedded"
 
 

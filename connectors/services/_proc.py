@@ -186,7 +186,9 @@ def spawn(
     )
 
 
-def run(argv: Sequence[str], *, run_as: RunAs | None = None, timeout: float = 120.0, env: dict[str, str] | None = None) -> str:
+def run(
+    argv: Sequence[str], *, run_as: RunAs | None = None, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> str:
     """Run a helper command (initdb, pg_ctl) to completion; ServiceError with its output when it fails."""
     child_env = dict(os.environ if env is None else env)
     if run_as is not None:
@@ -202,8 +204,10 @@ def run(argv: Sequence[str], *, run_as: RunAs | None = None, timeout: float = 12
             **_creds(run_as),
         )
     except subprocess.TimeoutExpired as e:
-        raise ServiceError(f"{argv[0]} did not finish within {timeout:.0f}s: {' '.join(argv)}", command=list(argv)) from e
-    output = (done.stdout + done.stderr).decode(errors="replace")
+        raise ServiceError(
+            f"{argv[0]} did not finish within {timeout:.0f}s: {' '.join(argv)}", command=list(argv)
+        ) from e
+    output: str = (done.stdout + done.stderr).decode(errors="replace")
     if done.returncode != 0:
         raise ServiceError(
             f"{Path(argv[0]).name} failed with exit code {done.returncode}: {' '.join(argv)}\n{output.strip()}",
@@ -243,7 +247,9 @@ def process_tree(pid: int) -> list[int]:
     return sorted(pids)
 
 
-def stop_group(proc: subprocess.Popen[bytes] | None, pgid: int, *, grace: float = 10.0, sig: int = signal.SIGTERM) -> None:
+def stop_group(
+    proc: subprocess.Popen[bytes] | None, pgid: int, *, grace: float = 10.0, sig: int = signal.SIGTERM
+) -> None:
     """Send ``sig`` to process group ``pgid``, wait up to ``grace`` seconds, then SIGKILL what is left.
 
     What is left includes descendants that made their own process group (PostgreSQL backends call

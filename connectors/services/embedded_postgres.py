@@ -7,6 +7,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +21,12 @@ __all__ = ["PG_BIN_GLOBS", "EmbeddedPostgres", "pg_bin_dir", "postgres_ready"]
 START_TIMEOUT = 60.0
 _TOOLS = ("initdb", "pg_ctl", "postgres")
 # Where distributions put the server binaries when they are not on PATH (Debian, RHEL/PGDG, Homebrew).
-PG_BIN_GLOBS = ["/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/opt/homebrew/opt/postgresql@*/bin",
-                "/usr/local/opt/postgresql@*/bin"]
+PG_BIN_GLOBS = [
+    "/usr/lib/postgresql/*/bin",
+    "/usr/pgsql-*/bin",
+    "/opt/homebrew/opt/postgresql@*/bin",
+    "/usr/local/opt/postgresql@*/bin",
+]
 _PORT_ATTEMPTS = 3
 
 
@@ -122,7 +127,7 @@ class EmbeddedPostgres(PostgresService):
         self.start_timeout = start_timeout
         self._detached = detached
         self._keep = keep
-        self.proc = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self.port = port or 0
         started = time.monotonic()
@@ -164,8 +169,22 @@ class EmbeddedPostgres(PostgresService):
         try:
             # --no-sync: the files initdb writes only need to survive a process crash, which the page
             # cache guarantees; the server itself runs with fsync=on.
-            _proc.run([self._tool("initdb"), "-D", str(self.data_dir), "-U", self.user, f"--pwfile={pwfile}",
-                       "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync"], run_as=owner)
+            _proc.run(
+                [
+                    self._tool("initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    self.user,
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ],
+                run_as=owner,
+            )
         except ServiceError as e:
             who = f" (as user {owner.user}: every directory above {self.base} must be reachable by it)" if owner else ""
             raise ServiceError(f"initdb failed{who}: {e}") from e
@@ -191,8 +210,12 @@ class EmbeddedPostgres(PostgresService):
     def _launch(self, *, last_attempt: bool) -> bool:
         log = open(self.log_path, "ab")  # the child inherits the descriptor
         try:
-            self.proc = _proc.spawn([self._tool("postgres"), "-D", str(self.data_dir), "-p", str(self.port)],
-                                    log=log, run_as=self.run_as, tie_to_parent=not self._detached)
+            self.proc = _proc.spawn(
+                [self._tool("postgres"), "-D", str(self.data_dir), "-p", str(self.port)],
+                log=log,
+                run_as=self.run_as,
+                tie_to_parent=not self._detached,
+            )
         finally:
             log.close()
         self.pid = self.proc.pid
@@ -227,8 +250,11 @@ class EmbeddedPostgres(PostgresService):
         return self.proc is not None and self.proc.poll() is None
 
     def _pg_ctl_stop(self, mode: str) -> None:
-        _proc.run([self._tool("pg_ctl"), "stop", "-D", str(self.data_dir), "-m", mode, "-w", "-t", "30"],
-                  run_as=self.run_as, timeout=60)
+        _proc.run(
+            [self._tool("pg_ctl"), "stop", "-D", str(self.data_dir), "-m", mode, "-w", "-t", "30"],
+            run_as=self.run_as,
+            timeout=60,
+        )
 
     def _reap(self) -> None:
         # The postmaster's backends share its process group; wait until none is left.
@@ -257,7 +283,9 @@ class EmbeddedPostgres(PostgresService):
         if not self._detached:
             _proc.register_cleanup(id(self), self.stop)
         if _proc.port_in_use(self.port):
-            raise ServiceError(f"cannot restart the embedded Postgres: port {self.port} is now taken by another process")
+            raise ServiceError(
+                f"cannot restart the embedded Postgres: port {self.port} is now taken by another process"
+            )
         self._launch(last_attempt=True)
 
     def restart(self) -> None:

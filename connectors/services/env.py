@@ -94,6 +94,8 @@ class EnvPostgres(PostgresService):
 
     def __init__(self, dsn: str, *, timeout: float | None = None, source: str = POSTGRES_ENV) -> None:
         if not dsn.strip():
-            raise ServiceError(f"{source} is set but empty; give a libpq DSN (postgresql://user:pw@host:port/db) or unset it")
+            raise ServiceError(
+                f"{source} is set but empty; give a libpq DSN (postgresql://user:pw@host:port/db) or unset it"
+            )
         self.dsn = dsn.strip()
         self.port = check_postgres(self.dsn, timeout=env_timeout() if timeout is None else timeout, source=source)

@@ -67,8 +67,15 @@ def _healthy(name: str, entry: dict[str, Any], timeout: float = 3.0) -> bool:
     return postgres_ready(entry["dsn"], timeout)[0]
 
 
-def up(*, state_dir: str | None = None, kafka: bool = True, postgres: bool = True, kafka_port: int | None = None,
-       postgres_port: int | None = None, out: Any = None) -> dict[str, Any]:
+def up(
+    *,
+    state_dir: str | None = None,
+    kafka: bool = True,
+    postgres: bool = True,
+    kafka_port: int | None = None,
+    postgres_port: int | None = None,
+    out: Any = None,
+) -> dict[str, Any]:
     """Start the embedded services that are not running yet, detached from this process; return the state."""
     from connectors.services.embedded_kafka import EmbeddedKafka
     from connectors.services.embedded_postgres import EmbeddedPostgres
@@ -85,8 +92,15 @@ def up(*, state_dir: str | None = None, kafka: bool = True, postgres: bool = Tru
             else:
                 k = EmbeddedKafka(port=kafka_port, detached=True)
                 started.append(k)
-                state["kafka"] = {"kind": "embedded", "pid": k.pid, "port": k.port, "bootstrap": k.bootstrap,
-                                  "program": k.binary, "log": str(k.log_path), "start_seconds": round(k.start_seconds, 2)}
+                state["kafka"] = {
+                    "kind": "embedded",
+                    "pid": k.pid,
+                    "port": k.port,
+                    "bootstrap": k.bootstrap,
+                    "program": k.binary,
+                    "log": str(k.log_path),
+                    "start_seconds": round(k.start_seconds, 2),
+                }
         if postgres:
             entry = state.get("postgres")
             if entry and _is_ours(entry):
@@ -94,11 +108,19 @@ def up(*, state_dir: str | None = None, kafka: bool = True, postgres: bool = Tru
             else:
                 p = EmbeddedPostgres(port=postgres_port, detached=True, keep=True)
                 started.append(p)
-                state["postgres"] = {"kind": "embedded", "pid": p.pid, "port": p.port, "dsn": p.dsn,
-                                     "program": str(p.bin_dir / "postgres"), "pg_ctl": str(p.bin_dir / "pg_ctl"),
-                                     "base": str(p.base), "data_dir": str(p.data_dir), "log": str(p.log_path),
-                                     "run_as": p.run_as.user if p.run_as else None,
-                                     "start_seconds": round(p.start_seconds, 2)}
+                state["postgres"] = {
+                    "kind": "embedded",
+                    "pid": p.pid,
+                    "port": p.port,
+                    "dsn": p.dsn,
+                    "program": str(p.bin_dir / "postgres"),
+                    "pg_ctl": str(p.bin_dir / "pg_ctl"),
+                    "base": str(p.base),
+                    "data_dir": str(p.data_dir),
+                    "log": str(p.log_path),
+                    "run_as": p.run_as.user if p.run_as else None,
+                    "start_seconds": round(p.start_seconds, 2),
+                }
     except BaseException:
         for service in started:  # never leave half of an "up" running without a record of it
             service.stop()
@@ -112,8 +134,10 @@ def up(*, state_dir: str | None = None, kafka: bool = True, postgres: bool = Tru
 def _print_state(state: dict[str, Any], out: Any) -> None:
     if "kafka" in state:
         k = state["kafka"]
-        print(f"kafka     bootstrap {k['bootstrap']}   (tansu, memory storage: data is lost on stop)   pid {k['pid']}",
-              file=out)
+        print(
+            f"kafka     bootstrap {k['bootstrap']}   (tansu, memory storage: data is lost on stop)   pid {k['pid']}",
+            file=out,
+        )
     if "postgres" in state:
         p = state["postgres"]
         print(f"postgres  dsn {redact_dsn(p['dsn'])}   pid {p['pid']}   data {p['data_dir']}", file=out)
@@ -125,8 +149,11 @@ def _stop_entry(name: str, entry: dict[str, Any]) -> None:
         if _is_ours(entry) and entry.get("pg_ctl"):
             run_as = _proc.RunAs.named(entry["run_as"]) if entry.get("run_as") else None
             try:
-                _proc.run([entry["pg_ctl"], "stop", "-D", entry["data_dir"], "-m", "fast", "-w", "-t", "30"],
-                          run_as=run_as, timeout=60)
+                _proc.run(
+                    [entry["pg_ctl"], "stop", "-D", entry["data_dir"], "-m", "fast", "-w", "-t", "30"],
+                    run_as=run_as,
+                    timeout=60,
+                )
             except ServiceError:
                 pass  # the signals below finish the job
         if _is_ours(entry):
@@ -193,8 +220,13 @@ def _env_lines(state: dict[str, Any]) -> list[str]:
 
 # ---- command line -------------------------------------------------------------------------------
 def _cmd_up(args: argparse.Namespace) -> int:
-    up(state_dir=args.state_dir, kafka=not args.no_kafka, postgres=not args.no_postgres,
-       kafka_port=args.kafka_port, postgres_port=args.postgres_port)
+    up(
+        state_dir=args.state_dir,
+        kafka=not args.no_kafka,
+        postgres=not args.no_postgres,
+        kafka_port=args.kafka_port,
+        postgres_port=args.postgres_port,
+    )
     return 0
 
 
@@ -229,17 +261,21 @@ def _add_commands(sub: Any) -> None:
     p.add_argument("--postgres-port", type=int, default=None, help="port for Postgres (default: a free one)")
     p.set_defaults(func=_cmd_up)
     common(sub.add_parser("down", help="stop the services started by 'up' and delete their data")).set_defaults(
-        func=_cmd_down)
-    common(sub.add_parser("status", help="show whether the services started by 'up' run and answer (exit 3 if not)")
-           ).set_defaults(func=_cmd_status)
-    common(sub.add_parser("env", help="print export lines for EOS_KAFKA_BOOTSTRAP and EOS_POSTGRES_DSN (with password)")
-           ).set_defaults(func=_cmd_env)
+        func=_cmd_down
+    )
+    common(
+        sub.add_parser("status", help="show whether the services started by 'up' run and answer (exit 3 if not)")
+    ).set_defaults(func=_cmd_status)
+    common(
+        sub.add_parser("env", help="print export lines for EOS_KAFKA_BOOTSTRAP and EOS_POSTGRES_DSN (with password)")
+    ).set_defaults(func=_cmd_env)
 
 
 def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``services {up,down,status,env}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "services", help="run embedded Kafka and Postgres for manual use (up, down, status, env)")
+        "services", help="run embedded Kafka and Postgres for manual use (up, down, status, env)"
+    )
     _add_commands(p.add_subparsers(dest="services_command", required=True))
     return p
 

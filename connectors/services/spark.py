@@ -53,8 +53,9 @@ def register_available(spark: Any) -> list[str]:
     return done
 
 
-def local_session(app: str = "spark-eos", master: str = "local[2,2]", *, log_level: str = "ERROR",
-                  register: bool = True, **conf: str) -> Any:
+def local_session(
+    app: str = "spark-eos", master: str = "local[2,2]", *, log_level: str = "ERROR", register: bool = True, **conf: str
+) -> Any:
     """A SparkSession on ``master`` with the UI off, 2 shuffle partitions, quiet logs and our formats registered.
 
     ``local[2,2]`` gives task retries (a failed task is tried twice), which exactly-once code must
