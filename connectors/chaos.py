@@ -190,7 +190,7 @@ class KillPlan:
         return f"{self.point}{cond}:action=kill-group:once"
 
 
-def plan_kills(pipeline: str, kills: int, seed: int, *, max_delay: float = 8.0) -> list[KillPlan]:
+def plan_kills(pipeline: str, kills: int, seed: int, *, max_delay: float = 4.0) -> list[KillPlan]:
     """The seeded schedule: about half SIGKILLs at random moments, half random fault points."""
     rng = random.Random(seed)
     points = FAULT_POINTS[pipeline]
@@ -198,7 +198,7 @@ def plan_kills(pipeline: str, kills: int, seed: int, *, max_delay: float = 8.0) 
     for i in range(kills):
         if rng.random() < 0.5:
             early = rng.random() < 0.15
-            delay = rng.uniform(0.5, 10.0) if early else rng.uniform(0.0, max_delay)
+            delay = rng.uniform(0.5, 10.0) if early else rng.uniform(0.0, max_delay)  # after the 1st new commit
             plans.append(KillPlan(i, "sigkill", round(delay, 2), early=early))
         else:
             plans.append(KillPlan(i, "fault", 0.0, point=rng.choice(points), skip=rng.randrange(3)))
@@ -342,7 +342,11 @@ def run(cfg: ChaosConfig) -> checker.Report:
         try:
             if plan.kind == "sigkill":
                 if not plan.early:
+                    # strike while batches flow: after the run's first new commit, so that every
+                    # restart makes progress even on a slow machine (no livelock of replays)
+                    before = checker.last_commit(checkpoint)
                     _wait_started(proc, cfg.timeout)
+                    _wait_commit_after(proc, checkpoint, before, cfg.timeout)
                 time.sleep(plan.delay)
                 proc.kill_group()
             else:
@@ -422,6 +426,14 @@ def run(cfg: ChaosConfig) -> checker.Report:
         }
     )
     return report
+
+
+def _wait_commit_after(proc: PipelineProcess, checkpoint: str, before: int | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (checker.last_commit(checkpoint) or -1) <= (-1 if before is None else before):
+        if not proc.alive() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 def _wait_started(proc: PipelineProcess, timeout: float) -> None:
