@@ -7,14 +7,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-import connectors
 from connectors.errors import ServiceError
-from connectors.services import _proc, choose, manage, spark
+from connectors.services import _proc, choose, manage
 from connectors.services.base import PostgresService, redact_dsn
 from connectors.services.env import env_timeout
 
@@ -175,23 +173,6 @@ def test_process_table_helpers_and_stop_group() -> None:
 def test_unknown_run_as_user() -> None:
     with pytest.raises(ServiceError, match=r"user 'no-such-eos-user' does not exist.*EOS_PG_USER"):
         _proc.RunAs.named("no-such-eos-user")
-
-
-# ---- Spark registration fallback ------------------------------------------------------------------
-def test_register_available_falls_back_to_what_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    registered: list[Any] = []
-    fake = SimpleNamespace(dataSource=SimpleNamespace(register=registered.append))
-    assert spark.register_available(fake) == list(connectors.FORMATS)
-    assert [s.name() for s in registered] == list(connectors.FORMATS)
-
-    def missing(*_: Any, **__: Any) -> None:
-        raise ImportError("sinks.postgres not written yet")
-
-    registered.clear()
-    monkeypatch.setattr(connectors, "register", missing)
-    monkeypatch.setitem(sys.modules, "sinks.postgres", None)  # importing it now raises ImportError
-    assert spark.register_available(fake) == ["kafka-eos"]
-    assert [s.name() for s in registered] == ["kafka-eos"]
 
 
 # ---- docker/compose.yaml stays in step with connectors/services/images.py -----------------------

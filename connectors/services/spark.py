@@ -6,51 +6,13 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["local_session", "register_available"]
+__all__ = ["local_session"]
 
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
 }
-
-
-def register_available(spark: Any) -> list[str]:
-    """``connectors.register(spark)``; while a connector module is missing, register those that exist.
-
-    Returns the registered format names.
-    """
-    import connectors
-
-    try:
-        connectors.register(spark)
-        return list(connectors.FORMATS)
-    except ImportError:
-        pass
-    # A partial tree (a connector not written yet): register what imports.
-    done: list[str] = []
-    try:
-        from sources.kafka import KafkaEosDataSource
-
-        spark.dataSource.register(KafkaEosDataSource)
-        done.append("kafka-eos")
-    except ImportError:
-        pass
-    try:
-        from sinks.postgres import PostgresUpsertDataSource
-
-        spark.dataSource.register(PostgresUpsertDataSource)
-        done.append("postgres-upsert")
-    except ImportError:
-        pass
-    try:
-        from sinks.postgres import Postgres2pcDataSource
-
-        spark.dataSource.register(Postgres2pcDataSource)
-        done.append("postgres-2pc")
-    except ImportError:
-        pass
-    return done
 
 
 def local_session(
@@ -75,5 +37,8 @@ def local_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     if register:
-        register_available(spark)
+        import connectors
+
+        # Every connector module exists now, so an ImportError here is a real bug: let it surface.
+        connectors.register(spark)
     return spark
