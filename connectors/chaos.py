@@ -79,7 +79,7 @@ def make_records(n: int, *, seed: int, start: int = 0, keys: int = 50, prefix: s
 
 def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0) -> None:
     """Create ``topic`` and wait until its metadata shows every partition."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
@@ -454,7 +454,7 @@ def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
                               description=__doc__.split("\n")[0])  # fmt: skip
     _arguments(p)
     p.set_defaults(func=_command)
-    return p
+    return p  # type: ignore[no-any-return]
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

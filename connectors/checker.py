@@ -253,9 +253,10 @@ def compare_aggregates(
     wrong: list[Any] = []
     first = ""
     for k, exp in expected.items():
-        row = rows.get(k)
-        if row is None:
+        found = rows.get(k)
+        if found is None:
             continue
+        row = found
         for col, agg in columns.items():
             if _norm(row.get(col)) != _norm(exp[agg]):
                 wrong.append(k)
@@ -477,7 +478,7 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json:
             for msg in consumer.consume(1000, 1.0):
                 if msg.error():
                     continue
-                p, off = msg.partition(), msg.offset()
+                p, off = int(msg.partition() or 0), int(msg.offset() or 0)
                 if off >= ends[p] - 1:
                     done.add(p)
                 if off >= ends[p]:

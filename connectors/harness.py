@@ -215,7 +215,8 @@ def executor_pids(root: int) -> list[int]:
 
 def kill_executor(root: int, *, timeout: float = 120.0, index: int = 0) -> int:
     """Wait for an executor JVM under ``root`` and SIGKILL it; returns its pid (the proof)."""
-    pids = wait_until(lambda: executor_pids(root), timeout=timeout, what="an executor JVM")
+    wait_until(lambda: executor_pids(root), timeout=timeout, what="an executor JVM")
+    pids = executor_pids(root) or [-1]
     victim = pids[index % len(pids)]
     os.kill(victim, signal.SIGKILL)
     return victim
