@@ -127,8 +127,8 @@ def test_proxy_forwards_stalls_resets_and_cuts():
             c.recv(100)
         assert proxy.stats.pattern_hits == 1
         proxy.cut()
-        c2 = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
-        with pytest.raises((ConnectionResetError, ConnectionAbortedError)):
+        with pytest.raises(OSError):  # reset during or right after the connect, whichever comes first
+            c2 = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
             c2.sendall(b"y")
             time.sleep(0.2)
             if not c2.recv(10):
