@@ -1,0 +1,218 @@
+"""The ``spark-eos`` command: demo, run, inspect, savepoint, verify, services, sinks, chaos.
+
+Each command's module is imported only when that command runs, so ``spark-eos --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+EXIT_CONFIG = 64  # EX_USAGE: a bad command line or config file
+
+
+def _run_cmd(args: argparse.Namespace) -> int:
+    from connectors.pipelines import load_config
+    from connectors.pipelines.supervisor import run
+
+    overrides: dict[str, Any] = {}
+    for name in ("trigger", "checkpoint", "master", "restart"):
+        if getattr(args, name, None):
+            overrides[name] = getattr(args, name)
+    if args.log_format:
+        overrides["log_format"] = args.log_format
+    if args.no_progress:
+        overrides["progress"] = False
+    cfg = load_config(args.config, pipeline=args.pipeline, overrides=overrides or None)
+    if cfg.pipeline != args.pipeline:
+        raise _usage(f"--config {args.config} is for pipeline {cfg.pipeline!r}, not {args.pipeline!r}")
+    return run(cfg)
+
+
+def _inspect_cmd(args: argparse.Namespace) -> int:
+    from connectors.inspect import inspect, render
+
+    info = inspect(args.checkpoint, dsn=args.dsn, sink_id=args.sink_id, eos_schema=args.eos_schema)
+    print(render(info, as_json=args.json))
+    return 0
+
+
+def _savepoint_create(args: argparse.Namespace) -> int:
+    from connectors.savepoint import create
+
+    manifest = create(args.checkpoint, args.dest, force=args.force)
+    print(f"savepoint {args.dest}: batches 0..{manifest['last_commit']} committed"
+          f" ({manifest['files']} files, {manifest['bytes']} bytes) from {args.checkpoint}")  # fmt: skip
+    return 0
+
+
+def _savepoint_restore(args: argparse.Namespace) -> int:
+    from connectors.savepoint import restore
+
+    manifest = restore(args.savepoint, args.checkpoint, force=args.force)
+    print(f"restored {args.savepoint} into {args.checkpoint}: the query resumes after batch {manifest['last_commit']}")
+    return 0
+
+
+def _verify_cmd(args: argparse.Namespace) -> int:
+    from connectors import checker
+
+    aggregates = None
+    if args.balances_table:
+        aggregates = {"table": args.balances_table, "key": "account", "value": "amount",
+                      "columns": {"balance": "sum", "events": "count"}}  # fmt: skip
+    report = checker.verify(
+        bootstrap=args.bootstrap, topic=args.topic, dsn=args.dsn, table=args.table or "",
+        payload_fields=tuple(args.payload) if args.payload else None, sink_id=args.sink_id,
+        checkpoint=args.checkpoint, decisions=bool(args.sink_id and args.checkpoint), aggregates=aggregates,
+    )  # fmt: skip
+    print(report.to_json() if args.json else report.table())
+    return 0 if report.ok else 1
+
+
+def _demo_cmd(args: argparse.Namespace) -> int:
+    from connectors.demo import main as demo_main
+
+    return demo_main(args)
+
+
+def _usage(message: str) -> SystemExit:
+    print(f"spark-eos: error: {message}", file=sys.stderr)
+    return SystemExit(EXIT_CONFIG)
+
+
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="the main job: embedded services, two pipelines killed and restarted, verdict",
+                       description="Start embedded Kafka and Postgres, produce payment events, run the ledger "
+                       "(two-phase commit) and balances (keyed state + upsert) pipelines while killing them, "
+                       "then check exactly-once. Exit 0 only when it held.")  # fmt: skip
+    p.add_argument("--records", type=int, default=6000, help="payment events to produce (default 6000)")
+    p.add_argument("--kills", type=int, default=4, help="kills spread over the two pipelines (default 4)")
+    p.add_argument("--seed", type=int, default=7, help="seed of the events and the kill schedule (default 7)")
+    p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
+    p.add_argument("--workdir", default=None, help="checkpoints, configs and logs (default: a temp dir, removed on success)")
+    p.add_argument("--keep", action="store_true", help="keep the work dir even when the demo passes")
+    p.add_argument("--json", action="store_true", help="print the final report as JSON")
+    p.set_defaults(func=_demo_cmd)
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a reference pipeline from a TOML/YAML config, restarting it on failure",
+                       description="Run PIPELINE (ledger | balances) as configured in --config; see configs/*.toml.")  # fmt: skip
+    p.add_argument("pipeline", choices=("ledger", "balances"), metavar="PIPELINE", help="ledger | balances")
+    p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (.toml, .yaml or .yml)")
+    p.add_argument("--trigger", default=None, help="override spark.trigger (e.g. 2s, available-now)")
+    p.add_argument("--checkpoint", default=None, help="override spark.checkpoint")
+    p.add_argument("--master", default=None, help="override spark.master (e.g. local[*], local-cluster[2,1,1024])")
+    p.add_argument("--restart", default=None, metavar="STRATEGY",
+                   help="override restart.strategy: none | fixed-delay:N:D | exponential-backoff:I:M:X | "
+                   "failure-rate:N:INTERVAL:D")  # fmt: skip
+    p.add_argument("--log-format", choices=("text", "json"), default=None, help="structured log format")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.set_defaults(func=_run_cmd)
+
+
+def _add_inspect(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="show a checkpoint: batches, source offsets, commit log, state store",
+                       description="Show a streaming checkpoint: each batch with its source offsets (the source's "
+                       "operator state), the commit log, the state store provider and versions; with --dsn also "
+                       "the two-phase sink's decision log and in-doubt transactions.")  # fmt: skip
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="the query's checkpoint directory")
+    p.add_argument("--dsn", default=None, help="Postgres of a postgres-2pc sink: show its decision log")
+    p.add_argument("--sink-id", default=None, help="only this sink id (default: every sink in the decision log)")
+    p.add_argument("--eos-schema", default="eos", help="schema of the sink's protocol tables (default eos)")
+    p.add_argument("--json", action="store_true", help="JSON instead of tables")
+    p.set_defaults(func=_inspect_cmd)
+
+
+def _add_savepoint(sub: Any) -> None:
+    p = sub.add_parser("savepoint", help="copy a consistent checkpoint (create) or put one back (restore)",
+                       description="Savepoints: retained copies of a stopped query's checkpoint, consistent up to "
+                       "its last committed batch.")  # fmt: skip
+    ss = p.add_subparsers(dest="savepoint_command", required=True, metavar="{create,restore}")
+    c = ss.add_parser("create", help="copy CHECKPOINT to DEST up to its last committed batch")
+    c.add_argument("checkpoint", metavar="CHECKPOINT")
+    c.add_argument("dest", metavar="DEST")
+    c.add_argument("--force", action="store_true", help="replace DEST if it exists")
+    c.set_defaults(func=_savepoint_create)
+    r = ss.add_parser("restore", help="copy savepoint DEST into CHECKPOINT (a new or empty directory)")
+    r.add_argument("savepoint", metavar="DEST")
+    r.add_argument("checkpoint", metavar="CHECKPOINT")
+    r.add_argument("--force", action="store_true", help="replace CHECKPOINT if it exists")
+    r.set_defaults(func=_savepoint_restore)
+
+
+def _add_verify(sub: Any) -> None:
+    p = sub.add_parser("verify", help="check a topic against a table: duplicates, losses, aggregates, end state",
+                       description="Run the exactly-once checker: sink rows vs topic records by id, optional "
+                       "per-account balances, no prepared transaction left, decision log vs commit log.")  # fmt: skip
+    p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"), required=not os.environ.get("EOS_KAFKA_BOOTSTRAP"),
+                   help="Kafka bootstrap (default $EOS_KAFKA_BOOTSTRAP)")  # fmt: skip
+    p.add_argument("--topic", required=True)
+    p.add_argument("--dsn", default=os.environ.get("EOS_POSTGRES_DSN"), required=not os.environ.get("EOS_POSTGRES_DSN"),
+                   help="Postgres DSN (default $EOS_POSTGRES_DSN)")  # fmt: skip
+    p.add_argument("--table", default=None, help="table with one row per record (id column)")
+    p.add_argument("--balances-table", default=None, help="table of per-account balances to recompute and compare")
+    p.add_argument("--payload", nargs="*", default=None, help="columns compared with the record (default: all shared)")
+    p.add_argument("--sink-id", default=None, help="postgres-2pc sink id: check prepared transactions and decisions")
+    p.add_argument("--checkpoint", default=None, help="with --sink-id: last decision must equal the last commits/n")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_verify_cmd)
+
+
+def _wire(sub: Any, module: str, command: str, helptext: str) -> None:
+    """Add another module's ``add_subparser``; while it is missing, a stub that says so."""
+    import importlib
+
+    try:
+        add: Callable[[Any], Any] = importlib.import_module(module).add_subparser
+    except (ImportError, AttributeError) as exc:
+        p = sub.add_parser(command, help=f"{helptext} (unavailable: {exc})")
+        p.set_defaults(func=lambda _a, e=exc: (_ for _ in ()).throw(SystemExit(f"spark-eos {command}: unavailable: {e}")))
+        return
+    add(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spark-eos",
+        description="Exactly-once Kafka -> Spark Structured Streaming -> Postgres. Start with: spark-eos demo",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo(sub)
+    _add_run(sub)
+    _add_inspect(sub)
+    _add_savepoint(sub)
+    _add_verify(sub)
+    # other engineers' commands; their modules import only light dependencies at module level
+    _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")
+    _wire(sub, "sinks.postgres.status", "sinks", "operate the two-phase sink")
+    _wire(sub, "connectors.chaos", "chaos", "kill a pipeline N times and check exactly-once")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    from connectors.errors import ConfigError, EosError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"spark-eos: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except EosError as exc:
+        print(f"spark-eos: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spark-eos: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

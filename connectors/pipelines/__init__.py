@@ -1,0 +1,83 @@
+"""Reference pipelines (``ledger``, ``balances``): each builds its query from a ``PipelineConfig``.
+
+    from connectors.pipelines import load_config, prepare, session, start
+    cfg = load_config("configs/ledger.toml")
+    prepare(cfg)                      # create the target table if missing
+    spark = session(cfg)              # local[*] by default; RocksDB state store, our formats
+    query = start(spark, cfg)
+    query.awaitTermination()
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from connectors.pipelines.config import PIPELINE_NAMES, PipelineConfig, load_config, parse_config, parse_trigger
+
+__all__ = [
+    "PIPELINE_NAMES",
+    "PipelineConfig",
+    "builder",
+    "load_config",
+    "parse_config",
+    "prepare",
+    "session",
+    "start",
+    "table_ddl",
+]
+
+
+def builder(name: str) -> Callable[[Any, PipelineConfig], Any]:
+    """The ``build(spark, cfg) -> DataStreamWriter`` function of pipeline ``name``."""
+    if name == "ledger":
+        from connectors.pipelines.ledger import build
+
+        return build
+    if name == "balances":
+        from connectors.pipelines.balances import build as build_balances
+
+        return build_balances
+    raise KeyError(f"unknown pipeline {name!r}; expected one of {', '.join(PIPELINE_NAMES)}")
+
+
+def table_ddl(cfg: PipelineConfig) -> str:
+    from connectors.pipelines import balances, ledger
+
+    return ledger.ddl(cfg.table) if cfg.pipeline == "ledger" else balances.ddl(cfg.table)
+
+
+def prepare(cfg: PipelineConfig) -> None:
+    """Create the pipeline's target table when it does not exist (idempotent)."""
+    import psycopg
+
+    with psycopg.connect(cfg.dsn, autocommit=True, connect_timeout=15) as conn:
+        conn.execute(table_ddl(cfg))
+
+
+def session(cfg: PipelineConfig) -> Any:
+    """A SparkSession for ``cfg``: its master, the RocksDB state store with changelog checkpoints."""
+    from connectors.pipelines.balances import STATE_CONF
+    from connectors.services.spark import local_session
+
+    conf = {
+        **STATE_CONF,
+        "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
+        # executors (local-cluster / a cluster) import this package from the same place as the driver
+        "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        **cfg.spark_conf,
+    }
+    if cfg.master.startswith("local-cluster"):
+        conf.setdefault("spark.executor.memory", "512m")
+    return local_session(cfg.app_name or f"spark-eos-{cfg.pipeline}", cfg.master, **conf)
+
+
+def start(spark: Any, cfg: PipelineConfig) -> Any:
+    """Build and start the pipeline's streaming query (checkpoint and trigger from ``cfg``)."""
+    writer = builder(cfg.pipeline)(spark, cfg).option("checkpointLocation", cfg.checkpoint)
+    kind, seconds = parse_trigger(cfg.trigger)
+    writer = writer.trigger(availableNow=True) if kind == "available-now" else writer.trigger(
+        processingTime=f"{int(seconds * 1000)} milliseconds")
+    return writer.queryName(cfg.app_name or f"{cfg.pipeline}_{cfg.effective_sink_id}").start()

@@ -1,0 +1,270 @@
+"""Pipeline configuration: a TOML or YAML file -> a checked, frozen ``PipelineConfig``.
+
+Example (TOML; YAML takes the same keys)::
+
+    pipeline = "ledger"                 # or "balances"
+
+    [source]
+    bootstrap = "${EOS_KAFKA_BOOTSTRAP}"  # ${VAR} and ${VAR:-default} are expanded
+    topic = "payments"
+    starting_offsets = "earliest"
+    max_offsets_per_trigger = 1000
+
+    [sink]
+    dsn = "${EOS_POSTGRES_DSN}"
+    table = "ledger"
+    sink_id = "ledger"                 # ledger only: names the 2PC sink; unique per query
+
+    [spark]
+    master = "local[*]"
+    trigger = "5s"                     # a processing-time interval, or "available-now"
+    checkpoint = "./checkpoints/ledger"
+    shuffle_partitions = 2
+    conf = { "spark.sql.streaming.minBatchesToRetain" = "20" }
+
+    [restart]
+    strategy = "fixed-delay:3:10s"
+
+    [ledger]
+    malformed = "fail"                 # the only policy: stop with an error naming the record
+
+    [balances]
+    ttl = "7d"                         # idle accounts' state expires (processing time)
+    last_n = 10                        # events kept per account in ListState
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.errors import ConfigError
+from connectors.options import parse_duration
+from connectors.restart import parse_strategy
+
+__all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
+
+PIPELINE_NAMES = ("ledger", "balances")
+
+_SECTIONS: dict[str, set[str]] = {
+    "source": {"bootstrap", "topic", "starting_offsets", "max_offsets_per_trigger", "options"},
+    "sink": {"dsn", "table", "sink_id", "options"},
+    "spark": {"master", "trigger", "checkpoint", "shuffle_partitions", "conf", "app_name"},
+    "restart": {"strategy"},
+    "ledger": {"malformed"},
+    "balances": {"ttl", "last_n"},
+    "log": {"format", "progress"},
+}
+_TOP = {"pipeline", *_SECTIONS}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything a reference pipeline needs; built by ``parse_config`` or directly in code."""
+
+    pipeline: str
+    bootstrap: str
+    topic: str
+    dsn: str
+    table: str
+    checkpoint: str
+    sink_id: str = ""
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = 1000
+    source_options: Mapping[str, str] = field(default_factory=dict)
+    sink_options: Mapping[str, str] = field(default_factory=dict)
+    master: str = "local[*]"
+    trigger: str = "5s"
+    shuffle_partitions: int = 2
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    app_name: str = ""
+    restart: str = "none"
+    malformed: str = "fail"
+    ttl_seconds: float = 7 * 24 * 3600.0
+    last_n: int = 10
+    log_format: str = "text"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pipeline not in PIPELINE_NAMES:
+            raise ConfigError(
+                f"pipeline {self.pipeline!r} is unknown; expected one of {', '.join(PIPELINE_NAMES)}", option="pipeline"
+            )
+        for name, where in (("bootstrap", "source.bootstrap"), ("topic", "source.topic"), ("dsn", "sink.dsn"),
+                            ("table", "sink.table"), ("checkpoint", "spark.checkpoint")):  # fmt: skip
+            if not str(getattr(self, name) or "").strip():
+                raise ConfigError(f"config: '{where}' is required and empty", option=where)
+        parse_trigger(self.trigger)
+        parse_strategy(self.restart)
+        if self.malformed != "fail":
+            raise ConfigError(
+                f"config: ledger.malformed = {self.malformed!r}; the only policy is 'fail' (the query stops "
+                "with an error naming the record's topic, partition and offset; nothing is dropped)",
+                option="ledger.malformed",
+            )
+        if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
+            raise ConfigError("config: source.max_offsets_per_trigger must be >= 1", option="source.max_offsets_per_trigger")
+        if self.shuffle_partitions < 1:
+            raise ConfigError("config: spark.shuffle_partitions must be >= 1", option="spark.shuffle_partitions")
+        if self.ttl_seconds <= 0:
+            raise ConfigError("config: balances.ttl must be > 0", option="balances.ttl")
+        if self.last_n < 1:
+            raise ConfigError("config: balances.last_n must be >= 1", option="balances.last_n")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"config: log.format {self.log_format!r}; expected text or json", option="log.format")
+
+    @property
+    def effective_sink_id(self) -> str:
+        return self.sink_id or re.sub(r"[^A-Za-z0-9_]", "_", self.table)
+
+    def replace(self, **changes: Any) -> PipelineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def parse_trigger(text: str) -> tuple[str, float]:
+    """``"available-now"`` -> ("available-now", 0); ``"5s"``/``"500ms"``/``"2"`` -> ("processing", seconds)."""
+    raw = str(text).strip().lower()
+    if raw in ("available-now", "availablenow", "available_now"):
+        return "available-now", 0.0
+    try:
+        seconds = parse_duration(raw)
+    except ValueError:
+        raise ConfigError(
+            f"config: spark.trigger {text!r} is neither 'available-now' nor an interval such as 500ms, 5s or 1m",
+            option="spark.trigger",
+        ) from None
+    return "processing", seconds
+
+
+def _expand(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            got = os.environ.get(name)
+            if got is None or got == "":
+                if default is None:
+                    raise ConfigError(
+                        f"config: '{where}' uses ${{{name}}} but the environment variable {name} is not set "
+                        f"(set it, or write ${{{name}:-default}})",
+                        option=where,
+                    )
+                return default
+            return got
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+def _str_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"config: '{where}' must be a table/mapping of option = value", option=where)
+    return {str(k): ("true" if v is True else "false" if v is False else str(v)) for k, v in value.items()}
+
+
+def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source: str = "config") -> PipelineConfig:
+    """Check a parsed TOML/YAML mapping and build the config; ``pipeline`` overrides the file's."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a table/mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - _TOP)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(map(repr, unknown))}; valid top-level keys: {', '.join(sorted(_TOP))}",
+            option=unknown[0],
+        )
+    sections: dict[str, dict[str, Any]] = {}
+    for name, keys in _SECTIONS.items():
+        sec = data.get(name) or {}
+        if not isinstance(sec, Mapping):
+            raise ConfigError(f"{source}: [{name}] must be a table/mapping", option=name)
+        bad = sorted(set(sec) - keys)
+        if bad:
+            raise ConfigError(
+                f"{source}: unknown key(s) {', '.join(f'{name}.{b}' for b in bad)}; valid in [{name}]: "
+                f"{', '.join(sorted(keys))}",
+                option=f"{name}.{bad[0]}",
+            )
+        sections[name] = {k: _expand(v, f"{name}.{k}") for k, v in sec.items()}
+    src, snk, spk = sections["source"], sections["sink"], sections["spark"]
+    bal, log = sections["balances"], sections["log"]
+    name = pipeline or data.get("pipeline")
+    if not name:
+        raise ConfigError(f"{source}: no pipeline named (set pipeline = \"ledger\" or pass PIPELINE)", option="pipeline")
+
+    def typed(sec: str, key: str, kind: type, default: Any) -> Any:
+        value = sections[sec].get(key, default)
+        if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+            return value
+        if kind is int and isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+        raise ConfigError(
+            f"{source}: '{sec}.{key}' must be {kind.__name__}, got {value!r}", option=f"{sec}.{key}"
+        )
+
+    ttl_raw = bal.get("ttl", "7d")
+    try:
+        ttl = parse_duration(str(ttl_raw))
+    except ValueError:
+        raise ConfigError(f"{source}: 'balances.ttl' {ttl_raw!r} is not a duration (e.g. 30m, 7d)", option="balances.ttl") from None
+    progress = log.get("progress", True)
+    return PipelineConfig(
+        pipeline=str(name),
+        bootstrap=str(src.get("bootstrap") or os.environ.get("EOS_KAFKA_BOOTSTRAP", "")),
+        topic=str(src.get("topic", "")),
+        starting_offsets=str(src.get("starting_offsets", "earliest")),
+        max_offsets_per_trigger=typed("source", "max_offsets_per_trigger", int, 1000),
+        source_options=_str_map(src.get("options"), "source.options"),
+        dsn=str(snk.get("dsn") or os.environ.get("EOS_POSTGRES_DSN", "")),
+        table=str(snk.get("table", "")),
+        sink_id=str(snk.get("sink_id", "")),
+        sink_options=_str_map(snk.get("options"), "sink.options"),
+        master=str(spk.get("master", "local[*]")),
+        trigger=str(spk.get("trigger", "5s")),
+        checkpoint=str(spk.get("checkpoint", "")),
+        shuffle_partitions=typed("spark", "shuffle_partitions", int, 2),
+        spark_conf=_str_map(spk.get("conf"), "spark.conf"),
+        app_name=str(spk.get("app_name", "")),
+        restart=str(sections["restart"].get("strategy", "none")),
+        malformed=str(sections["ledger"].get("malformed", "fail")),
+        ttl_seconds=ttl,
+        last_n=typed("balances", "last_n", int, 10),
+        log_format=str(log.get("format", "text")),
+        progress=bool(progress) if isinstance(progress, bool) else str(progress).lower() in ("1", "true", "yes", "on"),
+    )
+
+
+def load_config(path: str, *, pipeline: str | None = None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
+    """Read a ``.toml``, ``.yaml`` or ``.yml`` file and parse it; ``overrides`` replace fields afterwards."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist", option="--config")
+    ext = os.path.splitext(path)[1].lower()
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        if ext == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
+            data = tomllib.loads(raw.decode("utf-8"))
+        elif ext in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(raw) or {}
+        else:
+            raise ConfigError(f"config file {path!r}: unknown extension {ext!r}; use .toml, .yaml or .yml", option="--config")
+    except ConfigError:
+        raise
+    except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError: say where
+        raise ConfigError(f"config file {path!r} is not valid {ext[1:].upper()}: {exc}", option="--config") from None
+    cfg = parse_config(data, pipeline=pipeline, source=f"config {path}")
+    return cfg.replace(**overrides) if overrides else cfg
