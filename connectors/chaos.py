@@ -290,12 +290,14 @@ class _Producer(threading.Thread):
             self.done.set()
 
 
-def _runner_argv(cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str) -> list[str]:
+def _runner_argv(
+    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None
+) -> list[str]:
     return python_argv(
         "integration.harness.runner",
         "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn,
         "--table", table, "--checkpoint", checkpoint, "--sink-id", table, "--max-offsets", str(cfg.max_offsets),
-        "--trigger", trigger, "--master", cfg.master, "--timeout", str(cfg.timeout),
+        "--trigger", trigger, "--master", cfg.master, "--timeout", str(timeout or cfg.timeout),
     )  # fmt: skip
 
 
@@ -376,8 +378,9 @@ def run(cfg: ChaosConfig) -> checker.Report:
     if producer.error:
         raise producer.error
     progress.end()
-    final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now"), env, log_path, root)
-    last = final.run(cfg.timeout * 3)
+    drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
+    final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now", drain), env, log_path, root)
+    last = final.run(drain + 60)
     wall = time.monotonic() - started
     is_2pc = cfg.pipeline == "2pc"
     with psycopg.connect(cfg.dsn, autocommit=True):
