@@ -116,6 +116,7 @@ _OWNER = textwrap.dedent(
     from connectors.services import _proc
     k = EmbeddedKafka(); p = EmbeddedPostgres()
     print(" ".join(str(x) for x in _proc.process_tree(k.pid) + _proc.process_tree(p.pid)), flush=True)
+    print(p.base, k.log_path.parent, flush=True)
     mode = sys.argv[1]
     if mode == "exit":
         sys.exit(3)            # no stop(): atexit must clean up
@@ -136,6 +137,8 @@ def test_no_orphan_when_owner_ends(how: str) -> None:
     )
     assert proc.stdout is not None
     pids = [int(x) for x in proc.stdout.readline().split()]
+    dirs = [Path(x) for x in proc.stdout.readline().split()]
+    assert len(dirs) == 2 and all(d.is_dir() for d in dirs)
     assert len(pids) >= 3, "the owner did not start both services"
     assert all(_proc.pid_alive(p) for p in pids)
     if how in ("sigterm", "sigkill"):
@@ -148,6 +151,12 @@ def test_no_orphan_when_owner_ends(how: str) -> None:
     assert _proc.wait_until(lambda: not [p for p in pids if _proc.pid_alive(p)], 30), [
         p for p in pids if _proc.pid_alive(p)
     ]
+    if how == "sigkill":
+        # No cleanup code ran, so the temp dirs are left; the next service start sweeps them.
+        assert all(d.exists() for d in dirs)
+        _proc.sweep_stale("eos-pg-")  # (another session's start may sweep them first: same mechanism)
+        _proc.sweep_stale("eos-kafka-")
+    assert not any(d.exists() for d in dirs)
 
 
 # ---- bad input --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import ctypes
 import errno
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +21,9 @@ from typing import IO, Any
 from connectors.errors import ServiceError
 
 __all__ = [
+    "OWNER_FILE",
     "RunAs",
+    "claim_dir",
     "descendants",
     "free_port",
     "group_pids",
@@ -32,6 +35,7 @@ __all__ = [
     "run_as_for_root",
     "spawn",
     "stop_group",
+    "sweep_stale",
     "tail",
     "unregister_cleanup",
     "wait_until",
@@ -98,6 +102,40 @@ def group_pids(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] not in "ZX":
             out.append(int(entry))
     return sorted(out)
+
+
+OWNER_FILE = "owner.pid"
+
+
+def claim_dir(path: Path) -> None:
+    """Record that this process owns the temp dir ``path`` (see ``sweep_stale``)."""
+    (path / OWNER_FILE).write_text(str(os.getpid()))
+
+
+def sweep_stale(prefix: str) -> list[Path]:
+    """Delete ``<tmp>/<prefix>*`` dirs whose owning process is gone (it died by SIGKILL, before any cleanup).
+
+    Only dirs with an owner file are considered: ``services up`` leaves none, its services outlive it.
+    """
+    import tempfile
+
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(prefix + "*"):
+        try:
+            owner = int((d / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if owner != os.getpid() and not pid_alive(owner):
+            pidfile = d / "data" / "postmaster.pid"
+            try:
+                server = int(pidfile.read_text().split()[0]) if pidfile.exists() else 0
+            except (OSError, ValueError, IndexError):
+                server = 0
+            if server and pid_alive(server):
+                continue  # a server still runs there; the kernel's parent-death signal will end it first
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def tail(path: Path | str, lines: int = 15) -> str:

@@ -102,7 +102,11 @@ class EmbeddedKafka(KafkaService):
             )
         self._detached = detached
         self._own_log_dir = not log_path
+        if not log_path:
+            _proc.sweep_stale("eos-kafka-")
         self._log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="eos-kafka-")) / "tansu.log"
+        if not log_path and not detached:
+            _proc.claim_dir(self._log_path.parent)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         started = time.monotonic()

@@ -131,8 +131,12 @@ class EmbeddedPostgres(PostgresService):
         self.pid = 0
         self.port = port or 0
         started = time.monotonic()
+        if not base_dir:
+            _proc.sweep_stale("eos-pg-")
         self.base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="eos-pg-"))
         self.base.mkdir(parents=True, exist_ok=True)
+        if not detached and not base_dir:
+            _proc.claim_dir(self.base)
         self.data_dir = self.base / "data"
         self.log_path = self.base / "postgres.log"
         if not detached:
