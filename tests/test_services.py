@@ -63,6 +63,20 @@ def test_probe_not_called_when_env_names_the_service() -> None:
     assert choose("kafka", {"EOS_SERVICES": "embedded"}, boom) == "embedded"
 
 
+def test_containers_need_testcontainers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def without(name: str, *args: Any) -> Any:
+        return None if name == "testcontainers" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without)
+    assert choose("kafka", {}) == "embedded"  # the Docker probe is not even asked
+    with pytest.raises(ServiceError, match=r"containers are not usable here.*testcontainers"):
+        choose("kafka", {"EOS_SERVICES": "container"})
+
+
 # ---- DSN redaction ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("dsn", "shown"),

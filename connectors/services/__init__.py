@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from types import ModuleType
 from typing import Any, Literal
@@ -69,12 +70,14 @@ def choose(service: Service, environ: dict[str, str] | None = None, engine_avail
         probe = engine_available
         if probe is None:
             module = _containers()
-            probe = getattr(module, "engine_available", None) if module is not None else None
+            # Containers need testcontainers (the dev extra); without it they are no option.
+            usable = module is not None and importlib.util.find_spec("testcontainers") is not None
+            probe = getattr(module, "engine_available", None) if usable else None
         if probe is None:
             if mode == "container":
                 raise ServiceError(
-                    f"{MODE_ENV}=container but this spark-eos has no container provider "
-                    "(connectors.services.containers); use embedded or env"
+                    f"{MODE_ENV}=container but containers are not usable here (connectors.services.containers or "
+                    "the testcontainers package is missing: pip install 'spark-eos[dev]'); use embedded or env"
                 )
         elif probe():
             return "container"
