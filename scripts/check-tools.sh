@@ -20,7 +20,8 @@ if ! have_java; then
     exit 1
   }
 fi
-if ! have_pg; then
+# A Postgres named by EOS_POSTGRES_DSN (or a container-only run) needs no local server binaries.
+if [ -z "${EOS_POSTGRES_DSN:-}" ] && [ "${EOS_SERVICES:-auto}" != "container" ] && ! have_pg; then
   install postgresql-15 || {
     echo "check-tools: PostgreSQL binaries (initdb, pg_ctl, postgres) are missing. Install them, e.g. 'apt-get install postgresql-15', or set EOS_POSTGRES_DSN to a running server with max_prepared_transactions > 0." >&2
     exit 1
