@@ -159,6 +159,52 @@ def test_no_orphan_when_owner_ends(how: str) -> None:
     assert not any(d.exists() for d in dirs)
 
 
+_FIXTURE_USER = textwrap.dedent(
+    """
+    import os
+    from connectors.services import _proc
+
+    def test_uses_services(kafka_service, postgres_service, pg_conn):
+        assert kafka_service.kind == postgres_service.kind == "embedded"
+        pids = _proc.process_tree(kafka_service.pid) + _proc.process_tree(postgres_service.pid)
+        with open(os.environ["PIDS_OUT"], "w") as f:
+            f.write(" ".join(map(str, pids)))
+    """
+)
+
+
+def test_session_fixtures_leave_no_process(tmp_path: Path) -> None:
+    """The shared fixtures themselves: after a pytest session that used them, none of their processes runs."""
+    (tmp_path / "test_user.py").write_text(_FIXTURE_USER)
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOS_")}
+    env.update(EOS_SERVICES="embedded", PIDS_OUT=str(tmp_path / "pids"), PYTHONPATH=str(root))
+    plugins = [a for m in ("services", "kafka", "postgres") for a in ("-p", f"integration.fixtures.{m}")]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *plugins,
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_user.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
+    assert len(pids) >= 4  # tansu, postmaster, its auxiliary processes and pg_conn's backend
+    assert [p for p in pids if _proc.pid_alive(p)] == []
+
+
 # ---- bad input --------------------------------------------------------------------------------
 def test_missing_tansu_binary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CALF_TANSU_BIN", "/nonexistent/tansu")
