@@ -69,6 +69,10 @@ def session(cfg: PipelineConfig) -> Any:
         "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         **cfg.spark_conf,
     }
+    if cfg.pipeline == "balances":
+        # transformWithState in ProcessingTime mode asks for a no-data batch after every batch, so an
+        # available-now query never ends; TTL is still honoured (expired state reads as absent)
+        conf.setdefault("spark.sql.streaming.noDataMicroBatches.enabled", "false")
     if cfg.master.startswith("local-cluster"):
         conf.setdefault("spark.executor.memory", "512m")
     return local_session(cfg.app_name or f"spark-eos-{cfg.pipeline}", cfg.master, **conf)

@@ -172,7 +172,7 @@ def _str_map(value: Any, where: str) -> dict[str, str]:
 
 
 def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source: str = "config") -> PipelineConfig:
-    """Check a parsed TOML/YAML mapping and build the config; ``pipeline`` overrides the file's."""
+    """Check a parsed TOML/YAML mapping and build the config; ``pipeline`` is used when the file names none."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a table/mapping, got {type(data).__name__}")
     unknown = sorted(set(data) - _TOP)
@@ -196,7 +196,7 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
         sections[name] = {k: _expand(v, f"{name}.{k}") for k, v in sec.items()}
     src, snk, spk = sections["source"], sections["sink"], sections["spark"]
     bal, log = sections["balances"], sections["log"]
-    name = pipeline or data.get("pipeline")
+    name = data.get("pipeline") or pipeline
     if not name:
         raise ConfigError(f"{source}: no pipeline named (set pipeline = \"ledger\" or pass PIPELINE)", option="pipeline")
 

@@ -1,0 +1,235 @@
+"""Unit tests of the CLI surface, restart strategies, pipeline configs, inspect and savepoints (no services)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from connectors import cli
+from connectors.errors import ConfigError
+from connectors.inspect import inspect, render
+from connectors.pipelines.config import load_config, parse_config, parse_trigger
+from connectors.restart import ExponentialBackoff, FailureRate, FixedDelay, NoRestart, parse_strategy
+from connectors.savepoint import create, restore
+
+# ---------------------------------------------------------------------------------------------
+# restart strategies (fake clock: the strategy only sees the times we pass)
+
+
+def test_fixed_delay_gives_up_after_attempts() -> None:
+    s = parse_strategy("fixed-delay:2:10s")
+    assert isinstance(s, FixedDelay)
+    assert [s.on_failure(t) for t in (0.0, 100.0, 200.0)] == [10.0, 10.0, None]
+
+
+def test_exponential_backoff_grows_caps_and_resets() -> None:
+    s = parse_strategy("exponential-backoff:1s:5s:2")
+    assert isinstance(s, ExponentialBackoff)
+    assert [s.on_failure(float(t)) for t in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    s.on_healthy(10.0)
+    assert s.on_failure(11.0) == 1.0
+
+
+def test_failure_rate_counts_failures_in_the_sliding_interval() -> None:
+    s = parse_strategy("failure-rate:2:1m:3s")
+    assert isinstance(s, FailureRate)
+    assert s.on_failure(0.0) == 3.0
+    assert s.on_failure(10.0) == 3.0
+    assert s.on_failure(20.0) is None  # third failure within 60 s
+    s2 = parse_strategy("failure-rate:2:1m:3s")
+    assert [s2.on_failure(t) for t in (0.0, 10.0, 61.0, 71.0)] == [3.0, 3.0, 3.0, 3.0]  # old ones slid out
+
+
+def test_none_never_restarts() -> None:
+    assert isinstance(parse_strategy("none"), NoRestart)
+    assert parse_strategy("none").on_failure(0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("fixed", "unknown strategy 'fixed'"),
+        ("fixed-delay:3", "takes 2 parameters, got 1"),
+        ("fixed-delay:x:1s", "ATTEMPTS 'x' is not a whole number"),
+        ("fixed-delay:3:soon", "DELAY 'soon' is not a duration"),
+        ("exponential-backoff:5s:1s:2", "MAX >= INITIAL"),
+        ("exponential-backoff:1s:5s:0.5", "MULTIPLIER must be >= 1"),
+        ("failure-rate:-1:1m:1s", "MAX_FAILURES must be at least 0"),
+    ],
+)
+def test_bad_strategies_name_the_problem_and_the_forms(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_strategy(text)
+    assert needle in str(err.value)
+    assert "fixed-delay:ATTEMPTS:DELAY" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# configs
+
+GOOD = {
+    "pipeline": "ledger",
+    "source": {"bootstrap": "h:1", "topic": "t"},
+    "sink": {"dsn": "postgresql://u@h/db", "table": "ledger"},
+    "spark": {"checkpoint": "/tmp/c", "trigger": "2s"},
+}
+
+
+def test_shipped_configs_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setenv("EOS_KAFKA_BOOTSTRAP", "k:9")
+    for name in ("ledger.toml", "balances.toml", "ledger.yaml"):
+        cfg = load_config(os.path.join(root, "configs", name))
+        assert cfg.bootstrap == "k:9"
+        assert cfg.pipeline in ("ledger", "balances")
+    bal = load_config(os.path.join(root, "configs", "balances.toml"))
+    assert bal.ttl_seconds == 7 * 24 * 3600 and bal.last_n == 10
+
+
+def test_config_values_and_env_expansion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_TOPIC", "payments")
+    cfg = parse_config({**GOOD, "source": {"bootstrap": "h:1", "topic": "${MY_TOPIC}"}})
+    assert cfg.topic == "payments" and parse_trigger(cfg.trigger) == ("processing", 2.0)
+    assert cfg.effective_sink_id == "ledger"
+    assert parse_trigger("available-now") == ("available-now", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"colour": 1}, "unknown key(s) 'colour'"),
+        ({"spark": {"checkpoint": "/c", "tigger": "1s"}}, "spark.tigger"),
+        ({"spark": {"checkpoint": "/c", "trigger": "fast"}}, "spark.trigger 'fast'"),
+        ({"spark": {"trigger": "1s"}}, "'spark.checkpoint' is required"),
+        ({"pipeline": "mirror"}, "pipeline 'mirror' is unknown"),
+        ({"restart": {"strategy": "always"}}, "unknown strategy 'always'"),
+        ({"ledger": {"malformed": "drop"}}, "ledger.malformed = 'drop'"),
+        ({"balances": {"ttl": "soon"}}, "'balances.ttl' 'soon'"),
+        ({"source": {"bootstrap": "h:1", "topic": "t", "max_offsets_per_trigger": "many"}}, "must be int"),
+        ({"sink": {"dsn": "${EOS_SURELY_UNSET_VAR}", "table": "x"}}, "EOS_SURELY_UNSET_VAR is not set"),
+    ],
+)
+def test_bad_configs_give_clear_errors(change: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({**GOOD, **change})
+    assert needle in str(err.value)
+
+
+def test_bad_config_files(tmp_path) -> None:
+    bad = tmp_path / "x.toml"
+    bad.write_text("pipeline = [unclosed")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(str(bad))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "missing.toml"))
+    ini = tmp_path / "x.ini"
+    ini.write_text("")
+    with pytest.raises(ConfigError, match="unknown extension"):
+        load_config(str(ini))
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
+
+
+def test_every_command_has_help() -> None:
+    parser = cli.build_parser()
+    commands = ["demo", "run", "inspect", "savepoint", "verify", "services", "sinks", "chaos"]
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert set(commands) <= set(sub.choices)
+    for name in commands:
+        text = sub.choices[name].format_help()
+        assert "usage: spark-eos " + name in text
+        assert "unavailable" not in text
+
+
+def test_console_help_and_bad_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "connectors.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "demo" in out.stdout and "savepoint" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "connectors.cli", "frobnicate"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice: 'frobnicate'" in bad.stderr
+
+
+def test_run_with_a_bad_config_exits_with_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('pipeline = "ledger"\n[spark]\ntrigger = "often"\n')
+    assert cli.main(["run", "ledger", "--config", str(path)]) == cli.EXIT_CONFIG
+    assert "'source.bootstrap' is required" in capsys.readouterr().err
+    path.write_text('pipeline = "balances"\n[source]\nbootstrap="h:1"\ntopic="t"\n[sink]\ndsn="postgresql://h/d"\n'
+                    'table="b"\n[spark]\ncheckpoint="/tmp/x"\n')
+    with pytest.raises(SystemExit):
+        cli.main(["run", "ledger", "--config", str(path)])
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect and savepoints on a hand-made checkpoint (Spark's layout)
+
+
+def _checkpoint(root) -> str:
+    ck = root / "ck"
+    (ck / "offsets").mkdir(parents=True)
+    (ck / "commits").mkdir()
+    (ck / "sources" / "0").mkdir(parents=True)
+    (ck / "metadata").write_text('{"id":"q-1"}')
+    (ck / "sources" / "0" / "0").write_text('v1\n{"t":{"0":0}}')
+    conf = {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    for n in range(4):  # batches 0..3 planned, 0..2 committed
+        (ck / "offsets" / str(n)).write_text("v1\n" + json.dumps({"batchTimestampMs": n, "conf": conf}) + "\n" + json.dumps({"t": {"0": 10 * (n + 1)}}))
+        if n < 3:
+            (ck / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    part = ck / "state" / "0" / "0"
+    part.mkdir(parents=True)
+    for v in range(1, 6):
+        (part / f"{v}.changelog").write_text("x" * v)
+    (part / "2.zip").write_text("zip")
+    (part / "SSTs").mkdir()
+    (part / "SSTs" / "a.sst").write_text("sst")
+    return str(ck)
+
+
+def test_inspect_reads_batches_offsets_commits_and_state(tmp_path) -> None:
+    info = inspect(_checkpoint(tmp_path))
+    assert info["query_id"] == "q-1"
+    assert info["last_planned"] == 3 and info["last_committed"] == 2 and info["uncommitted"] == [3]
+    assert info["batches"][1]["sources"] == [{"t": {"0": 20}}]
+    st = info["state_store"]
+    assert "RocksDB" in st["provider"] and st["changelog_checkpointing"] == "true"
+    assert st["operators"][0]["versions"] == [1, 5] and st["operators"][0]["changelog"]
+    text = render(info)
+    assert "committed up to 2" in text and '{"t": {"0": 40}}' in text
+    assert json.loads(render(info, as_json=True))["last_committed"] == 2
+    with pytest.raises(ValueError, match="not a streaming checkpoint"):
+        inspect(str(tmp_path))
+
+
+def test_savepoint_round_trip_keeps_the_consistent_prefix(tmp_path) -> None:
+    ck = _checkpoint(tmp_path)
+    sp = str(tmp_path / "sp")
+    manifest = create(ck, sp)
+    assert manifest["last_commit"] == 2 and manifest["last_planned"] == 3
+    # state versions beyond last planned + 1 (= 4) are not part of the consistent prefix
+    assert os.path.exists(os.path.join(sp, "state/0/0/4.changelog"))
+    assert not os.path.exists(os.path.join(sp, "state/0/0/5.changelog"))
+    assert os.path.exists(os.path.join(sp, "state/0/0/SSTs/a.sst"))
+    with pytest.raises(FileExistsError, match="--force"):
+        create(ck, sp)
+    new = str(tmp_path / "restored")
+    restore(sp, new)
+    assert sorted(os.listdir(os.path.join(new, "commits"))) == ["0", "1", "2"]
+    assert inspect(new)["last_committed"] == 2
+    with pytest.raises(FileExistsError, match="not empty"):
+        restore(sp, new)
+    os.remove(os.path.join(sp, "metadata"))
+    with pytest.raises(ValueError, match="damaged: metadata"):
+        restore(sp, str(tmp_path / "other"))
+
+
+def test_savepoint_refuses_a_checkpoint_without_commits(tmp_path) -> None:
+    (tmp_path / "c" / "commits").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no committed batch"):
+        create(str(tmp_path / "c"), str(tmp_path / "d"))
