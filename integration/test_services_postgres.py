@@ -54,7 +54,8 @@ def test_prepare_disconnect_reconnect_commit_prepared(
         pg_conn.execute(f"COMMIT PREPARED '{gid_commit}'")
 
 
-def test_prepared_transaction_survives_immediate_stop_and_restart(own_pg: EmbeddedPostgres) -> None:
+@pytest.mark.parametrize("how", ["immediate", "sigkill"])
+def test_prepared_transaction_survives_crash_and_restart(own_pg: EmbeddedPostgres, how: str) -> None:
     table = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(own_pg.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (v int)")
@@ -64,17 +65,22 @@ def test_prepared_transaction_survives_immediate_stop_and_restart(own_pg: Embedd
     tree = _proc.process_tree(postmaster)
     assert postmaster in tree and len(tree) > 1  # postmaster and its auxiliary processes
 
-    own_pg.crash()
+    log_before = own_pg.log_path.read_text()
+    own_pg.crash(how)
 
     # The crash happened: every server process is gone, connections are refused, and the log shows
-    # an immediate shutdown (no shutdown checkpoint).
+    # an immediate shutdown (no shutdown checkpoint) or nothing at all (killed).
     assert not [p for p in tree if _proc.pid_alive(p)]
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(own_pg.dsn, connect_timeout=2)
-    assert "immediate shutdown request" in own_pg.log_path.read_text()
+    said = own_pg.log_path.read_text()[len(log_before) :]
+    if how == "immediate":
+        assert "immediate shutdown request" in said
+    else:
+        assert "shutting down" not in said and "shutdown request" not in said
 
     own_pg.start()
-    log = own_pg.log_path.read_text()
+    log = own_pg.log_path.read_text()[len(log_before) :]
     assert "was interrupted" in log or "not properly shut down" in log  # crash recovery ran on start
     assert own_pg.pid != postmaster
     with psycopg.connect(own_pg.dsn, autocommit=True) as conn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import secrets
@@ -271,12 +272,27 @@ class EmbeddedPostgres(PostgresService):
             _proc.stop_group(self.proc, self.pid, grace=0.0, sig=signal.SIGKILL)
         self.proc = None
 
-    def crash(self) -> None:
-        """``pg_ctl stop -m immediate``: no shutdown checkpoint; prepared transactions live on in the WAL."""
+    def crash(self, how: str = "immediate") -> None:
+        """Stop without a shutdown checkpoint; prepared transactions live on in the WAL.
+
+        ``how="immediate"``: ``pg_ctl stop -m immediate`` (SIGQUIT to the postmaster, which quits its
+        backends). ``how="sigkill"``: SIGKILL to the postmaster and every server process at once, as
+        a machine crash would (minus the page cache).
+        """
+        if how not in ("immediate", "sigkill"):
+            raise ServiceError(f"crash(how={how!r}): use 'immediate' or 'sigkill'")
         if not self.running():
             raise ServiceError(f"embedded Postgres on port {self.port} is not running; nothing to crash")
-        self._pg_ctl_stop("immediate")
+        if how == "immediate":
+            self._pg_ctl_stop("immediate")
+            self._reap()
+            return
+        tree = _proc.process_tree(self.pid)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._reap()
+        _proc.wait_until(lambda: not any(_proc.pid_alive(p) for p in tree), 10.0, 0.05)
 
     def start(self) -> None:
         """Start on the same data directory and port (WAL recovery after a crash); a no-op when running."""
