@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from connectors.errors import ServiceError
 
 __all__ = ["KafkaService", "Kind", "PostgresService", "redact_dsn"]
 
 Kind = Literal["env", "container", "embedded"]
+_K = TypeVar("_K", bound="KafkaService")
+_P = TypeVar("_P", bound="PostgresService")
 
 
 def redact_dsn(dsn: str) -> str:
@@ -56,7 +58,7 @@ class KafkaService:
     def stop(self) -> None:
         """Stop the broker if this object started it; a no-op for a broker named by the user."""
 
-    def __enter__(self) -> KafkaService:
+    def __enter__(self: _K) -> _K:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -103,7 +105,7 @@ class PostgresService:
             "Unset EOS_POSTGRES_DSN (or set EOS_SERVICES=embedded) to let spark-eos run its own."
         )
 
-    def __enter__(self) -> PostgresService:
+    def __enter__(self: _P) -> _P:
         return self
 
     def __exit__(self, *exc: Any) -> None:
