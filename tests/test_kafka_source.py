@@ -296,8 +296,8 @@ def test_arrow_schema_matches_spark(headers: bool) -> None:
 
 def test_columns_build_spark_rows() -> None:
     cols = _Columns("t", 3, True)
-    cols.add(_Msg(7, b"k", b"v", (1, 1_700_000_000_123), [("h", b"x"), ("n", None)]))
-    cols.add(_Msg(9, None, None, (2, 5), None))
+    cols.add(_Msg(7, b"k", b"v", (1, 1_700_000_000_123), [("h", b"x"), ("n", None)]), 7)
+    cols.add(_Msg(9, None, None, (2, 5), None), 9)
     batch = cols.flush()
     assert batch.schema == arrow_schema(True)
     rows = batch.to_pylist()

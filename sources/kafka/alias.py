@@ -45,7 +45,7 @@ def install_kafka_alias(spark: Any) -> bool:
     return True
 
 
-def _wrap(cls: type) -> None:
+def _wrap(cls: Any) -> None:
     original = cls.format
 
     def format(self: Any, source: str) -> Any:
@@ -55,4 +55,4 @@ def _wrap(cls: type) -> None:
 
     format.__doc__ = original.__doc__
     format.__wrapped__ = original  # type: ignore[attr-defined]
-    cls.format = format  # type: ignore[attr-defined]
+    setattr(cls, "format", format)  # noqa: B010 - patching a class attribute on purpose

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as CkTopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.errors import ConfigError, ServiceError
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
@@ -131,7 +131,8 @@ class KafkaMetadataClient:
             tps = [TopicPartition(t, p) for t in topics if rx.search(t) for p in range(topics[t])]
             return sorted(tps), []
         assert assign is not None
-        have, missing = [], []
+        have: list[TopicPartition] = []
+        missing: list[TopicPartition] = []
         for t, ps in assign.items():
             for p in ps:
                 (have if t in topics and p < topics[t] else missing).append(TopicPartition(t, int(p)))

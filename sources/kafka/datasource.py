@@ -107,7 +107,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.planner = KafkaPlanner(opts, streaming=True)
         self._initial: dict[str, Any] | None = None
-        self._pinned: dict[str, dict[str, int]] = {}
+        self._pinned: dict[str, dict[str, dict[str, int]]] = {}
         self._target: PartitionOffsets | None = None
         self._last_trigger = time.monotonic()
         self._latest: PartitionOffsets | None = None
@@ -147,6 +147,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start, symbolic=True, what="start offset")
+        end_json: dict[str, dict[str, int]]
         if is_symbolic(begin):
             key = repr(start)
             if key not in self._pinned:

@@ -266,7 +266,8 @@ class KafkaPlanner:
             while len(sizes) < sample and time.monotonic() < deadline:
                 for m in c.consume(num_messages=sample, timeout=0.5):
                     if m.error() is None:
-                        sizes.append(len(m.key() or b"") + len(m.value() or b"") + sum(len(k) + len(v or b"") for k, v in (m.headers() or [])))
+                        headers: Any = m.headers() or []
+                        sizes.append(len(m.key() or b"") + len(m.value() or b"") + sum(len(k) + len(v or b"") for k, v in headers))
         finally:
             c.unassign()
         if sizes:

@@ -86,11 +86,11 @@ class _Columns:
         self.hdrs: list[list[tuple[str, bytes | None]] | None] = []
         self.bytes = 0
 
-    def add(self, m: Any) -> None:
+    def add(self, m: Any, offset: int) -> None:
         k, v = m.key(), m.value()
         self.keys.append(k)
         self.values.append(v)
-        self.offsets.append(m.offset())
+        self.offsets.append(offset)
         ts_type, ts = m.timestamp()
         self.stamps.append(ts * 1000 if ts_type != 0 and ts >= 0 else None)
         self.types.append(_TS_TYPE.get(ts_type, -1))
@@ -160,13 +160,12 @@ class KafkaPartitionReader:
         try:
             while position < r.end:
                 msgs = consumer.consume(num_messages=min(1000, max(1, r.end - position)), timeout=min(1.0, timeout))
-                if time.monotonic() > deadline:  # no record for a whole pollTimeoutMs: never hang
-                    self._timed_out(consumer, ctp, position, timeout)
+                before = position
                 for m in msgs:
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            if m.topic() == r.topic and m.partition() == r.partition and m.offset() >= r.end:
+                            if m.topic() == r.topic and m.partition() == r.partition and (m.offset() or 0) >= r.end:
                                 position = r.end  # the rest of the range is a gap (markers, aborted, compacted)
                                 break
                             continue
@@ -178,15 +177,14 @@ class KafkaPartitionReader:
                             log.warning("kafka-eos: reading %s-%d: %s (retrying)", r.topic, r.partition, err)
                             continue
                         raise KafkaException(err)
-                    off = m.offset()
+                    off: int = m.offset() or 0
                     if off < position:
                         continue  # already read (a fetch can start below the seek position)
                     if off >= r.end:
                         position = r.end
                         break
-                    cols.add(m)
+                    cols.add(m, off)
                     position = off + 1
-                    deadline = time.monotonic() + timeout
                     if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
                         yield cols.flush()
                     if not mid_done and position > half:
@@ -194,6 +192,11 @@ class KafkaPartitionReader:
                         if len(cols):
                             yield cols.flush()
                         faults.point("source.read.mid", spec=s.faults, **ctx)
+                # measured after the yields too, so a slow consumer of our batches is not a timeout
+                if position > before:
+                    deadline = time.monotonic() + timeout
+                elif position < r.end and time.monotonic() > deadline:  # no progress for pollTimeoutMs: never hang
+                    self._timed_out(consumer, ctp, position, timeout)
             if len(cols):
                 yield cols.flush()
         finally:
