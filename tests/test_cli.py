@@ -233,3 +233,50 @@ def test_savepoint_refuses_a_checkpoint_without_commits(tmp_path) -> None:
     (tmp_path / "c" / "commits").mkdir(parents=True)
     with pytest.raises(ValueError, match="no committed batch"):
         create(str(tmp_path / "c"), str(tmp_path / "d"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the supervisor's restart loop, with fake queries, a fake clock and a fake sleep
+
+
+class _FakeQuery:
+    def __init__(self, error: Exception | None) -> None:
+        self.error, self.id, self.runId, self.isActive, self.lastProgress = error, "q", "r", False, None
+
+    def awaitTermination(self, timeout: float) -> bool:
+        return True
+
+    def exception(self) -> Exception | None:
+        return self.error
+
+
+def _supervise(monkeypatch: pytest.MonkeyPatch, strategy: str, errors: list[Exception | None]) -> tuple[int, list[float]]:
+    import io
+
+    from connectors.pipelines import supervisor
+
+    outcomes = iter(errors)
+    monkeypatch.setattr(supervisor, "prepare", lambda cfg: None)
+    monkeypatch.setattr(supervisor, "session", lambda cfg: object())
+    monkeypatch.setattr(supervisor, "start", lambda spark, cfg: _FakeQuery(next(outcomes)))
+    sleeps: list[float] = []
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        now[0] += s
+
+    cfg = parse_config({**GOOD, "restart": {"strategy": strategy}})
+    log = supervisor.Log("json", out=io.StringIO(), live=False)
+    return supervisor.run(cfg, log=log, clock=lambda: now[0], sleep=sleep), sleeps
+
+
+def test_supervisor_restarts_by_strategy_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    rc, sleeps = _supervise(monkeypatch, "exponential-backoff:1s:3s:2", [RuntimeError("a"), RuntimeError("b"), RuntimeError("c"), None])
+    assert rc == 0 and sleeps == [1.0, 2.0, 3.0]
+
+
+def test_supervisor_gives_up_when_the_strategy_does(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, sleeps = _supervise(monkeypatch, "fixed-delay:1:5s", [RuntimeError("boom 1"), RuntimeError("boom 2")])
+    assert rc == 2 and sleeps == [5.0]
+    assert "boom 2" in capsys.readouterr().err

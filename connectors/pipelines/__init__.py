@@ -62,6 +62,8 @@ def session(cfg: PipelineConfig) -> Any:
     from connectors.pipelines.balances import STATE_CONF
     from connectors.services.spark import local_session
 
+    # Spark otherwise binds to the first non-loopback interface; spark-eos runs on loopback unless told
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     conf = {
         **STATE_CONF,
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
