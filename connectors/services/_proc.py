@@ -327,7 +327,7 @@ def stop_group(
 
 # ---- cleanup of everything still running when the interpreter exits ------------------------------
 _live: dict[int, tuple[int, Callable[[], None]]] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: the signal handler may interrupt a holder in the main thread
 _handlers_installed = False
 
 
