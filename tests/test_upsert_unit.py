@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -123,3 +124,19 @@ def test_schema_checks_without_a_database() -> None:
     with pytest.raises(ConfigError, match="needs at least one column besides the key and version"):
         planner([StructField("id", LongType()), StructField("ver", LongType())], **{"delete.tombstones": "true"}).validate_schema()
     planner([*base, StructField("ver", LongType())]).validate_schema()  # fine
+
+
+def test_batch_buffer_keeps_small_tasks_in_memory_and_spills_large_ones(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from sinks.postgres.upsert import BatchBuffer
+
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    batches = [_batch([i, i + 1], [f"n{i}", None], [1, 2]) for i in range(0, 20, 2)]
+    small = BatchBuffer.collect(batches, limit=10**9)
+    assert not small.spilled and small.rows == 20 and list(small) == batches
+    big = BatchBuffer.collect(batches, limit=batches[0].nbytes * 3)
+    assert big.spilled and big.rows == 20
+    assert os.listdir(tmp_path) == []  # unlinked at once, the mapping keeps the data
+    for _ in range(2):  # a retry reads it all again
+        assert [b.to_pydict() for b in big] == [b.to_pydict() for b in batches]

@@ -47,6 +47,8 @@ from sinks.postgres.types import check_table
 
 __all__ = [
     "FORMAT",
+    "SPILL_BYTES",
+    "BatchBuffer",
     "PostgresUpsertDataSource",
     "UpsertBatchWriter",
     "UpsertCommitMessage",
@@ -159,9 +161,13 @@ def prepare_batches(
 
     Runs before the task connects, so a null key or version fails the task before it writes.
     """
+    out = list(_prepared(batches, plan, opts))
+    return out, sum(b.num_rows for b in out)
+
+
+def _prepared(batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions) -> Iterator[pa.RecordBatch]:
     names = [c.name for c in plan.columns]
     payload = [c.name for c in plan.columns if c.name not in plan.key and c.name != plan.version]
-    out: list[pa.RecordBatch] = []
     ordinal = 0
     for batch in batches:
         if batch.num_rows == 0:
@@ -183,8 +189,79 @@ def prepare_batches(
             arrays.append(_delete_flags(batch, opts, payload))
             fields.append(DELETE_FLAG)
         ordinal += batch.num_rows
-        out.append(pa.RecordBatch.from_arrays(arrays, names=fields))
-    return out, ordinal
+        yield pa.RecordBatch.from_arrays(arrays, names=fields)
+
+
+SPILL_BYTES = 64 * 1024 * 1024
+"""A task keeps this much of its prepared Arrow data in memory; the rest goes to a local file."""
+
+
+class BatchBuffer:
+    """A task's prepared batches, re-iterable for retries, spilled past ``limit`` bytes.
+
+    Spilled batches go to an Arrow IPC file in the local temp dir (Spark's executor temp dir when
+    set) that is memory-mapped and unlinked at once: the OS pages it, and nothing is left behind
+    even when the worker is killed.
+    """
+
+    def __init__(self, limit: int = SPILL_BYTES) -> None:
+        self.limit = limit
+        self.rows = 0
+        self.spilled = False
+        self._memory: list[pa.RecordBatch] = []
+        self._bytes = 0
+        self._file: Any = None
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._mapped: pa.MemoryMappedFile | None = None
+
+    @classmethod
+    def collect(cls, batches: Iterable[pa.RecordBatch], limit: int = SPILL_BYTES) -> BatchBuffer:
+        buffer = cls(limit)
+        for batch in batches:
+            buffer.append(batch)
+        buffer.seal()
+        return buffer
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        if self._writer is None and self._bytes + batch.nbytes <= self.limit:
+            self._memory.append(batch)
+            self._bytes += batch.nbytes
+            return
+        if self._writer is None:
+            import os
+            import tempfile
+
+            # Python workers get the executor's local dirs in SPARK_LOCAL_DIRS (large, cleaned by Spark).
+            local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or None
+            self._file = tempfile.NamedTemporaryFile(prefix="eos-upsert-", suffix=".arrow", dir=local, delete=False)
+            self._writer = pa.ipc.new_file(self._file, batch.schema)
+            for kept in self._memory:
+                self._writer.write_batch(kept)
+            self._memory = []
+            self.spilled = True
+        self._writer.write_batch(batch)
+
+    def seal(self) -> None:
+        if self._writer is None:
+            return
+        import os
+
+        self._writer.close()
+        self._file.close()
+        try:
+            self._mapped = pa.memory_map(self._file.name)
+        finally:
+            os.unlink(self._file.name)  # the mapping keeps the data; no file outlives the worker
+        self._writer = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self._mapped is None:
+            yield from self._memory
+            return
+        reader = pa.ipc.open_file(self._mapped)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
 
 
 def _delete_flags(batch: pa.RecordBatch, opts: UpsertOptions, payload: list[str]) -> pa.Array:
@@ -227,7 +304,8 @@ class _UpsertWriterMixin:
         partition, attempt, batch_id = _task_context()
         ctx = {"batch": batch_id, "partition": partition, "attempt": attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **ctx)
-        batches, rows = prepare_batches(iterator, self.plan, self.opts)
+        batches = BatchBuffer.collect(_prepared(iterator, self.plan, self.opts))
+        rows = batches.rows
         tries = 0
 
         def once() -> MergeCounts:
@@ -251,7 +329,7 @@ class _UpsertWriterMixin:
 def write_transaction(
     opts: UpsertOptions,
     plan: MergePlan,
-    batches: list[pa.RecordBatch],
+    batches: Iterable[pa.RecordBatch],
     rows: int,
     *,
     fault_context: Mapping[str, Any] | None = None,
