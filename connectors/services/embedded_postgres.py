@@ -95,7 +95,7 @@ class EmbeddedPostgres(PostgresService):
     fsync stays on (crash tests rely on the WAL), ``max_prepared_transactions`` defaults to 64. The
     superuser ``eos`` logs in with a random password (scram-sha-256). ``crash()`` is
     ``pg_ctl stop -m immediate``; ``start()`` recovers on the same directory and port; ``stop()``
-    stops cleanly and deletes the directory unless ``keep=True``.
+    stops cleanly and deletes the temp directory unless ``keep=True`` (a named ``base_dir`` is kept).
     """
 
     kind = "embedded"
@@ -127,7 +127,8 @@ class EmbeddedPostgres(PostgresService):
         self.max_connections = max_connections
         self.start_timeout = start_timeout
         self._detached = detached
-        self._keep = keep
+        # A directory the caller named is never deleted: it may hold more than our cluster.
+        self._keep = keep or base_dir is not None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self.port = port or 0
