@@ -133,35 +133,51 @@ def test_containers_paused_longer_than_client_timeouts(
     assert delivered == [None], f"produce after the resume failed: {delivered}"
 
     # -- pipeline level --------------------------------------------------------------------------
+    # One run freezes Postgres while a sink task is about to write (batch 1), then Kafka while a
+    # read task starts (batch 2). A run that fails on a freeze is started again with the faults
+    # still to come; a last clean run only when the previous one did not drain.
     pipe = _pipeline(kafka_box, pg_box, tmp_path)
-    outcomes = []
-    for box, spec, point in (
-        (pg_box, "sink.before_write:batch=1:partition=0:action=sleep:seconds=2:once", "sink.before_write"),
-        (kafka_box, "source.read.start:batch=2:partition=0:action=sleep:seconds=2:once", "source.read.start"),
-    ):
-        proc = pipe.process(spec, extra=("connect_timeout=2",)).start()
-        try:
+    pending = [
+        (pg_box, "sink.before_write", "sink.before_write:batch=1:partition=0:action=sleep:seconds=2:once"),
+        (kafka_box, "source.read.start", "source.read.start:batch=2:partition=0:action=sleep:seconds=2:once"),
+    ]
+    proc = None
+    frozen_while_running = []
+    try:
+        while pending:
+            assert len(pipe.outcomes) < 4, f"the freezes never happened: {pipe.describe()}"
+            if proc is None:
+                proc = pipe.process(";".join(spec for _, _, spec in pending), extra=("connect_timeout=2",)).start()
+            box, point, _ = pending[0]
             wait_until(
-                lambda point=point: bool(pipe.fired(point)), timeout=300, what=f"{point} to fire", alive=proc.alive
+                lambda point=point, running=proc: bool(pipe.fired(point)) or not running.alive(),
+                timeout=300,
+                what=f"{point} to fire",
             )
-            box.pause()
-            try:
-                frozen_while_running = proc.alive()
-                time.sleep(8)  # longer than connect_timeout=2 and the sleep fault
-            finally:
-                box.unpause()
-            out = proc.wait(400)
-        except BaseException:
+            if pipe.fired(point):
+                box.pause()
+                try:
+                    assert box.status() == "paused"
+                    frozen_while_running.append(proc.alive())
+                    time.sleep(8)  # longer than connect_timeout=2 and the 2 s the task sleeps first
+                finally:
+                    box.unpause()
+                pending.pop(0)
+            if not proc.alive() or not pending:
+                out = proc.wait(400)
+                pipe.outcomes.append(out)
+                proc = None
+                assert out.returncode == 0 or "RUNNER FAILED" in out.log_tail, (
+                    f"neither drained nor a clear failure: {pipe.describe()}"
+                )
+    except BaseException:
+        if proc is not None:
             proc.stop()  # never leave the query's JVM behind a failed test
-            raise
-        pipe.outcomes.append(out)
-        outcomes.append(out)
-        assert frozen_while_running, "the pipeline had ended before the freeze"
-        assert out.returncode == 0 or "RUNNER FAILED" in out.log_tail, (
-            f"neither drained nor a clear failure: {pipe.describe()}"
-        )
-    final = pipe.run()
-    assert final.returncode == 0, pipe.describe()
+        raise
+    assert frozen_while_running == [True, True], "a freeze did not happen while the pipeline ran"
+    if pipe.outcomes[-1].returncode != 0:
+        final = pipe.run()
+        assert final.returncode == 0, pipe.describe()
     _assert_exact(pipe, ["sink.before_write", "source.read.start"])
     assert len(pipe.fired("sink.before_write")) == 1 and len(pipe.fired("source.read.start")) == 1
 
