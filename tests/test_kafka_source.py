@@ -315,3 +315,43 @@ def test_custom_schema_refused() -> None:
     with pytest.raises(ConfigError, match="fixed schema"):
         ds.streamReader(StructType([StructField("value", StringType())]))
     assert isinstance(ds.streamReader(kafka_schema()), KafkaStreamReader)
+
+
+# ---- stream planning without a broker (planner calls faked) ---------------------------------------
+
+
+class _FakePlanner:
+    def __init__(self, end: dict, resolved: dict) -> None:
+        self.end, self.resolved, self.resolves = end, resolved, 0
+
+    def plan_end(self, start: dict, limits: Limits, *, target: dict | None = None) -> dict:
+        return dict(self.end)
+
+    def resolve_start(self, tps: list) -> dict:
+        self.resolves += 1
+        return dict(self.resolved)
+
+
+def test_symbolic_start_is_pinned_by_an_empty_batch_zero() -> None:
+    reader = KafkaStreamReader(opts(subscribe="t"))
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    fake = _FakePlanner({}, {tp0: 7, tp1: 3})
+    reader.planner = fake  # type: ignore[assignment]
+    reader._initial = to_json({tp0: LATEST, tp1: LATEST}, symbolic=True)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 7, "1": 3}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == end and fake.resolves == 1  # resolved once
+    assert reader.partitions(start, end) == []  # batch 0 reads nothing: it only pins the start
+
+
+def test_min_offsets_wait_until_max_trigger_delay() -> None:
+    reader = KafkaStreamReader(opts(subscribe="t", minOffsetsPerTrigger="10", maxTriggerDelay="60s"))
+    tp = TopicPartition("t", 0)
+    reader.planner = _FakePlanner({tp: 5}, {})  # type: ignore[assignment]
+    start = to_json({tp: 0})
+    limit = reader.getDefaultReadLimit()
+    assert reader.latestOffset(start, limit) == start  # 5 < 10 new records: wait
+    reader._last_trigger -= 61  # maxTriggerDelay has passed
+    assert reader.latestOffset(start, limit) == {"t": {"0": 5}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 5}}  # the engine's limit wins
