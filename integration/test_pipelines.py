@@ -23,12 +23,17 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def pipeline_spark(spark: Any) -> Any:
-    """A session sharing the test SparkContext (and its registered formats), with the pipelines' state settings."""
-    session = spark.newSession()
-    for key, value in STATE_CONF.items():
-        session.conf.set(key, value)
-    session.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    return session
+    """The test session with the pipelines' state settings (restored afterwards for other modules)."""
+    settings = {**STATE_CONF, "spark.sql.streaming.noDataMicroBatches.enabled": "false"}
+    before = {k: spark.conf.get(k, None) for k in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    yield spark
+    for key, value in before.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 def _cfg(kafka_service: Any, postgres_service: Any, name: str, topic: str, table: str, checkpoint: str, **kw: Any) -> PipelineConfig:

@@ -241,7 +241,7 @@ def test_savepoint_refuses_a_checkpoint_without_commits(tmp_path) -> None:
 
 class _FakeQuery:
     def __init__(self, error: Exception | None) -> None:
-        self.error, self.id, self.runId, self.isActive, self.lastProgress = error, "q", "r", False, None
+        self.error, self.id, self.runId, self.isActive, self.recentProgress = error, "q", "r", False, []
 
     def awaitTermination(self, timeout: float) -> bool:
         return True

@@ -102,11 +102,12 @@ def _watch(query: Any, cfg: PipelineConfig, log: Log, on_batch: Callable[[], Non
     committed = 0
     while query.isActive:
         query.awaitTermination(poll)
-        progress = query.lastProgress
-        if not progress or progress.get("batchId", -1) == last_batch:
+        fresh = [p for p in (query.recentProgress or []) if p.get("batchId", -1) > last_batch]
+        if not fresh:
             continue
+        progress = fresh[-1]
         last_batch = progress["batchId"]
-        rows = int(progress.get("numInputRows") or 0)
+        rows = sum(int(p.get("numInputRows") or 0) for p in fresh)
         committed += rows
         if rows:
             on_batch()
