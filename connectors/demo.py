@@ -315,7 +315,7 @@ def main(args: argparse.Namespace) -> int:
                 _row("recoveries", f"{report['recoveries']} restarts resumed from their checkpoint"),
                 _row("prepared txns left", report["prepared_left"], report["prepared_left"] == 0),
                 _row("decision log", decision.summary, decision.ok),
-                _row("throughput", f"{report['events_per_second']} events/s per pipeline incl. restarts "
+                _row("throughput", f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
                      f"({proc_time:.0f}s)"),
                 _row("wall time", f"{elapsed:.0f}s"),
                 "  " + "-" * 58,
