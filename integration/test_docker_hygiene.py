@@ -86,8 +86,10 @@ def test_child(docker_engine):
     with open(os.environ["EOS_CHILD_REPORT"], "w") as f:
         json.dump({"pid": docker_engine.pid, "run_dir": str(docker_engine.run_dir),
                    "data_root": str(docker_engine.data_root), "container": box.name, "port": box.port}, f)
-    if os.environ.get("EOS_CHILD_HANG"):
-        time.sleep(600)  # the parent SIGKILLs this pytest here
+    go = os.environ["EOS_CHILD_GO"]  # the parent looks at the running engine, then lets it finish
+    deadline = time.monotonic() + 600
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the parent SIGKILLs this pytest here in the killed-session test
 '''
 
 
@@ -107,7 +109,7 @@ def _ours(report: dict[str, object]) -> dict[str, list[str]]:
     return {"processes": procs, "mounts": mounts, "listeners": _listeners(int(str(report["port"])))}
 
 
-def _run_child(tmp_path: Path, *, hang: bool) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+def _run_child(tmp_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     test_file = tmp_path / "test_child_engine.py"
     test_file.write_text(textwrap.dedent(CHILD_TEST))
     report_path = tmp_path / "child.json"
@@ -120,8 +122,7 @@ def _run_child(tmp_path: Path, *, hang: bool) -> tuple[subprocess.Popen[bytes], 
         EOS_CHILD_REPORT=str(report_path),
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )
-    if hang:
-        env["EOS_CHILD_HANG"] = "1"
+    env["EOS_CHILD_GO"] = str(tmp_path / "go")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(test_file)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -151,9 +152,10 @@ def test_no_daemon_container_or_mount_left_after_a_session(tmp_path: Path) -> No
     a broker container that the test itself never stops. After the session: that dockerd, its
     containerd, the container's processes, its listening socket and every mount under the
     engine's roots are gone, and the run directory is removed."""
-    proc, report = _run_child(tmp_path, hang=False)
+    proc, report = _run_child(tmp_path)
     assert report["pid"] and Path(f"/proc/{report['pid']}").exists(), "the child's dockerd was not running"
     assert _listeners(int(str(report["port"]))) == [LOOPBACK_HEX], "the child's broker was not listening"
+    (tmp_path / "go").touch()
     out = proc.communicate(timeout=300)[0].decode(errors="replace")
     assert proc.returncode == 0, out[-3000:]
     left = _wait_clean(report, timeout=5)
@@ -165,10 +167,12 @@ def test_no_daemon_or_container_left_when_the_session_is_killed(tmp_path: Path) 
     """The same, but the child pytest is SIGKILLed mid-test (no teardown, no atexit): dockerd gets
     SIGTERM from the kernel (parent-death signal), stops the container and exits with its
     containerd; no process, listener or mount of that engine remains."""
-    proc, report = _run_child(tmp_path, hang=True)
+    proc, report = _run_child(tmp_path)
     assert Path(f"/proc/{report['pid']}").exists(), "the child's dockerd was not running"
+    assert _listeners(int(str(report["port"]))) == [LOOPBACK_HEX], "the child's broker was not listening"
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
     left = _wait_clean(report, timeout=60)
     assert not any(left.values()), f"left after the killed session: {left}"
+    assert not Path(str(report["run_dir"])).exists(), "the engine's run directory was not removed"

@@ -195,11 +195,18 @@ class Engine:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        """dockerd's pid (from its pidfile) for an owned engine; None otherwise."""
+        if self.proc is None or self.data_root is None:
+            return None
+        try:
+            return int((self.data_root / "dockerd.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
 
 
 def _stop_daemon(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM dockerd (it stops its containers and its managed containerd), then SIGKILL the group."""
+    """SIGTERM the supervisor (dockerd stops its containers and containerd; mounts are undone), then
+    SIGKILL the process group as a backstop."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -290,8 +297,25 @@ def ensure_dockerd() -> str:
     return found
 
 
+# dockerd runs under this small shell so that its cleanup happens even when the Python process
+# that started it was SIGKILLed: the shell gets SIGTERM from the kernel (parent-death signal),
+# passes it to dockerd (which stops its containers and containerd), waits, then undoes the mounts
+# dockerd leaves under the run dir (exec-root/netns/default) and, on a requested stop, removes it.
+SUPERVISOR = r"""
+run=$1; shift
+stopping=
+"$@" &
+pid=$!
+trap 'stopping=1; kill -TERM "$pid" 2>/dev/null' TERM INT HUP
+wait "$pid"
+while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
+awk -v r="$run/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m"; done
+if [ -n "$stopping" ]; then rm -rf "$run"; fi
+"""
+
+
 def _set_pdeathsig() -> None:
-    """Child side: SIGTERM dockerd when the Python process that started it dies (even by SIGKILL)."""
+    """Child side: SIGTERM the supervisor when the Python process that started it dies (even by SIGKILL)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     os.setsid()
@@ -308,8 +332,11 @@ def _kill_stale(data_root: Path) -> None:
     if b"dockerd" in cmd and str(data_root).encode() in cmd:
         log.warning("stopping a stale dockerd %s on %s", pid, data_root)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        time.sleep(1)
+            os.kill(pid, signal.SIGTERM)  # it stops its containers and containerd
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
 
 
 def start_private_engine(timeout: float = START_TIMEOUT) -> Engine:
@@ -357,7 +384,11 @@ def start_private_engine(timeout: float = START_TIMEOUT) -> Engine:
     ]
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_set_pdeathsig
+            ["sh", "-c", SUPERVISOR, "eos-dockerd-supervisor", str(run_dir), *cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_set_pdeathsig,
         )
     engine = Engine(
         host=f"unix://{sock}",
