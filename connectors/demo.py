@@ -283,7 +283,7 @@ def main(args: argparse.Namespace) -> int:
         ok = rep_l.ok and rep_b.ok and runs_ok and crashes == planned
         elapsed = time.monotonic() - wall
         proc_time = max(tr.seconds for tr, _ in tracks)
-        report = {
+        report: dict[str, Any] = {
             "ok": ok, "events": len(events), "ledger_rows": rep_l.info.get("sink_rows"),
             "duplicates": dup.counts["duplicates"], "missing": lost.counts["losses"], "phantoms": ph.counts["phantoms"],
             "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],

@@ -64,7 +64,7 @@ def session(cfg: PipelineConfig) -> Any:
 
     # Spark otherwise binds to the first non-loopback interface; spark-eos runs on loopback unless told
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    conf = {
+    conf: dict[str, Any] = {
         **STATE_CONF,
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         # executors (local-cluster / a cluster) import this package from the same place as the driver

@@ -182,21 +182,21 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
             option=unknown[0],
         )
     sections: dict[str, dict[str, Any]] = {}
-    for name, keys in _SECTIONS.items():
-        sec = data.get(name) or {}
+    for section, keys in _SECTIONS.items():
+        sec = data.get(section) or {}
         if not isinstance(sec, Mapping):
-            raise ConfigError(f"{source}: [{name}] must be a table/mapping", option=name)
+            raise ConfigError(f"{source}: [{section}] must be a table/mapping", option=section)
         bad = sorted(set(sec) - keys)
         if bad:
             raise ConfigError(
-                f"{source}: unknown key(s) {', '.join(f'{name}.{b}' for b in bad)}; valid in [{name}]: "
+                f"{source}: unknown key(s) {', '.join(f'{section}.{b}' for b in bad)}; valid in [{section}]: "
                 f"{', '.join(sorted(keys))}",
-                option=f"{name}.{bad[0]}",
+                option=f"{section}.{bad[0]}",
             )
-        sections[name] = {k: _expand(v, f"{name}.{k}") for k, v in sec.items()}
+        sections[section] = {k: _expand(v, f"{section}.{k}") for k, v in sec.items()}
     src, snk, spk = sections["source"], sections["sink"], sections["spark"]
     bal, log = sections["balances"], sections["log"]
-    name = data.get("pipeline") or pipeline
+    name: Any = data.get("pipeline") or pipeline
     if not name:
         raise ConfigError(f"{source}: no pipeline named (set pipeline = \"ledger\" or pass PIPELINE)", option="pipeline")
 
