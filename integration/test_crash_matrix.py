@@ -359,7 +359,8 @@ def test_f15_f16_aborted_input_and_second_query(make_pipeline, kafka_service):
     assert out_c.returncode == 2, f"F16: another query on sink id {pipe.sink_id} must be refused\n{out_c.log_tail}"
     assert pipe.sink_id in out_c.log_tail
     assert 2 in (out_a.returncode, out_b.returncode) or {out_a.returncode, out_b.returncode} == {0}, outs
-    assert pipe.run().returncode == 0, pipe.describe()
+    if 0 not in (out_a.returncode, out_b.returncode):  # neither twin finished: a restart must
+        assert pipe.run().returncode == 0, pipe.describe()
     report = pipe.report()
     _assert_ok(report, pipe)  # the sink equals what a read_committed reader of the topic sees
     with psycopg.connect(pipe.check_dsn) as conn:
