@@ -16,6 +16,7 @@ def fault_env(tmp_path, monkeypatch):
     monkeypatch.setenv(faults.ENV_LOG, str(tmp_path / "fired.jsonl"))
     monkeypatch.setenv(faults.ENV_STATE, str(tmp_path / "state"))
     monkeypatch.delenv(faults.ENV_SPEC, raising=False)
+    monkeypatch.delenv(faults.ENV_PGID, raising=False)  # a leaked group id would aim kill-group at pytest
     return tmp_path
 
 
