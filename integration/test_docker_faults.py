@@ -45,6 +45,7 @@ def _assert_exact(pipe: Pipeline, expect: list[str]) -> checker.Report:
     return report
 
 
+@pytest.mark.slow
 def test_postgres_container_sigkill_with_prepared_transactions(
     kafka_box: ContainerKafka, pg_box: ContainerPostgres, tmp_path: Path
 ) -> None:
@@ -85,6 +86,7 @@ def test_postgres_container_sigkill_with_prepared_transactions(
     _assert_exact(pipe, ["sink.after_prepare"])
 
 
+@pytest.mark.slow
 def test_containers_paused_longer_than_client_timeouts(
     kafka_box: ContainerKafka, pg_box: ContainerPostgres, tmp_path: Path
 ) -> None:
