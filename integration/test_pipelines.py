@@ -176,3 +176,26 @@ def test_run_command_on_local_cluster(kafka_service, postgres_service, new_topic
     report = checker.verify(bootstrap=kafka_service.bootstrap, topic=topic, dsn=postgres_service.dsn, table=table,
                             sink_id=table, checkpoint=str(tmp_path / "ck"), payload_fields=("account", "amount"))
     assert report.ok, report.table()
+
+
+# Restarting the ledger query inside one Spark session (as `spark-eos run` does after a failure) must
+# keep every earlier row: found failing on 2026-11-22 (a later query's first publish replaced the table).
+def test_ledger_restarted_in_the_same_session_keeps_earlier_rows(
+    pipeline_spark, kafka_service, postgres_service, new_topic, new_table, tmp_path, pg_conn
+) -> None:
+    topic, table = new_topic(partitions=2, prefix="ledger"), new_table("ledger")
+    produce(kafka_service.bootstrap, topic, generate(100, seed=1), partitions=2)
+    cfg = _cfg(kafka_service, postgres_service, "ledger", topic, table, str(tmp_path / "ck"))
+    _run(pipeline_spark, cfg)
+    n1 = pg_conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    produce(kafka_service.bootstrap, topic, generate(50, seed=1, start=100), partitions=2)
+    _run(pipeline_spark, cfg)  # a second query on the same checkpoint, same session, available-now
+    n2 = pg_conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    produce(kafka_service.bootstrap, topic, generate(30, seed=1, start=150), partitions=2)
+    query = start(pipeline_spark, cfg.replace(trigger="300ms"))  # a third, with a processing-time trigger
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    n3 = pg_conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    assert (n1, n2, n3) == (100, 150, 180)
