@@ -257,7 +257,7 @@ def _supervise(monkeypatch: pytest.MonkeyPatch, strategy: str, errors: list[Exce
 
     outcomes = iter(errors)
     monkeypatch.setattr(supervisor, "prepare", lambda cfg: None)
-    monkeypatch.setattr(supervisor, "session", lambda cfg: object())
+    monkeypatch.setattr(supervisor, "session", lambda cfg: type("S", (), {"stop": lambda self: None})())
     monkeypatch.setattr(supervisor, "start", lambda spark, cfg: _FakeQuery(next(outcomes)))
     sleeps: list[float] = []
     now = [0.0]

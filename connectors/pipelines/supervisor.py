@@ -164,3 +164,10 @@ def run(
         restarts += 1
         log.event("pipeline.restart", level="warn", error=message[:500], delay_s=delay, restart=restarts)
         sleep(delay)
+        # like Flink restarting the job: a fresh SparkContext (and Python workers), nothing carried over
+        # from the failed attempt; see integration/test_pipelines.py for why in-session restarts are risky
+        try:
+            spark.stop()
+        except Exception as exc:  # a context that died with the query; the new one is what matters
+            log.event("spark.stop_failed", level="warn", error=str(exc)[:300])
+        spark = session(cfg)
