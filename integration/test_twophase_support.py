@@ -94,7 +94,7 @@ def twophase_pg(request: pytest.FixtureRequest) -> Iterator[Any]:
         service = request.getfixturevalue("postgres_service")
     except pytest.FixtureLookupError:
         service = None
-    if service is not None and hasattr(service, "crash"):
+    if service is not None and getattr(service, "kind", "env") != "env":  # a server we run: crash()/start() work
         yield service
         return
     pg = start_cluster()
