@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+from connectors import faults
+
 __all__ = [
     "Outcome",
     "PipelineProcess",
@@ -81,6 +83,9 @@ class PipelineProcess:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"pipeline already running (pid {self.proc.pid})")
         env = dict(os.environ if self.env is None else self.env)
+        # the child leads a group of its own and names it itself: a group id inherited from here
+        # would aim its kill-group faults at us
+        env.pop(faults.ENV_PGID, None)
         self._log = open(self.log_path, "ab") if self.log_path else None
         self.started = time.monotonic()
         self.proc = subprocess.Popen(

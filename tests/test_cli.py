@@ -148,9 +148,13 @@ def test_every_command_has_help() -> None:
 
 
 def test_console_help_and_bad_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "connectors.cli", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "demo" in out.stdout and "savepoint" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "connectors.cli", "frobnicate"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "frobnicate"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and "invalid choice: 'frobnicate'" in bad.stderr
 
 
@@ -159,8 +163,10 @@ def test_run_with_a_bad_config_exits_with_a_clear_error(tmp_path, capsys: pytest
     path.write_text('pipeline = "ledger"\n[spark]\ntrigger = "often"\n')
     assert cli.main(["run", "ledger", "--config", str(path)]) == cli.EXIT_CONFIG
     assert "'source.bootstrap' is required" in capsys.readouterr().err
-    path.write_text('pipeline = "balances"\n[source]\nbootstrap="h:1"\ntopic="t"\n[sink]\ndsn="postgresql://h/d"\n'
-                    'table="b"\n[spark]\ncheckpoint="/tmp/x"\n')
+    path.write_text(
+        'pipeline = "balances"\n[source]\nbootstrap="h:1"\ntopic="t"\n[sink]\ndsn="postgresql://h/d"\n'
+        'table="b"\n[spark]\ncheckpoint="/tmp/x"\n'
+    )
     with pytest.raises(SystemExit):
         cli.main(["run", "ledger", "--config", str(path)])
 
@@ -176,10 +182,14 @@ def _checkpoint(root) -> str:
     (ck / "sources" / "0").mkdir(parents=True)
     (ck / "metadata").write_text('{"id":"q-1"}')
     (ck / "sources" / "0" / "0").write_text('v1\n{"t":{"0":0}}')
-    conf = {"spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    conf = {
+        "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    }
     for n in range(4):  # batches 0..3 planned, 0..2 committed
-        (ck / "offsets" / str(n)).write_text("v1\n" + json.dumps({"batchTimestampMs": n, "conf": conf}) + "\n" + json.dumps({"t": {"0": 10 * (n + 1)}}))
+        (ck / "offsets" / str(n)).write_text(
+            "v1\n" + json.dumps({"batchTimestampMs": n, "conf": conf}) + "\n" + json.dumps({"t": {"0": 10 * (n + 1)}})
+        )
         if n < 3:
             (ck / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
     part = ck / "state" / "0" / "0"
@@ -250,7 +260,9 @@ class _FakeQuery:
         return self.error
 
 
-def _supervise(monkeypatch: pytest.MonkeyPatch, strategy: str, errors: list[Exception | None]) -> tuple[int, list[float]]:
+def _supervise(
+    monkeypatch: pytest.MonkeyPatch, strategy: str, errors: list[Exception | None]
+) -> tuple[int, list[float]]:
     import io
 
     from connectors.pipelines import supervisor
@@ -272,11 +284,36 @@ def _supervise(monkeypatch: pytest.MonkeyPatch, strategy: str, errors: list[Exce
 
 
 def test_supervisor_restarts_by_strategy_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
-    rc, sleeps = _supervise(monkeypatch, "exponential-backoff:1s:3s:2", [RuntimeError("a"), RuntimeError("b"), RuntimeError("c"), None])
+    rc, sleeps = _supervise(
+        monkeypatch, "exponential-backoff:1s:3s:2", [RuntimeError("a"), RuntimeError("b"), RuntimeError("c"), None]
+    )
     assert rc == 0 and sleeps == [1.0, 2.0, 3.0]
 
 
-def test_supervisor_gives_up_when_the_strategy_does(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_supervisor_names_the_fault_group_only_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process run must not leave EOS_FAULTS_PGID behind: children started later would aim
+    kill-group faults at this process's group (it once SIGKILLed the whole test run)."""
+    import os
+
+    from connectors import faults
+    from connectors.pipelines import supervisor
+
+    monkeypatch.delenv(faults.ENV_PGID, raising=False)
+    seen: list[str | None] = []
+    monkeypatch.setattr(supervisor, "prepare", lambda cfg: seen.append(os.environ.get(faults.ENV_PGID)))
+    monkeypatch.setattr(supervisor, "session", lambda cfg: type("S", (), {"stop": lambda self: None})())
+    monkeypatch.setattr(supervisor, "start", lambda spark, cfg: _FakeQuery(None))
+    cfg = parse_config({**GOOD, "restart": {"strategy": "none"}})
+    import io
+
+    assert supervisor.run(cfg, log=supervisor.Log("json", out=io.StringIO(), live=False)) == 0
+    assert seen == [str(os.getpgrp())]
+    assert faults.ENV_PGID not in os.environ
+
+
+def test_supervisor_gives_up_when_the_strategy_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc, sleeps = _supervise(monkeypatch, "fixed-delay:1:5s", [RuntimeError("boom 1"), RuntimeError("boom 2")])
     assert rc == 2 and sleeps == [5.0]
     assert "boom 2" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from connectors import faults
 from connectors.pipelines import PipelineConfig, prepare, session, start
 from connectors.restart import parse_strategy
 
@@ -132,11 +133,25 @@ def run(
     poll: float = 1.0,
 ) -> int:
     """Run ``cfg`` until it ends (available-now drained: 0) or the restart strategy gives up (2)."""
+    # executor Python workers get their own process group from PySpark's daemon: a kill-group fault
+    # must take the pipeline's whole group (driver, JVM, workers), like a machine losing power. Set
+    # only while the pipeline runs: a caller that runs it in-process (tests) must not keep it.
+    previous = os.environ.get(faults.ENV_PGID)
+    os.environ[faults.ENV_PGID] = str(os.getpgrp())
+    try:
+        return _run(cfg, log=log, clock=clock, sleep=sleep, poll=poll)
+    finally:
+        if previous is None:
+            os.environ.pop(faults.ENV_PGID, None)
+        else:
+            os.environ[faults.ENV_PGID] = previous
+
+
+def _run(
+    cfg: PipelineConfig, *, log: Log | None, clock: Callable[[], float], sleep: Callable[[float], None], poll: float
+) -> int:
     log = log or Log(cfg.log_format, live=cfg.progress)
     strategy = parse_strategy(cfg.restart)
-    # executor Python workers get their own process group from PySpark's daemon: a kill-group fault
-    # must take the pipeline's whole group (driver, JVM, workers), like a machine losing power
-    os.environ.setdefault("EOS_FAULTS_PGID", str(os.getpgrp()))
     prepare(cfg)
     spark = session(cfg)
     restarts = 0

@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Any
 
+from connectors import faults
+
 __all__ = ["SINKS", "build_parser", "create_tables", "main"]
 
 SINKS = ("2pc", "upsert", "stateful", "broken")
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # executor Python workers live in PySpark's daemon's own process group: tell kill-group faults
     # which group is the pipeline's (inherited by the JVM and every worker)
-    os.environ.setdefault("EOS_FAULTS_PGID", str(os.getpgrp()))
+    os.environ[faults.ENV_PGID] = str(os.getpgrp())
     create_tables(args.dsn, args.sink, args.table)
     spark = _spark(args)
     started = time.monotonic()
