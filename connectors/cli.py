@@ -95,7 +95,9 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--kills", type=int, default=4, help="kills spread over the two pipelines (default 4)")
     p.add_argument("--seed", type=int, default=7, help="seed of the events and the kill schedule (default 7)")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
-    p.add_argument("--workdir", default=None, help="checkpoints, configs and logs (default: a temp dir, removed on success)")
+    p.add_argument(
+        "--workdir", default=None, help="checkpoints, configs and logs (default: a temp dir, removed on success)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the work dir even when the demo passes")
     p.add_argument("--json", action="store_true", help="print the final report as JSON")
     p.set_defaults(func=_demo_cmd)
@@ -173,7 +175,9 @@ def _wire(sub: Any, module: str, command: str, helptext: str) -> None:
         add: Callable[[Any], Any] = importlib.import_module(module).add_subparser
     except (ImportError, AttributeError) as exc:
         p = sub.add_parser(command, help=f"{helptext} (unavailable: {exc})")
-        p.set_defaults(func=lambda _a, e=exc: (_ for _ in ()).throw(SystemExit(f"spark-eos {command}: unavailable: {e}")))
+        p.set_defaults(
+            func=lambda _a, e=exc: (_ for _ in ()).throw(SystemExit(f"spark-eos {command}: unavailable: {e}"))
+        )
         return
     add(sub)
 

@@ -158,7 +158,11 @@ def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, work
                     # let it make progress first (a restart must really resume), then pull the plug
                     deadline = time.monotonic() + timeout
                     target = (-1 if before is None else before) + 2  # two new batches: real progress
-                    while proc.alive() and time.monotonic() < deadline and (checker.last_commit(checkpoint) or -1) < target:
+                    while (
+                        proc.alive()
+                        and time.monotonic() < deadline
+                        and (checker.last_commit(checkpoint) or -1) < target
+                    ):
                         time.sleep(0.2)
                     time.sleep(kill.delay)
                     proc.kill_group()

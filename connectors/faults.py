@@ -32,7 +32,18 @@ from functools import lru_cache
 
 from connectors.errors import ConfigError, EosError
 
-__all__ = ["ENV_LOG", "ENV_PGID", "ENV_SPEC", "ENV_STATE", "POINTS", "FaultInjected", "FaultRule", "fired", "parse_spec", "point"]
+__all__ = [
+    "ENV_LOG",
+    "ENV_PGID",
+    "ENV_SPEC",
+    "ENV_STATE",
+    "POINTS",
+    "FaultInjected",
+    "FaultRule",
+    "fired",
+    "parse_spec",
+    "point",
+]
 
 ENV_SPEC = "EOS_FAULTS"
 ENV_LOG = "EOS_FAULTS_LOG"

@@ -63,7 +63,9 @@ def _state(checkpoint: str) -> dict[str, Any]:
     return {"operators": operators}
 
 
-def inspect(checkpoint: str, *, dsn: str | None = None, sink_id: str | None = None, eos_schema: str = "eos") -> dict[str, Any]:
+def inspect(
+    checkpoint: str, *, dsn: str | None = None, sink_id: str | None = None, eos_schema: str = "eos"
+) -> dict[str, Any]:
     """Everything ``spark-eos inspect`` shows, as a JSON-able dict."""
     if not os.path.isdir(checkpoint):
         raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist or is not a directory")
@@ -120,9 +122,7 @@ def _sink(dsn: str, sink_id: str | None, schema: str) -> dict[str, Any]:
                 "WHERE %s::text IS NULL OR sink_id = %s ORDER BY sink_id, batch_id DESC LIMIT 200",
                 (sink_id, sink_id),
             ).fetchall()
-            out["decisions"] = [
-                {"sink_id": r[0], "batch": r[1], "gids": r[2], "decided_at": str(r[3])} for r in rows
-            ]
+            out["decisions"] = [{"sink_id": r[0], "batch": r[1], "gids": r[2], "decided_at": str(r[3])} for r in rows]
         prefix = f"eos:{sink_id}:" if sink_id else "eos:"
         rows = conn.execute(
             "SELECT gid, prepared, now() - prepared FROM pg_prepared_xacts WHERE starts_with(gid, %s) ORDER BY prepared",

@@ -117,8 +117,7 @@ class FailureRate(RestartStrategy):
 
 def _bad(text: str, why: str) -> ConfigError:
     return ConfigError(
-        f"restart strategy {text!r}: {why}; expected one of: {', '.join(FORMS)} "
-        "(durations like 500ms, 10s, 5m, 1h)",
+        f"restart strategy {text!r}: {why}; expected one of: {', '.join(FORMS)} (durations like 500ms, 10s, 5m, 1h)",
         option="restart",
     )
 

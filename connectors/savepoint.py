@@ -92,7 +92,9 @@ def restore(savepoint: str, checkpoint: str, *, force: bool = False) -> dict[str
     """Copy a savepoint into ``checkpoint`` (new or empty, or replaced with ``force``); returns its manifest."""
     path = os.path.join(savepoint, MANIFEST)
     if not os.path.exists(path):
-        raise ValueError(f"{savepoint!r} is not a spark-eos savepoint (no {MANIFEST}); make one with 'savepoint create'")
+        raise ValueError(
+            f"{savepoint!r} is not a spark-eos savepoint (no {MANIFEST}); make one with 'savepoint create'"
+        )
     with open(path, encoding="utf-8") as fh:
         manifest: dict[str, Any] = json.load(fh)
     for rel, size in manifest["sizes"].items():

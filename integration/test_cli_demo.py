@@ -20,7 +20,7 @@ def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_p
          "--workdir", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=1500, env=env,
     )  # fmt: skip
-    report = json.loads(out.stdout[out.stdout.index("{\n"):])
+    report = json.loads(out.stdout[out.stdout.index("{\n") :])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert report["ok"] is True
     assert report["events"] == 400 and report["ledger_rows"] == 400

@@ -25,13 +25,19 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 def topic_content(bootstrap: str, topic: str, *, committed: bool = False) -> list[tuple[int, int, bytes | None]]:
     """Ground truth: (partition, offset, value) of every record, read by a plain consumer."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     parts = sorted(admin.list_topics(topic, timeout=10).topics[topic].partitions)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "truth", "enable.partition.eof": True,
-                  "enable.auto.commit": False, "isolation.level": "read_committed" if committed else "read_uncommitted"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "truth",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
+        }
+    )
     c.assign([CkTP(topic, p, 0) for p in parts])
     out, eof, deadline = [], set(), time.time() + 30
     while len(eof) < len(parts) and time.time() < deadline:
@@ -51,7 +57,9 @@ def base_options(bootstrap: str, **extra: str) -> dict[str, str]:
 
 
 def rows_of(df: Any) -> list[tuple[int, int, bytes | None]]:
-    return sorted((r["partition"], r["offset"], bytes(r["value"]) if r["value"] is not None else None) for r in df.collect())
+    return sorted(
+        (r["partition"], r["offset"], bytes(r["value"]) if r["value"] is not None else None) for r in df.collect()
+    )
 
 
 OUT_SCHEMA = "partition int, offset long, value binary"
@@ -60,8 +68,13 @@ OUT_SCHEMA = "partition int, offset long, value binary"
 def run_available_now(spark: Any, options: dict[str, str], checkpoint: str, name: str) -> Any:
     """Run an AvailableNow query into a parquet sink (it recovers from its checkpoint); return the finished query."""
     df = spark.readStream.format("kafka-eos").options(**options).load().select("partition", "offset", "value")
-    q = (df.writeStream.format("parquet").option("path", os.path.join(checkpoint, "_out_" + name))
-         .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    q = (
+        df.writeStream.format("parquet")
+        .option("path", os.path.join(checkpoint, "_out_" + name))
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         q.awaitTermination(180)
     except Exception:  # the caller inspects q.exception()
@@ -76,27 +89,58 @@ def memory_rows(spark: Any, name: str, checkpoint: str) -> list[tuple[int, int, 
 # ---- batch reads ------------------------------------------------------------------------------------
 
 
-def test_batch_read_offsets_timestamps_and_headers(spark: Any, kafka_service: Any, new_topic: Any, produce: Any) -> None:
+def test_batch_read_offsets_timestamps_and_headers(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any
+) -> None:
     topic = new_topic(partitions=2)
     base = 1_700_000_000_000
-    produce(topic, [{"key": b"k%d" % i, "value": b"v%d" % i, "partition": i % 2, "timestamp": base + i * 1000,
-                     "headers": [("i", str(i).encode())]} for i in range(20)])
+    produce(
+        topic,
+        [
+            {
+                "key": b"k%d" % i,
+                "value": b"v%d" % i,
+                "partition": i % 2,
+                "timestamp": base + i * 1000,
+                "headers": [("i", str(i).encode())],
+            }
+            for i in range(20)
+        ],
+    )
     truth = topic_content(kafka_service.bootstrap, topic)
 
-    everything = spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, includeHeaders="true")).load()
+    everything = (
+        spark.read.format("kafka-eos")
+        .options(**base_options(kafka_service.bootstrap, subscribe=topic, includeHeaders="true"))
+        .load()
+    )
     assert rows_of(everything) == truth
     first = everything.where("partition = 0 and offset = 0").collect()[0]
     assert first["key"] == b"k0" and first["topic"] == topic and first["timestampType"] == 0
     assert first["headers"][0]["key"] == "i" and bytes(first["headers"][0]["value"]) == b"0"
     assert int(first["timestamp"].timestamp() * 1000) == base
 
-    by_offsets = spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic,
-                                             startingOffsets=json.dumps({topic: {"0": 2, "1": -2}}),
-                                             endingOffsets=json.dumps({topic: {"0": 5, "1": -1}}))).load()
+    by_offsets = (
+        spark.read.format("kafka-eos")
+        .options(
+            **base_options(
+                kafka_service.bootstrap,
+                subscribe=topic,
+                startingOffsets=json.dumps({topic: {"0": 2, "1": -2}}),
+                endingOffsets=json.dumps({topic: {"0": 5, "1": -1}}),
+            )
+        )
+        .load()
+    )
     assert rows_of(by_offsets) == [t for t in truth if (t[0] == 0 and 2 <= t[1] < 5) or t[0] == 1]
 
-    split = spark.read.format("kafka-eos").options(**base_options(
-        kafka_service.bootstrap, subscribe=topic, minPartitions="5", maxRecordsPerPartition="4")).load()
+    split = (
+        spark.read.format("kafka-eos")
+        .options(
+            **base_options(kafka_service.bootstrap, subscribe=topic, minPartitions="5", maxRecordsPerPartition="4")
+        )
+        .load()
+    )
     assert split.rdd.getNumPartitions() >= 6  # 2 x 10 records cut into ranges of at most 4
     assert rows_of(split) == truth
 
@@ -107,51 +151,104 @@ def test_batch_read_offsets_timestamps_and_headers(spark: Any, kafka_service: An
     assert rows_of(aliased) == truth
 
     with pytest.raises(Exception, match="did you mean 'startingOffsets'"):
-        spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, startingOffset="0")).load().collect()
+        spark.read.format("kafka-eos").options(
+            **base_options(kafka_service.bootstrap, subscribe=topic, startingOffset="0")
+        ).load().collect()
 
     # Timestamp look-ups: tansu 0.6 answers ListOffsets-by-timestamp with offset 0 whatever the timestamp,
     # so on tansu only "a duplicate-free part of the topic, resolved without error" holds; real Kafka is exact.
     exact = not kafka_service.is_tansu
     wanted = sorted(b"v%d" % i for i in range(6, 14))  # timestamps in [base+6s, base+14s)
-    by_time = rows_of(spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic,
-                                                  startingTimestamp=str(base + 6000), endingTimestamp=str(base + 14000))).load())
+    by_time = rows_of(
+        spark.read.format("kafka-eos")
+        .options(
+            **base_options(
+                kafka_service.bootstrap,
+                subscribe=topic,
+                startingTimestamp=str(base + 6000),
+                endingTimestamp=str(base + 14000),
+            )
+        )
+        .load()
+    )
     values = sorted(v for *_, v in by_time)
     assert len(values) == len(set(values)) and set(by_time) <= set(truth)
     if exact:
         assert values == wanted
     stamps = json.dumps({topic: {"0": base + 16000, "1": base}})
-    by_ts = rows_of(spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, startingOffsetsByTimestamp=stamps,
-                                                startingOffsets=json.dumps({topic: {"0": 9, "1": 9}}))).load())
+    by_ts = rows_of(
+        spark.read.format("kafka-eos")
+        .options(
+            **base_options(
+                kafka_service.bootstrap,
+                subscribe=topic,
+                startingOffsetsByTimestamp=stamps,
+                startingOffsets=json.dumps({topic: {"0": 9, "1": 9}}),
+            )
+        )
+        .load()
+    )
     expected = [t for t in truth if (t[0] == 0 and t[1] >= 8) or t[0] == 1]
     assert set(expected) <= set(by_ts)
     if exact:
         assert by_ts == expected  # startingOffsetsByTimestamp takes precedence over startingOffsets
-        late = spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, startingTimestamp=str(base + 10**9))).load()
+        late = (
+            spark.read.format("kafka-eos")
+            .options(**base_options(kafka_service.bootstrap, subscribe=topic, startingTimestamp=str(base + 10**9)))
+            .load()
+        )
         with pytest.raises(Exception, match="no record at or after the timestamp"):
             late.collect()
-        assert spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, startingTimestamp=str(base + 10**9),
-                                           startingOffsetsByTimestampStrategy="latest")).load().count() == 0
+        assert (
+            spark.read.format("kafka-eos")
+            .options(
+                **base_options(
+                    kafka_service.bootstrap,
+                    subscribe=topic,
+                    startingTimestamp=str(base + 10**9),
+                    startingOffsetsByTimestampStrategy="latest",
+                )
+            )
+            .load()
+            .count()
+            == 0
+        )
 
 
 def test_batch_read_bad_ranges_and_unknown_topic(spark: Any, kafka_service: Any, new_topic: Any, produce: Any) -> None:
     topic = new_topic()
     produce(topic, [(None, b"x%d" % i) for i in range(5)])
     with pytest.raises(Exception, match=r"startingOffsets 5 is after endingOffsets 2 for .*-0"):
-        spark.read.format("kafka-eos").options(**base_options(
-            kafka_service.bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 5}}),
-            endingOffsets=json.dumps({topic: {"0": 2}}))).load().collect()
+        spark.read.format("kafka-eos").options(
+            **base_options(
+                kafka_service.bootstrap,
+                subscribe=topic,
+                startingOffsets=json.dumps({topic: {"0": 5}}),
+                endingOffsets=json.dumps({topic: {"0": 2}}),
+            )
+        ).load().collect()
     with pytest.raises(Exception, match=r"starting offsets are after the ending offsets for .*-0 \[50, 5\)"):
-        spark.read.format("kafka-eos").options(**base_options(
-            kafka_service.bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 50}}))).load().collect()
+        spark.read.format("kafka-eos").options(
+            **base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 50}}))
+        ).load().collect()
     with pytest.raises(Exception, match=r"'assign' names partitions that do not exist at .*: no-such-topic-0"):
-        spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, assign='{"no-such-topic":[0]}')).load().collect()
+        spark.read.format("kafka-eos").options(
+            **base_options(kafka_service.bootstrap, assign='{"no-such-topic":[0]}')
+        ).load().collect()
     with pytest.raises(Exception, match=r"'startingOffsets' does not cover partitions"):
-        spark.read.format("kafka-eos").options(**base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets='{"other":{"0":0}}')).load().collect()
+        spark.read.format("kafka-eos").options(
+            **base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets='{"other":{"0":0}}')
+        ).load().collect()
 
 
 def test_unreachable_bootstrap_fails_bounded_with_clear_error(spark: Any) -> None:
-    opts = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "kafkaConsumer.pollTimeoutMs": "1500",
-            "fetchOffset.numRetries": "1", "fetchOffset.retryIntervalMs": "100"}
+    opts = {
+        "kafka.bootstrap.servers": "127.0.0.1:1",
+        "subscribe": "t",
+        "kafkaConsumer.pollTimeoutMs": "1500",
+        "fetchOffset.numRetries": "1",
+        "fetchOffset.retryIntervalMs": "100",
+    }
     with pytest.raises(Exception, match=r"listing topics failed at 127\.0\.0\.1:1 after 2 attempt\(s\).*reachable"):
         spark.read.format("kafka-eos").options(**opts).load().collect()
 
@@ -166,8 +263,18 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     produce(topic, [(b"k", b"v%d" % i, i % 3) for i in range(60)])
     truth = topic_content(kafka_service.bootstrap, topic)
     name = "an_" + uuid.uuid4().hex[:8]
-    q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest",
-                                              maxOffsetsPerTrigger="10", minOffsetsPerTrigger="5"), tmp_checkpoint, name)
+    q = run_available_now(
+        spark,
+        base_options(
+            kafka_service.bootstrap,
+            subscribe=topic,
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger="10",
+            minOffsetsPerTrigger="5",
+        ),
+        tmp_checkpoint,
+        name,
+    )
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 6 and max(sizes) <= 10, sizes
@@ -179,8 +286,12 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
 
     # maxBytesPerTrigger: records of ~4 bytes, at most ~40 bytes a batch
     cp = os.path.join(tmp_checkpoint, "bytes")
-    q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest",
-                                              maxBytesPerTrigger="40"), cp, "bytes")
+    q = run_available_now(
+        spark,
+        base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", maxBytesPerTrigger="40"),
+        cp,
+        "bytes",
+    )
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 4 and max(sizes) <= 20, sizes
@@ -222,8 +333,12 @@ def test_transaction_gaps_under_both_isolation_levels(
             assert values == [f"{x}{i}".encode() for x in "abc" for i in range(4)]
         # small micro-batches: several ranges end inside or on markers; none may hang or lose a record
         name = "tx_" + level + uuid.uuid4().hex[:6]
-        q = run_available_now(spark, {**opts, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "3"},
-                              os.path.join(tmp_checkpoint, level), name)
+        q = run_available_now(
+            spark,
+            {**opts, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "3"},
+            os.path.join(tmp_checkpoint, level),
+            name,
+        )
         assert q.exception() is None
         assert [v for _, _, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, level))] == values
 
@@ -264,8 +379,9 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
         produce(doomed, [(None, b"d0")])
         name = "del_" + fail + uuid.uuid4().hex[:6]
         cp = os.path.join(tmp_checkpoint, fail)
-        opts = base_options(kafka_service.bootstrap, subscribe=f"{keep},{doomed}", startingOffsets="earliest",
-                            failOnDataLoss=fail)
+        opts = base_options(
+            kafka_service.bootstrap, subscribe=f"{keep},{doomed}", startingOffsets="earliest", failOnDataLoss=fail
+        )
         assert run_available_now(spark, opts, cp, name).exception() is None
         assert len(memory_rows(spark, name, cp)) == 2
         admin.delete_topics([doomed])[doomed].result()
@@ -286,16 +402,28 @@ def test_latest_start_is_pinned_and_group_offsets(
     group = "g-" + uuid.uuid4().hex[:8]
     name = "lat_" + uuid.uuid4().hex[:6]
     location = os.path.join(tmp_checkpoint, "start.json")
-    opts = base_options(kafka_service.bootstrap, subscribe=topic, startingOffsetsLocation=location,
-                        commitOffsetsToGroup="true", **{"kafka.group.id": group})
+    opts = base_options(
+        kafka_service.bootstrap,
+        subscribe=topic,
+        startingOffsetsLocation=location,
+        commitOffsetsToGroup="true",
+        **{"kafka.group.id": group},
+    )
     assert run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name).exception() is None
-    assert memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp")) == []  # latest: nothing written before the start is read
+    assert (
+        memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp")) == []
+    )  # latest: nothing written before the start is read
     pinned = json.loads(Path(location).read_text())
     assert pinned == {topic: {"0": 3}}
     produce(topic, [(None, b"new%d" % i) for i in range(4)])
     q = run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name)
     assert q.exception() is None
-    assert [v for *_, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp"))] == [b"new0", b"new1", b"new2", b"new3"]
+    assert [v for *_, v in memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp"))] == [
+        b"new0",
+        b"new1",
+        b"new2",
+        b"new3",
+    ]
     assert json.loads(Path(location).read_text()) == pinned  # resolved once, never again
 
     # startingOffsets=group reads from what commitOffsetsToGroup published (committed when the next batch is planned)
@@ -303,8 +431,15 @@ def test_latest_start_is_pinned_and_group_offsets(
     committed = c.committed([CkTP(topic, 0)], timeout=10)[0].offset
     c.close()
     assert committed >= 3, committed
-    by_group = spark.read.format("kafka-eos").options(**base_options(
-        kafka_service.bootstrap, subscribe=topic, startingOffsets="group", **{"kafka.group.id": group})).load()
+    by_group = (
+        spark.read.format("kafka-eos")
+        .options(
+            **base_options(
+                kafka_service.bootstrap, subscribe=topic, startingOffsets="group", **{"kafka.group.id": group}
+            )
+        )
+        .load()
+    )
     assert [r[1] for r in rows_of(by_group)] == list(range(committed, 7))
 
     # without startingOffsetsLocation an empty batch 0 pins "latest" in offsets/0
@@ -341,7 +476,9 @@ QUERY = textwrap.dedent(
 
 @pytest.mark.crash
 @pytest.mark.slow
-def test_exactly_once_replay_after_kills(spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_path: Path) -> None:
+def test_exactly_once_replay_after_kills(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_path: Path
+) -> None:
     topic = new_topic(partitions=2)
     produce(topic, [(b"k%d" % i, b"v%d" % i, i % 2) for i in range(200)])
     truth = topic_content(kafka_service.bootstrap, topic)
@@ -351,9 +488,14 @@ def test_exactly_once_replay_after_kills(spark: Any, kafka_service: Any, new_top
     env = {**os.environ, "PYTHONPATH": str(ROOT), faults.ENV_LOG: str(log), faults.ENV_STATE: str(tmp_path / "state")}
 
     def start(extra: dict[str, str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, str(script), kafka_service.bootstrap, topic, str(out), str(cp)],
-                                env={**env, **extra}, cwd=ROOT, start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, str(script), kafka_service.bootstrap, topic, str(out), str(cp)],
+            env={**env, **extra},
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
 
     # 1) a fault point inside read() SIGKILLs the executor's Python workers mid-batch (PySpark's worker
     #    daemon runs in its own process group, so kill-group takes the daemon and all its workers);
@@ -390,10 +532,13 @@ def test_fault_in_read_is_retried_without_duplicates(
     name = "flt_" + uuid.uuid4().hex[:6]
     # the Python worker dies mid-range in batch 2 and a task fails at its start in batch 3; Spark retries
     # both tasks (local[N,F]) and each re-reads its exact range
-    spec = (f"source.read.mid:batch=2:partition=1:topic={topic}:action=kill:once;"
-            f"source.read.start:batch=3:topic={topic}:once")
-    opts = base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="10",
-                        faults=spec)
+    spec = (
+        f"source.read.mid:batch=2:partition=1:topic={topic}:action=kill:once;"
+        f"source.read.start:batch=3:topic={topic}:once"
+    )
+    opts = base_options(
+        kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="10", faults=spec
+    )
     q = run_available_now(spark, opts, tmp_checkpoint, name)
     assert q.exception() is None
     assert memory_rows(spark, name, tmp_checkpoint) == topic_content(kafka_service.bootstrap, topic)

@@ -36,9 +36,20 @@ def pipeline_spark(spark: Any) -> Any:
             spark.conf.set(key, value)
 
 
-def _cfg(kafka_service: Any, postgres_service: Any, name: str, topic: str, table: str, checkpoint: str, **kw: Any) -> PipelineConfig:
-    base = dict(pipeline=name, bootstrap=kafka_service.bootstrap, topic=topic, dsn=postgres_service.dsn, table=table,
-                checkpoint=checkpoint, trigger="available-now", max_offsets_per_trigger=60, master="local[2,2]")
+def _cfg(
+    kafka_service: Any, postgres_service: Any, name: str, topic: str, table: str, checkpoint: str, **kw: Any
+) -> PipelineConfig:
+    base = dict(
+        pipeline=name,
+        bootstrap=kafka_service.bootstrap,
+        topic=topic,
+        dsn=postgres_service.dsn,
+        table=table,
+        checkpoint=checkpoint,
+        trigger="available-now",
+        max_offsets_per_trigger=60,
+        master="local[2,2]",
+    )
     base.update(kw)
     return PipelineConfig(**base)
 
@@ -52,9 +63,15 @@ def _run(spark: Any, cfg: PipelineConfig) -> None:
 
 
 def _verify_ledger(kafka_service: Any, postgres_service: Any, topic: str, cfg: PipelineConfig) -> checker.Report:
-    return checker.verify(bootstrap=kafka_service.bootstrap, topic=topic, dsn=postgres_service.dsn, table=cfg.table,
-                          payload_fields=("account", "amount", "counterparty"), sink_id=cfg.effective_sink_id,
-                          checkpoint=cfg.checkpoint)
+    return checker.verify(
+        bootstrap=kafka_service.bootstrap,
+        topic=topic,
+        dsn=postgres_service.dsn,
+        table=cfg.table,
+        payload_fields=("account", "amount", "counterparty"),
+        sink_id=cfg.effective_sink_id,
+        checkpoint=cfg.checkpoint,
+    )
 
 
 def test_ledger_end_to_end_savepoint_with_changed_trigger_and_cli(
@@ -90,15 +107,38 @@ def test_ledger_end_to_end_savepoint_with_changed_trigger_and_cli(
 
     # inspect (with the sink's decision log) and verify through the CLI
     capsys.readouterr()
-    assert cli.main(["inspect", restored, "--dsn", postgres_service.dsn, "--sink-id", cfg.effective_sink_id, "--json"]) == 0
+    assert (
+        cli.main(["inspect", restored, "--dsn", postgres_service.dsn, "--sink-id", cfg.effective_sink_id, "--json"])
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)
     assert info["last_committed"] == checker.last_commit(restored)
     assert info["sink"]["decisions"][0]["batch"] == info["last_committed"]
     assert info["sink"]["in_doubt"] == []
     assert sum(info["batches"][0]["sources"][0][topic].values()) <= 60
-    assert cli.main(["verify", "--bootstrap", kafka_service.bootstrap, "--topic", topic, "--dsn", postgres_service.dsn,
-                     "--table", table, "--payload", "account", "amount", "--sink-id", cfg.effective_sink_id,
-                     "--checkpoint", restored]) == 0
+    assert (
+        cli.main(
+            [
+                "verify",
+                "--bootstrap",
+                kafka_service.bootstrap,
+                "--topic",
+                topic,
+                "--dsn",
+                postgres_service.dsn,
+                "--table",
+                table,
+                "--payload",
+                "account",
+                "amount",
+                "--sink-id",
+                cfg.effective_sink_id,
+                "--checkpoint",
+                restored,
+            ]
+        )
+        == 0
+    )
     assert "EXACTLY-ONCE HELD" in capsys.readouterr().out
 
 
@@ -106,8 +146,13 @@ def test_ledger_malformed_event_stops_the_query_naming_it(
     pipeline_spark, kafka_service, postgres_service, new_topic, new_table, pg_conn, tmp_path
 ) -> None:
     topic, table = new_topic(partitions=1, prefix="poison"), new_table("ledger")
-    produce(kafka_service.bootstrap, topic, generate(5, seed=2), partitions=1,
-            raw=[(0, b'{"id": "bad-1", "account": "acct-1", "amount": "lots", "ts": "2026-01-01T00:00:00Z"}')])
+    produce(
+        kafka_service.bootstrap,
+        topic,
+        generate(5, seed=2),
+        partitions=1,
+        raw=[(0, b'{"id": "bad-1", "account": "acct-1", "amount": "lots", "ts": "2026-01-01T00:00:00Z"}')],
+    )
     cfg = _cfg(kafka_service, postgres_service, "ledger", topic, table, str(tmp_path / "ck"))
     prepare(cfg)
     query = start(pipeline_spark, cfg)
@@ -123,7 +168,9 @@ def test_balances_state_ttl_and_restart_with_state(
     pipeline_spark, kafka_service, postgres_service, new_topic, new_table, pg_conn, tmp_path
 ) -> None:
     topic, table = new_topic(partitions=2, prefix="bal"), new_table("balances")
-    cfg = _cfg(kafka_service, postgres_service, "balances", topic, table, str(tmp_path / "ck"), ttl_seconds=6.0, last_n=3)
+    cfg = _cfg(
+        kafka_service, postgres_service, "balances", topic, table, str(tmp_path / "ck"), ttl_seconds=6.0, last_n=3
+    )
     first = generate(120, seed=3, accounts=6)
     produce(kafka_service.bootstrap, topic, first, partitions=2)
     _run(pipeline_spark, cfg)
@@ -134,7 +181,9 @@ def test_balances_state_ttl_and_restart_with_state(
     agg = checker.compare_aggregates(first + second, checker.read_table(pg_conn, table), key="account",
                                      columns={"balance": "sum", "events": "count"})  # fmt: skip
     assert agg[0].ok, agg[0].summary
-    row = pg_conn.execute(f"SELECT events, recent, counterparties, version FROM {table} WHERE account = 'acct-000'").fetchone()
+    row = pg_conn.execute(
+        f"SELECT events, recent, counterparties, version FROM {table} WHERE account = 'acct-000'"
+    ).fetchone()
     mine = [e for e in first + second if e["account"] == "acct-000"]
     assert row[0] == len(mine)
     assert [r["id"] for r in json.loads(row[1])] == [e["id"] for e in mine[-3:]]  # ListState: last N in order
@@ -146,10 +195,18 @@ def test_balances_state_ttl_and_restart_with_state(
 
     # idle longer than the TTL: the account's state expires and its next event starts from zero
     time.sleep(7.0)
-    late = {"id": "late-1", "account": "acct-000", "counterparty": "cp-99", "amount": 42, "ts": "2026-02-01T00:00:00+00:00"}
+    late = {
+        "id": "late-1",
+        "account": "acct-000",
+        "counterparty": "cp-99",
+        "amount": 42,
+        "ts": "2026-02-01T00:00:00+00:00",
+    }
     produce(kafka_service.bootstrap, topic, [late], partitions=2)
     _run(pipeline_spark, cfg)
-    row = pg_conn.execute(f"SELECT balance, events, recent, counterparties, version FROM {table} WHERE account = 'acct-000'").fetchone()
+    row = pg_conn.execute(
+        f"SELECT balance, events, recent, counterparties, version FROM {table} WHERE account = 'acct-000'"
+    ).fetchone()
     assert (row[0], row[1]) == (42, 1), f"state should have expired, got balance {row[0]} events {row[1]}"
     assert [r["id"] for r in json.loads(row[2])] == ["late-1"]
     assert json.loads(row[3]) == {"cp-99": 42}
@@ -163,7 +220,7 @@ def test_run_command_on_local_cluster(kafka_service, postgres_service, new_topic
     config = tmp_path / "ledger.yaml"
     config.write_text(
         f"pipeline: ledger\nsource:\n  bootstrap: {kafka_service.bootstrap}\n  topic: {topic}\n  max_offsets_per_trigger: 50\n"
-        f"sink:\n  dsn: \"{postgres_service.dsn}\"\n  table: {table}\nspark:\n  checkpoint: {tmp_path / 'ck'}\n"
+        f'sink:\n  dsn: "{postgres_service.dsn}"\n  table: {table}\nspark:\n  checkpoint: {tmp_path / "ck"}\n'
         "  trigger: available-now\n  master: local-cluster[2,1,1024]\nrestart:\n  strategy: fixed-delay:1:1s\nlog:\n  format: json\n"
     )
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
@@ -173,8 +230,15 @@ def test_run_command_on_local_cluster(kafka_service, postgres_service, new_topic
     events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
     assert {"pipeline.start", "query.started", "pipeline.done"} <= {e["event"] for e in events}
     assert events[0]["master"] == "local-cluster[2,1,1024]"
-    report = checker.verify(bootstrap=kafka_service.bootstrap, topic=topic, dsn=postgres_service.dsn, table=table,
-                            sink_id=table, checkpoint=str(tmp_path / "ck"), payload_fields=("account", "amount"))
+    report = checker.verify(
+        bootstrap=kafka_service.bootstrap,
+        topic=topic,
+        dsn=postgres_service.dsn,
+        table=table,
+        sink_id=table,
+        checkpoint=str(tmp_path / "ck"),
+        payload_fields=("account", "amount"),
+    )
     assert report.ok, report.table()
 
 

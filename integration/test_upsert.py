@@ -20,7 +20,12 @@ pytestmark = pytest.mark.integration
 UTC = dt.timezone.utc
 
 
-_DOTTED = {"table_create": "table.create", "delete_column": "delete.column", "delete_tombstones": "delete.tombstones", "retry_attempts": "retry.attempts"}
+_DOTTED = {
+    "table_create": "table.create",
+    "delete_column": "delete.column",
+    "delete_tombstones": "delete.tombstones",
+    "retry_attempts": "retry.attempts",
+}
 
 
 def _write(df: DataFrame, dsn: str, table: str, **options: Any) -> None:
@@ -52,16 +57,47 @@ ALL_TYPES = (
 def _typed_rows() -> list[tuple[Any, ...]]:
     big = bytes(range(256)) * 8192  # 2 MiB
     return [
-        (1, "plain", decimal.Decimal("1.500"), dt.datetime(2024, 1, 2, 3, 4, 5, 600000, tzinfo=UTC),
-         dt.datetime(2024, 1, 2, 3, 4, 5), dt.date(2024, 1, 2), b"\x00\xff", ["a", None], [1, 2],
-         {"a": 1, "b": "x"}, {"k": 1.5}, True, 0.25, 7, 1),
+        (
+            1,
+            "plain",
+            decimal.Decimal("1.500"),
+            dt.datetime(2024, 1, 2, 3, 4, 5, 600000, tzinfo=UTC),
+            dt.datetime(2024, 1, 2, 3, 4, 5),
+            dt.date(2024, 1, 2),
+            b"\x00\xff",
+            ["a", None],
+            [1, 2],
+            {"a": 1, "b": "x"},
+            {"k": 1.5},
+            True,
+            0.25,
+            7,
+            1,
+        ),
         (2, "ünïcödé ✓ 日本語 😀", None, None, None, None, big, [], None, None, None, None, None, None, 1),
-        (3, None, decimal.Decimal("-99999.999"), dt.datetime(1970, 1, 1, tzinfo=UTC), None, dt.date(1, 1, 1), b"",
-         None, [None], {"a": None, "b": None}, {}, False, float("inf"), -32768, 1),
+        (
+            3,
+            None,
+            decimal.Decimal("-99999.999"),
+            dt.datetime(1970, 1, 1, tzinfo=UTC),
+            None,
+            dt.date(1, 1, 1),
+            b"",
+            None,
+            [None],
+            {"a": None, "b": None},
+            {},
+            False,
+            float("inf"),
+            -32768,
+            1,
+        ),
     ]
 
 
-def test_same_batch_twice_equals_once_with_all_types(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_same_batch_twice_equals_once_with_all_types(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("up")
     df = spark.createDataFrame(_typed_rows(), ALL_TYPES)
     _write(df, postgres_service.dsn, table, key="id", version="ver", table_create=True)
@@ -74,27 +110,43 @@ def test_same_batch_twice_equals_once_with_all_types(spark: SparkSession, postgr
     by_id = {r[0]: r for r in once}
     assert len(once) == 3
     r1, r2, r3 = by_id[1], by_id[2], by_id[3]
-    assert r1[1:7] == ("plain", decimal.Decimal("1.500"), dt.datetime(2024, 1, 2, 3, 4, 5, 600000, tzinfo=UTC),
-                       dt.datetime(2024, 1, 2, 3, 4, 5), dt.date(2024, 1, 2), b"\x00\xff")
+    assert r1[1:7] == (
+        "plain",
+        decimal.Decimal("1.500"),
+        dt.datetime(2024, 1, 2, 3, 4, 5, 600000, tzinfo=UTC),
+        dt.datetime(2024, 1, 2, 3, 4, 5),
+        dt.date(2024, 1, 2),
+        b"\x00\xff",
+    )
     assert r1[7:12] == (["a", None], [1, 2], {"a": 1, "b": "x"}, {"k": 1.5}, True)
     assert r2[1] == "ünïcödé ✓ 日本語 😀" and r2[6] == bytes(range(256)) * 8192
     assert r2[2:6] == (None, None, None, None) and r2[8:14] == (None,) * 6
     assert r3[1] is None and r3[5] == dt.date(1, 1, 1) and r3[6] == b"" and r3[8] == [None] and r3[12] == float("inf")
-    types = dict(pg_conn.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0",
-        (f'"{table}"',),
-    ).fetchall())
+    types = dict(
+        pg_conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0",
+            (f'"{table}"',),
+        ).fetchall()
+    )
     assert types["price"] == "numeric(12,3)" and types["at"] == "timestamp with time zone"
     assert types["local"] == "timestamp without time zone" and types["blob"] == "bytea"
-    assert types["tags"] == "text[]" and types["nums"] == "integer[]" and types["attrs"] == "jsonb" and types["props"] == "jsonb"
+    assert (
+        types["tags"] == "text[]"
+        and types["nums"] == "integer[]"
+        and types["attrs"] == "jsonb"
+        and types["props"] == "jsonb"
+    )
     pk = pg_conn.execute(
         "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-        "WHERE i.indrelid = %s::regclass AND i.indisprimary", (f'"{table}"',)
+        "WHERE i.indrelid = %s::regclass AND i.indisprimary",
+        (f'"{table}"',),
     ).fetchall()
     assert pk == [("id",)]
 
 
-def test_replay_without_version_rewrites_to_the_same_content(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_replay_without_version_rewrites_to_the_same_content(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("up")
     df = spark.createDataFrame([(i, f"v{i}", None) for i in range(50)], "k int, v string, n double")
     _write(df, postgres_service.dsn, table, key="k", table_create=True)
@@ -103,7 +155,9 @@ def test_replay_without_version_rewrites_to_the_same_content(spark: SparkSession
     assert _rows(pg_conn, table) == once and len(once) == 50
 
 
-def test_out_of_order_and_equal_versions(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_out_of_order_and_equal_versions(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("ver")
     schema = "k string, v string, ver long"
     dsn = postgres_service.dsn
@@ -120,7 +174,9 @@ def test_out_of_order_and_equal_versions(spark: SparkSession, postgres_service: 
     assert _rows(pg_conn, table) == [("a", "v3", 3), ("b", "v5", 5), ("c", "v1", 1)]
 
 
-def test_many_rows_per_key_in_one_batch(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_many_rows_per_key_in_one_batch(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     dsn = postgres_service.dsn
     rows = [(k, f"r{i}", (i * 7) % 5) for i in range(200) for k in (i % 10,)]
     df = spark.createDataFrame(rows, "k int, v string, ver int").coalesce(1)
@@ -136,7 +192,9 @@ def test_many_rows_per_key_in_one_batch(spark: SparkSession, postgres_service: A
     assert _rows(pg_conn, ordered) == [(k, v, ver) for k, (v, ver, _) in sorted(expected_ordered.items())]
 
 
-def test_deletes_keep_tombstones_so_older_replays_stay_deleted(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_deletes_keep_tombstones_so_older_replays_stay_deleted(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("del")
     dsn = postgres_service.dsn
     schema = "k int, v string, ver long, gone boolean"
@@ -147,7 +205,9 @@ def test_deletes_keep_tombstones_so_older_replays_stay_deleted(spark: SparkSessi
 
     put([(1, "a", 1, False), (2, "b", 1, False), (3, "c", 1, False)], table_create=True)
     assert "gone" not in [c.name for c in pg_conn.execute(f'SELECT * FROM "{table}" LIMIT 0').description or []]
-    put([(1, None, 2, True), (4, None, 5, True), (3, None, 1, True)])  # delete 1; tombstone for unseen 4; 3: equal, no-op
+    put(
+        [(1, None, 2, True), (4, None, 5, True), (3, None, 1, True)]
+    )  # delete 1; tombstone for unseen 4; 3: equal, no-op
     assert _rows(pg_conn, table) == [(2, "b", 1), (3, "c", 1)]
     tomb = f"{table}__eos_tombstones"
     assert _rows(pg_conn, tomb) == [(1, 2), (4, 5)]
@@ -162,20 +222,26 @@ def test_deletes_keep_tombstones_so_older_replays_stay_deleted(spark: SparkSessi
     assert _rows(pg_conn, tomb) == [(4, 5), (5, 1)]
 
 
-def test_kafka_style_tombstones_without_version(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_kafka_style_tombstones_without_version(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("tomb")
     dsn = postgres_service.dsn
     schema = "k string, v string, n int"
     df = spark.createDataFrame([("a", "1", 1), ("b", "2", 2), ("c", None, 3)], schema).coalesce(1)
     _write(df, dsn, table, key="k", delete_tombstones=True, table_create=True)
-    batch = spark.createDataFrame([("a", None, None), ("c", None, None), ("b", "3", None), ("z", None, None)], schema).coalesce(1)
+    batch = spark.createDataFrame(
+        [("a", None, None), ("c", None, None), ("b", "3", None), ("z", None, None)], schema
+    ).coalesce(1)
     _write(batch, dsn, table, key="k", delete_tombstones=True)
     _write(batch, dsn, table, key="k", delete_tombstones=True)  # replay
     assert _rows(pg_conn, table) == [("b", "3", None)]
     assert not _exists(pg_conn, f"{table}__eos_tombstones")  # no version: no guard, no tombstones
 
 
-def test_schema_qualified_table_and_renamed_columns(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_schema_qualified_table_and_renamed_columns(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     schema_name, table = new_table("s"), "Orders"
     pg_conn.execute(f'CREATE SCHEMA "{schema_name}"')
     pg_conn.execute(
@@ -187,12 +253,16 @@ def test_schema_qualified_table_and_renamed_columns(spark: SparkSession, postgre
         [(oid, decimal.Decimal("12.50"), "hi", 3, ["x", "y"])],
         "orderId string, total decimal(10,2), note string, qty int, tags array<string>",
     )
-    _write(df, postgres_service.dsn, f'{schema_name}."{table}"', key="orderId", columns=json.dumps({"orderId": "order_id"}))
+    _write(
+        df, postgres_service.dsn, f'{schema_name}."{table}"', key="orderId", columns=json.dumps({"orderId": "order_id"})
+    )
     row = pg_conn.execute(f'SELECT order_id::text, total, note, qty, tags FROM "{schema_name}"."{table}"').fetchone()
     assert row == (oid, decimal.Decimal("12.5000"), "hi", 3, ["x", "y"])
 
 
-def test_connection_killed_mid_task_converges(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_connection_killed_mid_task_converges(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("kill")
     dsn = postgres_service.dsn
     rows = [(i, f"v{i}") for i in range(300)]
@@ -243,12 +313,16 @@ def test_connection_killed_mid_task_converges(spark: SparkSession, postgres_serv
         ("bad_delete_column", "it must be boolean"),
     ],
 )
-def test_bad_input_fails_before_any_row(case: str, needle: str, spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_bad_input_fails_before_any_row(
+    case: str, needle: str, spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("bad")
     if case != "no_table":
         constraint = "" if case == "no_unique" else " PRIMARY KEY"
         pg_conn.execute(f'CREATE TABLE "{table}" (k bigint{constraint}, n integer)')
-    schema = {"type_mismatch": "k long, n long", "missing_column": "k long, n int, extra string"}.get(case, "k long, n int")
+    schema = {"type_mismatch": "k long, n long", "missing_column": "k long, n int, extra string"}.get(
+        case, "k long, n int"
+    )
     df = spark.createDataFrame([(1, 2, "x")[: len(schema.split(","))]], schema)
     opts: dict[str, Any] = {"key": "k"}
     if case == "missing_key":
@@ -267,7 +341,9 @@ def test_bad_input_fails_before_any_row(case: str, needle: str, spark: SparkSess
         assert _rows(pg_conn, table) == []
 
 
-def test_null_key_fails_the_task_and_writes_nothing(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_null_key_fails_the_task_and_writes_nothing(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("nullkey")
     df = spark.createDataFrame([(1, "a"), (None, "b"), (3, "c")], "k long, v string").coalesce(1)
     with pytest.raises(Exception) as err:
@@ -284,7 +360,9 @@ def test_unreachable_database_is_a_clear_error(spark: SparkSession, new_table: A
     assert "cannot connect to app@127.0.0.1:1/nowhere" in text and "s3cret" not in text
 
 
-def test_fault_point_before_write(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_fault_point_before_write(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     """sink.before_write with action=raise fails the write before anything is staged."""
     table = new_table("fault")
     df = spark.createDataFrame([(1, "a")], "k long, v string").coalesce(1)
@@ -294,7 +372,9 @@ def test_fault_point_before_write(spark: SparkSession, postgres_service: Any, pg
     assert _rows(pg_conn, table) == []
 
 
-def test_postgres_error_fails_the_task_with_message_and_sqlstate(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_postgres_error_fails_the_task_with_message_and_sqlstate(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("fatal")
     pg_conn.execute(f'CREATE TABLE "{table}" (k bigint PRIMARY KEY, code varchar(3))')
     df = spark.createDataFrame([(1, "ok"), (2, "too long")], "k long, code string").coalesce(1)
@@ -306,12 +386,20 @@ def test_postgres_error_fails_the_task_with_message_and_sqlstate(spark: SparkSes
     assert _rows(pg_conn, table) == []  # the task's transaction rolled back: not even row 1
 
 
-def test_unique_constraint_and_case_insensitive_columns(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_unique_constraint_and_case_insensitive_columns(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("uniq")
-    pg_conn.execute(f'CREATE TABLE "{table}" (id bigserial PRIMARY KEY, tenant text NOT NULL, code int NOT NULL, label text, UNIQUE (tenant, code))')
-    df = spark.createDataFrame([("acme", 1, "one"), ("acme", 2, "two"), ("zeta", 1, "z")], "Tenant string, Code int, Label string")
+    pg_conn.execute(
+        f'CREATE TABLE "{table}" (id bigserial PRIMARY KEY, tenant text NOT NULL, code int NOT NULL, label text, UNIQUE (tenant, code))'
+    )
+    df = spark.createDataFrame(
+        [("acme", 1, "one"), ("acme", 2, "two"), ("zeta", 1, "z")], "Tenant string, Code int, Label string"
+    )
     _write(df, postgres_service.dsn, table, key="Tenant,Code")
     _write(df.withColumn("Label", F.upper("Label")), postgres_service.dsn, table, key="Tenant,Code")
     assert pg_conn.execute(f'SELECT tenant, code, label FROM "{table}" ORDER BY 1, 2').fetchall() == [
-        ("acme", 1, "ONE"), ("acme", 2, "TWO"), ("zeta", 1, "Z")
+        ("acme", 1, "ONE"),
+        ("acme", 2, "TWO"),
+        ("zeta", 1, "Z"),
     ]

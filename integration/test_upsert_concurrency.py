@@ -27,7 +27,9 @@ def _plan(table: str) -> MergePlan:
     return MergePlan(TableName(None, table), cols, ("k",), "ver", deletes=True)
 
 
-def _stage_and_merge(conn: psycopg.Connection, plan: MergePlan, rows: list[tuple[int, str | None, int, bool]]) -> MergeCounts:
+def _stage_and_merge(
+    conn: psycopg.Connection, plan: MergePlan, rows: list[tuple[int, str | None, int, bool]]
+) -> MergeCounts:
     batch = pa.record_batch(
         {
             "k": pa.array([r[0] for r in rows], pa.int32()),
@@ -80,7 +82,9 @@ def _race(dsn: str, plan: MergePlan, first: list[Any], second: list[Any], observ
 
 
 @pytest.mark.parametrize("delete_first", [True, False], ids=["delete-holds", "upsert-holds"])
-def test_concurrent_delete_and_older_upsert_of_one_key(delete_first: bool, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_concurrent_delete_and_older_upsert_of_one_key(
+    delete_first: bool, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("race")
     pg_conn.execute(f'CREATE TABLE "{table}" (k integer PRIMARY KEY, v text, ver bigint)')
     plan = _plan(table)
@@ -95,7 +99,9 @@ def test_concurrent_delete_and_older_upsert_of_one_key(delete_first: bool, postg
     assert pg_conn.execute(f'SELECT * FROM "{table}__eos_tombstones" ORDER BY k').fetchall() == [(1, 5)]
 
 
-def test_concurrent_upserts_keep_the_highest_version(postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any) -> None:
+def test_concurrent_upserts_keep_the_highest_version(
+    postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
     table = new_table("race")
     pg_conn.execute(f'CREATE TABLE "{table}" (k integer PRIMARY KEY, v text, ver bigint)')
     plan = _plan(table)

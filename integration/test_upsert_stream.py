@@ -32,7 +32,14 @@ def _rows(conn: psycopg.Connection, table: str) -> list[tuple[Any, ...]]:
     return conn.execute(f'SELECT * FROM "{table}" ORDER BY 1').fetchall()  # type: ignore[arg-type]
 
 
-def test_replay_after_crash_between_write_and_commit_log(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, tmp_checkpoint: str, tmp_path: Path) -> None:
+def test_replay_after_crash_between_write_and_commit_log(
+    spark: SparkSession,
+    postgres_service: Any,
+    pg_conn: psycopg.Connection,
+    new_table: Any,
+    tmp_checkpoint: str,
+    tmp_path: Path,
+) -> None:
     table = new_table("replay")
     source = tmp_path / "in"
     rows = [{"k": f"k{i % 40}", "v": i} for i in range(100)]
@@ -44,11 +51,18 @@ def test_replay_after_crash_between_write_and_commit_log(spark: SparkSession, po
 
     def run(**extra: str) -> None:
         q = (
-            spark.readStream.schema(SCHEMA).json(str(source)).coalesce(1)
+            spark.readStream.schema(SCHEMA)
+            .json(str(source))
+            .coalesce(1)
             .writeStream.format("postgres-upsert")
-            .option("dsn", postgres_service.dsn).option("table", table).option("key", "k")
-            .option("table.create", "true").options(**extra)
-            .option("checkpointLocation", tmp_checkpoint).trigger(availableNow=True).start()
+            .option("dsn", postgres_service.dsn)
+            .option("table", table)
+            .option("key", "k")
+            .option("table.create", "true")
+            .options(**extra)
+            .option("checkpointLocation", tmp_checkpoint)
+            .trigger(availableNow=True)
+            .start()
         )
         q.awaitTermination()
 
@@ -67,18 +81,29 @@ def test_replay_after_crash_between_write_and_commit_log(spark: SparkSession, po
     assert pg_conn.execute(f'SELECT xmin::text FROM "{table}"').fetchall() != xmins  # it really was rewritten  # type: ignore[arg-type]
 
 
-def test_update_mode_aggregation_through_foreach_batch(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, tmp_checkpoint: str, tmp_path: Path) -> None:
+def test_update_mode_aggregation_through_foreach_batch(
+    spark: SparkSession,
+    postgres_service: Any,
+    pg_conn: psycopg.Connection,
+    new_table: Any,
+    tmp_checkpoint: str,
+    tmp_path: Path,
+) -> None:
     table = new_table("agg")
     source = tmp_path / "in"
     _put(source, "0.json", [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}])
     counts = (
-        spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-        .groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .groupBy("k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
     )
     q = (
         counts.writeStream.outputMode("update")
         .foreachBatch(connectors.upsert_batch(dsn=postgres_service.dsn, table=table, key="k", **{"table.create": True}))
-        .option("checkpointLocation", tmp_checkpoint).start()
+        .option("checkpointLocation", tmp_checkpoint)
+        .start()
     )
     try:
         q.processAllAvailable()
@@ -91,15 +116,31 @@ def test_update_mode_aggregation_through_foreach_batch(spark: SparkSession, post
     assert q.exception() is None
 
 
-def test_complete_mode_into_the_data_source(spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, tmp_checkpoint: str, tmp_path: Path) -> None:
+def test_complete_mode_into_the_data_source(
+    spark: SparkSession,
+    postgres_service: Any,
+    pg_conn: psycopg.Connection,
+    new_table: Any,
+    tmp_checkpoint: str,
+    tmp_path: Path,
+) -> None:
     table = new_table("complete")
     source = tmp_path / "in"
     _put(source, "0.json", [{"k": "a", "v": 1}, {"k": "a", "v": 2}, {"k": "b", "v": 5}])
     q = (
-        spark.readStream.schema(SCHEMA).json(str(source)).groupBy("k").agg(F.max("v").alias("top"))
-        .writeStream.outputMode("complete").format("postgres-upsert")
-        .option("dsn", postgres_service.dsn).option("table", table).option("key", "k").option("table.create", "true")
-        .option("checkpointLocation", tmp_checkpoint).trigger(availableNow=True).start()
+        spark.readStream.schema(SCHEMA)
+        .json(str(source))
+        .groupBy("k")
+        .agg(F.max("v").alias("top"))
+        .writeStream.outputMode("complete")
+        .format("postgres-upsert")
+        .option("dsn", postgres_service.dsn)
+        .option("table", table)
+        .option("key", "k")
+        .option("table.create", "true")
+        .option("checkpointLocation", tmp_checkpoint)
+        .trigger(availableNow=True)
+        .start()
     )
     q.awaitTermination()
     assert _rows(pg_conn, table) == [("a", 2), ("b", 5)]

@@ -60,7 +60,11 @@ def test_starting_offsets_json_checked() -> None:
 
 
 def test_streaming_refuses_ending_options() -> None:
-    for name, value in (("endingOffsets", "latest"), ("endingTimestamp", "5"), ("endingOffsetsByTimestamp", '{"t":{"0":1}}')):
+    for name, value in (
+        ("endingOffsets", "latest"),
+        ("endingTimestamp", "5"),
+        ("endingOffsetsByTimestamp", '{"t":{"0":1}}'),
+    ):
         err = bad(f"option '{name}' is for batch queries only", subscribe="t", **{name: value})
         assert err.option == name
 
@@ -70,10 +74,20 @@ def test_batch_rules() -> None:
     bad("cannot use -1 .latest. for batch", streaming=False, subscribe="t", startingOffsets='{"t":{"0":-1}}')
     bad("cannot be earliest for batch", streaming=False, subscribe="t", endingOffsets="earliest")
     bad("cannot use -2", streaming=False, subscribe="t", endingOffsets='{"t":{"0":-2}}')
-    bad("startingOffsets 9 is after endingOffsets 3 for t-0", streaming=False, subscribe="t",
-        startingOffsets='{"t":{"0":9}}', endingOffsets='{"t":{"0":3}}')
-    bad("'startingTimestamp' .20. is after 'endingTimestamp' .10.", streaming=False, subscribe="t",
-        startingTimestamp="20", endingTimestamp="10")
+    bad(
+        "startingOffsets 9 is after endingOffsets 3 for t-0",
+        streaming=False,
+        subscribe="t",
+        startingOffsets='{"t":{"0":9}}',
+        endingOffsets='{"t":{"0":3}}',
+    )
+    bad(
+        "'startingTimestamp' .20. is after 'endingTimestamp' .10.",
+        streaming=False,
+        subscribe="t",
+        startingTimestamp="20",
+        endingTimestamp="10",
+    )
     o = opts(streaming=False, subscribe="t", endingOffsets='{"t":{"0":3}}')
     assert o.ending_offsets == '{"t":{"0":3}}'
 
@@ -98,23 +112,43 @@ def test_other_option_errors() -> None:
     with pytest.raises(ConfigError, match=r"'kafka\.bootstrap\.servers' is required"):
         parse_options({"subscribe": "t"}, streaming=True)
     bad("kafka.isolation.level' is 'serializable'", subscribe="t", **{"kafka.isolation.level": "serializable"})
-    bad("'minOffsetsPerTrigger' .10. is greater than 'maxOffsetsPerTrigger' .5.", subscribe="t",
-        minOffsetsPerTrigger="10", maxOffsetsPerTrigger="5")
+    bad(
+        "'minOffsetsPerTrigger' .10. is greater than 'maxOffsetsPerTrigger' .5.",
+        subscribe="t",
+        minOffsetsPerTrigger="10",
+        maxOffsetsPerTrigger="5",
+    )
     bad("'maxOffsetsPerTrigger' is '0', out of range", subscribe="t", maxOffsetsPerTrigger="0")
     bad("'maxOffsetsPerTrigger' has an invalid value 'ten'", subscribe="t", maxOffsetsPerTrigger="ten")
     bad("'failOnDataLoss' has an invalid value 'maybe'", subscribe="t", failOnDataLoss="maybe")
-    bad("'startingOffsetsByTimestampStrategy' has an invalid value", subscribe="t", startingOffsetsByTimestampStrategy="skip")
+    bad(
+        "'startingOffsetsByTimestampStrategy' has an invalid value",
+        subscribe="t",
+        startingOffsetsByTimestampStrategy="skip",
+    )
     bad("'commitOffsetsToGroup' needs the consumer group", subscribe="t", commitOffsetsToGroup="true")
     bad("'startingOffsets' needs the consumer group", subscribe="t", startingOffsets="group")
-    bad("unknown option 'maxOffsetPerTrigger'; did you mean 'maxOffsetsPerTrigger'", subscribe="t", maxOffsetPerTrigger="1")
+    bad(
+        "unknown option 'maxOffsetPerTrigger'; did you mean 'maxOffsetsPerTrigger'",
+        subscribe="t",
+        maxOffsetPerTrigger="1",
+    )
     bad("unknown fault point", subscribe="t", faults="source.nope")
 
 
 def test_options_parsed_typed_and_case_insensitive() -> None:
     o = parse_options(
-        {**BS, "SUBSCRIBE": "a, b", "maxoffsetspertrigger": "100", "failOnDataLoss": "false", "maxTriggerDelay": "30s",
-         "kafka.Isolation.Level": "read_committed", "kafka.group.id": "g", "startingOffsets": "group",
-         "kafkaConsumer.pollTimeoutMs": "500"},
+        {
+            **BS,
+            "SUBSCRIBE": "a, b",
+            "maxoffsetspertrigger": "100",
+            "failOnDataLoss": "false",
+            "maxTriggerDelay": "30s",
+            "kafka.Isolation.Level": "read_committed",
+            "kafka.group.id": "g",
+            "startingOffsets": "group",
+            "kafkaConsumer.pollTimeoutMs": "500",
+        },
         streaming=True,
     )
     assert o.subscribe == ("a", "b")
@@ -123,14 +157,17 @@ def test_options_parsed_typed_and_case_insensitive() -> None:
 
 
 def test_java_names_mapped_to_librdkafka() -> None:
-    o = opts(subscribe="t", **{
-        "kafka.security.protocol": "SASL_SSL",
-        "kafka.sasl.mechanism": "PLAIN",
-        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p w";',
-        "kafka.ssl.truststore.location": "/etc/ca.pem",
-        "kafka.ssl.endpoint.identification.algorithm": "",
-        "kafka.max.poll.records": "10",
-    })
+    o = opts(
+        subscribe="t",
+        **{
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p w";',
+            "kafka.ssl.truststore.location": "/etc/ca.pem",
+            "kafka.ssl.endpoint.identification.algorithm": "",
+            "kafka.max.poll.records": "10",
+        },
+    )
     conf = consumer_config(o)
     assert conf == {
         "bootstrap.servers": "127.0.0.1:9",
@@ -149,7 +186,12 @@ def test_java_names_mapped_to_librdkafka() -> None:
 
 def test_options_markdown_lists_every_option() -> None:
     table = OPTIONS.markdown()
-    for name in ("subscribePattern", "startingOffsetsByTimestampStrategy", "kafkaConsumer.pollTimeoutMs", "commitOffsetsToGroup"):
+    for name in (
+        "subscribePattern",
+        "startingOffsetsByTimestampStrategy",
+        "kafkaConsumer.pollTimeoutMs",
+        "commitOffsetsToGroup",
+    ):
         assert f"`{name}`" in table
 
 
@@ -191,7 +233,11 @@ def test_split_ranges_like_spark_offset_range_calculator() -> None:
     assert split_ranges([r(0, 0, 10), r(1, 0, 10)], min_partitions=2) == [r(0, 0, 10), r(1, 0, 10)]
     # one big and one small range: the small one stays whole, the big one takes the rest
     assert split_ranges([r(0, 0, 100), r(1, 0, 10)], min_partitions=5) == [
-        r(0, 0, 25), r(0, 25, 50), r(0, 50, 75), r(0, 75, 100), r(1, 0, 10)
+        r(0, 0, 25),
+        r(0, 25, 50),
+        r(0, 50, 75),
+        r(0, 75, 100),
+        r(1, 0, 10),
     ]
     assert split_ranges([r(0, 0, 4)], min_partitions=3) == [r(0, 0, 1), r(0, 1, 2), r(0, 2, 4)]
     assert split_ranges([r(0, 0, 10)], max_records_per_partition=4) == [r(0, 0, 3), r(0, 3, 6), r(0, 6, 10)]
@@ -244,7 +290,9 @@ def test_default_read_limit_from_options() -> None:
 
 
 def test_pickle_round_trips() -> None:
-    part = KafkaInputPartition(r(1, 5, 9), ReadSettings({"bootstrap.servers": "x"}, include_headers=True, faults="source.read.mid"))
+    part = KafkaInputPartition(
+        r(1, 5, 9), ReadSettings({"bootstrap.servers": "x"}, include_headers=True, faults="source.read.mid")
+    )
     assert pickle.loads(pickle.dumps(part)) == part
     reader = KafkaStreamReader(opts(subscribe="t", maxOffsetsPerTrigger="3"))
     reader.planner.client.__dict__["_admin"] = object()  # a live client must never travel
@@ -262,7 +310,9 @@ def test_pickle_round_trips() -> None:
 
 
 class _Msg:
-    def __init__(self, off: int, key: bytes | None, value: bytes | None, ts: tuple[int, int], headers: list | None) -> None:
+    def __init__(
+        self, off: int, key: bytes | None, value: bytes | None, ts: tuple[int, int], headers: list | None
+    ) -> None:
         self._off, self._k, self._v, self._ts, self._h = off, key, value, ts, headers
 
     def offset(self) -> int:
@@ -290,7 +340,13 @@ def test_arrow_schema_matches_spark(headers: bool) -> None:
         (f.name, f.type) for f in arrow_schema(headers)
     ] == [(f.name, f.type) for f in expected]
     assert [f.name for f in kafka_schema(headers).fields][:7] == [
-        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType"
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
     ]
 
 

@@ -70,7 +70,13 @@ def test_deletes_with_version_lock_keys_and_keep_tombstones() -> None:
 
 def test_staging_columns() -> None:
     plan = MergePlan(T, COLS, ("id",), version="ver", deletes=True)
-    assert plan.staging_columns() == [("id", "bigint"), ("name", "text"), ("ver", "bigint"), (ORDINAL, "bigint"), (DELETE_FLAG, "boolean")]
+    assert plan.staging_columns() == [
+        ("id", "bigint"),
+        ("name", "text"),
+        ("ver", "bigint"),
+        (ORDINAL, "bigint"),
+        (DELETE_FLAG, "boolean"),
+    ]
     assert MergePlan(T, COLS, ("id",)).staging_columns()[-1] == (ORDINAL, "bigint")
 
 

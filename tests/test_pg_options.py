@@ -20,8 +20,17 @@ BASE = {"dsn": "postgresql://app:s3cret@127.0.0.1:5433/shop", "table": "orders",
 
 def test_parses_typed_options() -> None:
     opts = UpsertOptions.from_options(
-        {"dsn": BASE["dsn"], "table": "orders", "Key": "a, b", "version": "v", "delete.column": "gone", "table.create": "TRUE",
-         "columns": '{"userId": "user_id"}', "connect_timeout": "3s", "statement_timeout": "500ms"}
+        {
+            "dsn": BASE["dsn"],
+            "table": "orders",
+            "Key": "a, b",
+            "version": "v",
+            "delete.column": "gone",
+            "table.create": "TRUE",
+            "columns": '{"userId": "user_id"}',
+            "connect_timeout": "3s",
+            "statement_timeout": "500ms",
+        }
     )
     assert opts.key == ("a", "b")
     assert opts.version == "v" and opts.delete_column == "gone" and opts.deletes
@@ -52,7 +61,12 @@ def test_conninfo_merges_dsn_and_fields_and_sets_timeouts() -> None:
 )
 def test_password_never_in_repr_or_str(raw: dict[str, str]) -> None:
     conn = ConnectionOptions.from_options(raw)
-    for text in (repr(conn), str(conn), conn.describe(), repr(UpsertOptions.from_options({**raw, "table": "t", "key": "k"}))):
+    for text in (
+        repr(conn),
+        str(conn),
+        conn.describe(),
+        repr(UpsertOptions.from_options({**raw, "table": "t", "key": "k"})),
+    ):
         assert "s3cret" not in text
     assert "***" in repr(conn)
 

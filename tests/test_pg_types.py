@@ -110,7 +110,11 @@ def test_text_into_enum() -> None:
 
 def test_plan_columns_and_create_table() -> None:
     schema = StructType(
-        [StructField("userId", LongType(), False), StructField("name", StringType()), StructField("tags", ArrayType(StringType()))]
+        [
+            StructField("userId", LongType(), False),
+            StructField("name", StringType()),
+            StructField("tags", ArrayType(StringType())),
+        ]
     )
     cols = plan_columns(schema, {"userId": "user_id"})
     assert [c.target for c in cols] == ["user_id", "name", "tags"]

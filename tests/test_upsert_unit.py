@@ -29,7 +29,9 @@ COLS = (
 )
 
 
-def _batch(ids: list[int | None], names: list[str | None], vers: list[int | None], gone: list[bool | None] | None = None) -> pa.RecordBatch:
+def _batch(
+    ids: list[int | None], names: list[str | None], vers: list[int | None], gone: list[bool | None] | None = None
+) -> pa.RecordBatch:
     data = {"id": pa.array(ids, pa.int64()), "name": pa.array(names), "ver": pa.array(vers, pa.int64())}
     if gone is not None:
         data["gone"] = pa.array(gone, pa.bool_())
@@ -39,7 +41,9 @@ def _batch(ids: list[int | None], names: list[str | None], vers: list[int | None
 def test_prepare_adds_a_running_ordinal_across_batches() -> None:
     opts = UpsertOptions.from_options(RAW)
     plan = MergePlan(TableName(None, "t"), COLS, ("id",), "ver")
-    out, rows = prepare_batches([_batch([1, 2], ["a", "b"], [1, 1]), _batch([], [], []), _batch([1], ["c"], [1])], plan, opts)
+    out, rows = prepare_batches(
+        [_batch([1, 2], ["a", "b"], [1, 1]), _batch([], [], []), _batch([1], ["c"], [1])], plan, opts
+    )
     assert rows == 3 and len(out) == 2
     assert [b.column(b.schema.get_field_index(ORDINAL)).to_pylist() for b in out] == [[0, 1], [2]]
     assert out[0].schema.names == ["id", "name", "ver", ORDINAL]
@@ -83,7 +87,9 @@ def test_writers_pickle_without_the_password_in_repr(cls: type) -> None:
 
 
 def test_commit_message_pickles() -> None:
-    msg = UpsertCommitMessage(partition=1, attempt=0, batch_id=7, staged=10, upserted=8, deleted=1, tombstoned=1, tries=2)
+    msg = UpsertCommitMessage(
+        partition=1, attempt=0, batch_id=7, staged=10, upserted=8, deleted=1, tombstoned=1, tries=2
+    )
     assert pickle.loads(pickle.dumps(msg)) == msg
 
 
@@ -122,11 +128,15 @@ def test_schema_checks_without_a_database() -> None:
     with pytest.raises(ConfigError, match="must be boolean"):
         planner([*base, StructField("ver", LongType())], **{"delete.column": "name"}).validate_schema()
     with pytest.raises(ConfigError, match="needs at least one column besides the key and version"):
-        planner([StructField("id", LongType()), StructField("ver", LongType())], **{"delete.tombstones": "true"}).validate_schema()
+        planner(
+            [StructField("id", LongType()), StructField("ver", LongType())], **{"delete.tombstones": "true"}
+        ).validate_schema()
     planner([*base, StructField("ver", LongType())]).validate_schema()  # fine
 
 
-def test_batch_buffer_keeps_small_tasks_in_memory_and_spills_large_ones(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batch_buffer_keeps_small_tasks_in_memory_and_spills_large_ones(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     from sinks.postgres.upsert import BatchBuffer

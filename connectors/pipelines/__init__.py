@@ -1,11 +1,11 @@
 """Reference pipelines (``ledger``, ``balances``): each builds its query from a ``PipelineConfig``.
 
-    from connectors.pipelines import load_config, prepare, session, start
-    cfg = load_config("configs/ledger.toml")
-    prepare(cfg)                      # create the target table if missing
-    spark = session(cfg)              # local[*] by default; RocksDB state store, our formats
-    query = start(spark, cfg)
-    query.awaitTermination()
+from connectors.pipelines import load_config, prepare, session, start
+cfg = load_config("configs/ledger.toml")
+prepare(cfg)                      # create the target table if missing
+spark = session(cfg)              # local[*] by default; RocksDB state store, our formats
+query = start(spark, cfg)
+query.awaitTermination()
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ def start(spark: Any, cfg: PipelineConfig) -> Any:
     """Build and start the pipeline's streaming query (checkpoint and trigger from ``cfg``)."""
     writer = builder(cfg.pipeline)(spark, cfg).option("checkpointLocation", cfg.checkpoint)
     kind, seconds = parse_trigger(cfg.trigger)
-    writer = writer.trigger(availableNow=True) if kind == "available-now" else writer.trigger(
-        processingTime=f"{int(seconds * 1000)} milliseconds")
+    writer = (
+        writer.trigger(availableNow=True)
+        if kind == "available-now"
+        else writer.trigger(processingTime=f"{int(seconds * 1000)} milliseconds")
+    )
     return writer.queryName(cfg.app_name or f"{cfg.pipeline}_{cfg.effective_sink_id}").start()

@@ -108,7 +108,9 @@ class PipelineConfig:
                 option="ledger.malformed",
             )
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
-            raise ConfigError("config: source.max_offsets_per_trigger must be >= 1", option="source.max_offsets_per_trigger")
+            raise ConfigError(
+                "config: source.max_offsets_per_trigger must be >= 1", option="source.max_offsets_per_trigger"
+            )
         if self.shuffle_partitions < 1:
             raise ConfigError("config: spark.shuffle_partitions must be >= 1", option="spark.shuffle_partitions")
         if self.ttl_seconds <= 0:
@@ -198,7 +200,7 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
     bal, log = sections["balances"], sections["log"]
     name: Any = data.get("pipeline") or pipeline
     if not name:
-        raise ConfigError(f"{source}: no pipeline named (set pipeline = \"ledger\" or pass PIPELINE)", option="pipeline")
+        raise ConfigError(f'{source}: no pipeline named (set pipeline = "ledger" or pass PIPELINE)', option="pipeline")
 
     def typed(sec: str, key: str, kind: type, default: Any) -> Any:
         value = sections[sec].get(key, default)
@@ -206,15 +208,15 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
             return value
         if kind is int and isinstance(value, str) and value.strip().isdigit():
             return int(value)
-        raise ConfigError(
-            f"{source}: '{sec}.{key}' must be {kind.__name__}, got {value!r}", option=f"{sec}.{key}"
-        )
+        raise ConfigError(f"{source}: '{sec}.{key}' must be {kind.__name__}, got {value!r}", option=f"{sec}.{key}")
 
     ttl_raw = bal.get("ttl", "7d")
     try:
         ttl = parse_duration(str(ttl_raw))
     except ValueError:
-        raise ConfigError(f"{source}: 'balances.ttl' {ttl_raw!r} is not a duration (e.g. 30m, 7d)", option="balances.ttl") from None
+        raise ConfigError(
+            f"{source}: 'balances.ttl' {ttl_raw!r} is not a duration (e.g. 30m, 7d)", option="balances.ttl"
+        ) from None
     progress = log.get("progress", True)
     return PipelineConfig(
         pipeline=str(name),
@@ -242,7 +244,9 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
     )
 
 
-def load_config(path: str, *, pipeline: str | None = None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
+def load_config(
+    path: str, *, pipeline: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> PipelineConfig:
     """Read a ``.toml``, ``.yaml`` or ``.yml`` file and parse it; ``overrides`` replace fields afterwards."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist", option="--config")
@@ -261,7 +265,9 @@ def load_config(path: str, *, pipeline: str | None = None, overrides: Mapping[st
 
             data = yaml.safe_load(raw) or {}
         else:
-            raise ConfigError(f"config file {path!r}: unknown extension {ext!r}; use .toml, .yaml or .yml", option="--config")
+            raise ConfigError(
+                f"config file {path!r}: unknown extension {ext!r}; use .toml, .yaml or .yml", option="--config"
+            )
     except ConfigError:
         raise
     except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError: say where

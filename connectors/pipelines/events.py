@@ -63,9 +63,7 @@ def parse_events(raw: Any) -> Any:
     )
 
 
-def generate(
-    n: int, *, seed: int, accounts: int = 40, counterparties: int = 8, start: int = 0
-) -> list[dict[str, Any]]:
+def generate(n: int, *, seed: int, accounts: int = 40, counterparties: int = 8, start: int = 0) -> list[dict[str, Any]]:
     """``n`` seeded events with unique ids ``e<number>``; timestamps one second apart."""
     rng = random.Random(f"payments:{seed}:{start}")
     base = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -59,7 +59,9 @@ def sqlstate_of(exc: BaseException) -> str | None:
     return state if isinstance(state, str) else None
 
 
-def connect(opts: ConnectionOptions, *, autocommit: bool = False, application_name: str = "spark-eos") -> psycopg.Connection:
+def connect(
+    opts: ConnectionOptions, *, autocommit: bool = False, application_name: str = "spark-eos"
+) -> psycopg.Connection:
     """Open a connection; failures are RetriableError (server down) or ConfigError (bad login)."""
     try:
         conninfo = opts.conninfo()

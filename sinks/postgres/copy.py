@@ -90,9 +90,7 @@ def _maps_inside(value: Any, type_: pa.DataType) -> Any:
     if value is None:
         return None
     if pa.types.is_map(type_):
-        return {
-            (k if isinstance(k, str) else json_dumps(k)): _maps_inside(v, type_.item_type) for k, v in value
-        }
+        return {(k if isinstance(k, str) else json_dumps(k)): _maps_inside(v, type_.item_type) for k, v in value}
     if pa.types.is_struct(type_):
         return {f.name: _maps_inside(value.get(f.name), f.type) for f in type_}
     if pa.types.is_list(type_) or pa.types.is_large_list(type_):

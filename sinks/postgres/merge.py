@@ -224,4 +224,3 @@ def ensure_tombstones(conn: psycopg.Connection, plan: MergePlan) -> None:
         cur.execute(sql)  # type: ignore[arg-type]
     if not conn.autocommit:
         conn.commit()
-

@@ -42,7 +42,13 @@ __all__ = [
 ]
 
 CONNECTION_OPTIONS: tuple[Option, ...] = (
-    Option("dsn", "str", None, "libpq conninfo ('host=... dbname=...') or URL ('postgresql://user@host:5432/db')", secret=True),
+    Option(
+        "dsn",
+        "str",
+        None,
+        "libpq conninfo ('host=... dbname=...') or URL ('postgresql://user@host:5432/db')",
+        secret=True,
+    ),
     Option("host", "str", None, "server host (when no dsn is given; default localhost)"),
     Option("port", "int", None, "server port (default 5432)", min=1, max=65535),
     Option("dbname", "str", None, "database name"),
@@ -50,19 +56,50 @@ CONNECTION_OPTIONS: tuple[Option, ...] = (
     Option("password", "str", None, "password (never logged or shown)", secret=True),
     Option("connect_timeout", "duration", 10.0, "give up connecting after this long", min=0.001),
     Option("statement_timeout", "duration", 0.0, "cancel any statement running longer (0: no limit)", min=0),
-    Option("retry.attempts", "int", 5, "tries of one task transaction on retriable failures (deadlock, serialization, connection loss)", min=1, max=100),
+    Option(
+        "retry.attempts",
+        "int",
+        5,
+        "tries of one task transaction on retriable failures (deadlock, serialization, connection loss)",
+        min=1,
+        max=100,
+    ),
     Option("retry.backoff", "duration", 0.2, "first backoff between tries; doubles each time", min=0),
     Option("retry.max.backoff", "duration", 5.0, "upper bound of one backoff", min=0),
 )
 
 TABLE_OPTIONS: tuple[Option, ...] = (
-    Option("table", "str", REQUIRED, "target table, optionally schema-qualified (schema.table; quote mixed case: \"My\".\"T\")"),
-    Option("key", "list", REQUIRED, "comma-separated key columns (DataFrame names); the table needs a unique or primary key on them"),
-    Option("version", "str", None, "column whose value orders writes of one key: a row replaces only a lower version; equal is a no-op"),
+    Option(
+        "table", "str", REQUIRED, 'target table, optionally schema-qualified (schema.table; quote mixed case: "My"."T")'
+    ),
+    Option(
+        "key",
+        "list",
+        REQUIRED,
+        "comma-separated key columns (DataFrame names); the table needs a unique or primary key on them",
+    ),
+    Option(
+        "version",
+        "str",
+        None,
+        "column whose value orders writes of one key: a row replaces only a lower version; equal is a no-op",
+    ),
     Option("delete.column", "str", None, "boolean column: true deletes the key (honouring the version guard)"),
-    Option("delete.tombstones", "bool", False, "a row whose non-key columns (except version) are all null deletes the key, as a Kafka tombstone"),
-    Option("table.create", "bool", False, "create the table from the DataFrame schema (key as primary key) when it does not exist"),
-    Option("columns", "json", None, "JSON object renaming DataFrame columns to table columns, e.g. {\"userId\": \"user_id\"}"),
+    Option(
+        "delete.tombstones",
+        "bool",
+        False,
+        "a row whose non-key columns (except version) are all null deletes the key, as a Kafka tombstone",
+    ),
+    Option(
+        "table.create",
+        "bool",
+        False,
+        "create the table from the DataFrame schema (key as primary key) when it does not exist",
+    ),
+    Option(
+        "columns", "json", None, 'JSON object renaming DataFrame columns to table columns, e.g. {"userId": "user_id"}'
+    ),
 )
 
 FAULTS_OPTION = Option("faults", "str", None, "fault spec for tests (see connectors.faults); EOS_FAULTS adds to it")
@@ -255,22 +292,31 @@ class UpsertOptions:
         columns = values.get("columns")
         if columns is None:
             columns = {}
-        if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in columns.items()):
+        if not isinstance(columns, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in columns.items()
+        ):
             raise ConfigError(
                 f"{context}: option 'columns' must be a JSON object of DataFrame column -> table column names "
-                f"(strings), e.g. {{\"userId\": \"user_id\"}}; got {columns!r}",
+                f'(strings), e.g. {{"userId": "user_id"}}; got {columns!r}',
                 option="columns",
             )
         targets = list(columns.values())
         if len(set(targets)) != len(targets):
-            raise ConfigError(f"{context}: option 'columns' maps two columns to one table column: {columns!r}", option="columns")
+            raise ConfigError(
+                f"{context}: option 'columns' maps two columns to one table column: {columns!r}", option="columns"
+            )
         version = values.get("version")
         delete_column = values.get("delete_column")
         for opt, col in (("version", version), ("delete.column", delete_column)):
             if col is not None and col in key:
-                raise ConfigError(f"{context}: option '{opt}' names the key column {col!r}; pick a non-key column", option=opt)
+                raise ConfigError(
+                    f"{context}: option '{opt}' names the key column {col!r}; pick a non-key column", option=opt
+                )
         if version is not None and delete_column is not None and version == delete_column:
-            raise ConfigError(f"{context}: options 'version' and 'delete.column' name the same column {version!r}", option="delete.column")
+            raise ConfigError(
+                f"{context}: options 'version' and 'delete.column' name the same column {version!r}",
+                option="delete.column",
+            )
         return cls(
             connection=connection,
             table=parse_table_name(values["table"]),
@@ -283,4 +329,3 @@ class UpsertOptions:
             faults=values.get("faults"),
             **extra,
         )
-

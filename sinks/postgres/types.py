@@ -75,7 +75,20 @@ _JSON_TYPES = (StructType, MapType)
 
 # The Postgres types (format_type spelling, without modifiers) a staged type may be written to:
 # only widening or lossless conversions, so a mismatch is caught on the driver, not mid-batch.
-_TEXTUAL = {"text", "character varying", "character", "name", "citext", "uuid", "json", "jsonb", "xml", "inet", "cidr", "macaddr"}
+_TEXTUAL = {
+    "text",
+    "character varying",
+    "character",
+    "name",
+    "citext",
+    "uuid",
+    "json",
+    "jsonb",
+    "xml",
+    "inet",
+    "cidr",
+    "macaddr",
+}
 _COMPATIBLE: dict[str, set[str]] = {
     "boolean": {"boolean"},
     "smallint": {"smallint", "integer", "bigint", "numeric", "real", "double precision"},
@@ -216,17 +229,17 @@ def plan_columns(schema: StructType, rename: Mapping[str, str] | None = None) ->
     targets = [c.target for c in cols]
     if len(set(targets)) != len(targets):
         dup = sorted({t for t in targets if targets.count(t) > 1})
-        raise ConfigError(f"postgres: option 'columns' maps two DataFrame columns to {dup}; map each to its own table column", option="columns")
+        raise ConfigError(
+            f"postgres: option 'columns' maps two DataFrame columns to {dup}; map each to its own table column",
+            option="columns",
+        )
     return cols
 
 
 def create_table_sql(table: TableName, columns: Sequence[Column], key: Sequence[str]) -> str:
     """CREATE TABLE IF NOT EXISTS with the columns' staged types and the key as primary key."""
     by_name = {c.name: c for c in columns}
-    defs = [
-        f"{quote_ident(c.target)} {c.pg_type}" + (" NOT NULL" if c.name in key else "")
-        for c in columns
-    ]
+    defs = [f"{quote_ident(c.target)} {c.pg_type}" + (" NOT NULL" if c.name in key else "") for c in columns]
     pk = ", ".join(quote_ident(by_name[k].target) for k in key)
     return f"CREATE TABLE IF NOT EXISTS {table.sql} ({', '.join(defs)}, PRIMARY KEY ({pk}))"
 
@@ -365,7 +378,9 @@ def check_table(
         resolved.append(replace(c, target=found, target_type=type_name))
     written = {c.target for c in resolved}
     missing_required = [
-        col for col, (_t, _k, notnull) in info.columns.items() if notnull and col not in written and not _has_default(conn, info, col)
+        col
+        for col, (_t, _k, notnull) in info.columns.items()
+        if notnull and col not in written and not _has_default(conn, info, col)
     ]
     if missing_required:
         raise ConfigError(
@@ -399,4 +414,3 @@ def _has_default(conn: psycopg.Connection, info: TableInfo, column: str) -> bool
         )
         row = cur.fetchone()
     return bool(row and row[0])
-

@@ -88,7 +88,10 @@ class UpsertPlanner:
         """Checks that need only the DataFrame schema (no database)."""
         names = [f.name for f in self.schema.fields]
         opts = self.opts
-        for role, col in [("key", k) for k in opts.key] + [("version", opts.version), ("delete.column", opts.delete_column)]:
+        for role, col in [("key", k) for k in opts.key] + [
+            ("version", opts.version),
+            ("delete.column", opts.delete_column),
+        ]:
             if col is not None and col not in names:
                 raise ConfigError(
                     f"{FORMAT}: option '{role}' names column {col!r}, which the DataFrame does not have; "
@@ -360,7 +363,13 @@ def _log_commit(messages: Iterable[WriterCommitMessage | None], batch_id: int | 
             total = total + MergeCounts(m.staged, m.upserted, m.deleted, m.tombstoned)
     log.info(
         "%s %s batch %s: %d staged, %d upserted, %d deleted, %d tombstoned",
-        FORMAT, table, batch_id, total.staged, total.upserted, total.deleted, total.tombstoned,
+        FORMAT,
+        table,
+        batch_id,
+        total.staged,
+        total.upserted,
+        total.deleted,
+        total.tombstoned,
     )
     return total
 
@@ -399,7 +408,9 @@ class UpsertStreamWriter(_UpsertWriterMixin, DataSourceStreamArrowWriter):
         faults.point("sink.after_commit", spec=self.opts.faults, batch=batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        log.warning("%s %s batch %s aborted; its replay is a no-op for tasks that committed", FORMAT, self.plan.target, batchId)
+        log.warning(
+            "%s %s batch %s aborted; its replay is a no-op for tasks that committed", FORMAT, self.plan.target, batchId
+        )
 
 
 class PostgresUpsertDataSource(DataSource):

@@ -64,7 +64,9 @@ class KafkaMetadataClient:
             try:
                 self._consumer = Consumer(self._conf())
             except KafkaException as exc:
-                raise ConfigError(f"kafka-eos: the kafka.* options are not a valid consumer configuration: {exc}") from None
+                raise ConfigError(
+                    f"kafka-eos: the kafka.* options are not a valid consumer configuration: {exc}"
+                ) from None
         return self._consumer
 
     def admin(self) -> AdminClient:
@@ -73,7 +75,9 @@ class KafkaMetadataClient:
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
-                raise ConfigError(f"kafka-eos: the kafka.* options are not a valid client configuration: {exc}") from None
+                raise ConfigError(
+                    f"kafka-eos: the kafka.* options are not a valid client configuration: {exc}"
+                ) from None
         return self._admin
 
     def close(self) -> None:
@@ -119,7 +123,11 @@ class KafkaMetadataClient:
         return self._retry("listing topics", fetch)
 
     def partitions_for(
-        self, *, subscribe: Sequence[str] | None = None, pattern: str | None = None, assign: dict[str, list[int]] | None = None
+        self,
+        *,
+        subscribe: Sequence[str] | None = None,
+        pattern: str | None = None,
+        assign: dict[str, list[int]] | None = None,
     ) -> tuple[list[TopicPartition], list[TopicPartition]]:
         """(partitions that exist now, assigned partitions that do not) for one topic selection."""
         topics = self.topics()
@@ -187,7 +195,10 @@ class KafkaMetadataClient:
         try:
             c = Consumer({**self._conf(), "group.id": group})
             try:
-                c.commit(offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()], asynchronous=False)
+                c.commit(
+                    offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
+                    asynchronous=False,
+                )
             finally:
                 c.close()
         except KafkaException as exc:
@@ -196,11 +207,27 @@ class KafkaMetadataClient:
 
 def _consumer_only(key: str) -> bool:
     return key in {
-        "group.id", "isolation.level", "enable.auto.commit", "auto.offset.reset", "fetch.wait.max.ms",
-        "fetch.min.bytes", "max.partition.fetch.bytes", "fetch.max.bytes", "session.timeout.ms",
-        "max.poll.interval.ms", "heartbeat.interval.ms", "auto.commit.interval.ms", "enable.partition.eof",
-        "check.crcs", "queued.min.messages", "queued.max.messages.kbytes", "partition.assignment.strategy",
-        "group.instance.id", "enable.auto.offset.store", "group.protocol", "group.remote.assignor",
+        "group.id",
+        "isolation.level",
+        "enable.auto.commit",
+        "auto.offset.reset",
+        "fetch.wait.max.ms",
+        "fetch.min.bytes",
+        "max.partition.fetch.bytes",
+        "fetch.max.bytes",
+        "session.timeout.ms",
+        "max.poll.interval.ms",
+        "heartbeat.interval.ms",
+        "auto.commit.interval.ms",
+        "enable.partition.eof",
+        "check.crcs",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "partition.assignment.strategy",
+        "group.instance.id",
+        "enable.auto.offset.store",
+        "group.protocol",
+        "group.remote.assignor",
     }
 
 
@@ -208,7 +235,10 @@ def _fatal(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
     if isinstance(err, KafkaError):
         return bool(err.fatal()) or err.code() in (
-            KafkaError._INVALID_ARG, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
-            KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._AUTHENTICATION,
+            KafkaError._INVALID_ARG,
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+            KafkaError.SASL_AUTHENTICATION_FAILED,
+            KafkaError._AUTHENTICATION,
         )
     return False

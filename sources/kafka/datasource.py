@@ -56,7 +56,9 @@ def kafka_schema(include_headers: bool = False) -> StructType:
     ]
     if include_headers:
         fields.append(
-            StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])))
+            StructField(
+                "headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+            )
         )
     return StructType(fields)
 
@@ -73,7 +75,9 @@ class KafkaEosDataSource(DataSource):
         try:
             return parse_bool(raw)
         except ValueError:
-            raise ConfigError(f"kafka-eos: option 'includeHeaders' is {raw!r}; expected true or false", option="includeHeaders") from None
+            raise ConfigError(
+                f"kafka-eos: option 'includeHeaders' is {raw!r}; expected true or false", option="includeHeaders"
+            ) from None
 
     def schema(self) -> StructType:
         return kafka_schema(self._headers())

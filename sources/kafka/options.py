@@ -35,33 +35,162 @@ def _positive(value: Any) -> None:
 OPTIONS = OptionSet(
     CONTEXT,
     [
-        Option("subscribe", "list", description="Comma-separated topics to read (exactly one of subscribe, subscribePattern, assign)."),
-        Option("subscribePattern", "str", description="Regular expression; every topic it finds (unanchored search) is read; re-evaluated each trigger."),
+        Option(
+            "subscribe",
+            "list",
+            description="Comma-separated topics to read (exactly one of subscribe, subscribePattern, assign).",
+        ),
+        Option(
+            "subscribePattern",
+            "str",
+            description="Regular expression; every topic it finds (unanchored search) is read; re-evaluated each trigger.",
+        ),
         Option("assign", "json", description='JSON of topic -> partitions, e.g. {"t":[0,1]}.'),
-        Option("startingOffsets", "str", description='earliest, latest, group or JSON {"t":{"0":12}} (-2 earliest, -1 latest). Default: latest for streams, earliest for batch.'),
-        Option("startingTimestamp", "int", min=0, description="Epoch millis; every partition starts at the first offset with a timestamp >= it. Precedes startingOffsetsByTimestamp and startingOffsets."),
-        Option("startingOffsetsByTimestamp", "json", description='JSON {"t":{"0":1700000000000}} of start timestamps per partition. Precedes startingOffsets.'),
-        Option("startingOffsetsByTimestampStrategy", "choice", default="error", choices=("error", "latest"), description="When no offset matches a start timestamp: fail (error) or start at latest."),
-        Option("startingOffsetsLocation", "str", description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see README)."),
-        Option("endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'),
-        Option("endingTimestamp", "int", min=0, description="Batch only: epoch millis end for every partition. Precedes endingOffsetsByTimestamp and endingOffsets."),
-        Option("endingOffsetsByTimestamp", "json", description="Batch only: JSON of end timestamps per partition. Precedes endingOffsets."),
-        Option("failOnDataLoss", "bool", default=True, description="Fail when records due to be read are gone (topic/partition deleted, aged out, offsets went back); false logs and skips."),
-        Option("maxOffsetsPerTrigger", "int", min=1, description="Most records per micro-batch, split across partitions in proportion to their backlog."),
-        Option("minOffsetsPerTrigger", "int", min=1, description="Fewest records per micro-batch; waits up to maxTriggerDelay for them."),
-        Option("maxTriggerDelay", "duration", default=900.0, description="Longest wait for minOffsetsPerTrigger before a smaller batch runs (default 15m)."),
-        Option("maxBytesPerTrigger", "int", min=1, description="Approximate most bytes per micro-batch (estimated from sampled record sizes)."),
-        Option("minPartitions", "int", min=1, description="Desired minimum number of Spark tasks; big offset ranges are split proportionally."),
-        Option("maxRecordsPerPartition", "int", min=1, description="Most records one Spark task reads; bigger ranges are split."),
-        Option("includeHeaders", "bool", default=False, description="Add the headers column (array<struct<key:string,value:binary>>)."),
-        Option("groupIdPrefix", "str", default="spark-kafka-source", description="Prefix of the generated consumer group id (unused when kafka.group.id is set)."),
-        Option("kafkaConsumer.pollTimeoutMs", "int", default=DEFAULT_POLL_TIMEOUT_MS, min=1, attr="poll_timeout_ms", description="Longest wait for data or metadata before a read or a metadata call fails with a clear error."),
-        Option("fetchOffset.numRetries", "int", default=3, min=0, attr="fetch_offset_num_retries", description="Retries of an offset or metadata look-up on the driver."),
-        Option("fetchOffset.retryIntervalMs", "int", default=10, min=0, attr="fetch_offset_retry_interval_ms", description="Pause between those retries."),
-        Option("commitOffsetsToGroup", "bool", default=False, description="After each completed batch, commit its end offsets to kafka.group.id for lag monitoring (never used for correctness)."),
-        Option("arrowBatchRows", "int", default=10_000, min=1, description="Rows per Arrow record batch a read task yields (bounds a worker's memory)."),
-        Option("arrowBatchBytes", "int", default=8 * 1024 * 1024, min=1024, description="Payload bytes per Arrow record batch a read task yields (bounds a worker's memory)."),
-        Option("faults", "str", description="Fault-injection spec for tests (see connectors.faults); EOS_FAULTS adds to it."),
+        Option(
+            "startingOffsets",
+            "str",
+            description='earliest, latest, group or JSON {"t":{"0":12}} (-2 earliest, -1 latest). Default: latest for streams, earliest for batch.',
+        ),
+        Option(
+            "startingTimestamp",
+            "int",
+            min=0,
+            description="Epoch millis; every partition starts at the first offset with a timestamp >= it. Precedes startingOffsetsByTimestamp and startingOffsets.",
+        ),
+        Option(
+            "startingOffsetsByTimestamp",
+            "json",
+            description='JSON {"t":{"0":1700000000000}} of start timestamps per partition. Precedes startingOffsets.',
+        ),
+        Option(
+            "startingOffsetsByTimestampStrategy",
+            "choice",
+            default="error",
+            choices=("error", "latest"),
+            description="When no offset matches a start timestamp: fail (error) or start at latest.",
+        ),
+        Option(
+            "startingOffsetsLocation",
+            "str",
+            description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see README).",
+        ),
+        Option(
+            "endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'
+        ),
+        Option(
+            "endingTimestamp",
+            "int",
+            min=0,
+            description="Batch only: epoch millis end for every partition. Precedes endingOffsetsByTimestamp and endingOffsets.",
+        ),
+        Option(
+            "endingOffsetsByTimestamp",
+            "json",
+            description="Batch only: JSON of end timestamps per partition. Precedes endingOffsets.",
+        ),
+        Option(
+            "failOnDataLoss",
+            "bool",
+            default=True,
+            description="Fail when records due to be read are gone (topic/partition deleted, aged out, offsets went back); false logs and skips.",
+        ),
+        Option(
+            "maxOffsetsPerTrigger",
+            "int",
+            min=1,
+            description="Most records per micro-batch, split across partitions in proportion to their backlog.",
+        ),
+        Option(
+            "minOffsetsPerTrigger",
+            "int",
+            min=1,
+            description="Fewest records per micro-batch; waits up to maxTriggerDelay for them.",
+        ),
+        Option(
+            "maxTriggerDelay",
+            "duration",
+            default=900.0,
+            description="Longest wait for minOffsetsPerTrigger before a smaller batch runs (default 15m).",
+        ),
+        Option(
+            "maxBytesPerTrigger",
+            "int",
+            min=1,
+            description="Approximate most bytes per micro-batch (estimated from sampled record sizes).",
+        ),
+        Option(
+            "minPartitions",
+            "int",
+            min=1,
+            description="Desired minimum number of Spark tasks; big offset ranges are split proportionally.",
+        ),
+        Option(
+            "maxRecordsPerPartition",
+            "int",
+            min=1,
+            description="Most records one Spark task reads; bigger ranges are split.",
+        ),
+        Option(
+            "includeHeaders",
+            "bool",
+            default=False,
+            description="Add the headers column (array<struct<key:string,value:binary>>).",
+        ),
+        Option(
+            "groupIdPrefix",
+            "str",
+            default="spark-kafka-source",
+            description="Prefix of the generated consumer group id (unused when kafka.group.id is set).",
+        ),
+        Option(
+            "kafkaConsumer.pollTimeoutMs",
+            "int",
+            default=DEFAULT_POLL_TIMEOUT_MS,
+            min=1,
+            attr="poll_timeout_ms",
+            description="Longest wait for data or metadata before a read or a metadata call fails with a clear error.",
+        ),
+        Option(
+            "fetchOffset.numRetries",
+            "int",
+            default=3,
+            min=0,
+            attr="fetch_offset_num_retries",
+            description="Retries of an offset or metadata look-up on the driver.",
+        ),
+        Option(
+            "fetchOffset.retryIntervalMs",
+            "int",
+            default=10,
+            min=0,
+            attr="fetch_offset_retry_interval_ms",
+            description="Pause between those retries.",
+        ),
+        Option(
+            "commitOffsetsToGroup",
+            "bool",
+            default=False,
+            description="After each completed batch, commit its end offsets to kafka.group.id for lag monitoring (never used for correctness).",
+        ),
+        Option(
+            "arrowBatchRows",
+            "int",
+            default=10_000,
+            min=1,
+            description="Rows per Arrow record batch a read task yields (bounds a worker's memory).",
+        ),
+        Option(
+            "arrowBatchBytes",
+            "int",
+            default=8 * 1024 * 1024,
+            min=1024,
+            description="Payload bytes per Arrow record batch a read task yields (bounds a worker's memory).",
+        ),
+        Option(
+            "faults",
+            "str",
+            description="Fault-injection spec for tests (see connectors.faults); EOS_FAULTS adds to it.",
+        ),
     ],
     passthrough=("kafka.",),
     passthrough_attr="kafka",
@@ -90,9 +219,18 @@ _RENAMED = {
 }
 # Java-only client settings that librdkafka has no equivalent for: dropped with a log line.
 _JAVA_ONLY = {
-    "max.poll.records", "ssl.truststore.type", "ssl.keystore.type", "ssl.truststore.password",
-    "default.api.timeout.ms", "retry.backoff.ms", "reconnect.backoff.max.ms", "exclude.internal.topics",
-    "allow.auto.create.topics", "key.serializer", "value.serializer", "client.dns.lookup",
+    "max.poll.records",
+    "ssl.truststore.type",
+    "ssl.keystore.type",
+    "ssl.truststore.password",
+    "default.api.timeout.ms",
+    "retry.backoff.ms",
+    "reconnect.backoff.max.ms",
+    "exclude.internal.topics",
+    "allow.auto.create.topics",
+    "key.serializer",
+    "value.serializer",
+    "client.dns.lookup",
 }
 # Set by the source itself; a user value would break exactly-once reading.
 _OWNED = {"enable.partition.eof", "enable.auto.offset.store"}
@@ -157,11 +295,15 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSourceOpti
     """Parse and validate like Spark's KafkaSourceProvider; raise ConfigError naming the option."""
     opts = OPTIONS.parse_into(KafkaSourceOptions, raw)
     # Kafka options are case-sensitive in librdkafka; Spark lower-cases the whole key.
-    opts = _replace(opts, kafka={"kafka." + k[len("kafka."):].lower(): v for k, v in opts.kafka.items()})
+    opts = _replace(opts, kafka={"kafka." + k[len("kafka.") :].lower(): v for k, v in opts.kafka.items()})
     _validate_strategy(opts)
     _validate_kafka(opts)
     _validate_offsets(opts, streaming=streaming)
-    if opts.min_offsets_per_trigger and opts.max_offsets_per_trigger and opts.min_offsets_per_trigger > opts.max_offsets_per_trigger:
+    if (
+        opts.min_offsets_per_trigger
+        and opts.max_offsets_per_trigger
+        and opts.min_offsets_per_trigger > opts.max_offsets_per_trigger
+    ):
         raise _fail(
             f"option 'minOffsetsPerTrigger' ({opts.min_offsets_per_trigger}) is greater than 'maxOffsetsPerTrigger' "
             f"({opts.max_offsets_per_trigger}); make min <= max",
@@ -184,7 +326,15 @@ def _replace(opts: KafkaSourceOptions, **changes: Any) -> KafkaSourceOptions:
 
 
 def _validate_strategy(opts: KafkaSourceOptions) -> None:
-    given = [name for name, value in (("subscribe", opts.subscribe), ("subscribePattern", opts.subscribe_pattern), ("assign", opts.assign)) if value is not None]
+    given = [
+        name
+        for name, value in (
+            ("subscribe", opts.subscribe),
+            ("subscribePattern", opts.subscribe_pattern),
+            ("assign", opts.assign),
+        )
+        if value is not None
+    ]
     if len(given) != 1:
         what = "none is given" if not given else f"{', '.join(given)} are all given"
         raise _fail(
@@ -199,12 +349,22 @@ def _validate_strategy(opts: KafkaSourceOptions) -> None:
         try:
             re.compile(opts.subscribe_pattern)
         except re.error as exc:
-            raise _fail(f"option 'subscribePattern' {opts.subscribe_pattern!r} is not a valid regular expression: {exc}", "subscribePattern") from None
+            raise _fail(
+                f"option 'subscribePattern' {opts.subscribe_pattern!r} is not a valid regular expression: {exc}",
+                "subscribePattern",
+            ) from None
     if opts.assign is not None:
         a = opts.assign
-        ok = isinstance(a, dict) and a and all(
-            isinstance(t, str) and t and isinstance(ps, list) and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in ps)
-            for t, ps in a.items()
+        ok = (
+            isinstance(a, dict)
+            and a
+            and all(
+                isinstance(t, str)
+                and t
+                and isinstance(ps, list)
+                and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in ps)
+                for t, ps in a.items()
+            )
         )
         if not ok:
             raise _fail(
@@ -215,29 +375,40 @@ def _validate_strategy(opts: KafkaSourceOptions) -> None:
 
 def _validate_kafka(opts: KafkaSourceOptions) -> None:
     if not opts.bootstrap.strip():
-        raise _fail("option 'kafka.bootstrap.servers' is required (host:port[,host:port...])", "kafka.bootstrap.servers")
+        raise _fail(
+            "option 'kafka.bootstrap.servers' is required (host:port[,host:port...])", "kafka.bootstrap.servers"
+        )
     for key in opts.kafka:
-        name = key[len("kafka."):]
+        name = key[len("kafka.") :]
         if name in REJECTED_KAFKA_OPTIONS:
             raise _fail(f"Kafka option '{name}' is not supported: {REJECTED_KAFKA_OPTIONS[name]}", key)
     level = opts.kafka.get("kafka.isolation.level")
     if level is not None and level.strip().lower() not in ("read_committed", "read_uncommitted"):
-        raise _fail(f"option 'kafka.isolation.level' is {level!r}; expected read_committed or read_uncommitted", "kafka.isolation.level")
+        raise _fail(
+            f"option 'kafka.isolation.level' is {level!r}; expected read_committed or read_uncommitted",
+            "kafka.isolation.level",
+        )
 
 
 def _check_offset_json(value: Any, option: str, *, allowed: tuple[int, ...], what: str) -> dict[str, dict[str, int]]:
     if not isinstance(value, dict) or not value:
-        raise _fail(f"option '{option}' must be JSON like {{\"topic\":{{\"0\":{what}}}}}; got {json.dumps(value)}", option)
+        raise _fail(
+            f'option \'{option}\' must be JSON like {{"topic":{{"0":{what}}}}}; got {json.dumps(value)}', option
+        )
     for topic, parts in value.items():
         if not isinstance(parts, dict) or not parts:
-            raise _fail(f"option '{option}': topic {topic!r} must map partition numbers to {what}s, got {json.dumps(parts)}", option)
+            raise _fail(
+                f"option '{option}': topic {topic!r} must map partition numbers to {what}s, got {json.dumps(parts)}",
+                option,
+            )
         for p, off in parts.items():
             if not str(p).lstrip("-").isdigit() or int(p) < 0:
                 raise _fail(f"option '{option}': {p!r} of topic {topic!r} is not a partition number", option)
             if not isinstance(off, int) or isinstance(off, bool) or (off < 0 and off not in allowed):
                 valid = " or ".join(str(a) for a in allowed)
                 raise _fail(
-                    f"option '{option}': {topic}-{p} is {json.dumps(off)}; expected a {what} >= 0" + (f" or {valid}" if allowed else ""),
+                    f"option '{option}': {topic}-{p} is {json.dumps(off)}; expected a {what} >= 0"
+                    + (f" or {valid}" if allowed else ""),
                     option,
                 )
     return value
@@ -262,25 +433,41 @@ def _offsets_spec(raw: str | None, option: str, *, words: tuple[str, ...], allow
 
 def _validate_offsets(opts: KafkaSourceOptions, *, streaming: bool) -> None:
     if streaming:
-        for name, value in (("endingOffsets", opts.ending_offsets), ("endingTimestamp", opts.ending_timestamp),
-                            ("endingOffsetsByTimestamp", opts.ending_offsets_by_timestamp)):
+        for name, value in (
+            ("endingOffsets", opts.ending_offsets),
+            ("endingTimestamp", opts.ending_timestamp),
+            ("endingOffsetsByTimestamp", opts.ending_offsets_by_timestamp),
+        ):
             if value is not None:
-                raise _fail(f"option '{name}' is for batch queries only; a streaming query reads on and never ends", name)
-    start = _offsets_spec(opts.starting_offsets, "startingOffsets", words=("earliest", "latest", "group"), allowed=(-2, -1))
+                raise _fail(
+                    f"option '{name}' is for batch queries only; a streaming query reads on and never ends", name
+                )
+    start = _offsets_spec(
+        opts.starting_offsets, "startingOffsets", words=("earliest", "latest", "group"), allowed=(-2, -1)
+    )
     if not streaming:
         if start == "latest":
-            raise _fail("option 'startingOffsets' cannot be latest for batch queries; use earliest, group or JSON offsets", "startingOffsets")
+            raise _fail(
+                "option 'startingOffsets' cannot be latest for batch queries; use earliest, group or JSON offsets",
+                "startingOffsets",
+            )
         if isinstance(start, dict) and any(o == -1 for parts in start.values() for o in parts.values()):
             raise _fail("option 'startingOffsets' cannot use -1 (latest) for batch queries", "startingOffsets")
         end = _offsets_spec(opts.ending_offsets, "endingOffsets", words=("earliest", "latest"), allowed=(-2, -1))
         if end == "earliest":
-            raise _fail("option 'endingOffsets' cannot be earliest for batch queries; use latest or JSON offsets", "endingOffsets")
+            raise _fail(
+                "option 'endingOffsets' cannot be earliest for batch queries; use latest or JSON offsets",
+                "endingOffsets",
+            )
         if isinstance(end, dict) and any(o == -2 for parts in end.values() for o in parts.values()):
             raise _fail("option 'endingOffsets' cannot use -2 (earliest) for batch queries", "endingOffsets")
         if opts.ending_offsets_by_timestamp is not None:
-            _check_offset_json(opts.ending_offsets_by_timestamp, "endingOffsetsByTimestamp", allowed=(), what="timestamp")
+            _check_offset_json(
+                opts.ending_offsets_by_timestamp, "endingOffsetsByTimestamp", allowed=(), what="timestamp"
+            )
         if (
-            opts.starting_timestamp is not None and opts.ending_timestamp is not None
+            opts.starting_timestamp is not None
+            and opts.ending_timestamp is not None
             and opts.starting_timestamp > opts.ending_timestamp
         ):
             raise _fail(
@@ -297,16 +484,23 @@ def _validate_offsets(opts: KafkaSourceOptions, *, streaming: bool) -> None:
                             "startingOffsets",
                         )
     if opts.starting_offsets_by_timestamp is not None:
-        _check_offset_json(opts.starting_offsets_by_timestamp, "startingOffsetsByTimestamp", allowed=(), what="timestamp")
+        _check_offset_json(
+            opts.starting_offsets_by_timestamp, "startingOffsetsByTimestamp", allowed=(), what="timestamp"
+        )
     if opts.assign is not None:
         assigned = {(t, int(p)) for t, ps in opts.assign.items() for p in ps}
-        for name, spec in (("startingOffsets", start), ("startingOffsetsByTimestamp", opts.starting_offsets_by_timestamp)):
+        for name, spec in (
+            ("startingOffsets", start),
+            ("startingOffsetsByTimestamp", opts.starting_offsets_by_timestamp),
+        ):
             if isinstance(spec, dict):
                 given = {(t, int(p)) for t, ps in spec.items() for p in ps}
                 missing = sorted(assigned - given)
                 if missing:
                     shown = ", ".join(f"{t}-{p}" for t, p in missing)
-                    raise _fail(f"option '{name}' does not cover the assigned partitions {shown}; give an offset for each", name)
+                    raise _fail(
+                        f"option '{name}' does not cover the assigned partitions {shown}; give an offset for each", name
+                    )
                 extra = sorted(given - assigned)
                 if extra:
                     shown = ", ".join(f"{t}-{p}" for t, p in extra)
@@ -317,7 +511,7 @@ def consumer_config(opts: KafkaSourceOptions) -> dict[str, str]:
     """librdkafka consumer configuration from the ``kafka.*`` options, Java names mapped."""
     conf: dict[str, str] = {}
     for key, value in opts.kafka.items():
-        name = key[len("kafka."):]
+        name = key[len("kafka.") :]
         if name in _OWNED:
             log.warning("%s: ignoring option %s; the source sets it itself", CONTEXT, key)
             continue

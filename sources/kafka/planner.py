@@ -34,7 +34,9 @@ class Limits:
         return f"Limits(max_rows={self.max_rows}, min_rows={self.min_rows}, max_bytes={self.max_bytes})"
 
 
-def rate_limit(start: Mapping[TopicPartition, int], until: Mapping[TopicPartition, int], limit: int) -> PartitionOffsets:
+def rate_limit(
+    start: Mapping[TopicPartition, int], until: Mapping[TopicPartition, int], limit: int
+) -> PartitionOffsets:
     """Cap ``until`` so that at most about ``limit`` records are read, shared in proportion to backlog.
 
     Like Spark's KafkaMicroBatchStream.rateLimit: a partition's share is floor(limit * its backlog /
@@ -122,7 +124,11 @@ class KafkaPlanner:
         spec = (o.starting_offsets or ("latest" if self.streaming else "earliest")).strip()
         if o.starting_timestamp is None and o.starting_offsets_by_timestamp is None and spec.startswith("{"):
             return {TopicPartition(t, int(p)): off for t, parts in json.loads(spec).items() for p, off in parts.items()}
-        value = EARLIEST if spec.lower() == "earliest" and o.starting_timestamp is None and o.starting_offsets_by_timestamp is None else LATEST
+        value = (
+            EARLIEST
+            if spec.lower() == "earliest" and o.starting_timestamp is None and o.starting_offsets_by_timestamp is None
+            else LATEST
+        )
         return {tp: value for tp in tps}
 
     def resolve_start(self, tps: Sequence[TopicPartition]) -> PartitionOffsets:
@@ -148,7 +154,9 @@ class KafkaPlanner:
         given = self._cover(json.loads(spec), tps, "startingOffsets")
         return self._resolve_sentinels(given)
 
-    def _cover(self, spec: Mapping[str, Mapping[str, int]], tps: Sequence[TopicPartition], option: str) -> PartitionOffsets:
+    def _cover(
+        self, spec: Mapping[str, Mapping[str, int]], tps: Sequence[TopicPartition], option: str
+    ) -> PartitionOffsets:
         given = {TopicPartition(t, int(p)): v for t, parts in spec.items() for p, v in parts.items()}
         missing = sorted(set(tps) - set(given))
         if missing:
@@ -267,7 +275,11 @@ class KafkaPlanner:
                 for m in c.consume(num_messages=sample, timeout=0.5):
                     if m.error() is None:
                         headers: Any = m.headers() or []
-                        sizes.append(len(m.key() or b"") + len(m.value() or b"") + sum(len(k) + len(v or b"") for k, v in headers))
+                        sizes.append(
+                            len(m.key() or b"")
+                            + len(m.value() or b"")
+                            + sum(len(k) + len(v or b"") for k, v in headers)
+                        )
         finally:
             c.unassign()
         if sizes:
@@ -299,7 +311,9 @@ class KafkaPlanner:
                 continue
             ranges.append(OffsetRange(tp.topic, tp.partition, s, e))
         pieces = split_ranges(
-            ranges, min_partitions=self.opts.min_partitions, max_records_per_partition=self.opts.max_records_per_partition
+            ranges,
+            min_partitions=self.opts.min_partitions,
+            max_records_per_partition=self.opts.max_records_per_partition,
         )
         return [KafkaInputPartition(r, self.settings) for r in pieces]
 

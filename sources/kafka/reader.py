@@ -214,8 +214,10 @@ class KafkaPartitionReader:
                 f"{self.settings.consumer_config.get('bootstrap.servers')} within {timeout:g}s: {exc}"
             ) from None
         if low > start:
-            self._loss(f"records {start}..{min(low, self.range.end) - 1} of {ctp.topic}-{ctp.partition} are gone "
-                       f"(earliest offset is now {low})")
+            self._loss(
+                f"records {start}..{min(low, self.range.end) - 1} of {ctp.topic}-{ctp.partition} are gone "
+                f"(earliest offset is now {low})"
+            )
             return low
         return start
 

@@ -95,7 +95,9 @@ def split_ranges(
     if max_records_per_partition:
         cut: list[OffsetRange] = []
         for r in work:
-            cut.extend(_even(r, math.ceil(r.size / max_records_per_partition)) if r.size > max_records_per_partition else [r])
+            cut.extend(
+                _even(r, math.ceil(r.size / max_records_per_partition)) if r.size > max_records_per_partition else [r]
+            )
         work = cut
     if not min_partitions or len(work) >= min_partitions:
         return work
