@@ -9,6 +9,7 @@ last decision equals Spark's last ``commits/n``, and the injected fault really f
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -253,3 +254,57 @@ def test_broker_container_killed_mid_batch_and_restarted(kafka_box: ContainerKaf
         assert seen == committed, f"real Kafka: committed records must survive, aborted ones stay invisible: {seen}"
     finally:
         consumer.close()
+
+
+@pytest.mark.slow
+def test_pipeline_with_broker_container_killed_mid_batch(
+    kafka_box: ContainerKafka, pg_box: ContainerPostgres, tmp_path: Path
+) -> None:
+    """kafka-eos -> postgres-2pc; the broker container is SIGKILLed while batch 1 is prepared in
+    Postgres (its records already read), then started again on the same address.
+
+    The sink needs no broker to commit: batch 1 commits exactly once, or, if its other read task
+    only started after the kill, it is rolled back whole. Then:
+    - tansu (local image, memory storage) comes back empty: the source's next plan sees the topic
+      gone and the query stops with the data-loss error (failOnDataLoss=true), never skipping
+      silently. The sink holds the committed batches exactly once, no prepared transaction is left and
+      the last decision equals Spark's last commit; what was lost with the broker cannot be
+      checked against a topic that no longer exists, and is not claimed.
+    - real Kafka (EOS_DOCKER_IMAGES=upstream) keeps the records: the query drains and the exact
+      checker compares the whole topic with the table."""
+    pipe = _pipeline(kafka_box, pg_box, tmp_path)
+    proc = pipe.process("sink.after_prepare:batch=1:partition=0:action=sleep:seconds=4:once").start()
+    try:
+        wait_until(
+            lambda: bool(pipe.fired("sink.after_prepare")), timeout=300, what="batch 1 prepared", alive=proc.alive
+        )
+        assert kafka_box.kill("SIGKILL") == 137
+        kafka_box.start()
+        out = proc.wait(400)
+    except BaseException:
+        proc.stop()
+        raise
+    pipe.outcomes.append(out)
+    if not kafka_box.is_tansu:
+        assert out.returncode == 0, pipe.describe()
+        _assert_exact(pipe, ["sink.after_prepare"])
+        return
+
+    assert out.returncode != 0 and "RUNNER FAILED" in out.log_tail, f"the loss went unnoticed: {pipe.describe()}"
+    assert "lost" in out.log_tail.lower(), f"the failure does not name the data loss: {out.log_tail[-2000:]}"
+    produced = {r["id"] for r in make_records(RECORDS, seed=7, prefix=f"{pipe.table}-")}
+    with psycopg.connect(pg_box.dsn, autocommit=True) as conn:
+        rows = checker.read_table(conn, pipe.table)
+        ends = checker.check_end_state(conn, sink_id=pipe.sink_id, checkpoint=pipe.checkpoint)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "duplicates in the sink"
+    assert set(ids) <= produced, f"phantoms in the sink: {sorted(set(ids) - produced)[:5]}"
+    assert all(c.ok for c in ends), [c.summary for c in ends]
+    # batch 1 commits when its other read task had finished before the kill; if that task started
+    # after it, it hit the empty broker and batch 1 was rolled back whole. Either way the table
+    # holds exactly the records up to the end offsets of Spark's last committed batch.
+    last = checker.last_commit(pipe.checkpoint)
+    assert last is not None and last <= 2, f"the query went on past the loss: last commit {last}"
+    ends_json = (Path(pipe.checkpoint) / "offsets" / str(last)).read_text().splitlines()[-1]
+    committed = sum(json.loads(ends_json)[pipe.topic].values())  # every partition started at 0
+    assert 0 < committed < RECORDS and len(ids) == committed, (len(ids), ends_json)

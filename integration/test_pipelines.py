@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 
 from connectors import checker, cli
 from connectors.pipelines import PipelineConfig, prepare, start
@@ -156,8 +157,10 @@ def test_ledger_malformed_event_stops_the_query_naming_it(
     cfg = _cfg(kafka_service, postgres_service, "ledger", topic, table, str(tmp_path / "ck"))
     prepare(cfg)
     query = start(pipeline_spark, cfg)
-    query.awaitTermination(300)
-    err = str(query.exception())
+    with pytest.raises(StreamingQueryException) as raised:  # awaitTermination re-raises the query's failure
+        query.awaitTermination(300)
+    assert not query.isActive
+    err = str(raised.value)
     assert "malformed payment event" in err and "offset 5" in err and "'amount' missing or not a whole number" in err
     # nothing of the failed batch is visible: the poison record's batch was never committed
     assert pg_conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0

@@ -119,12 +119,15 @@ def test_kill_at_every_protocol_step_then_pg_crash_task_kill_and_connection_cut(
 
 
 def test_upsert_mode_under_faults(twophase_pg: Any, tmp_path: Path) -> None:
-    """mode=upsert: kills before and after the decision, then a clean run: exactly the records."""
-    s = Scenario(twophase_pg.dsn, tmp_path, batches=3, rows=ROWS, mode="upsert")
+    """mode=upsert (the merge runs in the publish step): kills before the decision, after it and
+    half-way through the COMMIT PREPAREDs, then a clean run: exactly the records, one attempt each."""
+    s = Scenario(twophase_pg.dsn, tmp_path, batches=4, rows=ROWS, mode="upsert")
     killed = _kill_at(s, "sink.after_prepare", 0, ":partition=0")
     s.check(complete=False)
     decided = _kill_at(s, "sink.commit.after_decision", 1, "")
+    s.check(complete=False)
+    half = _kill_at(s, "sink.commit.after_k", 2, ":k=1")
     final = s.run()
     assert final.returncode == 0, final.stderr[-3000:]
     tags = s.check(complete=True)
-    assert tags[0] != killed and tags[1] == decided
+    assert tags[0] != killed and tags[1] == decided and tags[2] == half
