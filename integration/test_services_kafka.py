@@ -1,17 +1,42 @@
-"""confluent-kafka against the session's broker: topics, produce, consume from an offset, watermarks, transactions."""
+"""confluent-kafka against the brokers: topics, produce, consume from an offset, watermarks, transactions.
+
+Every test runs twice: against the session's broker (a container when a Docker engine answers)
+and against an embedded tansu started here, so the embedded path is proven in every run.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from connectors.services.base import KafkaService
+from connectors.services.embedded_kafka import EmbeddedKafka
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", params=["session", "embedded"])
+def kafka_service(request: pytest.FixtureRequest, kafka_service: KafkaService) -> Iterator[KafkaService]:
+    """The session's broker, then a private embedded tansu (the topic and produce fixtures follow)."""
+    if request.param == "session":
+        yield kafka_service
+        return
+    embedded = EmbeddedKafka()
+    try:
+        assert embedded.kind == "embedded" and embedded.is_tansu
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_admin(kafka_service: KafkaService) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka_service.bootstrap})
 
 
 def _consume(
