@@ -424,6 +424,7 @@ def start_private_engine(timeout: float = START_TIMEOUT) -> Engine:
 
 _engine: Engine | None = None
 _engine_checked = False
+engine_log: list[dict[str, Any]] = []  # {"host", "owned", "seconds"} per engine found or started
 _engine_lock = threading.Lock()
 
 
@@ -448,6 +449,10 @@ def get_engine() -> Engine | None:
         elif _want_private():
             _engine = start_private_engine()
         _engine_checked = True
+        if _engine is not None:
+            engine_log.append(
+                {"host": _engine.host, "owned": _engine.owned, "seconds": round(_engine.start_seconds, 2)}
+            )
         if _engine is not None:
             # testcontainers reads DOCKER_HOST; without it, it may guess a bridge network to join.
             os.environ["DOCKER_HOST"] = _engine.host
