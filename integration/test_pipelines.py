@@ -167,12 +167,17 @@ def test_ledger_malformed_event_stops_the_query_naming_it(
     assert checker.prepared_gids(pg_conn, cfg.effective_sink_id) == []
 
 
+# long enough that a slow restart between the two runs (CI: ~10 s) never expires acct-000, which both
+# runs touch; found too short at 6 s on 2026-11-22 (map entries expired one by one, see balances.py)
+TTL = 20.0
+
+
 def test_balances_state_ttl_and_restart_with_state(
     pipeline_spark, kafka_service, postgres_service, new_topic, new_table, pg_conn, tmp_path
 ) -> None:
     topic, table = new_topic(partitions=2, prefix="bal"), new_table("balances")
     cfg = _cfg(
-        kafka_service, postgres_service, "balances", topic, table, str(tmp_path / "ck"), ttl_seconds=6.0, last_n=3
+        kafka_service, postgres_service, "balances", topic, table, str(tmp_path / "ck"), ttl_seconds=TTL, last_n=3
     )
     first = generate(120, seed=3, accounts=6)
     produce(kafka_service.bootstrap, topic, first, partitions=2)
@@ -197,7 +202,7 @@ def test_balances_state_ttl_and_restart_with_state(
     old_version = row[3]
 
     # idle longer than the TTL: the account's state expires and its next event starts from zero
-    time.sleep(7.0)
+    time.sleep(TTL + 1.0)
     late = {
         "id": "late-1",
         "account": "acct-000",

@@ -68,7 +68,12 @@ class BalanceProcessor(_processor_base()):  # type: ignore[misc]
         import pandas as pd
 
         batch = pd.concat(list(rows), ignore_index=True).sort_values(["src_offset", "id"], kind="stable")
-        current = self.balance.get()
+        current = self.balance.get() if self.balance.exists() else None
+        if current is None:
+            # a new account, or one idle past the TTL: the TTL expires each state variable (and each map
+            # entry) on its own clock, so drop whatever survived and start the whole account from zero
+            self.recent.clear()
+            self.counterparties.clear()
         balance, events, version = (int(current[0]), int(current[1]), int(current[2])) if current else (0, 0, -1)
         recent = [tuple(r) for r in self.recent.get()] if self.recent.exists() else []
         totals: dict[str, int] = {}
@@ -82,13 +87,16 @@ class BalanceProcessor(_processor_base()):  # type: ignore[misc]
             cp = str(ev.counterparty)
             recent.append((last_id, amount, cp))
             totals[cp] = totals.get(cp, 0) + amount
+        all_totals = {str(k[0]): int(v[0]) for k, v in self.counterparties.iterator()}
         for cp, add in totals.items():
-            old = self.counterparties.getValue((cp,))
-            self.counterparties.updateValue((cp,), ((int(old[0]) if old else 0) + add,))
+            all_totals[cp] = all_totals.get(cp, 0) + add
+        # rewrite every entry, touched or not: a map entry's TTL restarts only when it is written, and
+        # the TTL here is the account's (idle accounts expire whole, active ones keep every counterparty)
+        for cp, total in all_totals.items():
+            self.counterparties.updateValue((cp,), (total,))
         recent = recent[-self.last_n :]
         self.recent.put(recent)
         self.balance.update((balance, events, version))
-        all_totals = {str(k[0]): int(v[0]) for k, v in self.counterparties.iterator()}
         yield pd.DataFrame(
             {
                 "account": [str(key[0])],
