@@ -263,27 +263,64 @@ class _Progress:
 
 
 class _Producer(threading.Thread):
-    """Writes the records in chunks spread over the run, so kills land while data is arriving."""
+    """Writes the records spread over the whole run, so every run of the pipeline meets new data.
 
-    def __init__(self, cfg: ChaosConfig, topic: str, chunks: int, interval: float) -> None:
+    The records are cut into one chunk per run (the kills plus the draining run). Each run, once its
+    query has started, releases the next chunk (``release``). The producer writes it in ``pieces``
+    slices, the next one only when the query has planned a new batch (a new ``offsets/n`` in the
+    checkpoint), so each slice makes a batch of its own: a fault point a few batches ahead is
+    reached and a SIGKILL lands while batches flow, however slowly the machine runs. Whatever an
+    earlier chunk still owes is written at once when the next is released; ``release(every=True)``
+    (the kills are over) writes everything left. The producer never runs ahead of the kills."""
+
+    def __init__(self, cfg: ChaosConfig, topic: str, chunks: int, checkpoint: str, pieces: int = 4) -> None:
         super().__init__(name="chaos-producer", daemon=True)
-        self.cfg, self.topic, self.chunks, self.interval = cfg, topic, chunks, interval
-        self.tick = threading.Event()  # set by the kill loop: write the next chunk (or after interval)
+        self.cfg, self.topic, self.chunks, self.checkpoint = cfg, topic, max(1, chunks), checkpoint
+        self.pieces = max(1, pieces)
+        self.tick = threading.Event()
+        self.released = 0  # chunks the kill loop has released
+        self.rest = False  # the kills are over: write everything left at once
         self.written = 0
         self.error: BaseException | None = None
         self.done = threading.Event()
 
+    def release(self, every: bool = False) -> None:
+        """Release the next chunk (a run's query started), or every chunk left (the kills are over)."""
+        if every:
+            self.rest = True
+        self.released = self.chunks if every else min(self.chunks, self.released + 1)
+        self.tick.set()
+
+    def _write(self, n: int) -> None:
+        recs = make_records(n, seed=self.cfg.seed, start=self.written)
+        produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+        self.written += n
+
+    def _planned(self) -> int:
+        last = checker.last_offsets(self.checkpoint)
+        return -1 if last is None else last
+
     def run(self) -> None:
         try:
-            size = -(-self.cfg.records // self.chunks)
-            for start in range(0, self.cfg.records, size):
-                n = min(size, self.cfg.records - start)
-                recs = make_records(n, seed=self.cfg.seed, start=start)
-                produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
-                self.written += n
-                if self.written < self.cfg.records:
-                    self.tick.wait(self.interval)
-                    self.tick.clear()
+            total = self.cfg.records
+            size = -(-total // self.chunks)
+            piece = max(1, -(-size // self.pieces))
+            while self.written < total:
+                self.tick.clear()
+                released = self.released
+                # the chunks before the current one (all of them once the kills are over)
+                owed = total if self.rest else min(total, max(0, released - 1) * size)
+                if self.written < owed:
+                    self._write(owed - self.written)
+                limit = min(total, released * size)
+                planned = self._planned()
+                if self.written < limit:
+                    self._write(min(piece, limit - self.written))
+                # the next slice once the query has planned a batch since this one was written (so
+                # each gets a batch of its own), or at once when another chunk is released
+                while self.written < total and not self.tick.wait(0.2):
+                    if self.written < limit and self._planned() > planned:
+                        break
         except BaseException as exc:  # surfaced by the main thread
             self.error = exc
         finally:
@@ -322,10 +359,8 @@ def run(cfg: ChaosConfig) -> checker.Report:
     plans = plan_kills(cfg.pipeline, cfg.kills, cfg.seed)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("EOS_FAULTS", None)
-    chunks = max(1, min(cfg.kills + 1, 200))
-    # writes on every restart and at least every 15 s, so a backlog builds up and the batches a
-    # fault kill waits for always come
-    producer = _Producer(cfg, topic, chunks, interval=15.0)
+    # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
+    producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)
     progress = _Progress(cfg.kills, cfg.progress)
     started = time.monotonic()
     producer.start()
@@ -339,20 +374,23 @@ def run(cfg: ChaosConfig) -> checker.Report:
             run_env["EOS_FAULTS_STATE"] = os.path.join(cfg.workdir, "state", str(plan.index))
         proc = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "processing:0.5"), run_env, log_path, root)
         proc.start()
-        producer.tick.set()
         how = plan.kind
         try:
             if plan.kind == "sigkill":
-                if not plan.early:
+                if plan.early:
+                    producer.release()
+                else:
                     # strike while batches flow: after the run's first new commit, so that every
                     # restart makes progress even on a slow machine (no livelock of replays)
                     before = checker.last_commit(checkpoint)
                     _wait_started(proc, cfg.timeout)
+                    producer.release()
                     _wait_commit_after(proc, checkpoint, before, cfg.timeout)
                 time.sleep(plan.delay)
                 proc.kill_group()
             else:
                 _wait_started(proc, cfg.timeout)  # start-up on a loaded machine can take a minute
+                producer.release()  # trickled from now on: the batches up to the fault's batch come
                 try:
                     proc.wait(90)
                 except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
@@ -374,6 +412,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
         )
         if producer.error:
             raise producer.error
+    producer.release(every=True)
     producer.done.wait()
     if producer.error:
         raise producer.error
