@@ -251,7 +251,10 @@ def test_run_command_on_local_cluster(kafka_service, postgres_service, new_topic
 
 
 # Restarting the ledger query inside one Spark session (as `spark-eos run` does after a failure) must
-# keep every earlier row: found failing on 2026-11-22 (a later query's first publish replaced the table).
+# keep every earlier row: found failing on 2026-11-22. Cause found 2026-11-23: the embedded role was
+# named `eos` like the sink's protocol schema, so once that schema existed the pipeline's own
+# `CREATE TABLE IF NOT EXISTS ledger` made a second table in it, and the sink resolved `ledger` there
+# (the sink now refuses that setup; see test_twophase_protocol).
 def test_ledger_restarted_in_the_same_session_keeps_earlier_rows(
     pipeline_spark, kafka_service, postgres_service, new_topic, new_table, tmp_path, pg_conn
 ) -> None:

@@ -41,7 +41,7 @@ def test_up_status_env_down(tmp_path: Path) -> None:
         kafka, pg = state["kafka"], state["postgres"]
         password = psycopg.conninfo.conninfo_to_dict(pg["dsn"])["password"]
         assert kafka["bootstrap"] in started.stdout
-        assert f"postgresql://eos:***@127.0.0.1:{pg['port']}/postgres" in started.stdout
+        assert f"postgresql://eos_admin:***@127.0.0.1:{pg['port']}/postgres" in started.stdout
         assert password not in started.stdout + started.stderr
 
         # The command has exited; its services run on, detached, and answer.

@@ -263,6 +263,28 @@ def test_missing_sink_id_is_refused(sink: dict[str, Any]) -> None:
         TwoPhaseStreamWriter(opts, SCHEMA)
 
 
+def test_protocol_schema_on_the_roles_search_path_is_refused_for_unqualified_tables(sink: dict[str, Any]) -> None:
+    """A role named like ``eos.schema`` has that schema first on its search path ("$user"): its own
+    unqualified DDL would land there and the sink would resolve the table there, away from the rows
+    it wrote before (the demo lost a batch this way on 2026-11-23 with the role ``eos``)."""
+    role = "r_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'pw'")  # type: ignore[arg-type]
+    info = psycopg.conninfo.conninfo_to_dict(sink["dsn"])
+    dsn = f"postgresql://{role}:pw@{info['host']}:{info['port']}/{info.get('dbname', 'postgres')}"
+    opts = {**sink["opts"], "dsn": dsn, "eos.schema": role}
+    with pytest.raises(ConfigError) as err:
+        TwoPhaseStreamWriter(opts, SCHEMA)
+    msg = str(err.value)
+    assert err.value.option == "eos.schema"
+    assert f"protocol schema '{role}'" in msg and f"role '{role}'" in msg and f"public.{sink['table']}" in msg
+    # qualified, the table cannot be shadowed: the sink writes and commits as usual
+    w = TwoPhaseStreamWriter({**opts, "table": f"public.{sink['table']}"}, SCHEMA)
+    m = _task(sink, w, 0, range(0, 3), batch=0)
+    TwoPhaseStreamWriter({**opts, "table": f"public.{sink['table']}"}, SCHEMA).commit([m], 0)
+    assert _rows(sink) == [0, 1, 2]
+
+
 def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     from sinks.postgres import status
 

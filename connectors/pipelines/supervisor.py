@@ -180,7 +180,7 @@ def _run(
         log.event("pipeline.restart", level="warn", error=message[:500], delay_s=delay, restart=restarts)
         sleep(delay)
         # like Flink restarting the job: a fresh SparkContext (and Python workers), nothing carried over
-        # from the failed attempt; see integration/test_pipelines.py for why in-session restarts are risky
+        # from the failed attempt (no cached plan, connection or Python worker of the old query)
         try:
             spark.stop()
         except Exception as exc:  # a context that died with the query; the new one is what matters

@@ -93,7 +93,7 @@ class EmbeddedPostgres(PostgresService):
     """A PostgreSQL cluster in a temp dir on 127.0.0.1, run as an unprivileged user when we are root.
 
     fsync stays on (crash tests rely on the WAL), ``max_prepared_transactions`` defaults to 64. The
-    superuser ``eos`` logs in with a random password (scram-sha-256). ``crash()`` is
+    superuser ``eos_admin`` logs in with a random password (scram-sha-256). ``crash()`` is
     ``pg_ctl stop -m immediate``; ``start()`` recovers on the same directory and port; ``stop()``
     stops cleanly and deletes the temp directory unless ``keep=True`` (a named ``base_dir`` is kept).
     """
@@ -111,7 +111,9 @@ class EmbeddedPostgres(PostgresService):
         base_dir: str | None = None,
         detached: bool = False,
         keep: bool = False,
-        user: str = "eos",
+        # not "eos": a role named like the 2PC sink's protocol schema would put that schema on its
+        # search path ("$user"), and the sink refuses unqualified tables then
+        user: str = "eos_admin",
     ) -> None:
         self.bin_dir = pg_bin_dir(bin_dir)
         if port is not None and _proc.port_in_use(port):

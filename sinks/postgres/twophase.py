@@ -273,6 +273,7 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
     try:
         check_max_prepared(conn, where=f" (sink {opts.sink_id!r})")
         tables.ensure(conn)
+        _check_protocol_schema_off_path(conn, opts)
         merge: MergePlan | None = None
         if opts.upsert is not None:
             merge = UpsertPlanner(opts.upsert, schema, temporary_staging=False).plan()
@@ -295,6 +296,29 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
     plan = TwoPhasePlan(opts.sink_id, opts.table, columns, stage, stage_columns, merge, replace)
     _SETUP_CACHE[key] = plan
     return plan
+
+
+def _check_protocol_schema_off_path(conn: psycopg.Connection, opts: TwoPhaseOptions) -> None:
+    """Refuse an unqualified table when the protocol schema is on the session's search path.
+
+    Postgres' default search path is ``"$user", public``: for a role named like ``eos.schema`` the
+    protocol schema comes first once the sink has created it, so an unqualified ``CREATE TABLE t``
+    of the user's own DDL lands in it, and the sink then resolves ``t`` there instead of the table
+    it wrote before: earlier rows would seem to vanish (found 2026-11-23 with the role ``eos``)."""
+    if opts.table.schema is not None:
+        return
+    row = conn.execute(
+        "SELECT %s = ANY(current_schemas(false)), current_user, current_setting('search_path')", (opts.eos_schema,)
+    ).fetchone()
+    if row and row[0]:
+        raise ConfigError(
+            f"{FORMAT} {opts.sink_id}: the protocol schema {opts.eos_schema!r} (option 'eos.schema') is on the "
+            f"search path of role {row[1]!r} (search_path = {row[2]}), so the unqualified table {opts.table.name!r} "
+            "could resolve into it. Qualify the table (option 'table', e.g. public."
+            f"{opts.table.name}), or set 'eos.schema' to a schema that is not on the search path "
+            "(e.g. spark_eos), or change the role's search_path (ALTER ROLE ... SET search_path = public)",
+            option="eos.schema",
+        )
 
 
 def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema: StructType) -> list[Column]:
