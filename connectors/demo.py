@@ -293,6 +293,7 @@ def main(args: argparse.Namespace) -> int:
             "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],
             "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
             "crashes_injected": crashes, "kills_planned": planned, "fault_points_fired": len(fired),
+            "restarts": sum(len(tr.kills) for tr, _ in tracks),
             "recoveries": sum(tr.recoveries for tr, _ in tracks), "prepared_left": prepared.counts["prepared"],
             "decision_vs_commit": decision.summary, "wall_seconds": round(elapsed, 1),
             "events_per_second": round(len(events) / proc_time, 1), "workdir": workdir,
@@ -316,7 +317,8 @@ def main(args: argparse.Namespace) -> int:
                      bal_ok),
                 _row("crashes injected", f"{crashes} of {planned} planned ({len(fired)} at fault points, "
                      f"{crashes - len(fired)} SIGKILL from outside)", crashes == planned),
-                _row("recoveries", f"{report['recoveries']} restarts resumed from their checkpoint"),
+                _row("recoveries", f"{report['restarts']} restarts from the checkpoint, {report['recoveries']} of them "
+                     "committed new batches before the next kill or the end"),
                 _row("prepared txns left", report["prepared_left"], report["prepared_left"] == 0),
                 _row("decision log", decision.summary, decision.ok),
                 _row("throughput", f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
