@@ -344,12 +344,13 @@ def test_f13_poison_record_stops_the_query(make_pipeline, kafka_service):
 def test_f15_f16_aborted_input_and_second_query(make_pipeline, kafka_service):
     pipe = make_pipeline("2pc", aborted=50)
     hold = "sink.before_write:partition=0:action=sleep:seconds=2"
-    a = pipe.process(hold, state="F16-a").start()
-    b = pipe.process(hold, state="F16-b").start()
+    a = pipe.process(hold, state="F16-a", own_log=True).start()
+    b = pipe.process(hold, state="F16-b", own_log=True).start()
     try:
         wait_until(lambda: os.path.exists(os.path.join(pipe.checkpoint, "commits", "0")), timeout=300,
                    what="commits/0", alive=lambda: a.alive() or b.alive())  # fmt: skip
-        c = pipe.process(state="F16-c", checkpoint=os.path.join(pipe.workdir, "other-checkpoint")).start()
+        other = os.path.join(pipe.workdir, "other-checkpoint")
+        c = pipe.process(state="F16-c", own_log=True, checkpoint=other).start()
         outs = [p.wait(400) for p in (a, b, c)]
     finally:
         for p in (a, b):

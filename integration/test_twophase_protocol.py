@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from connectors.errors import CommitUnknown, ConfigError, FatalError, RetriableError
 from integration import test_twophase_support as support
@@ -283,6 +284,50 @@ def test_protocol_schema_on_the_roles_search_path_is_refused_for_unqualified_tab
     m = _task(sink, w, 0, range(0, 3), batch=0)
     TwoPhaseStreamWriter({**opts, "table": f"public.{sink['table']}"}, SCHEMA).commit([m], 0)
     assert _rows(sink) == [0, 1, 2]
+
+
+def test_setups_starting_at_once_create_every_table_without_racing(twophase_pg: Any) -> None:
+    """Queries (or replicas of one job) starting together all create the protocol, target,
+    staging and tombstone tables. CREATE ... IF NOT EXISTS is not safe against itself in Postgres:
+    unserialised, all but one session fail with a unique violation on pg_type (the crash
+    matrix's F16 twins hit this in CI on 2026-11-23)."""
+    suffix = uuid.uuid4().hex[:8]
+    table, eos_schema = f"race_{suffix}", f"eos_{suffix}"
+    schema = StructType(
+        [
+            StructField("id", LongType(), False),
+            StructField("ver", LongType(), False),
+            StructField("gone", BooleanType(), True),
+        ]
+    )
+    upsert = {"mode": "upsert", "key": "id", "version": "ver", "delete.column": "gone"}
+    base = {"dsn": twophase_pg.dsn, "table": table, "table.create": "true", "eos.schema": eos_schema, **upsert}
+    n = 6
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def setup(i: int) -> None:
+        barrier.wait(30)
+        try:  # two sink ids, so threads race on a shared staging table as well as on the target's
+            TwoPhaseStreamWriter({**base, "sink.id": f"s{i % 2}-{suffix}"}, schema)
+        except BaseException as exc:  # collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=setup, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, [f"{type(e).__name__}: {e}" for e in errors]
+    with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+        made = conn.execute(
+            "SELECT schemaname, tablename FROM pg_tables WHERE schemaname = %s OR tablename LIKE %s",
+            (eos_schema, f"{table}%"),
+        ).fetchall()
+    names = sorted(t for _, t in made)
+    assert table in names and {"sink_batches", "sink_parts", "sink_owners"} <= set(names)
+    assert sum(n.startswith("stage_") for n in names) == 2, names  # one per sink id
+    assert len(names) == 7, names  # + the tombstone table
 
 
 def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:

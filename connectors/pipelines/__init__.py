@@ -53,7 +53,9 @@ def prepare(cfg: PipelineConfig) -> None:
     """Create the pipeline's target table when it does not exist (idempotent)."""
     import psycopg
 
-    with psycopg.connect(cfg.dsn, autocommit=True, connect_timeout=15) as conn:
+    from sinks.postgres.connection import ddl_lock
+
+    with psycopg.connect(cfg.dsn, autocommit=True, connect_timeout=15) as conn, ddl_lock(conn):
         conn.execute(table_ddl(cfg))
 
 

@@ -85,9 +85,14 @@ class Pipeline:
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
         return env
 
-    def process(self, fault_spec: str | None = None, *, state: str | None = None, **argv: Any) -> PipelineProcess:
+    def process(
+        self, fault_spec: str | None = None, *, state: str | None = None, own_log: bool = False, **argv: Any
+    ) -> PipelineProcess:
+        """A runner process (not started). ``own_log``: its own log file, for runs side by side
+        (a shared log would interleave them and each outcome's tail would show the others)."""
         step = state or f"run{len(self.outcomes)}"
-        return PipelineProcess(self.argv(**argv), self.env(fault_spec, step), self.log_path, REPO)
+        log = os.path.join(self.workdir, f"pipeline-{step}.log") if own_log else self.log_path
+        return PipelineProcess(self.argv(**argv), self.env(fault_spec, step), log, REPO)
 
     def run(self, fault_spec: str | None = None, *, timeout: float = 420.0, **argv: Any) -> Outcome:
         """Run to its end (drained, killed by a fault, or failed) and record the outcome."""

@@ -67,7 +67,10 @@ def create_tables(dsn: str, sink: str, table: str) -> None:
         )
     else:  # 2pc and broken append: no key, so a duplicate shows as a second row
         ddl = f"CREATE TABLE IF NOT EXISTS {table} (id text, key text, amount bigint, src_partition integer, src_offset bigint)"
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    from sinks.postgres.connection import ddl_lock
+
+    # F16 starts two runners at once: unguarded, CREATE TABLE IF NOT EXISTS fails in one of them
+    with psycopg.connect(dsn, autocommit=True) as conn, ddl_lock(conn):
         conn.execute(ddl)
 
 

@@ -13,6 +13,10 @@ Public API:
   with the attempt count; the original exception is always chained (never hidden).
 - ``close_quietly(conn)`` / ``rollback_quietly(conn)``: cleanup that logs and never masks the
   error that caused it.
+- ``ddl_lock(conn)``: a transaction holding the server-wide DDL advisory lock, for
+  ``CREATE ... IF NOT EXISTS``. Postgres does not make that statement safe against itself: two
+  sessions creating the same table at once both pass the "not exists" check and one fails with
+  a unique violation on ``pg_type`` (two queries, or two replicas of one job, starting together).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import psycopg
@@ -33,6 +38,7 @@ __all__ = [
     "classify",
     "close_quietly",
     "connect",
+    "ddl_lock",
     "retrying",
     "rollback_quietly",
     "sqlstate_of",
@@ -150,6 +156,21 @@ def retrying(
             if on_retry is not None:
                 on_retry(attempt, err)
             time.sleep(delay)
+
+
+DDL_LOCK = 0x656F735F736368  # any constant, shared by every spark-eos version: serialises our DDL
+
+
+@contextmanager
+def ddl_lock(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """Run the block in a transaction that holds the DDL advisory lock (released at its end).
+
+    The lock is transaction-scoped, so a crash never leaves it held. On a connection already in
+    a transaction the block is a savepoint and the lock lasts until that transaction ends.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+        yield conn
 
 
 def rollback_quietly(conn: psycopg.Connection | None) -> None:

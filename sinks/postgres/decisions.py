@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from connectors.errors import ConfigError, FatalError
+from sinks.postgres.connection import ddl_lock
 from sinks.postgres.gid import Gid, parse_gid, sink_prefix
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "eos"
-_SCHEMA_LOCK = 0x656F735F736368  # any constant: serialises concurrent CREATE ... IF NOT EXISTS
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,7 @@ class ProtocolTables:
             if not conn.autocommit:
                 conn.commit()
             return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        with ddl_lock(conn):
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
             conn.execute(
                 sql.SQL(

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
 from sinks.postgres.types import Column
 
@@ -220,7 +221,7 @@ def ensure_tombstones(conn: psycopg.Connection, plan: MergePlan) -> None:
     sql = tombstone_sql(plan)
     if sql is None:
         return
-    with conn.cursor() as cur:
+    with ddl_lock(conn), conn.cursor() as cur:
         cur.execute(sql)  # type: ignore[arg-type]
     if not conn.autocommit:
         conn.commit()

@@ -42,7 +42,7 @@ from pyspark.sql.types import StructType
 from connectors import faults
 from connectors.errors import ConfigError, FatalError, RetriableError
 from connectors.options import REQUIRED, Option, OptionSet
-from sinks.postgres.connection import close_quietly, connect, retrying, rollback_quietly
+from sinks.postgres.connection import close_quietly, connect, ddl_lock, retrying, rollback_quietly
 from sinks.postgres.copy import copy_arrow
 from sinks.postgres.decisions import (
     DEFAULT_SCHEMA,
@@ -284,11 +284,12 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
             stage_columns = tuple((c.name, c.pg_type) for c in columns)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
         defs = ", ".join(f"{quote_ident(n)} {t}" for n, t in stage_columns)
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {stage.sql} ({defs}, "  # type: ignore[arg-type]
-            f"{_TAG_GID} text NOT NULL DEFAULT current_setting('eos.gid'), "
-            f"{_TAG_PART} int NOT NULL DEFAULT current_setting('eos.part')::int)"
-        )
+        with ddl_lock(conn):
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {stage.sql} ({defs}, "  # type: ignore[arg-type]
+                f"{_TAG_GID} text NOT NULL DEFAULT current_setting('eos.gid'), "
+                f"{_TAG_PART} int NOT NULL DEFAULT current_setting('eos.part')::int)"
+            )
         if merge is not None:
             ensure_tombstones(conn, merge)
     finally:
@@ -329,9 +330,10 @@ def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema:
         if describe_table(conn, opts.table) is None:
             cols = plan_columns(schema, rename)
             defs = ", ".join(f"{quote_ident(c.target)} {c.pg_type}" for c in cols)
-            if opts.table.schema:
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(opts.table.schema)}")  # type: ignore[arg-type]
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {opts.table.sql} ({defs})")  # type: ignore[arg-type]
+            with ddl_lock(conn):
+                if opts.table.schema:
+                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(opts.table.schema)}")  # type: ignore[arg-type]
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {opts.table.sql} ({defs})")  # type: ignore[arg-type]
     return check_table(conn, opts.table, schema, (), rename, create=False, require_unique_key=False)
 
 

@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 )
 
 from connectors.errors import ConfigError
+from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
 
 __all__ = [
@@ -345,7 +346,7 @@ def check_table(
                 option="table",
                 table=str(table),
             )
-        with conn.cursor() as cur:
+        with ddl_lock(conn), conn.cursor() as cur:
             if table.schema:
                 cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table.schema)}")
             cur.execute(create_table_sql(table, columns, key))  # type: ignore[arg-type]
