@@ -286,6 +286,27 @@ def test_protocol_schema_on_the_roles_search_path_is_refused_for_unqualified_tab
     assert _rows(sink) == [0, 1, 2]
 
 
+def test_append_table_missing_is_refused_or_created_without_a_key(twophase_pg: Any) -> None:
+    """Append mode has no key: a missing table is refused with the fix (no key to ask for), and
+    ``table.create`` makes it (schema too) without a primary key."""
+    suffix = uuid.uuid4().hex[:8]
+    table = f"app_{suffix}.log_{suffix}"
+    opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{suffix}"}
+    with pytest.raises(ConfigError) as err:
+        TwoPhaseStreamWriter(opts, SCHEMA)
+    assert f"table {table} does not exist; create it or set option table.create=true" in str(err.value)
+    TwoPhaseStreamWriter({**opts, "table.create": "true"}, SCHEMA)
+    with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+        cols = conn.execute(
+            "SELECT column_name, data_type, is_nullable FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+            (f"app_{suffix}", f"log_{suffix}"),
+        ).fetchall()
+        keys = conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass", (table,)).fetchone()
+    assert [c[0] for c in cols] == [f.name for f in SCHEMA.fields] and all(c[2] == "YES" for c in cols)
+    assert keys == (0,)
+
+
 def test_setups_starting_at_once_create_every_table_without_racing(twophase_pg: Any) -> None:
     """Queries (or replicas of one job) starting together all create the protocol, target,
     staging and tombstone tables. CREATE ... IF NOT EXISTS is not safe against itself in Postgres:

@@ -123,6 +123,10 @@ def test_plan_columns_and_create_table() -> None:
         'CREATE TABLE IF NOT EXISTS "app"."users" ("user_id" bigint NOT NULL, "name" text, "tags" text[], '
         'PRIMARY KEY ("user_id"))'
     )
+    # append tables (postgres-2pc append mode) have no key and get no primary key
+    assert create_table_sql(TableName(None, "log"), cols, ()) == (
+        'CREATE TABLE IF NOT EXISTS "log" ("user_id" bigint, "name" text, "tags" text[])'
+    )
 
 
 def test_plan_columns_errors() -> None:

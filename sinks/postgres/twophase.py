@@ -63,7 +63,7 @@ from sinks.postgres.options import (
     quote_ident,
 )
 from sinks.postgres.recovery import commit_prepared, resolve, warn_old_prepared
-from sinks.postgres.types import Column, check_table, plan_columns
+from sinks.postgres.types import Column, check_table
 from sinks.postgres.upsert import UpsertPlanner, prepare_batches
 
 __all__ = [
@@ -323,18 +323,10 @@ def _check_protocol_schema_off_path(conn: psycopg.Connection, opts: TwoPhaseOpti
 
 
 def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema: StructType) -> list[Column]:
-    rename = dict(opts.rename)
-    if opts.table_create:
-        from sinks.postgres.types import describe_table
-
-        if describe_table(conn, opts.table) is None:
-            cols = plan_columns(schema, rename)
-            defs = ", ".join(f"{quote_ident(c.target)} {c.pg_type}" for c in cols)
-            with ddl_lock(conn):
-                if opts.table.schema:
-                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(opts.table.schema)}")  # type: ignore[arg-type]
-                conn.execute(f"CREATE TABLE IF NOT EXISTS {opts.table.sql} ({defs})")  # type: ignore[arg-type]
-    return check_table(conn, opts.table, schema, (), rename, create=False, require_unique_key=False)
+    """Append mode: no key, so the table needs no unique constraint (created without one)."""
+    return check_table(
+        conn, opts.table, schema, (), dict(opts.rename), create=opts.table_create, require_unique_key=False
+    )
 
 
 # ---------------------------------------------------------------------------------------------

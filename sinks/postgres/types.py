@@ -238,11 +238,12 @@ def plan_columns(schema: StructType, rename: Mapping[str, str] | None = None) ->
 
 
 def create_table_sql(table: TableName, columns: Sequence[Column], key: Sequence[str]) -> str:
-    """CREATE TABLE IF NOT EXISTS with the columns' staged types and the key as primary key."""
+    """CREATE TABLE IF NOT EXISTS with the columns' staged types and the key (if any) as primary key."""
     by_name = {c.name: c for c in columns}
     defs = [f"{quote_ident(c.target)} {c.pg_type}" + (" NOT NULL" if c.name in key else "") for c in columns]
-    pk = ", ".join(quote_ident(by_name[k].target) for k in key)
-    return f"CREATE TABLE IF NOT EXISTS {table.sql} ({', '.join(defs)}, PRIMARY KEY ({pk}))"
+    if key:
+        defs.append(f"PRIMARY KEY ({', '.join(quote_ident(by_name[k].target) for k in key)})")
+    return f"CREATE TABLE IF NOT EXISTS {table.sql} ({', '.join(defs)})"
 
 
 @dataclass(frozen=True)
@@ -341,8 +342,9 @@ def check_table(
     if info is None:
         if not create:
             raise ConfigError(
-                f"postgres: table {table} does not exist; create it (with a primary key on "
-                f"{', '.join(key)}) or set option table.create=true",
+                f"postgres: table {table} does not exist; create it"
+                + (f" (with a primary key on {', '.join(key)})" if key else "")
+                + " or set option table.create=true",
                 option="table",
                 table=str(table),
             )
