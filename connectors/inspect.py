@@ -14,6 +14,8 @@ import os
 import re
 from typing import Any
 
+from connectors.checkpoint import read_log_file
+
 __all__ = ["inspect", "read_log_file", "render"]
 
 _STATE_FILE = re.compile(r"^(\d+)\.(zip|changelog|delta|snapshot)$")
@@ -24,15 +26,6 @@ def _numbered(path: str) -> list[int]:
         return sorted(int(n) for n in os.listdir(path) if n.isdigit())
     except FileNotFoundError:
         return []
-
-
-def read_log_file(path: str) -> tuple[str, list[str]]:
-    """A checkpoint log file: its version line (``v1``) and the following lines (JSON text)."""
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().splitlines()
-    if not lines or not lines[0].startswith("v"):
-        raise ValueError(f"{path}: not a Spark checkpoint log file (no version line)")
-    return lines[0], lines[1:]
 
 
 def _state(checkpoint: str) -> dict[str, Any]:

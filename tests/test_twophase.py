@@ -60,7 +60,19 @@ def test_foreach_batch_adapter_checks_options_at_once() -> None:
 
 
 def test_messages_errors_and_tables_pickle() -> None:
-    m = TwoPhaseMessage("s", 3, 1, 0, str(Gid("s", 3, 1, NONCE_A, 7)), 10, False, "query:q", "r")
+    m = TwoPhaseMessage(
+        sink_id="s",
+        batch_id=3,
+        partition=1,
+        attempt=0,
+        gid=str(Gid("s", 3, 1, NONCE_A, 7)),
+        rows=10,
+        skipped=False,
+        identity="query:q",
+        run_id="r",
+        nonce=NONCE_A,
+        lineage="ab" * 16,
+    )
     assert pickle.loads(pickle.dumps(m)) == m
     err = pickle.loads(pickle.dumps(CommitUnknown("x", gid="g")))
     assert isinstance(err, CommitUnknown) and err.gid == "g"
@@ -81,9 +93,9 @@ class _FakeTables:
         return {b: Decision(sink_id, b, g, 0) for b, g in self._d.items()}
 
 
-def _prepared(*gids: Gid) -> list[Prepared]:
+def _prepared(*gids: Gid, age: float = 1.0) -> list[Prepared]:
     now = datetime.now(timezone.utc)
-    return [Prepared(g, now, 1.0, "db") for g in gids]
+    return [Prepared(g, now, age, "db") for g in gids]
 
 
 def test_recovery_rules(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,22 +103,39 @@ def test_recovery_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     loser = Gid("s", 1, 1, NONCE_A, 2)  # batch 1 is decided without it
     dead = Gid("s", 2, 0, NONCE_A, 3)  # undecided, another batch attempt
     sibling = Gid("s", 2, 1, NONCE_B, 4)  # undecided, the running attempt
-    own_retry_old = Gid("s", 2, 0, NONCE_B, 5)  # this partition's earlier attempt
-    own = Gid("s", 2, 0, NONCE_B, 6)
-    gids = [decided, loser, dead, sibling, own_retry_old]
+    # this partition's other attempt of the running batch attempt (a retry's predecessor, or a
+    # speculative twin that Spark may still accept): kept, the commit drops the one not accepted
+    own_other_attempt = Gid("s", 2, 0, NONCE_B, 5)
+    gids = [decided, loser, dead, sibling, own_other_attempt]
     monkeypatch.setattr(recovery, "list_prepared", lambda conn, sink: _prepared(*gids))
     tables = _FakeTables({1: (str(decided),)})
-    plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", keep_nonce=NONCE_B, own=own)}  # type: ignore[arg-type]
+    plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", keep_nonce=NONCE_B)}  # type: ignore[arg-type]
     assert plan == {
         str(decided): "commit",
         str(loser): "rollback",
         str(dead): "rollback",
         str(sibling): "keep",
-        str(own_retry_old): "rollback",
+        str(own_other_attempt): "keep",
     }
     # the commit-side stray cleanup of batch 1 only looks at batches <= 1
     plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", upto_batch=1)}  # type: ignore[arg-type]
     assert plan == {str(decided): "commit", str(loser): "rollback"}
     # abort of batch 2 and batch-job cleanup only touch batch 2
     plan = {a.gid: a.action for a in recovery.plan_resolution(None, tables, "s", only_batch=2)}  # type: ignore[arg-type]
-    assert set(plan) == {str(dead), str(sibling), str(own_retry_old)} and set(plan.values()) == {"rollback"}
+    assert set(plan) == {str(dead), str(sibling), str(own_other_attempt)} and set(plan.values()) == {"rollback"}
+
+
+def test_batch_jobs_roll_back_other_batches_undecided_gids_only_past_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    young = Gid("s", 7, 0, NONCE_A, 1)  # another job, maybe still running
+    old = Gid("s", 8, 0, NONCE_A, 2)  # a job that died after PREPARE an hour ago
+    mine = Gid("s", 9, 0, NONCE_B, 3)
+    prepared = _prepared(young) + _prepared(old, age=4000.0) + _prepared(mine)
+    monkeypatch.setattr(recovery, "list_prepared", lambda conn, sink: prepared)
+    tables = _FakeTables({})
+    actions = recovery.plan_resolution(None, tables, "s", keep_nonce=NONCE_B, only_batch=9, stale_after=3600.0)  # type: ignore[arg-type]
+    plan = {a.gid: a for a in actions}
+    assert set(plan) == {str(old), str(mine)}
+    assert plan[str(old)].action == "rollback" and "prepared.timeout" in plan[str(old)].reason
+    assert plan[str(mine)].action == "keep"

@@ -29,6 +29,12 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "eos"
+_LATER_COLUMNS = ("lineage", "nonce", "stage", "checkpoint")
+_DECISION_COLUMNS = "batch_id, gids, rows, decided_at, published_at, owner, lineage, nonce, stage, checkpoint"
+
+
+def _decision(sink_id: str, r: tuple) -> Decision:
+    return Decision(sink_id, int(r[0]), tuple(r[1]), int(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9])
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,14 @@ class Decision:
     decided_at: datetime | None = None
     published_at: datetime | None = None
     owner: str | None = None
+    lineage: str | None = None  # digest of offsets/n in the deciding query's checkpoint (I1); None: batch job
+    nonce: str | None = None  # the batch attempt that wrote the decided gids
+    stage: str | None = None  # where the rows wait until published (I3); None: straight into the target
+    checkpoint: str | None = None  # the deciding query's checkpoint location, for messages
+
+    @property
+    def published(self) -> bool:
+        return self.published_at is not None
 
 
 @dataclass(frozen=True)
@@ -151,7 +165,7 @@ class ProtocolTables:
             "SELECT count(*) FROM pg_tables WHERE schemaname = %s AND tablename IN ('sink_batches','sink_parts','sink_owners')",
             (self.schema,),
         ).fetchone()
-        if exists and exists[0] == 3:
+        if exists and exists[0] == 3 and self._current(conn):
             if not conn.autocommit:
                 conn.commit()
             return
@@ -185,42 +199,53 @@ class ProtocolTables:
                     " updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
                 ).format(self.owners)
             )
+            # Columns added after 0.1 (decision lineage, attempt and staging place): tables made
+            # by an older version gain them; their old rows keep NULL ("not recorded").
+            for column in _LATER_COLUMNS:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
+                        self.batches, sql.Identifier(column)
+                    )
+                )
+
+    def _current(self, conn: psycopg.Connection) -> bool:
+        row = conn.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = %s AND table_name = 'sink_batches' "
+            "AND column_name = ANY(%s)",
+            (self.schema, list(_LATER_COLUMNS)),
+        ).fetchone()
+        return bool(row and row[0] == len(_LATER_COLUMNS))
 
     # -- decisions ---------------------------------------------------------------------------
 
-    def decision(self, conn: psycopg.Connection, sink_id: str, batch_id: int) -> Decision | None:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT gids, rows, decided_at, published_at, owner FROM {} WHERE sink_id = %s AND batch_id = %s"
-            ).format(self.batches),
-            (sink_id, batch_id),
-        ).fetchone()
-        if row is None:
-            return None
-        return Decision(sink_id, batch_id, tuple(row[0]), int(row[1]), row[2], row[3], row[4])
+    def decision(
+        self, conn: psycopg.Connection, sink_id: str, batch_id: int, *, for_update: bool = False
+    ) -> Decision | None:
+        found = self.decisions(conn, sink_id, (batch_id,), for_update=for_update)
+        return found.get(batch_id)
 
-    def decisions(self, conn: psycopg.Connection, sink_id: str, batch_ids: Iterable[int]) -> dict[int, Decision]:
+    def decisions(
+        self, conn: psycopg.Connection, sink_id: str, batch_ids: Iterable[int], *, for_update: bool = False
+    ) -> dict[int, Decision]:
         ids = sorted(set(batch_ids))
         if not ids:
             return {}
-        rows = conn.execute(
-            sql.SQL(
-                "SELECT batch_id, gids, rows, decided_at, published_at, owner FROM {} "
-                "WHERE sink_id = %s AND batch_id = ANY(%s)"
-            ).format(self.batches),
-            (sink_id, ids),
-        ).fetchall()
-        return {int(r[0]): Decision(sink_id, int(r[0]), tuple(r[1]), int(r[2]), r[3], r[4], r[5]) for r in rows}
+        query = sql.SQL(f"SELECT {_DECISION_COLUMNS} FROM {{}} WHERE sink_id = %s AND batch_id = ANY(%s)").format(
+            self.batches
+        )
+        if for_update:
+            query = query + sql.SQL(" FOR UPDATE")
+        rows = conn.execute(query, (sink_id, ids)).fetchall()
+        return {int(r[0]): _decision(sink_id, r) for r in rows}
 
     def recent(self, conn: psycopg.Connection, sink_id: str, limit: int = 20) -> list[Decision]:
         rows = conn.execute(
-            sql.SQL(
-                "SELECT batch_id, gids, rows, decided_at, published_at, owner FROM {} WHERE sink_id = %s "
-                "ORDER BY batch_id DESC LIMIT %s"
-            ).format(self.batches),
+            sql.SQL(f"SELECT {_DECISION_COLUMNS} FROM {{}} WHERE sink_id = %s ORDER BY batch_id DESC LIMIT %s").format(
+                self.batches
+            ),
             (sink_id, limit),
         ).fetchall()
-        return [Decision(sink_id, int(r[0]), tuple(r[1]), int(r[2]), r[3], r[4], r[5]) for r in rows]
+        return [_decision(sink_id, r) for r in rows]
 
     def last_batch(self, conn: psycopg.Connection, sink_id: str) -> int | None:
         row = conn.execute(
@@ -229,15 +254,61 @@ class ProtocolTables:
         return None if row is None or row[0] is None else int(row[0])
 
     def insert_decision(
-        self, conn: psycopg.Connection, sink_id: str, batch_id: int, gids: Iterable[str], rows: int, owner: str | None
+        self,
+        conn: psycopg.Connection,
+        sink_id: str,
+        batch_id: int,
+        gids: Iterable[str],
+        rows: int,
+        owner: str | None,
+        *,
+        lineage: str | None = None,
+        nonce: str | None = None,
+        stage: str | None = None,
+        checkpoint: str | None = None,
     ) -> None:
         """Insert (inside the caller's transaction) the decision row; the primary key makes it unique."""
         conn.execute(
-            sql.SQL("INSERT INTO {} (sink_id, batch_id, gids, rows, owner) VALUES (%s, %s, %s, %s, %s)").format(
-                self.batches
-            ),
-            (sink_id, batch_id, sorted(gids), rows, owner),
+            sql.SQL(
+                "INSERT INTO {} (sink_id, batch_id, gids, rows, owner, lineage, nonce, stage, checkpoint) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            ).format(self.batches),
+            (sink_id, batch_id, sorted(gids), rows, owner, lineage, nonce, stage, checkpoint),
         )
+
+    def undecide(self, conn: psycopg.Connection, decision: Decision, staged: sql.Composable | None) -> bool:
+        """Take back an unpublished decision with no trace, in ONE transaction: the decision row, its
+        staged rows (``staged``: the staging table, or None) and its markers. Safe only because
+        nothing of the batch is visible yet; False when it was published meanwhile (then nothing
+        changed). The decided gids still prepared become strays of an undecided batch: the caller
+        (or the next recovery) rolls them back."""
+        with conn.transaction():
+            gone = conn.execute(
+                sql.SQL(
+                    "DELETE FROM {} WHERE sink_id = %s AND batch_id = %s AND published_at IS NULL RETURNING gids"
+                ).format(self.batches),
+                (decision.sink_id, decision.batch_id),
+            ).fetchone()
+            if gone is None:
+                return False
+            gids = list(gone[0])
+            if gids and staged is not None:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE eos_gid = ANY(%s)").format(staged), (gids,))
+            if gids:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE gid = ANY(%s)").format(self.parts), (gids,))
+        return True
+
+    def prune_decisions(self, conn: psycopg.Connection, sink_id: str, below_batch: int) -> int:
+        """Forget published decisions of batches below ``below_batch`` (the newest one always stays, so
+        "batch n <= the last decided batch but not decided" keeps meaning "not this lineage")."""
+        cur = conn.execute(
+            sql.SQL(
+                "DELETE FROM {0} WHERE sink_id = %s AND batch_id < %s AND published_at IS NOT NULL "
+                "AND batch_id < (SELECT max(batch_id) FROM {0} WHERE sink_id = %s)"
+            ).format(self.batches),
+            (sink_id, below_batch, sink_id),
+        )
+        return max(cur.rowcount, 0)
 
     def mark_published(self, conn: psycopg.Connection, sink_id: str, batch_id: int) -> None:
         conn.execute(
@@ -315,8 +386,25 @@ class ProtocolTables:
             )
 
     def release(self, conn: psycopg.Connection, sink_id: str) -> int:
-        """Forget the sink id: owner, decisions and markers (one transaction); returns the decisions removed."""
+        """Forget the sink id: owner, decisions and markers (one transaction); returns the decisions removed.
+
+        Refused while a decided batch is unpublished: its rows wait in staging and only its
+        decision says so (I3); the next run of the query (or ``sinks recover``) publishes it."""
         with conn.transaction():
+            pending = conn.execute(
+                sql.SQL(
+                    "SELECT batch_id FROM {} WHERE sink_id = %s AND published_at IS NULL ORDER BY batch_id FOR UPDATE"
+                ).format(self.batches),
+                (sink_id,),
+            ).fetchall()
+            if pending:
+                raise FatalError(
+                    f"postgres-2pc: sink id {sink_id!r} has decided batches that are not published yet "
+                    f"({', '.join(str(r[0]) for r in pending)}): their rows wait in staging and only the decision "
+                    "says so. Run the query once more (its next batch publishes them, or takes them back when the "
+                    "target refuses them), then release; nothing was changed",
+                    sink_id=sink_id,
+                )
             conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.owners), (sink_id,))
             conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.parts), (sink_id,))
             cur = conn.execute(sql.SQL("DELETE FROM {} WHERE sink_id = %s").format(self.batches), (sink_id,))

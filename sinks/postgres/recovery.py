@@ -12,7 +12,6 @@ import psycopg
 from connectors.errors import CommitUnknown, FatalError, RetriableError
 from sinks.postgres.connection import classify, close_quietly
 from sinks.postgres.decisions import Prepared, ProtocolTables, list_prepared, sink_lock
-from sinks.postgres.gid import Gid
 
 __all__ = [
     "Action",
@@ -50,25 +49,30 @@ def plan_resolution(
     sink_id: str,
     *,
     keep_nonce: str | None = None,
-    own: Gid | None = None,
     only_batch: int | None = None,
     upto_batch: int | None = None,
     keep_undecided: bool = False,
+    stale_after: float | None = None,
 ) -> list[Action]:
     """Decide, for each prepared gid of the sink, commit / roll back / keep. Call under the sink lock.
 
     - a gid named by its batch's decision: commit (roll forward; the decision is durable);
     - a gid of a decided batch that the decision does not name: roll back (a failed or zombie
       attempt; it can never become part of the batch);
-    - a gid of an undecided batch: roll back, unless it carries ``keep_nonce`` (a sibling task of
-      the same batch attempt, which the coming decision may name) or ``keep_undecided`` is set.
-      ``own`` (the calling task's gid) additionally rolls back its own partition's other attempts
-      of the same nonce (a task retry's predecessor).
-    ``only_batch``/``upto_batch`` restrict which batches are looked at.
+    - a gid of an undecided batch: roll back, unless it carries ``keep_nonce`` (a task of the same
+      batch attempt, another attempt of the calling task included: with speculation Spark may
+      accept either, and the commit rolls back the one it did not) or ``keep_undecided`` is set.
+    ``only_batch``/``upto_batch`` restrict which batches are looked at; ``stale_after`` (seconds)
+    adds, outside ``only_batch``, undecided gids older than that (batch jobs that died after
+    PREPARE and were never run again: I4, every prepared transaction has a bounded life).
     """
     prepared = list_prepared(conn, sink_id)
     if only_batch is not None:
-        prepared = [p for p in prepared if p.gid.batch == only_batch]
+        prepared = [
+            p
+            for p in prepared
+            if p.gid.batch == only_batch or (stale_after is not None and p.age_seconds > stale_after)
+        ]
     if upto_batch is not None:
         prepared = [p for p in prepared if p.gid.batch <= upto_batch]
     decisions = tables.decisions(conn, sink_id, (p.gid.batch for p in prepared))
@@ -82,13 +86,16 @@ def plan_resolution(
                 act, why = COMMIT, f"named by the decision of batch {g.batch}"
             else:
                 act, why = ROLLBACK, f"batch {g.batch} is decided without it (failed or zombie attempt)"
-        elif own is not None and g.batch == own.batch and g.nonce == own.nonce and g.partition == own.partition:
-            if g.attempt == own.attempt:
-                act, why = KEEP, "this task's own transaction"
-            else:
-                act, why = ROLLBACK, f"an earlier attempt ({g.attempt}) of this task"
         elif keep_nonce is not None and g.nonce == keep_nonce:
-            act, why = KEEP, "a sibling task of the running batch attempt"
+            act, why = KEEP, "a task of the running batch attempt"
+        elif only_batch is not None and g.batch != only_batch:
+            act, why = (
+                ROLLBACK,
+                (
+                    f"batch {g.batch} is undecided and its transaction is {p.age_seconds:.0f}s old, past "
+                    f"prepared.timeout ({stale_after:.0f}s): a batch job that died after PREPARE"
+                ),
+            )
         elif keep_undecided:
             act, why = KEEP, f"batch {g.batch} is not decided yet"
         else:

@@ -40,12 +40,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from connectors import faults
+from connectors.checkpoint import Lineage, batch_lineage, last_planned
 from connectors.errors import ConfigError, FatalError, RetriableError
 from connectors.options import REQUIRED, Option, OptionSet
 from sinks.postgres.connection import close_quietly, connect, ddl_lock, retrying, rollback_quietly
 from sinks.postgres.copy import copy_arrow
 from sinks.postgres.decisions import (
     DEFAULT_SCHEMA,
+    Decision,
     ProtocolTables,
     check_max_prepared,
     list_prepared,
@@ -63,6 +65,7 @@ from sinks.postgres.options import (
     quote_ident,
 )
 from sinks.postgres.recovery import commit_prepared, resolve, warn_old_prepared
+from sinks.postgres.refusal import DataRefused, describe
 from sinks.postgres.types import Column, check_table
 from sinks.postgres.upsert import UpsertPlanner, prepare_batches
 
@@ -70,6 +73,8 @@ __all__ = [
     "FORMAT",
     "TWOPC_OPTIONS",
     "Committer",
+    "DataRefused",
+    "LineageMismatch",
     "Postgres2pcDataSource",
     "TwoPhaseBatchWriter",
     "TwoPhaseMessage",
@@ -128,6 +133,29 @@ TWOPC_OPTIONS = OptionSet(
             "schema of the protocol tables (sink_batches, sink_parts, sink_owners, staging)",
         ),
         Option(
+            "checkpointLocation",
+            "str",
+            None,
+            "the query's checkpoint location (Spark passes writeStream.option('checkpointLocation') to the sink; "
+            "with twopc_batch pass it yourself): each decision is bound to what the query planned in "
+            "offsets/<batch>, so a restored older savepoint is refused instead of skipped. Required for streaming",
+        ),
+        Option(
+            "decisions.retain",
+            "int",
+            10000,
+            "published decisions kept per sink (the newest always stays); a checkpoint restored from further back is refused",
+            min=1,
+        ),
+        Option(
+            "prepared.timeout",
+            "duration",
+            3600.0,
+            "batch jobs: an undecided prepared transaction of another batch older than this belongs to a dead job and "
+            "is rolled back by the next job of the sink (keep it above your longest job's write time)",
+            min=1,
+        ),
+        Option(
             "prepared.warn.age",
             "duration",
             300.0,
@@ -144,7 +172,7 @@ TWOPC_OPTIONS = OptionSet(
         ),
         FAULTS_OPTION,
     ),
-    ignored=("path", "checkpointLocation", "queryName"),  # Spark passes the writer's own options along
+    ignored=("path", "queryName"),  # Spark passes the writer's own options along
 )
 
 
@@ -164,6 +192,9 @@ class TwoPhaseOptions:
     warn_age: float
     commit_attempts: int
     faults: str | None
+    checkpoint: str | None = None
+    retain: int = 10000
+    prepared_timeout: float = 3600.0
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> TwoPhaseOptions:
@@ -216,6 +247,9 @@ class TwoPhaseOptions:
             warn_age=float(values["prepared_warn_age"]),
             commit_attempts=int(values["commit_attempts"]),
             faults=values.get("faults"),
+            checkpoint=values.get("checkpoint_location"),
+            retain=int(values["decisions_retain"]),
+            prepared_timeout=float(values["prepared_timeout"]),
         )
 
 
@@ -245,6 +279,8 @@ class TwoPhaseMessage(WriterCommitMessage):
     skipped: bool
     identity: str
     run_id: str | None
+    nonce: str = ""  # the batch attempt (shared by the tasks of one writer)
+    lineage: str | None = None  # digest of offsets/<batch> as the task saw it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +325,11 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
                 f"CREATE TABLE IF NOT EXISTS {stage.sql} ({defs}, "  # type: ignore[arg-type]
                 f"{_TAG_GID} text NOT NULL DEFAULT current_setting('eos.gid'), "
                 f"{_TAG_PART} int NOT NULL DEFAULT current_setting('eos.part')::int)"
+            )
+            conn.execute(
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                    sql.SQL(stage.sql), sql.Literal(_stage_comment(opts.sink_id))
+                )  # type: ignore[arg-type]
             )
         if merge is not None:
             ensure_tombstones(conn, merge)
@@ -379,6 +420,14 @@ class _TwoPhaseWriter:
                 "batch id is a no-op), e.g. .option('batch.id', 20240601); in foreachBatch use twopc_batch(...)",
                 option="batch.id",
             )
+        if streaming and self.opts.checkpoint is None:
+            raise ConfigError(
+                f"{FORMAT} {self.opts.sink_id}: the sink needs the query's checkpoint location to bind each decision "
+                "to the batch Spark planned (offsets/<batch>); pass it as a writer option: "
+                "writeStream.option('checkpointLocation', '/path/to/checkpoint') (spark.sql.streaming."
+                "checkpointLocation alone does not reach the sink)",
+                option="checkpointLocation",
+            )
         # The constructor also runs in the driver process that calls commit(): only checks and
         # CREATE ... IF NOT EXISTS here, never a rollback (it would hit the batch being committed).
         self.plan = build_plan(self.opts, schema, replace=overwrite and streaming)
@@ -386,6 +435,20 @@ class _TwoPhaseWriter:
         # replay after a crash builds a new writer and gets a new one (verified: Spark builds the
         # stream writer once per micro-batch and pickles it to the tasks).
         self.nonce = new_nonce()
+        # Spark builds the writer after writing offsets/<n> for the batch it runs: read that
+        # batch's lineage here, on the driver, so tasks need not read the checkpoint themselves.
+        self.planned: Lineage | None = None
+        if self.opts.checkpoint is not None:
+            batch = self.opts.batch_id if self.opts.batch_id is not None else last_planned(self.opts.checkpoint)
+            if batch is not None:
+                self.planned = batch_lineage(self.opts.checkpoint, batch)
+
+    def _lineage(self, batch_id: int) -> Lineage | None:
+        if self.planned is not None and self.planned.batch == batch_id:
+            return self.planned
+        if self.opts.checkpoint is None:
+            return None
+        return batch_lineage(self.opts.checkpoint, batch_id)
 
     # -- write (executor) ------------------------------------------------------------------
 
@@ -399,8 +462,24 @@ class _TwoPhaseWriter:
         gid = Gid(sink_id, batch_id, partition, self.nonce, task_attempt)
         fctx = {"batch": batch_id, "partition": partition, "attempt": attempt_no, "task": task_attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **fctx)
+        lineage = self._lineage(batch_id)
         tables = ProtocolTables(self.opts.eos_schema)
         copts = self.opts.connection
+
+        def message(gid_text: str | None, rows: int, skipped: bool) -> TwoPhaseMessage:
+            return TwoPhaseMessage(
+                sink_id=sink_id,
+                batch_id=batch_id,
+                partition=partition,
+                attempt=attempt_no,
+                gid=gid_text,
+                rows=rows,
+                skipped=skipped,
+                identity=identity,
+                run_id=run_id,
+                nonce=self.nonce,
+                lineage=lineage.digest if lineage else None,
+            )
 
         def ctl_connect() -> psycopg.Connection:
             return connect(copts, autocommit=True, application_name=f"spark-eos {FORMAT} task")
@@ -414,25 +493,33 @@ class _TwoPhaseWriter:
         )
         try:
             tables.check_owner(ctl, sink_id, identity, claim=False)
-            if tables.decision(ctl, sink_id, batch_id) is not None:
-                log.info(
-                    "%s %s: batch %d already decided; partition %d writes nothing", FORMAT, sink_id, batch_id, partition
+            with sink_lock(ctl, sink_id):
+                if self._meets_decision(ctl, tables, batch_id, lineage):
+                    log.info(
+                        "%s %s: batch %d already written; partition %d writes nothing",
+                        FORMAT,
+                        sink_id,
+                        batch_id,
+                        partition,
+                    )
+                    return message(None, 0, True)
+                # Recovery before the first write: stale prepared gids hold locks (and slots) that
+                # this write could wait on forever. Streaming queries own every batch of the sink;
+                # batch jobs with their own batch ids only touch their batch (another job may be
+                # mid-flight) and other batches' gids older than prepared.timeout (a dead job's, I4).
+                # Gids of this batch attempt stay, other task attempts of this partition included:
+                # with speculation, Spark may yet accept either attempt (the commit drops the other).
+                resolve(
+                    ctl,
+                    tables,
+                    sink_id,
+                    keep_nonce=self.nonce,
+                    only_batch=None if identity != BATCH_IDENTITY else batch_id,
+                    stale_after=self.opts.prepared_timeout if identity == BATCH_IDENTITY else None,
                 )
-                return TwoPhaseMessage(sink_id, batch_id, partition, attempt_no, None, 0, True, identity, run_id)
-            # Recovery before the first write: stale prepared gids hold locks (and slots) that this
-            # write could wait on forever. Streaming queries own every batch of the sink; batch jobs
-            # with their own batch ids only touch their batch (another job may be mid-flight).
-            resolve(
-                ctl,
-                tables,
-                sink_id,
-                keep_nonce=self.nonce,
-                own=gid,
-                only_batch=None if identity != BATCH_IDENTITY else batch_id,
-            )
             batches, rows = self._stage_batches(iterator)
             if rows == 0:
-                return TwoPhaseMessage(sink_id, batch_id, partition, attempt_no, None, 0, False, identity, run_id)
+                return message(None, 0, False)
 
             def once() -> None:
                 self._prepare(tables, gid, batches, rows, fctx)
@@ -447,7 +534,37 @@ class _TwoPhaseWriter:
         finally:
             close_quietly(ctl)
         faults.point("sink.after_prepare", spec=self.opts.faults, **fctx)
-        return TwoPhaseMessage(sink_id, batch_id, partition, attempt_no, str(gid), rows, False, identity, run_id)
+        return message(str(gid), rows, False)
+
+    def _meets_decision(
+        self, conn: psycopg.Connection, tables: ProtocolTables, batch_id: int, lineage: Lineage | None
+    ) -> bool:
+        """Under the sink lock, before writing: True when the batch is written already (skip).
+
+        A decision of another lineage is refused (I1). An unpublished decision of an earlier
+        attempt is taken back (nothing of it is visible) so this attempt, with the query as it is
+        now (a fixed transformation, a new schema), writes the batch again (I2, I3)."""
+        sink_id = self.plan.sink_id
+        decision = tables.decision(conn, sink_id, batch_id)
+        if decision is None:
+            check_not_rewound(conn, tables, self.opts, batch_id, lineage)
+            return False
+        check_lineage(self.opts, decision, lineage)
+        if decision.published or decision.nonce in (None, self.nonce):
+            # Visible already; or this very attempt is being committed (a speculative or zombie
+            # task of it); or a decision of spark-eos 0.1, which rolls forward as it always did.
+            return True
+        if undecide(conn, tables, decision, self.plan):
+            log.warning(
+                "%s %s: batch %d was decided by an earlier attempt (%s) but never published; took it back (nothing "
+                "of it was visible) and writing it again with this attempt",
+                FORMAT,
+                sink_id,
+                batch_id,
+                decision.nonce,
+            )
+            return False
+        return True  # published meanwhile by the earlier attempt's committer
 
     def _stage_batches(self, iterator: Iterator[pa.RecordBatch]) -> tuple[list[pa.RecordBatch], int]:
         plan = self.plan
@@ -498,7 +615,7 @@ class _TwoPhaseWriter:
     # -- commit / abort (driver, separate process, fresh writer) ---------------------------
 
     def _committer(self) -> Committer:
-        return Committer(self.opts, self.plan, streaming_owner=self.streaming)
+        return Committer(self)
 
 
 def _explain_prepare_failure(exc: psycopg.Error, conn: psycopg.Connection) -> None:
@@ -513,18 +630,83 @@ def _explain_prepare_failure(exc: psycopg.Error, conn: psycopg.Connection) -> No
         ) from exc
 
 
+def check_lineage(opts: TwoPhaseOptions, decision: Decision, lineage: Lineage | None) -> None:
+    """I1: a decided batch number met with another lineage is refused, never skipped."""
+    if lineage is None or decision.lineage is None or decision.lineage == lineage.digest:
+        if lineage is not None and decision.lineage is None:
+            log.warning(
+                "%s %s: batch %d was decided by spark-eos 0.1, which recorded no lineage; taking it as this one",
+                FORMAT,
+                decision.sink_id,
+                decision.batch_id,
+            )
+        return
+    raise LineageMismatch(
+        f"{FORMAT} sink {decision.sink_id!r}: this query's {lineage} in checkpoint {opts.checkpoint!r}, but the "
+        f"sink decided batch {decision.batch_id} of another lineage ({decision.lineage[:12]}, checkpoint "
+        f"{decision.checkpoint!r}, decided {decision.decided_at}). {_REWIND_HELP}",
+        sink_id=decision.sink_id,
+        batch_id=decision.batch_id,
+    )
+
+
+def check_not_rewound(
+    conn: psycopg.Connection, tables: ProtocolTables, opts: TwoPhaseOptions, batch_id: int, lineage: Lineage | None
+) -> None:
+    """I1: with later batches decided, an undecided batch n cannot belong to the sink's lineage."""
+    if lineage is None:
+        return  # batch jobs without a checkpoint: caller-given batch ids may come in any order
+    sink_id = opts.sink_id
+    last = tables.last_batch(conn, str(sink_id))
+    if last is not None and last > batch_id:
+        raise LineageMismatch(
+            f"{FORMAT} sink {sink_id!r}: this query's {lineage} in checkpoint {opts.checkpoint!r}, but the sink has "
+            f"already decided up to batch {last} and holds no decision for batch {batch_id} (older than "
+            f"decisions.retain, or another lineage). {_REWIND_HELP}",
+            sink_id=sink_id,
+            batch_id=batch_id,
+        )
+
+
+_REWIND_HELP = (
+    "The query was restored from an older savepoint, or its checkpoint was replaced, after the sink had moved "
+    "on; writing would skip or duplicate records, so nothing was written. Choose one: (1) restore the latest "
+    "savepoint (or the checkpoint the sink followed) instead; (2) keep this checkpoint and give the query a "
+    "fresh sink: a new 'sink.id' and a new or emptied table; (3) rewind the sink: delete from the table the rows "
+    "of the batches after the savepoint, then `spark-eos sinks release --sink-id <id>` (the next run writes "
+    "those batches again)"
+)
+
+
+def undecide(conn: psycopg.Connection, tables: ProtocolTables, decision: Decision, plan: TwoPhasePlan) -> bool:
+    """Take back an unpublished decision with its staged rows and markers (one transaction); its gids
+    still prepared are rolled back by the caller's recovery. False: it was published meanwhile."""
+    stage = decision.stage or plan.stage.sql
+    return tables.undecide(conn, decision, sql.SQL(stage))  # type: ignore[arg-type]
+
+
+class LineageMismatch(FatalError):
+    """A decided batch number met with another checkpoint lineage (an older savepoint restored)."""
+
+
 class Committer:
     """The driver side of one batch: decide, COMMIT PREPARED, publish, clean up; or abort."""
 
-    def __init__(self, opts: TwoPhaseOptions, plan: TwoPhasePlan, *, streaming_owner: bool) -> None:
-        self.opts = opts
-        self.plan = plan
-        self.tables = ProtocolTables(opts.eos_schema)
-        self.streaming_owner = streaming_owner
+    def __init__(self, writer: _TwoPhaseWriter) -> None:
+        self.writer = writer
+        self.opts = writer.opts
+        self.plan = writer.plan
+        self.tables = ProtocolTables(writer.opts.eos_schema)
         self.timings: dict[str, float] = {}
 
     def _connect(self) -> psycopg.Connection:
         return connect(self.opts.connection, autocommit=True, application_name=f"spark-eos {FORMAT} commit")
+
+    def _retrying(self, fn: Callable[[], Any], what: str) -> Any:
+        c = self.opts.connection
+        return retrying(
+            fn, attempts=c.retry_attempts, base_delay=c.retry_backoff, max_delay=c.retry_max_backoff, what=what
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         t0 = time.perf_counter()
@@ -540,46 +722,45 @@ class Committer:
         identities = {m.identity for m in msgs}
         if len(identities) > 1:
             raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: tasks of different writers: {sorted(identities)}")
+        lineage = self.writer._lineage(batch_id)
+        seen = {m.lineage for m in msgs if m.lineage} - {lineage.digest if lineage else None}
+        if seen:
+            raise FatalError(
+                f"{FORMAT} {sink_id}: batch {batch_id}: tasks saw offsets/{batch_id} as {sorted(seen)}, the driver as "
+                f"{lineage}; the checkpoint changed while the batch ran"
+            )
         # No task at all (an empty input with zero partitions): nothing to fence, and stray cleanup
         # stays within this batch since we cannot tell whether a streaming query owns the sink.
         identity = identities.pop() if identities else None
         owns_all = identity is not None and identity != BATCH_IDENTITY
         run_id = next((m.run_id for m in msgs if m.run_id), None)
+        nonce = next((m.nonce for m in msgs if m.nonce), self.writer.nonce)
         fctx = {"batch": batch_id}
         faults.point("sink.commit.before_decision", spec=self.opts.faults, **fctx)
-        conn = retrying(
-            self._connect,
-            attempts=self.opts.connection.retry_attempts,
-            base_delay=self.opts.connection.retry_backoff,
-            max_delay=self.opts.connection.retry_max_backoff,
-            what=f"{FORMAT} commit connect",
-        )
+        conn = self._retrying(self._connect, f"{FORMAT} commit connect")
         try:
             with sink_lock(conn, sink_id):
                 decision = self.tables.decision(conn, sink_id, batch_id)
                 if decision is None:
-                    if any(m.skipped for m in msgs):
-                        raise FatalError(
-                            f"{FORMAT} {sink_id}: batch {batch_id}: tasks saw a decision that is gone now; the "
-                            f"decision log ({self.opts.eos_schema}.sink_batches) was changed by hand"
-                        )
-                    gids = sorted(m.gid for m in msgs if m.gid)
-                    prepared = {str(p.gid) for p in list_prepared(conn, sink_id)}
-                    missing = [g for g in gids if g not in prepared]
-                    if missing:
-                        # Decide only what is still prepared: a gid rolled back by recovery (or a
-                        # restarted server without it) must never be named by a decision.
-                        raise RetriableError(
-                            f"{FORMAT} {sink_id}: batch {batch_id}: prepared transaction(s) {missing} vanished before "
-                            "the decision (rolled back by a concurrent recovery?); nothing was committed and the "
-                            "batch will be replayed on restart"
-                        )
-                    with conn.transaction():
-                        if identity is not None:
-                            self.tables.check_owner(conn, sink_id, identity, claim=True, run_id=run_id)
-                        self.tables.insert_decision(conn, sink_id, batch_id, gids, sum(m.rows for m in msgs), identity)
-                    decided = tuple(gids)
+                    decided = self._decide(conn, batch_id, msgs, identity, run_id, nonce, lineage)
+                    stage = self.plan.stage.sql
                 else:
+                    try:
+                        check_lineage(self.opts, decision, lineage)
+                    except LineageMismatch:
+                        resolve(conn, self.tables, sink_id, only_batch=batch_id)  # this attempt's gids
+                        raise
+                    stage = decision.stage or self.plan.stage.sql
+                    if not decision.published and stage != self.plan.stage.sql:
+                        # Staged under the query's previous columns and no task of this attempt
+                        # took it back (a batch with no tasks): nothing is visible, take it back.
+                        undecide(conn, self.tables, decision, self.plan)
+                        resolve(conn, self.tables, sink_id, only_batch=batch_id)
+                        raise RetriableError(
+                            f"{FORMAT} {sink_id}: batch {batch_id} was staged under the query's previous columns "
+                            f"({stage}); it was taken back (nothing of it was visible): restart the query to "
+                            "write it with the current ones"
+                        )
                     decided = decision.gids
             self.timings["decide"] = time.perf_counter() - t0
             faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
@@ -590,19 +771,22 @@ class Committer:
                 conn = conn2 if conn2 is not None else conn
                 faults.point("sink.commit.after_k", spec=self.opts.faults, k=k, **fctx)
             self.timings["commit_prepared"] = time.perf_counter() - t0
-            conn = self._publish(conn, batch_id, decided)
+            conn = self._publish(conn, batch_id, decided, stage)
             self.timings["publish"] = time.perf_counter() - t0
-            # Strays: attempts that lost (task retries, zombies, crashed runs) of this batch and,
-            # for a streaming query that owns every batch of the sink, of older batches.
+            # Strays: attempts that lost (task retries, speculative twins, zombies, crashed runs) of
+            # this batch and, for a streaming query that owns every batch of the sink, of older batches.
             resolve(
                 conn,
                 self.tables,
                 sink_id,
                 only_batch=None if owns_all else batch_id,
                 upto_batch=batch_id if owns_all else None,
+                stale_after=None if owns_all else self.opts.prepared_timeout,
             )
             if owns_all:
                 self.tables.prune_markers(conn, sink_id, batch_id - 100)
+                self.tables.prune_decisions(conn, sink_id, batch_id - self.opts.retain)
+            drop_empty_stages(conn, self.tables, sink_id, keep=self.plan.stage.sql)
             warn_old_prepared(list_prepared(conn, sink_id), sink_id, self.opts.warn_age)
         finally:
             close_quietly(conn)
@@ -618,8 +802,59 @@ class Committer:
         )
         faults.point("sink.after_commit", spec=self.opts.faults, **fctx)
 
-    def _publish(self, conn: psycopg.Connection, batch_id: int, gids: tuple[str, ...]) -> psycopg.Connection:
-        """Move the batch's staged rows into the table in ONE transaction; idempotent via published_at."""
+    def _decide(
+        self,
+        conn: psycopg.Connection,
+        batch_id: int,
+        msgs: list[TwoPhaseMessage],
+        identity: str | None,
+        run_id: str | None,
+        nonce: str,
+        lineage: Lineage | None,
+    ) -> tuple[str, ...]:
+        """Write the decision (own transaction, under the sink lock): the point of no return."""
+        sink_id = self.plan.sink_id
+        if any(m.skipped for m in msgs):
+            raise FatalError(
+                f"{FORMAT} {sink_id}: batch {batch_id}: tasks saw a decision that is gone now; the "
+                f"decision log ({self.opts.eos_schema}.sink_batches) was changed by hand"
+            )
+        check_not_rewound(conn, self.tables, self.opts, batch_id, lineage)
+        gids = sorted(m.gid for m in msgs if m.gid)
+        prepared = {str(p.gid) for p in list_prepared(conn, sink_id)}
+        missing = [g for g in gids if g not in prepared]
+        if missing:
+            # Decide only what is still prepared: a gid rolled back by recovery (or a restarted
+            # server without it) must never be named by a decision.
+            raise RetriableError(
+                f"{FORMAT} {sink_id}: batch {batch_id}: prepared transaction(s) {missing} vanished before "
+                "the decision (rolled back by a concurrent recovery?); nothing was committed and the "
+                "batch will be replayed on restart"
+            )
+        with conn.transaction():
+            if identity is not None:
+                self.tables.check_owner(conn, sink_id, identity, claim=True, run_id=run_id)
+            self.tables.insert_decision(
+                conn,
+                sink_id,
+                batch_id,
+                gids,
+                sum(m.rows for m in msgs),
+                identity,
+                lineage=lineage.digest if lineage else None,
+                nonce=nonce,
+                stage=self.plan.stage.sql,
+                checkpoint=self.opts.checkpoint,
+            )
+        return tuple(gids)
+
+    def _publish(
+        self, conn: psycopg.Connection, batch_id: int, gids: tuple[str, ...], stage: str
+    ) -> psycopg.Connection:
+        """Move the batch's staged rows into the table in ONE transaction; idempotent via published_at.
+
+        A refusal by the target (I2: types, lengths, NOT NULL, CHECK, keys, a timeout) takes the
+        decision back with its staged rows (nothing was visible), so a fixed query gets past it."""
         plan = self.plan
 
         def once() -> None:
@@ -627,15 +862,10 @@ class Committer:
             if conn.closed or conn.broken:
                 conn = self._connect()
             with conn.transaction():
-                row = conn.execute(
-                    sql.SQL("SELECT published_at FROM {} WHERE sink_id = %s AND batch_id = %s FOR UPDATE").format(
-                        self.tables.batches
-                    ),
-                    (plan.sink_id, batch_id),
-                ).fetchone()
-                if row is None:
+                decision = self.tables.decision(conn, plan.sink_id, batch_id, for_update=True)
+                if decision is None:
                     raise FatalError(f"{FORMAT} {plan.sink_id}: batch {batch_id}: decision vanished before publishing")
-                if row[0] is not None:
+                if decision.published:
                     return
                 gid_list = sql.Literal(list(gids))
                 with conn.cursor() as cur:
@@ -647,7 +877,7 @@ class Committer:
                         view = (
                             f"CREATE TEMP VIEW eos_publish AS SELECT {cols}, "
                             f"(({_TAG_PART}::bigint << 40) + {quote_ident(ORDINAL)}) AS {quote_ident(ORDINAL)} "
-                            f"FROM {plan.stage.sql} WHERE {_TAG_GID} = ANY("
+                            f"FROM {stage} WHERE {_TAG_GID} = ANY("
                         )
                         cur.execute(sql.SQL(view) + gid_list + sql.SQL(")"))  # type: ignore[arg-type]
                         merge_staged(cur, "pg_temp.eos_publish", plan.merge)
@@ -660,25 +890,56 @@ class Committer:
                         )
                         cur.execute(
                             sql.SQL(
-                                f"INSERT INTO {plan.target.sql} ({targets}) SELECT {exprs} FROM {plan.stage.sql} "  # type: ignore[arg-type]
+                                f"INSERT INTO {plan.target.sql} ({targets}) SELECT {exprs} FROM {stage} "  # type: ignore[arg-type]
                                 f"WHERE {_TAG_GID} = ANY("
                             )
                             + gid_list
                             + sql.SQL(")")
                         )
-                    cur.execute(
-                        sql.SQL(f"DELETE FROM {plan.stage.sql} WHERE {_TAG_GID} = ANY(") + gid_list + sql.SQL(")")
-                    )  # type: ignore[arg-type]
+                    cur.execute(sql.SQL(f"DELETE FROM {stage} WHERE {_TAG_GID} = ANY(") + gid_list + sql.SQL(")"))  # type: ignore[arg-type]
                 self.tables.mark_published(conn, plan.sink_id, batch_id)
 
-        retrying(
-            once,
-            attempts=self.opts.connection.retry_attempts,
-            base_delay=self.opts.connection.retry_backoff,
-            max_delay=self.opts.connection.retry_max_backoff,
-            what=f"{FORMAT} publish batch {batch_id}",
-        )
+        try:
+            self._retrying(once, f"{FORMAT} publish batch {batch_id}")
+        except RetriableError:
+            raise  # the server is out of reach: the decision stays, the next run publishes
+        except Exception as exc:
+            raise self._refused(batch_id, gids, stage, exc) from exc
         return conn
+
+    def _refused(self, batch_id: int, gids: tuple[str, ...], stage: str, exc: BaseException) -> FatalError:
+        """The publish failed for good: describe the refusal, then take the batch back (I2)."""
+        plan = self.plan
+        cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+        if isinstance(cause, psycopg.Error):
+            what = describe(
+                cause,
+                target=plan.target,
+                connect=self._connect,
+                columns=[(c.name, c.target) for c in plan.columns],
+                staged=sql.SQL(stage),  # type: ignore[arg-type]
+                where=sql.SQL(f"{_TAG_GID} = ANY(") + sql.Literal(list(gids)) + sql.SQL(")"),
+            )
+        else:
+            what = f"publishing into {plan.target.sql} failed: {exc}"
+        conn = self._retrying(self._connect, f"{FORMAT} take back batch {batch_id}")
+        try:
+            with sink_lock(conn, plan.sink_id):
+                decision = self.tables.decision(conn, plan.sink_id, batch_id)
+                taken_back = decision is not None and undecide(conn, self.tables, decision, plan)
+                resolve(conn, self.tables, plan.sink_id, only_batch=batch_id)
+        finally:
+            close_quietly(conn)
+        if not taken_back:
+            return FatalError(f"{FORMAT} {plan.sink_id}: batch {batch_id}: {what}")
+        return DataRefused(
+            f"{FORMAT} {plan.sink_id}: batch {batch_id}: {what}. Nothing of the batch was written (it was taken back); "
+            "fix the query (filter or repair the rows) or the table, and restart from the same checkpoint: the batch is "
+            "written anew",
+            sink_id=plan.sink_id,
+            batch_id=batch_id,
+            sqlstate=getattr(cause, "sqlstate", None),
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         """Roll back the batch's prepared gids unless a decision names them (Spark also calls abort
@@ -704,6 +965,39 @@ class Committer:
             log.warning("%s %s: abort of batch %d could not finish (recovery will): %s", FORMAT, sink_id, batch_id, exc)
         finally:
             close_quietly(conn)
+
+
+def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id: str, *, keep: str) -> list[str]:
+    """Drop the sink's staging tables of earlier column sets once empty and named by no unpublished
+    decision (bounded growth); a table a prepared transaction still writes is skipped, not waited on."""
+    rows = conn.execute(
+        "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 WHERE n.nspname = %s AND d.description = %s",
+        (tables.schema, _stage_comment(sink_id)),
+    ).fetchall()
+    dropped = []
+    for (name,) in rows:
+        if name == keep or f'"{tables.schema}"."{name.split(".", 1)[1]}"' == keep:
+            continue
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '200ms'")
+                pending = conn.execute(
+                    sql.SQL("SELECT 1 FROM {} WHERE sink_id = %s AND published_at IS NULL AND stage = %s").format(
+                        tables.batches
+                    ),
+                    (sink_id, name),
+                ).fetchone()
+                if pending is None and conn.execute(f"SELECT 1 FROM {name} LIMIT 1".encode()).fetchone() is None:  # type: ignore[arg-type]
+                    conn.execute(f"DROP TABLE {name}".encode())
+                    dropped.append(name)
+        except psycopg.Error as exc:
+            log.info("%s %s: staging table %s not dropped now: %s", FORMAT, sink_id, name, exc)
+    return dropped
+
+
+def _stage_comment(sink_id: str) -> str:
+    return f"spark-eos staging of sink {sink_id}"
 
 
 def _record_timings(sink_id: str, batch_id: int, gids: int, timings: Mapping[str, float]) -> None:
@@ -811,6 +1105,9 @@ _DOTTED = {
     "delete_tombstones": "delete.tombstones",
     "prepared_warn_age": "prepared.warn.age",
     "commit_attempts": "commit.attempts",
+    "checkpoint_location": "checkpointLocation",
+    "decisions_retain": "decisions.retain",
+    "prepared_timeout": "prepared.timeout",
 }
 
 

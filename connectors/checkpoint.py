@@ -1,0 +1,164 @@
+"""Reading a Spark streaming checkpoint: its query id and what batch n planned (``offsets/n``).
+
+A sink binds each decision to the batch's *lineage*: a digest of the source offsets Spark wrote
+to ``offsets/n`` before running batch n. A crash replay re-reads that file, so its lineage is the
+same; an older savepoint restored (or a checkpoint swapped) plans batch n anew, so its lineage
+differs, and a sink that decided batch n before can tell the two apart instead of skipping it.
+
+Locations: local paths and ``file:`` URIs are read directly; any other scheme (``hdfs://``,
+``s3a://``, ``gs://``, ``abfs://``, ...) goes through ``pyarrow.fs`` (``s3a``/``s3n`` map to
+``s3``), which takes its credentials from the environment (``AWS_*``, ``GOOGLE_*``, the Hadoop
+client configuration for HDFS), not from Spark's Hadoop configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from connectors.errors import ConfigError, FatalError
+
+__all__ = ["Lineage", "batch_lineage", "last_planned", "query_id", "read_log_file"]
+
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What identifies batch ``batch`` in one checkpoint lineage: a digest of its source offsets."""
+
+    batch: int
+    digest: str  # sha256 of the offsets/n source lines, 32 hex characters
+    sources: str  # the source lines themselves (shortened), for error messages
+
+    def __str__(self) -> str:
+        return f"batch {self.batch} planned as {self.sources} (lineage {self.digest[:12]})"
+
+
+def _local(location: str) -> str | None:
+    parsed = urlparse(location)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return unquote(parsed.path) if parsed.scheme == "file" else location
+    return None
+
+
+def _remote_fs(location: str) -> tuple[Any, str]:
+    try:
+        from pyarrow import fs as pafs
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise ConfigError(f"checkpoint {location!r}: reading it needs pyarrow", option="checkpointLocation") from exc
+    parsed = urlparse(location)
+    scheme = _SCHEME_ALIASES.get(parsed.scheme, parsed.scheme)
+    uri = location.replace(parsed.scheme + "://", scheme + "://", 1)
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+    except Exception as exc:
+        raise ConfigError(
+            f"checkpoint location {location!r} (option 'checkpointLocation'): cannot open its filesystem from "
+            f"Python ({type(exc).__name__}: {exc}); the sink reads offsets/<batch> to bind each decision to its "
+            "batch. Make the scheme reachable through pyarrow.fs (HDFS: libhdfs and the Hadoop client "
+            "configuration; S3: AWS credentials in the environment), or use a checkpoint location on a "
+            "filesystem both can reach",
+            option="checkpointLocation",
+        ) from None
+    return filesystem, path
+
+
+def _read_text(location: str, *parts: str) -> str | None:
+    """The file under ``location`` as text, or None when it does not exist."""
+    local = _local(location)
+    if local is not None:
+        try:
+            with open(os.path.join(local, *parts), encoding="utf-8") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+    filesystem, base = _remote_fs(location)
+    path = "/".join([base.rstrip("/"), *parts])
+    try:
+        with filesystem.open_input_stream(path) as fh:
+            return bytes(fh.read()).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
+            return None
+        raise
+
+
+def _numbered(location: str, directory: str) -> list[int]:
+    local = _local(location)
+    if local is not None:
+        try:
+            return sorted(int(n) for n in os.listdir(os.path.join(local, directory)) if n.isdigit())
+        except FileNotFoundError:
+            return []
+    from pyarrow import fs as pafs
+
+    filesystem, base = _remote_fs(location)
+    infos = filesystem.get_file_info(pafs.FileSelector(base.rstrip("/") + "/" + directory, allow_not_found=True))
+    return sorted(int(i.base_name) for i in infos if i.base_name.isdigit())
+
+
+def read_log_file(path: str) -> tuple[str, list[str]]:
+    """A checkpoint log file on a local path: its version line (``v1``) and the following lines."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    return _split_log(text, path)
+
+
+def _split_log(text: str, where: str) -> tuple[str, list[str]]:
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise ValueError(f"{where}: not a Spark checkpoint log file (no version line)")
+    return lines[0], lines[1:]
+
+
+def last_planned(location: str) -> int | None:
+    """The highest batch number in ``offsets/``, or None for a checkpoint that planned nothing yet."""
+    numbers = _numbered(location, "offsets")
+    return numbers[-1] if numbers else None
+
+
+def batch_lineage(location: str, batch: int) -> Lineage:
+    """The lineage of ``batch``: Spark wrote ``offsets/<batch>`` before running it, so it must exist."""
+    text = _read_text(location, "offsets", str(batch))
+    if text is None:
+        raise FatalError(
+            f"checkpoint {location!r} has no offsets/{batch} although Spark is running batch {batch}: the "
+            "sink's option 'checkpointLocation' must be the query's own checkpoint location (pass it with "
+            "writeStream.option('checkpointLocation', ...), not only as spark.sql.streaming.checkpointLocation)",
+            option="checkpointLocation",
+        )
+    _, lines = _split_log(text, f"{location}/offsets/{batch}")
+    # Line 1 is batch metadata (timestamp, watermark, conf): it changes when a batch is re-planned
+    # with the same offsets, which is still the same input. Only the source lines identify it.
+    sources = [_canonical(line) for line in lines[1:]]
+    joined = "\n".join(sources)
+    digest = hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
+    shown = joined if len(joined) <= 160 else joined[:157] + "..."
+    return Lineage(batch, digest, shown)
+
+
+def _canonical(line: str) -> str:
+    text = line.strip()
+    try:
+        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        return text  # "-" (a source with no offset yet) or a source's own non-JSON format
+
+
+def query_id(location: str) -> str | None:
+    """The query id Spark keeps in ``metadata`` (stable across restarts of one checkpoint)."""
+    text = _read_text(location, "metadata")
+    if not text:
+        return None
+    try:
+        value = json.loads(text.strip().splitlines()[0]).get("id")
+    except (ValueError, IndexError, AttributeError):
+        return None
+    return str(value) if value else None
