@@ -539,29 +539,28 @@ class _TwoPhaseWriter:
     def _meets_decision(
         self, conn: psycopg.Connection, tables: ProtocolTables, batch_id: int, lineage: Lineage | None
     ) -> bool:
-        """Under the sink lock, before writing: True when the batch is written already (skip).
+        """Under the sink lock, before writing: True when the batch is decided (skip: the commit
+        rolls the decision forward, publishing what it names).
 
-        A decision of another lineage is refused (I1). An unpublished decision of an earlier
-        attempt is taken back (nothing of it is visible) so this attempt, with the query as it is
-        now (a fixed transformation, a new schema), writes the batch again (I2, I3)."""
+        A decision of another lineage is refused (I1). An unpublished decision whose rows wait in
+        a staging table of other columns (the query's schema changed, I3) is taken back, since
+        nothing of it is visible, and this attempt writes the batch with the columns it has now."""
         sink_id = self.plan.sink_id
         decision = tables.decision(conn, sink_id, batch_id)
         if decision is None:
             check_not_rewound(conn, tables, self.opts, batch_id, lineage)
             return False
         check_lineage(self.opts, decision, lineage)
-        if decision.published or decision.nonce in (None, self.nonce):
-            # Visible already; or this very attempt is being committed (a speculative or zombie
-            # task of it); or a decision of spark-eos 0.1, which rolls forward as it always did.
+        if decision.published or decision.stage in (None, self.plan.stage.sql) or decision.nonce == self.nonce:
             return True
         if undecide(conn, tables, decision, self.plan):
             log.warning(
-                "%s %s: batch %d was decided by an earlier attempt (%s) but never published; took it back (nothing "
-                "of it was visible) and writing it again with this attempt",
+                "%s %s: batch %d was decided with other columns (staged in %s) and never published; took it back "
+                "(nothing of it was visible) and writing it again with the query's current columns",
                 FORMAT,
                 sink_id,
                 batch_id,
-                decision.nonce,
+                decision.stage,
             )
             return False
         return True  # published meanwhile by the earlier attempt's committer
