@@ -204,18 +204,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     from connectors.errors import ConfigError, EosError
+    from connectors.options import conninfo_error, conninfo_problem, conninfo_secrets, scrub
+
+    # Second line of defence: whatever the error, its one line on stderr is scrubbed of the password
+    # of a --dsn (read leniently: a malformed one too). Commands that own their errors (``sinks``)
+    # already print one line and return 2.
+    secrets = (*conninfo_secrets(getattr(args, "dsn", None)), getattr(args, "password", None))
+
+    def fail(text: str) -> None:
+        print(" ".join(scrub(text, *secrets).split()), file=sys.stderr)
 
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"spark-eos: config error: {exc}", file=sys.stderr)
+        fail(f"spark-eos: config error: {exc}")
         return EXIT_CONFIG
     except EosError as exc:
-        print(f"spark-eos: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        fail(f"spark-eos: error: {type(exc).__name__}: {exc}")
         return 2
     except KeyboardInterrupt:
         print("spark-eos: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not type(exc).__module__.startswith("psycopg"):
+            raise
+        # A driver error, e.g. a --dsn libpq rejects: its text can quote the password (and a traceback
+        # would print it twice). Say what is wrong with the dsn instead, or else one scrubbed line.
+        dsn = getattr(args, "dsn", None)
+        if isinstance(dsn, str) and conninfo_problem(dsn) is not None:
+            fail(f"spark-eos: config error: {conninfo_error(dsn, option='dsn', context=args.command)}")
+        else:
+            fail(f"spark-eos: error: postgres: {type(exc).__name__}: {exc}")
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,46 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal, TypeVar
 
 from connectors.errors import ServiceError
+from connectors.options import redact_dsn  # the one redaction of spark-eos; re-exported here
 
 __all__ = ["KafkaService", "Kind", "PostgresService", "redact_dsn"]
 
 Kind = Literal["env", "container", "embedded"]
 _K = TypeVar("_K", bound="KafkaService")
 _P = TypeVar("_P", bound="PostgresService")
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` with any password replaced by ``***`` (URL or key=value form); safe to print or log."""
-    import psycopg.conninfo
-
-    if "://" in dsn:
-        from urllib.parse import urlsplit, urlunsplit
-
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostinfo = netloc.rpartition("@")
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{hostinfo}"
-        query = parts.query
-        if query:
-            pairs = []
-            for item in query.split("&"):
-                key, eq, _value = item.partition("=")
-                pairs.append(f"{key}=***" if key.lower() == "password" and eq else item)
-            query = "&".join(pairs)
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    try:
-        psycopg.conninfo.conninfo_to_dict(dsn)
-    except Exception:
-        return "<unparsable DSN>"  # never echo what we could not parse: it may hold a password
-    # In place, so the user recognises their DSN: key order and spacing stay as written.
-    return re.sub(r"\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)", "password=***", dsn)
 
 
 class KafkaService:

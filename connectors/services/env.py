@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from connectors.errors import ServiceError
+from connectors.options import conninfo_error
 from connectors.services.base import KafkaService, PostgresService, redact_dsn
 
 __all__ = ["KAFKA_ENV", "POSTGRES_ENV", "EnvKafka", "EnvPostgres", "check_postgres", "env_timeout"]
@@ -61,10 +62,13 @@ def check_postgres(dsn: str, *, timeout: float, source: str = POSTGRES_ENV) -> i
     from connectors.services.embedded_postgres import postgres_ready
 
     shown = redact_dsn(dsn)
+    bad = None
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.Error as e:
-        raise ServiceError(f"{source}={shown!r} is not a valid libpq DSN: {e}") from None
+    except psycopg.Error:
+        bad = conninfo_error(dsn, option=source, context=source)  # libpq's text can quote the password
+    if bad is not None:
+        raise ServiceError(f"{source}={shown!r} is not a valid libpq DSN: {bad}")
     ok, last = postgres_ready(dsn, timeout)
     if not ok:
         raise ServiceError(

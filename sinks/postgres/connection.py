@@ -3,7 +3,10 @@
 Public API:
 
 - ``connect(opts, *, autocommit=False) -> psycopg.Connection``: a ConnectionError/OperationalError
-  becomes a ``RetriableError`` naming user@host:port/db (never the password).
+  becomes a ``RetriableError`` naming user@host:port/db (never the password); a bad login or a
+  conninfo libpq rejects is a ``ConfigError``. The driver's text is scrubbed of the password and of
+  every 3+ character fragment of it (``connectors.options.scrub``), and the driver exception is not
+  chained: its own text may quote the password.
 - ``classify(exc) -> RetriableError | FatalError``: retriable are serialization failure (40001),
   deadlock (40P01), connection exceptions (08*), admin/crash shutdown (57P01/57P02/57P03),
   cannot-connect-now and OperationalErrors without a sqlstate (a dropped socket); everything else
@@ -31,7 +34,8 @@ from typing import TypeVar
 import psycopg
 
 from connectors.errors import ConfigError, EosError, FatalError, RetriableError
-from sinks.postgres.options import ConnectionOptions, redact_conninfo
+from connectors.options import redact_conninfo, scrub
+from sinks.postgres.options import ConnectionOptions
 
 __all__ = [
     "RETRIABLE_SQLSTATES",
@@ -68,29 +72,37 @@ def sqlstate_of(exc: BaseException) -> str | None:
 def connect(
     opts: ConnectionOptions, *, autocommit: bool = False, application_name: str = "spark-eos"
 ) -> psycopg.Connection:
-    """Open a connection; failures are RetriableError (server down) or ConfigError (bad login)."""
-    try:
-        conninfo = opts.conninfo()
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"postgres: bad connection options: {redact_conninfo(str(exc))}", option="dsn") from None
+    """Open a connection; failures are RetriableError (server down) or ConfigError (bad login, bad dsn).
+
+    Errors are raised outside the ``except`` block, so no driver exception rides along as
+    ``__context__`` (its text is the one thing that may quote the password).
+    """
+    conninfo = opts.conninfo()  # a dsn libpq rejects is a ConfigError already (ConnectionOptions)
+    failure: psycopg.Error | None = None
     try:
         return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
     except psycopg.Error as exc:
-        message = redact_conninfo(str(exc).strip())
-        state = exc.sqlstate
-        if state in ("28P01", "28000", "3D000"):  # bad password, no such role/database
-            raise ConfigError(
-                f"postgres: cannot connect to {opts.describe()}: {message} (sqlstate {state}); "
-                "check the dsn/user/password/dbname options",
-                option="dsn",
-                sqlstate=state,
-            ) from None
-        raise RetriableError(
+        failure = exc
+    assert failure is not None
+    message = scrub(str(failure).strip(), opts.password, conninfo=conninfo)
+    if opts.dsn:
+        message = scrub(message, conninfo=opts.dsn)
+    state = failure.sqlstate
+    if state in ("28P01", "28000", "3D000") or isinstance(failure, psycopg.ProgrammingError):
+        # bad password, no such role/database; or libpq refused the connection options
+        raise ConfigError(
             f"postgres: cannot connect to {opts.describe()}: {message}"
             + (f" (sqlstate {state})" if state else "")
-            + "; check that the server runs and the dsn/host/port options",
+            + "; check the dsn/user/password/dbname options",
+            option="dsn",
             sqlstate=state,
-        ) from None
+        )
+    raise RetriableError(
+        f"postgres: cannot connect to {opts.describe()}: {message}"
+        + (f" (sqlstate {state})" if state else "")
+        + "; check that the server runs and the dsn/host/port options",
+        sqlstate=state,
+    )
 
 
 def classify(exc: BaseException, context: str = "") -> EosError:

@@ -11,6 +11,10 @@ Public API (shared by ``postgres-upsert`` and ``postgres-2pc``):
 - ``ConnectionOptions.from_options(raw)`` / ``UpsertOptions.from_options(raw)``: frozen dataclasses;
   ``ConnectionOptions.conninfo()`` is the libpq conninfo; its repr/str never show the password.
 - ``parse_table_name(text) -> (schema | None, name)`` and ``quote_ident``/``qualified``.
+- ``redact_conninfo`` / ``redact``: re-exported from ``connectors.options``, the one place of redaction.
+
+A ``dsn`` that libpq would reject (or misread) is a ``ConfigError`` naming the option, the form and
+the fix; libpq's own message is never passed on, since it quotes pieces of the string (the password).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from connectors.errors import ConfigError
-from connectors.options import REQUIRED, Option, OptionSet
+from connectors.options import REQUIRED, Option, OptionSet, check_conninfo, conninfo_error, redact, redact_conninfo
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -38,6 +43,7 @@ __all__ = [
     "connection_options",
     "parse_table_name",
     "quote_ident",
+    "redact",
     "redact_conninfo",
 ]
 
@@ -119,13 +125,6 @@ def connection_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if str(k).lower() in _CONN_KEYS}
 
 
-def redact_conninfo(text: str) -> str:
-    """A conninfo or URL with any password replaced by ***, for messages."""
-    text = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
-    text = re.sub(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", text, flags=re.I)
-    return re.sub(r"([?&]password=)[^&]*", r"\1***", text, flags=re.I)
-
-
 @dataclass(frozen=True)
 class ConnectionOptions:
     """Where and how to connect; ``repr``/``str`` never show the password."""
@@ -143,15 +142,15 @@ class ConnectionOptions:
     retry_max_backoff: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.dsn:
-            try:
-                conninfo_to_dict(self.dsn)
-            except Exception as exc:  # psycopg.ProgrammingError; its text may echo the password
+        for name in ("host", "dbname", "user", "password"):
+            value = getattr(self, name)
+            if isinstance(value, str) and "\x00" in value:
                 raise ConfigError(
-                    f"postgres: option 'dsn' is not a valid libpq conninfo or URL ({redact_conninfo(str(exc))}); "
-                    "expected e.g. 'postgresql://user@127.0.0.1:5432/db' or 'host=127.0.0.1 dbname=db'",
-                    option="dsn",
-                ) from None
+                    f"postgres: option '{name}' contains a NUL character, which libpq cannot pass on (it would cut "
+                    "the value short there); the value is not shown",
+                    option=name,
+                )
+        check_conninfo(self.dsn, option="dsn", context="postgres")
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], context: str = "postgres") -> ConnectionOptions:
@@ -169,7 +168,14 @@ class ConnectionOptions:
         params["connect_timeout"] = max(1, round(self.connect_timeout))
         if self.statement_timeout:
             params["options"] = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
-        return make_conninfo(self.dsn or "", **params)
+        conninfo: str | None = None
+        try:
+            conninfo = make_conninfo(self.dsn or "", **params)
+        except psycopg.ProgrammingError:  # its text can quote the password: never passed on (nor chained)
+            pass
+        if conninfo is None:
+            raise conninfo_error(self.dsn or "", option="dsn", context="postgres")
+        return conninfo
 
     def describe(self) -> str:
         """Where we connect, for messages: user@host:port/dbname, never the password."""
@@ -189,10 +195,6 @@ class ConnectionOptions:
             return conninfo_to_dict(self.dsn).get("password")  # type: ignore[return-value]
         except Exception:
             return None
-
-
-def redact(value: object) -> str:
-    return "***" if value else "None"
 
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[^".\s]+)'

@@ -8,26 +8,35 @@
 gid with its age and what recovery would do with it. ``recover`` resolves in-doubt gids by the
 decision log (commit what a decision names, roll back the rest); a dry run unless ``--apply``.
 ``release`` forgets which query owns the sink id (only when that query is gone for good).
+
+A failure (a bad ``--dsn``, a server that does not answer, a refused command) is one line on
+stderr and exit code 2, never a traceback; no part of the password is ever printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from connectors.errors import FatalError
+from connectors.errors import ConfigError, EosError, FatalError
+from connectors.options import scrub
+from sinks.postgres.connection import classify, connect
 from sinks.postgres.decisions import DEFAULT_SCHEMA, ProtocolTables, list_prepared, max_prepared_transactions, sink_lock
+from sinks.postgres.options import ConnectionOptions
 from sinks.postgres.recovery import resolve
 
 __all__ = ["add_subparser", "main", "recover", "release", "sink_status"]
 
 
 def _connect(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(dsn, autocommit=True, application_name="spark-eos sinks")
+    """Connect with ``dsn``; a bad one is a ConfigError naming 'dsn', an unreachable server a RetriableError."""
+    return connect(ConnectionOptions(dsn=dsn), autocommit=True, application_name="spark-eos sinks")
 
 
 def sink_status(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, limit: int = 10) -> dict[str, Any]:
@@ -117,6 +126,24 @@ def _print_status(info: dict[str, Any]) -> None:
         print(f"  {g['age_seconds']:>8} {g['recovery']:>8}  {g['gid']}  ({g['why']})")
 
 
+def _one_line_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command; an EosError or driver error becomes one scrubbed line on stderr and exit code 2."""
+
+    @functools.wraps(cmd)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return cmd(args)
+        except (EosError, psycopg.Error) as exc:
+            err = classify(exc)  # an EosError as it is; a driver error sorted, its text redacted
+            what = "config error" if isinstance(err, ConfigError) else f"error: {type(err).__name__}"
+            text = " ".join(scrub(str(err), conninfo=getattr(args, "dsn", None)).split())
+            print(f"spark-eos sinks {getattr(args, 'sinks_command', '')}: {what}: {text}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+@_one_line_errors
 def _cmd_status(args: argparse.Namespace) -> int:
     info = sink_status(args.dsn, args.sink_id, schema=args.eos_schema)
     if args.json:
@@ -126,6 +153,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_errors
 def _cmd_recover(args: argparse.Namespace) -> int:
     actions = recover(args.dsn, args.sink_id, schema=args.eos_schema, apply=args.apply)
     verb = "did" if args.apply else "would do (dry run; add --apply)"
@@ -136,6 +164,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_errors
 def _cmd_release(args: argparse.Namespace) -> int:
     if not args.yes:
         print(
