@@ -56,6 +56,8 @@ def _savepoint_restore(args: argparse.Namespace) -> int:
 
     manifest = restore(args.savepoint, args.checkpoint, force=args.force)
     print(f"restored {args.savepoint} into {args.checkpoint}: the query resumes after batch {manifest['last_commit']}")
+    if manifest.get("warning"):
+        print(f"WARNING: {manifest['warning']}", file=sys.stderr)
     return 0
 
 

@@ -17,7 +17,7 @@ import shutil
 import time
 from typing import Any
 
-__all__ = ["MANIFEST", "create", "restore"]
+__all__ = ["MANIFEST", "create", "moved_on", "restore"]
 
 MANIFEST = "_savepoint.json"
 _STATE_FILE = re.compile(r"^(\d+)\.(zip|changelog|delta|snapshot)$")
@@ -113,4 +113,26 @@ def restore(savepoint: str, checkpoint: str, *, force: bool = False) -> dict[str
     if os.path.exists(checkpoint):
         os.rmdir(checkpoint)
     os.replace(tmp, checkpoint)
+    warning = moved_on(manifest)
+    if warning:
+        manifest["warning"] = warning
     return manifest
+
+
+def moved_on(manifest: dict[str, Any]) -> str | None:
+    """A warning when the checkpoint the savepoint was taken from went on past it (an older savepoint)."""
+    source = manifest.get("source")
+    if not source or not os.path.isdir(os.path.join(source, "commits")):
+        return None
+    commits = _numbered(os.path.join(source, "commits"))
+    last = manifest["last_commit"]
+    if not commits or commits[-1] <= last:
+        return None
+    return (
+        f"this savepoint ends at batch {last}, but the checkpoint it was taken from ({source}) has committed up to "
+        f"batch {commits[-1]} since. A postgres-2pc sink of that query has decided those batches, so the restored "
+        "query will be refused before it writes anything (its batches would be numbered again with other offsets). "
+        "Restore the latest savepoint instead; or give the restored query a new 'sink.id' and a new or emptied "
+        "table; or rewind the sink (delete the rows of the later batches, then `spark-eos sinks release`). "
+        "postgres-upsert needs nothing: its version guard makes the replay idempotent"
+    )

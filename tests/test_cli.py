@@ -239,6 +239,19 @@ def test_savepoint_round_trip_keeps_the_consistent_prefix(tmp_path) -> None:
         restore(sp, str(tmp_path / "other"))
 
 
+def test_savepoint_restore_warns_when_the_source_checkpoint_went_on(tmp_path, capsys) -> None:
+    ck = _checkpoint(tmp_path)
+    sp = str(tmp_path / "sp")
+    create(ck, sp)
+    assert "warning" not in restore(sp, str(tmp_path / "latest"))  # the latest savepoint: nothing to say
+    for log in ("offsets", "commits"):  # the query runs on past the savepoint
+        with open(os.path.join(ck, log, "3"), "w", encoding="utf-8") as fh:
+            fh.write('v1\n{}\n{"t":{"0":40}}\n')
+    assert cli.main(["savepoint", "restore", sp, str(tmp_path / "older")]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "ends at batch 2" in err and "up to batch 3" in err and "new 'sink.id'" in err
+
+
 def test_savepoint_refuses_a_checkpoint_without_commits(tmp_path) -> None:
     (tmp_path / "c" / "commits").mkdir(parents=True)
     with pytest.raises(ValueError, match="no committed batch"):

@@ -62,6 +62,9 @@ def sink_status(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, limit: 
                     "rows": d.rows,
                     "decided_at": str(d.decided_at),
                     "published": d.published_at is not None,
+                    "lineage": d.lineage,
+                    "checkpoint": d.checkpoint,
+                    "staged_in": d.stage,
                 }
                 for d in decisions
             ],
@@ -112,10 +115,11 @@ def _print_status(info: dict[str, Any]) -> None:
         f"max_prepared_transactions {info['max_prepared_transactions']}"
     )
     print("decided batches (newest first):")
-    print(f"  {'batch':>8} {'gids':>5} {'rows':>10} {'published':>9}  decided at")
+    print(f"  {'batch':>8} {'gids':>5} {'rows':>10} {'published':>9}  {'lineage':<12}  decided at  (checkpoint)")
     for d in info["decisions"]:
         print(
-            f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10} {('yes' if d['published'] else 'NO'):>9}  {d['decided_at']}"
+            f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10} {('yes' if d['published'] else 'NO'):>9}  "
+            f"{(d['lineage'] or '-')[:12]:<12}  {d['decided_at']}  ({d['checkpoint'] or '-'})"
         )
     if not info["in_doubt"]:
         print("in-doubt (prepared) transactions: none")
@@ -169,8 +173,10 @@ def _cmd_release(args: argparse.Namespace) -> int:
     if not args.yes:
         print(
             f"release forgets sink {args.sink_id!r}: its owner AND its decision log, so that a query with a NEW "
-            "checkpoint (whose batch numbers start again at 0) can use the id without its batches being skipped "
-            "as already written. Only when the old query is gone for good; a new sink.id is simpler. "
+            "checkpoint (whose batch numbers start again at 0), or restored from an OLDER savepoint, can use the id. "
+            "The sink then writes every batch that query runs: rows already in the table from batches after the "
+            "savepoint are written again unless you delete them first. Only when the old query is gone for good; "
+            "a new sink.id with a new table is simpler. Refused while a decided batch is unpublished. "
             "Repeat with --yes to proceed.",
             file=sys.stderr,
         )
