@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 
 from connectors.errors import ConfigError, FatalError
 
-__all__ = ["Lineage", "batch_lineage", "last_planned", "query_id", "read_log_file"]
+__all__ = ["Lineage", "batch_lineage", "display", "last_planned", "query_id", "read_log_file"]
 
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 
@@ -39,10 +39,24 @@ class Lineage:
         return f"batch {self.batch} planned as {self.sources} (lineage {self.digest[:12]})"
 
 
+def display(location: str | None) -> str | None:
+    """The location as it may appear in messages and the decision log: no user info, no query string
+    (``s3://KEY:SECRET@bucket``, SAS tokens)."""
+    if location is None:
+        return None
+    parsed = urlparse(location)
+    if not parsed.scheme or len(parsed.scheme) == 1:
+        return location
+    netloc = parsed.netloc.rsplit("@", 1)[-1]
+    return parsed._replace(netloc=netloc, query="", params="", fragment="").geturl()
+
+
 def _local(location: str) -> str | None:
     parsed = urlparse(location)
     if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
         return unquote(parsed.path) if parsed.scheme == "file" else location
+    if parsed.scheme == "dbfs":  # Databricks mounts DBFS at /dbfs on every node
+        return "/dbfs/" + (parsed.netloc + parsed.path).lstrip("/")
     return None
 
 
@@ -58,8 +72,8 @@ def _remote_fs(location: str) -> tuple[Any, str]:
         filesystem, path = pafs.FileSystem.from_uri(uri)
     except Exception as exc:
         raise ConfigError(
-            f"checkpoint location {location!r} (option 'checkpointLocation'): cannot open its filesystem from "
-            f"Python ({type(exc).__name__}: {exc}); the sink reads offsets/<batch> to bind each decision to its "
+            f"checkpoint location {display(location)!r} (option 'checkpointLocation'): cannot open its filesystem "
+            f"from Python ({type(exc).__name__}); the sink reads offsets/<batch> to bind each decision to its "
             "batch. Make the scheme reachable through pyarrow.fs (HDFS: libhdfs and the Hadoop client "
             "configuration; S3: AWS credentials in the environment), or use a checkpoint location on a "
             "filesystem both can reach",
@@ -129,12 +143,12 @@ def batch_lineage(location: str, batch: int) -> Lineage:
     text = _read_text(location, "offsets", str(batch))
     if text is None:
         raise FatalError(
-            f"checkpoint {location!r} has no offsets/{batch} although Spark is running batch {batch}: the "
+            f"checkpoint {display(location)!r} has no offsets/{batch} although Spark is running batch {batch}: the "
             "sink's option 'checkpointLocation' must be the query's own checkpoint location (pass it with "
             "writeStream.option('checkpointLocation', ...), not only as spark.sql.streaming.checkpointLocation)",
             option="checkpointLocation",
         )
-    _, lines = _split_log(text, f"{location}/offsets/{batch}")
+    _, lines = _split_log(text, f"{display(location)}/offsets/{batch}")
     # Line 1 is batch metadata (timestamp, watermark, conf): it changes when a batch is re-planned
     # with the same offsets, which is still the same input. Only the source lines identify it.
     sources = [_canonical(line) for line in lines[1:]]

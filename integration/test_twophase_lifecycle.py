@@ -22,7 +22,13 @@ from connectors.errors import FatalError
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, _prepared, _rows, _task, plan, sink
 from sinks.postgres.decisions import ProtocolTables
-from sinks.postgres.twophase import DataRefused, LineageMismatch, TwoPhaseBatchWriter, TwoPhaseStreamWriter
+from sinks.postgres.twophase import (
+    DataRefused,
+    LineageMismatch,
+    Superseded,
+    TwoPhaseBatchWriter,
+    TwoPhaseStreamWriter,
+)
 
 twophase_pg = support.twophase_pg
 __all__ = ["sink", "twophase_pg"]
@@ -255,3 +261,53 @@ def test_decisions_are_pruned_to_the_retention_and_the_newest_stays(sink: dict[s
     assert kept == [4, 3, 2]
     assert _rows(sink) == list(range(10))
     assert os.path.isdir(sink["checkpoint"])
+
+
+def test_a_committer_whose_decision_was_taken_over_stands_down(sink: dict[str, Any]) -> None:
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    m = _task(sink, w, 0, range(0, 3), batch=0)
+    crash = dict(sink["opts"], faults="sink.commit.after_decision:batch=0:action=raise")
+    with pytest.raises(Exception, match="fault injected"):
+        TwoPhaseStreamWriter(crash, SCHEMA).commit([m], 0)
+    stale = TwoPhaseStreamWriter(sink["opts"], SCHEMA)._committer()
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        with pytest.raises(Superseded, match="stands down"):
+            stale._publish(conn, 0, ("eos:gid-of-another-attempt",), stale.plan.stage.sql)
+    assert _rows(sink) == [] and not _decision(sink, 0).published  # nothing touched
+    TwoPhaseStreamWriter(sink["opts"], SCHEMA).commit([m], 0)
+    assert _rows(sink) == [0, 1, 2]
+
+
+def test_a_publish_failing_for_another_reason_keeps_the_decision(sink: dict[str, Any]) -> None:
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    m = _task(sink, w, 0, range(0, 3), batch=0)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {sink['table']} RENAME TO {sink['table']}_away")  # type: ignore[arg-type]
+    with pytest.raises(FatalError) as err:
+        TwoPhaseStreamWriter(sink["opts"], SCHEMA)._committer().commit([m], 0)
+    assert not isinstance(err.value, DataRefused) and "stays decided" in str(err.value) and "42P01" in str(err.value)
+    assert _decision(sink, 0) is not None and not _decision(sink, 0).published
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {sink['table']}_away RENAME TO {sink['table']}")  # type: ignore[arg-type]
+    TwoPhaseStreamWriter(sink["opts"], SCHEMA).commit([m], 0)  # the next run rolls it forward
+    assert _rows(sink) == [0, 1, 2] and _prepared(sink) == []
+
+
+def test_a_twin_that_prepares_after_the_decision_rolls_itself_back(
+    sink: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from connectors import faults
+
+    w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
+    winner = _task(sink, w, 0, range(0, 3), batch=0, attempt=0, task=1)
+    real_point = faults.point
+
+    def decide_meanwhile(name: str, **kw: Any) -> None:
+        if name == "sink.after_write" and kw.get("attempt") == 1:  # the twin, just before its PREPARE
+            TwoPhaseStreamWriter(sink["opts"], SCHEMA).commit([winner], 0)
+        real_point(name, **kw)
+
+    monkeypatch.setattr(faults, "point", decide_meanwhile)
+    twin = _task(sink, w, 0, range(0, 3), batch=0, attempt=1, task=2)
+    assert twin.skipped and twin.gid is None
+    assert _prepared(sink) == [] and _rows(sink) == [0, 1, 2]

@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -33,7 +34,6 @@ twophase_pg = support.twophase_pg  # the shared fixture
 
 pytestmark = pytest.mark.integration
 
-NO_CHECKPOINT = "/nonexistent/eos-checkpoint"  # setup-only tests: no batch planned yet
 SCHEMA = StructType([StructField("id", LongType(), False), StructField("name", StringType(), True)])
 
 
@@ -55,6 +55,13 @@ def plan(checkpoint: str, batch: int, sources: str | None = None) -> None:
         fh.write(f"v1\n{meta}\n{body}\n")
 
 
+def _planned_checkpoint() -> str:
+    """A checkpoint where Spark has planned batch 0, for tests that only build writers."""
+    path = tempfile.mkdtemp(prefix="eos-ckpt-")
+    plan(path, 0)
+    return path
+
+
 @pytest.fixture
 def sink(twophase_pg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[dict[str, Any]]:
     table = "tp_" + uuid.uuid4().hex[:10]
@@ -63,7 +70,7 @@ def sink(twophase_pg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> It
     state = {"ctx": (0, 0, 0, None, "q1", "run1")}
     monkeypatch.setattr(twophase, "_task_context", lambda: state["ctx"])
     checkpoint = str(tmp_path / "checkpoint")
-    os.makedirs(os.path.join(checkpoint, "offsets"))
+    plan(checkpoint, 0)  # Spark plans batch 0 before it builds the first writer
     opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{table}", "checkpointLocation": checkpoint}
     yield {
         "dsn": twophase_pg.dsn,
@@ -322,7 +329,7 @@ def test_append_table_missing_is_refused_or_created_without_a_key(twophase_pg: A
     ``table.create`` makes it (schema too) without a primary key."""
     suffix = uuid.uuid4().hex[:8]
     table = f"app_{suffix}.log_{suffix}"
-    opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{suffix}", "checkpointLocation": NO_CHECKPOINT}
+    opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{suffix}", "checkpointLocation": _planned_checkpoint()}
     with pytest.raises(ConfigError) as err:
         TwoPhaseStreamWriter(opts, SCHEMA)
     assert f"table {table} does not exist; create it or set option table.create=true" in str(err.value)
@@ -358,7 +365,7 @@ def test_setups_starting_at_once_create_every_table_without_racing(twophase_pg: 
         "table": table,
         "table.create": "true",
         "eos.schema": eos_schema,
-        "checkpointLocation": NO_CHECKPOINT,
+        "checkpointLocation": _planned_checkpoint(),
         **upsert,
     }
     n = 6

@@ -74,7 +74,12 @@ def test_foreach_batch_adapter_is_exactly_once_across_a_failed_commit(
         conn.execute(f"CREATE TABLE {table} (id bigint)")  # type: ignore[arg-type]
 
     def run(faults: str | None) -> Exception | None:
-        opts: dict[str, Any] = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{table}"}
+        opts: dict[str, Any] = {
+            "dsn": twophase_pg.dsn,
+            "table": table,
+            "sink.id": f"s-{table}",
+            "checkpointLocation": str(tmp_path / "ckpt"),
+        }
         if faults:
             opts["faults"] = faults
         q = (

@@ -55,7 +55,10 @@ def test_foreach_batch_adapter_checks_options_at_once() -> None:
         twopc_batch(dsn=DSN, table="t")
     with pytest.raises(ConfigError, match="do not pass it"):
         twopc_batch(dsn=DSN, table="t", sink_id="s", **{"batch.id": 3})
-    fn = twopc_batch(dsn=DSN, table="t", sink_id="s")
+    with pytest.raises(ConfigError, match="checkpointLocation") as err:
+        twopc_batch(dsn=DSN, table="t", sink_id="s")
+    assert err.value.option == "checkpointLocation"
+    fn = twopc_batch(dsn=DSN, table="t", sink_id="s", checkpointLocation="/ckpt/q")
     assert callable(fn) and "s" in fn.__name__
 
 

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from connectors import faults
-from connectors.checkpoint import Lineage, batch_lineage, last_planned
+from connectors.checkpoint import Lineage, batch_lineage, display, last_planned
 from connectors.errors import ConfigError, FatalError, RetriableError
 from connectors.options import REQUIRED, Option, OptionSet
 from sinks.postgres.connection import close_quietly, connect, ddl_lock, retrying, rollback_quietly
@@ -64,7 +65,7 @@ from sinks.postgres.options import (
     parse_table_name,
     quote_ident,
 )
-from sinks.postgres.recovery import commit_prepared, resolve, warn_old_prepared
+from sinks.postgres.recovery import commit_prepared, resolve, rollback_prepared, warn_old_prepared
 from sinks.postgres.refusal import DataRefused, describe
 from sinks.postgres.types import Column, check_table
 from sinks.postgres.upsert import UpsertPlanner, prepare_batches
@@ -76,6 +77,7 @@ __all__ = [
     "DataRefused",
     "LineageMismatch",
     "Postgres2pcDataSource",
+    "Superseded",
     "TwoPhaseBatchWriter",
     "TwoPhaseMessage",
     "TwoPhaseOptions",
@@ -440,8 +442,16 @@ class _TwoPhaseWriter:
         self.planned: Lineage | None = None
         if self.opts.checkpoint is not None:
             batch = self.opts.batch_id if self.opts.batch_id is not None else last_planned(self.opts.checkpoint)
-            if batch is not None:
-                self.planned = batch_lineage(self.opts.checkpoint, batch)
+            if batch is None:
+                raise ConfigError(
+                    f"{FORMAT} {self.opts.sink_id}: no offsets/ under the checkpoint location "
+                    f"{display(self.opts.checkpoint)!r} (option 'checkpointLocation'), although Spark plans each "
+                    "batch there before it builds the sink's writer: this is not the location Spark uses, or the "
+                    "sink cannot reach it from Python. A path without a scheme is read as a local path; Spark "
+                    "resolves it against fs.defaultFS (HDFS on YARN), so give the full URI (hdfs://..., s3a://...)",
+                    option="checkpointLocation",
+                )
+            self.planned = batch_lineage(self.opts.checkpoint, batch)
 
     def _lineage(self, batch_id: int) -> Lineage | None:
         if self.planned is not None and self.planned.batch == batch_id:
@@ -531,6 +541,13 @@ class _TwoPhaseWriter:
                 max_delay=copts.retry_max_backoff,
                 what=f"{FORMAT} {gid}",
             )
+            # A twin that lost (speculation, a retried task's slow predecessor) can PREPARE after
+            # the commit's last cleanup: roll it back now rather than leave it to the next batch (I4).
+            with sink_lock(ctl, sink_id):
+                decision = tables.decision(ctl, sink_id, batch_id)
+                if decision is not None and str(gid) not in decision.gids:
+                    rollback_prepared(ctl, str(gid))
+                    return message(None, 0, True)
         finally:
             close_quietly(ctl)
         faults.point("sink.after_prepare", spec=self.opts.faults, **fctx)
@@ -641,7 +658,7 @@ def check_lineage(opts: TwoPhaseOptions, decision: Decision, lineage: Lineage | 
             )
         return
     raise LineageMismatch(
-        f"{FORMAT} sink {decision.sink_id!r}: this query's {lineage} in checkpoint {opts.checkpoint!r}, but the "
+        f"{FORMAT} sink {decision.sink_id!r}: this query's {lineage} in checkpoint {display(opts.checkpoint)!r}, but the "
         f"sink decided batch {decision.batch_id} of another lineage ({decision.lineage[:12]}, checkpoint "
         f"{decision.checkpoint!r}, decided {decision.decided_at}). {_REWIND_HELP}",
         sink_id=decision.sink_id,
@@ -659,7 +676,7 @@ def check_not_rewound(
     last = tables.last_batch(conn, str(sink_id))
     if last is not None and last > batch_id:
         raise LineageMismatch(
-            f"{FORMAT} sink {sink_id!r}: this query's {lineage} in checkpoint {opts.checkpoint!r}, but the sink has "
+            f"{FORMAT} sink {sink_id!r}: this query's {lineage} in checkpoint {display(opts.checkpoint)!r}, but the sink has "
             f"already decided up to batch {last} and holds no decision for batch {batch_id} (older than "
             f"decisions.retain, or another lineage). {_REWIND_HELP}",
             sink_id=sink_id,
@@ -680,8 +697,38 @@ _REWIND_HELP = (
 def undecide(conn: psycopg.Connection, tables: ProtocolTables, decision: Decision, plan: TwoPhasePlan) -> bool:
     """Take back an unpublished decision with its staged rows and markers (one transaction); its gids
     still prepared are rolled back by the caller's recovery. False: it was published meanwhile."""
-    stage = decision.stage or plan.stage.sql
-    return tables.undecide(conn, decision, sql.SQL(stage))  # type: ignore[arg-type]
+    return tables.undecide(conn, decision, sql.SQL(stage_of(decision, plan)))  # type: ignore[arg-type]
+
+
+_STAGE_SQL = re.compile(r'^"((?:[^"]|"")+)"\."stage_[0-9a-f]{20}"$')
+
+
+def stage_of(decision: Decision, plan: TwoPhasePlan) -> str:
+    """The staging table a decision names, checked to be one of ours before it goes into SQL."""
+    if decision.stage is None:
+        return plan.stage.sql  # decided by spark-eos 0.1: one staging table per sink and columns
+    m = _STAGE_SQL.match(decision.stage)
+    if m is None or m.group(1).replace('""', '"') != plan.stage.schema:
+        raise FatalError(
+            f"{FORMAT} {decision.sink_id}: batch {decision.batch_id}: the decision names {decision.stage!r} as its "
+            f"staging table, which is not a staging table of schema {plan.stage.schema!r}; "
+            f"{plan.stage.schema}.sink_batches was changed by hand",
+            sink_id=decision.sink_id,
+        )
+    return decision.stage
+
+
+class Superseded(FatalError):
+    """Another attempt of the batch took over its decision (a zombie driver or task, two jobs with one
+    batch id): this committer stands down without touching what the other attempt decided."""
+
+
+# Refusals the data (or its size) causes: class 22 data exceptions, class 23 integrity violations,
+# 57014 a statement canceled (statement_timeout). Only these take a decided batch back; other
+# failures (a dropped table, revoked rights, a full disk, a read-only standby) keep the decision,
+# and the next run publishes it once the environment is fixed.
+_TAKE_BACK_CLASSES = ("22", "23")
+_TAKE_BACK_STATES = ("57014",)
 
 
 class LineageMismatch(FatalError):
@@ -749,7 +796,7 @@ class Committer:
                     except LineageMismatch:
                         resolve(conn, self.tables, sink_id, only_batch=batch_id)  # this attempt's gids
                         raise
-                    stage = decision.stage or self.plan.stage.sql
+                    stage = stage_of(decision, self.plan)
                     if not decision.published and stage != self.plan.stage.sql:
                         # Staged under the query's previous columns and no task of this attempt
                         # took it back (a batch with no tasks): nothing is visible, take it back.
@@ -764,9 +811,13 @@ class Committer:
             self.timings["decide"] = time.perf_counter() - t0
             faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
             for k, gid in enumerate(decided, 1):
-                _, conn2 = commit_prepared(
-                    self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
-                )
+                try:
+                    _, conn2 = commit_prepared(
+                        self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
+                    )
+                except FatalError:
+                    self._check_still_ours(batch_id, decided)  # taken back by another attempt: say so
+                    raise
                 conn = conn2 if conn2 is not None else conn
                 faults.point("sink.commit.after_k", spec=self.opts.faults, k=k, **fctx)
             self.timings["commit_prepared"] = time.perf_counter() - t0
@@ -843,7 +894,7 @@ class Committer:
                 lineage=lineage.digest if lineage else None,
                 nonce=nonce,
                 stage=self.plan.stage.sql,
-                checkpoint=self.opts.checkpoint,
+                checkpoint=display(self.opts.checkpoint),
             )
         return tuple(gids)
 
@@ -862,8 +913,8 @@ class Committer:
                 conn = self._connect()
             with conn.transaction():
                 decision = self.tables.decision(conn, plan.sink_id, batch_id, for_update=True)
-                if decision is None:
-                    raise FatalError(f"{FORMAT} {plan.sink_id}: batch {batch_id}: decision vanished before publishing")
+                if decision is None or tuple(decision.gids) != tuple(gids):
+                    raise self._superseded(batch_id, decision)
                 if decision.published:
                     return
                 gid_list = sql.Literal(list(gids))
@@ -900,16 +951,45 @@ class Committer:
 
         try:
             self._retrying(once, f"{FORMAT} publish batch {batch_id}")
-        except RetriableError:
-            raise  # the server is out of reach: the decision stays, the next run publishes
+        except (RetriableError, Superseded):
+            raise  # out of reach (the decision stays, the next run publishes), or not ours any more
         except Exception as exc:
-            raise self._refused(batch_id, gids, stage, exc) from exc
+            cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
+            state = getattr(cause, "sqlstate", None) or ""
+            if not (state.startswith(_TAKE_BACK_CLASSES) or state in _TAKE_BACK_STATES):
+                raise FatalError(
+                    f"{FORMAT} {plan.sink_id}: batch {batch_id}: publishing into {plan.target.sql} failed: {exc}. The "
+                    "batch stays decided (its rows wait in staging); fix the cause and restart the query: its next "
+                    "run publishes the batch",
+                    sink_id=plan.sink_id,
+                    batch_id=batch_id,
+                    sqlstate=state or None,
+                ) from exc
+            raise self._refused(batch_id, gids, stage, cause) from exc
         return conn
 
-    def _refused(self, batch_id: int, gids: tuple[str, ...], stage: str, exc: BaseException) -> FatalError:
-        """The publish failed for good: describe the refusal, then take the batch back (I2)."""
+    def _superseded(self, batch_id: int, decision: Decision | None) -> Superseded:
+        now = "no decision any more" if decision is None else f"a decision of attempt {decision.nonce}"
+        return Superseded(
+            f"{FORMAT} {self.plan.sink_id}: batch {batch_id} was taken over by another attempt ({now}) while this "
+            "committer ran (a second driver or job on the same batch); this one stands down and changes nothing. "
+            "The query replays the batch on restart",
+            sink_id=self.plan.sink_id,
+            batch_id=batch_id,
+        )
+
+    def _check_still_ours(self, batch_id: int, gids: tuple[str, ...]) -> None:
+        conn = self._retrying(self._connect, f"{FORMAT} commit check")
+        try:
+            decision = self.tables.decision(conn, self.plan.sink_id, batch_id)
+        finally:
+            close_quietly(conn)
+        if decision is None or tuple(decision.gids) != tuple(gids):
+            raise self._superseded(batch_id, decision)
+
+    def _refused(self, batch_id: int, gids: tuple[str, ...], stage: str, cause: BaseException) -> FatalError:
+        """The target refused the batch's rows: describe the refusal, then take the batch back (I2)."""
         plan = self.plan
-        cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
         if isinstance(cause, psycopg.Error):
             what = describe(
                 cause,
@@ -920,12 +1000,14 @@ class Committer:
                 where=sql.SQL(f"{_TAG_GID} = ANY(") + sql.Literal(list(gids)) + sql.SQL(")"),
             )
         else:
-            what = f"publishing into {plan.target.sql} failed: {exc}"
+            what = f"publishing into {plan.target.sql} failed: {cause}"
         conn = self._retrying(self._connect, f"{FORMAT} take back batch {batch_id}")
         try:
             with sink_lock(conn, plan.sink_id):
                 decision = self.tables.decision(conn, plan.sink_id, batch_id)
-                taken_back = decision is not None and undecide(conn, self.tables, decision, plan)
+                if decision is None or tuple(decision.gids) != tuple(gids):
+                    return self._superseded(batch_id, decision)
+                taken_back = undecide(conn, self.tables, decision, plan)
                 resolve(conn, self.tables, plan.sink_id, only_batch=batch_id)
         finally:
             close_quietly(conn)
@@ -970,13 +1052,14 @@ def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id:
     """Drop the sink's staging tables of earlier column sets once empty and named by no unpublished
     decision (bounded growth); a table a prepared transaction still writes is skipped, not waited on."""
     rows = conn.execute(
-        "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 WHERE n.nspname = %s AND d.description = %s",
         (tables.schema, _stage_comment(sink_id)),
     ).fetchall()
     dropped = []
-    for (name,) in rows:
-        if name == keep or f'"{tables.schema}"."{name.split(".", 1)[1]}"' == keep:
+    for (relname,) in rows:
+        name = TableName(tables.schema, str(relname)).sql  # as decisions store it
+        if name == keep:
             continue
         try:
             with conn.transaction():
@@ -1081,6 +1164,13 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
     opts = TwoPhaseOptions.from_options(raw)
     if opts.sink_id is None:
         raise ConfigError(f"{FORMAT}: twopc_batch needs option 'sink.id' (unique per query)", option="sink.id")
+    if opts.checkpoint is None:
+        raise ConfigError(
+            f"{FORMAT}: twopc_batch needs option 'checkpointLocation', the streaming query's own checkpoint "
+            "location (the one given to writeStream), so that each micro-batch's decision is bound to the offsets "
+            "Spark planned for it and a restored older checkpoint is refused instead of skipped",
+            option="checkpointLocation",
+        )
 
     def write_batch(df: Any, batch_id: int) -> None:
         df.sparkSession.dataSource.register(Postgres2pcDataSource)
