@@ -104,18 +104,50 @@ def _read_text(location: str, *parts: str) -> str | None:
         raise
 
 
-def _numbered(location: str, directory: str) -> list[int]:
+def _names(location: str, directory: str) -> list[str]:
     local = _local(location)
     if local is not None:
         try:
-            return sorted(int(n) for n in os.listdir(os.path.join(local, directory)) if n.isdigit())
+            return os.listdir(os.path.join(local, directory))
         except FileNotFoundError:
             return []
     from pyarrow import fs as pafs
 
     filesystem, base = _remote_fs(location)
     infos = filesystem.get_file_info(pafs.FileSelector(base.rstrip("/") + "/" + directory, allow_not_found=True))
-    return sorted(int(i.base_name) for i in infos if i.base_name.isdigit())
+    return [i.base_name for i in infos]
+
+
+def _numbered(location: str, directory: str) -> list[int]:
+    return sorted(int(n) for n in _names(location, directory) if n.isdigit())
+
+
+def _file_source_batch(location: str, source: int, log_offset: int) -> list[str]:
+    """The files Spark's file source took into batch ``log_offset`` (its ``sources/<i>/`` metadata log,
+    compacted every few batches into ``<k>.compact`` holding the entries of every batch up to k)."""
+    directory = f"sources/{source}"
+    text = _read_text(location, directory, str(log_offset))
+    entries: list[str] = []
+    if text is not None:
+        entries = text.splitlines()[1:]
+    else:
+        compacts = sorted(
+            int(n.split(".")[0]) for n in _names(location, directory) if n.endswith(".compact") and n[:-8].isdigit()
+        )
+        for k in (k for k in compacts if k >= log_offset):
+            body = _read_text(location, directory, f"{k}.compact")
+            if body is not None:
+                entries = [e for e in body.splitlines()[1:] if _batch_of(e) == log_offset]
+                break
+    return sorted(_canonical(e) for e in entries if e.strip())
+
+
+def _batch_of(entry: str) -> int | None:
+    try:
+        value = json.loads(entry).get("batchId")
+    except (ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) else None
 
 
 def read_log_file(path: str) -> tuple[str, list[str]]:
@@ -153,9 +185,26 @@ def batch_lineage(location: str, batch: int) -> Lineage:
     # with the same offsets, which is still the same input. Only the source lines identify it.
     sources = [_canonical(line) for line in lines[1:]]
     joined = "\n".join(sources)
-    digest = hashlib.sha256(joined.encode("utf-8")).hexdigest()[:32]
+    identity = [joined]
+    for i, line in enumerate(sources):
+        # Spark's file source logs only a counter ({"logOffset": n}) in offsets/n; what the batch
+        # read is the file list of its own log entry, which differs when a batch is planned anew.
+        offset = _log_offset(line)
+        if offset is not None:
+            identity.extend(_file_source_batch(location, i, offset))
+    digest = hashlib.sha256("\n".join(identity).encode("utf-8")).hexdigest()[:32]
     shown = joined if len(joined) <= 160 else joined[:157] + "..."
     return Lineage(batch, digest, shown)
+
+
+def _log_offset(line: str) -> int | None:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and set(value) == {"logOffset"} and isinstance(value["logOffset"], int):
+        return int(value["logOffset"])
+    return None
 
 
 def _canonical(line: str) -> str:
