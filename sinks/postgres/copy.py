@@ -12,9 +12,12 @@ Public API:
 - ``to_python(array, pg_type) -> list``: one Arrow column as Python values psycopg can dump in
   binary (maps become dicts, structs/maps/nested arrays become JSON).
 
-Why psycopg's ``write_row`` with ``set_types``: its C implementation packs the binary COPY format;
-the Python side only turns each Arrow column into a list once (``to_pylist``), which is the cost
-that remains (bench/upsert.py measures it against the same COPY + merge in one process).
+Two encoders. When every column's Arrow type encodes to exactly the staged Postgres type, ``pgpq``
+(Rust) turns each Arrow record batch into binary COPY bytes with no per-row Python work; this is
+the common case (numbers, text, bytes, dates, timestamps, decimals, arrays of those). Otherwise
+(JSON-staged structs and maps, a width that differs) psycopg's ``write_row`` with ``set_types``
+packs the rows: its C implementation writes the format, the Python side turns each Arrow column
+into a list once (``to_pylist``). Both stream: each batch is sent as it comes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import itertools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -33,7 +37,7 @@ from psycopg.types.json import set_json_dumps
 
 from sinks.postgres.options import TableName, quote_ident
 
-__all__ = ["copy_arrow", "create_staging", "drop_staging", "json_dumps", "to_python"]
+__all__ = ["arrow_encoder", "copy_arrow", "create_staging", "drop_staging", "json_dumps", "to_python"]
 
 
 def _json_default(value: Any) -> Any:
@@ -142,6 +146,47 @@ def copy_type(pg_type: str) -> str:
     return core + ("[]" if is_array else "")
 
 
+# pgpq's type names (``ddl()``) for the registry names of copy_type(). Binary timestamp and
+# timestamptz are the same bytes (microseconds since 2000-01-01 UTC), so either takes TIMESTAMP.
+_PGPQ_NAMES = {
+    "BOOL": ("bool",),
+    "INT2": ("int2",),
+    "INT4": ("int4",),
+    "INT8": ("int8",),
+    "FLOAT4": ("float4",),
+    "FLOAT8": ("float8",),
+    "TEXT": ("text",),
+    "BYTEA": ("bytea",),
+    "DATE": ("date",),
+    "TIMESTAMP": ("timestamp", "timestamptz"),
+    "NUMERIC": ("numeric",),
+}
+
+
+def _pgpq_fits(ddl: str | None, staged: str) -> bool:
+    if not ddl:
+        return False
+    if ddl.endswith("[]"):
+        return staged.endswith("[]") and _pgpq_fits(ddl[:-2], staged[:-2])
+    return staged in _PGPQ_NAMES.get(ddl, ())
+
+
+def arrow_encoder(schema: pa.Schema, types: Sequence[str]) -> Any | None:
+    """A pgpq encoder for batches of ``schema`` when each column encodes to its staged type, else None."""
+    try:
+        import pgpq
+    except ImportError:  # pragma: no cover - a dependency; the psycopg path still works without it
+        return None
+    try:
+        encoder = pgpq.ArrowToPostgresBinaryEncoder(schema)
+        encoded = [c.data_type.ddl() for c in encoder.schema().columns]
+    except Exception:  # a type pgpq does not encode (maps, ...): the psycopg path takes it
+        return None
+    if len(encoded) != len(types) or not all(_pgpq_fits(d, copy_type(t)) for d, t in zip(encoded, types, strict=True)):
+        return None
+    return encoder
+
+
 def copy_arrow(
     cur: psycopg.Cursor,
     table: str,
@@ -151,21 +196,36 @@ def copy_arrow(
     """COPY the named columns of every batch into ``table`` (binary format); return the row count.
 
     ``table`` is an SQL name (quoted as needed); ``columns`` are (Arrow field name = table column,
-    pg type) pairs. A batch lacking one of the columns is a programming error (KeyError).
+    pg type) pairs. A batch lacking one of the columns is a programming error (KeyError). Batches
+    are sent as they come (nothing is buffered here).
     """
     names = [name for name, _ in columns]
     types = [type_ for _, type_ in columns]
     rows = 0
-    set_json_dumps(json_dumps, context=cur)
     column_sql = ", ".join(quote_ident(n) for n in names)
+    it = iter(batches)
+    first = next((b for b in it if b.num_rows), None)
+    if first is None:
+        return 0
+    first = first.select(names)
+    encoder = arrow_encoder(first.schema, types)
     with cur.copy(f"COPY {table} ({column_sql}) FROM STDIN (FORMAT BINARY)") as copy:
+        if encoder is not None:
+            copy.write(encoder.write_header())
+            for batch in itertools.chain((first,), it):
+                if batch.num_rows:
+                    copy.write(encoder.write_batch(batch.select(names)))
+                    rows += batch.num_rows
+            copy.write(encoder.finish())
+            return rows
+        set_json_dumps(json_dumps, context=cur)
         copy.set_types([copy_type(t) for t in types])
-        for batch in batches:
+        write = copy.write_row
+        for batch in itertools.chain((first,), it):
             if batch.num_rows == 0:
                 continue
             index = {name: i for i, name in enumerate(batch.schema.names)}
             lists = [to_python(batch.column(index[n]), t) for n, t in columns]
-            write = copy.write_row
             for row in zip(*lists, strict=True):
                 write(row)
             rows += batch.num_rows
