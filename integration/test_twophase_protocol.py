@@ -329,7 +329,12 @@ def test_append_table_missing_is_refused_or_created_without_a_key(twophase_pg: A
     ``table.create`` makes it (schema too) without a primary key."""
     suffix = uuid.uuid4().hex[:8]
     table = f"app_{suffix}.log_{suffix}"
-    opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{suffix}", "checkpointLocation": _planned_checkpoint()}
+    opts = {
+        "dsn": twophase_pg.dsn,
+        "table": table,
+        "sink.id": f"s-{suffix}",
+        "checkpointLocation": _planned_checkpoint(),
+    }
     with pytest.raises(ConfigError) as err:
         TwoPhaseStreamWriter(opts, SCHEMA)
     assert f"table {table} does not exist; create it or set option table.create=true" in str(err.value)

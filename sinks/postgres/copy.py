@@ -192,17 +192,19 @@ def copy_arrow(
     table: str,
     columns: Sequence[tuple[str, str]],
     batches: Iterable[pa.RecordBatch],
+    *,
+    targets: Sequence[str] | None = None,
 ) -> int:
     """COPY the named columns of every batch into ``table`` (binary format); return the row count.
 
-    ``table`` is an SQL name (quoted as needed); ``columns`` are (Arrow field name = table column,
-    pg type) pairs. A batch lacking one of the columns is a programming error (KeyError). Batches
-    are sent as they come (nothing is buffered here).
+    ``table`` is an SQL name (quoted as needed); ``columns`` are (Arrow field name, pg type) pairs,
+    written to the table columns of the same names unless ``targets`` names them. A batch lacking
+    one of the columns is a programming error (KeyError). Batches are sent as they come.
     """
     names = [name for name, _ in columns]
     types = [type_ for _, type_ in columns]
     rows = 0
-    column_sql = ", ".join(quote_ident(n) for n in names)
+    column_sql = ", ".join(quote_ident(n) for n in (targets or names))
     it = iter(batches)
     first = next((b for b in it if b.num_rows), None)
     if first is None:

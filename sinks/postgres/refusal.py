@@ -10,14 +10,17 @@ type refuses. Probing costs work proportional to the batch, and only runs on the
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from connectors.errors import FatalError
 from sinks.postgres.options import TableName, quote_ident
 
-__all__ = ["DataRefused", "describe", "shorten"]
+__all__ = ["DataRefused", "copy_value", "describe", "shorten"]
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +94,33 @@ def _probe(
     return None
 
 
+_COPY_AT = re.compile(r"^COPY [^,]+, line (\d+), column ([^:]+)")
+
+
+def copy_value(exc: psycopg.Error, batches: Iterable[pa.RecordBatch], names: dict[str, str]) -> str | None:
+    """For a binary COPY that failed at "line N, column c": the value the task sent there, found in
+    its Arrow batches (``names`` maps table columns to batch columns). None when not traceable."""
+    m = _COPY_AT.match((exc.diag.context or "").strip())
+    if m is None:
+        return None
+    line, column = int(m.group(1)), m.group(2).strip()
+    field = names.get(column)
+    if field is None:
+        return None
+    row = line - 1
+    for batch in batches:
+        if row < batch.num_rows:
+            value = batch.column(batch.schema.get_field_index(field))[row].as_py()
+            return f"column {quote_ident(column)} (row {line} of the task) refuses the value {shorten(value)!r}"
+        row -= batch.num_rows
+    return None
+
+
 def describe(
     exc: psycopg.Error,
     *,
     target: TableName,
+    sent: str | None = None,
     connect: object = None,
     columns: list[tuple[str, str]] = (),  # type: ignore[assignment]
     staged: sql.Composable | None = None,
@@ -115,6 +141,10 @@ def describe(
         parts.append(f"constraint {quote_ident(diag.constraint_name)}")
     if diag.message_detail:
         parts.append(f"detail: {shorten(diag.message_detail.strip(), _DETAIL_CHARS)}")
+    if sent is not None:
+        parts.append(sent)
+    elif diag.context and diag.context.startswith("COPY "):  # "COPY t, line 3, column code"
+        parts.append(f"at {shorten(diag.context.strip().splitlines()[0], _DETAIL_CHARS)}")
     if state.startswith("22") and not diag.column_name and connect is not None and staged is not None:
         conn = None
         try:

@@ -25,7 +25,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from connectors.checkpoint import Lineage, batch_lineage, display, last_planned
 from connectors.errors import ConfigError, FatalError, RetriableError
 from connectors.options import REQUIRED, Option, OptionSet
 from sinks.postgres.connection import close_quietly, connect, ddl_lock, retrying, rollback_quietly
-from sinks.postgres.copy import copy_arrow
+from sinks.postgres.copy import copy_arrow, create_staging, drop_staging
 from sinks.postgres.decisions import (
     DEFAULT_SCHEMA,
     Decision,
@@ -66,9 +66,9 @@ from sinks.postgres.options import (
     quote_ident,
 )
 from sinks.postgres.recovery import commit_prepared, resolve, rollback_prepared, warn_old_prepared
-from sinks.postgres.refusal import DataRefused, describe
-from sinks.postgres.types import Column, check_table
-from sinks.postgres.upsert import UpsertPlanner, prepare_batches
+from sinks.postgres.refusal import DataRefused, copy_value, describe
+from sinks.postgres.types import Column, base_type, check_table
+from sinks.postgres.upsert import BatchBuffer, UpsertPlanner, prepare_batches
 
 __all__ = [
     "FORMAT",
@@ -135,6 +135,23 @@ TWOPC_OPTIONS = OptionSet(
             "schema of the protocol tables (sink_batches, sink_parts, sink_owners, staging)",
         ),
         Option(
+            "visibility",
+            "choice",
+            "batch",
+            "batch: a batch appears in one transaction (tasks stage, the driver publishes); partition: each task "
+            "writes straight into the table inside its prepared transaction and its rows appear as its COMMIT "
+            "PREPARED runs (no staging, no publish: Flink's XA sink)",
+            choices=("batch", "partition"),
+        ),
+        Option(
+            "lock.timeout",
+            "duration",
+            60.0,
+            "visibility=partition: how long a task waits for a row lock in the table (a sibling's prepared "
+            "transaction holding the same key never lets go before the batch commits)",
+            min=0.001,
+        ),
+        Option(
             "checkpointLocation",
             "str",
             None,
@@ -197,6 +214,8 @@ class TwoPhaseOptions:
     checkpoint: str | None = None
     retain: int = 10000
     prepared_timeout: float = 3600.0
+    visibility: str = "batch"
+    lock_timeout: float = 60.0
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> TwoPhaseOptions:
@@ -252,6 +271,8 @@ class TwoPhaseOptions:
             checkpoint=values.get("checkpoint_location"),
             retain=int(values["decisions_retain"]),
             prepared_timeout=float(values["prepared_timeout"]),
+            visibility=values["visibility"],
+            lock_timeout=float(values["lock_timeout"]),
         )
 
 
@@ -266,6 +287,16 @@ class TwoPhasePlan:
     stage_columns: tuple[tuple[str, str], ...]  # what tasks COPY (without the gid/partition tags)
     merge: MergePlan | None  # upsert mode
     replace: bool  # complete mode: each batch replaces the table's contents
+    direct: bool = False  # visibility=partition: tasks write into the table, no staging, no publish
+    copy_direct: bool = False  # direct append whose staged types are the table's: COPY into the table
+
+    @property
+    def stage_token(self) -> str:
+        """What a decision records as the place of its rows (I3)."""
+        return DIRECT if self.direct else self.stage.sql
+
+
+DIRECT = "direct"  # a decision whose rows went straight into the table (visibility=partition)
 
 
 @dataclass(frozen=True)
@@ -322,24 +353,47 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
             stage_columns = tuple((c.name, c.pg_type) for c in columns)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
         defs = ", ".join(f"{quote_ident(n)} {t}" for n, t in stage_columns)
-        with ddl_lock(conn):
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {stage.sql} ({defs}, "  # type: ignore[arg-type]
-                f"{_TAG_GID} text NOT NULL DEFAULT current_setting('eos.gid'), "
-                f"{_TAG_PART} int NOT NULL DEFAULT current_setting('eos.part')::int)"
-            )
-            conn.execute(
-                sql.SQL("COMMENT ON TABLE {} IS {}").format(
-                    sql.SQL(stage.sql), sql.Literal(_stage_comment(opts.sink_id))
-                )  # type: ignore[arg-type]
-            )
+        direct = opts.visibility == "partition"
+        if not direct:  # visibility=partition stages nothing outside the task's own transaction
+            with ddl_lock(conn):
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {stage.sql} ({defs}, "  # type: ignore[arg-type]
+                    f"{_TAG_GID} text NOT NULL DEFAULT current_setting('eos.gid'), "
+                    f"{_TAG_PART} int NOT NULL DEFAULT current_setting('eos.part')::int)"
+                )
+                conn.execute(
+                    sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                        sql.SQL(stage.sql), sql.Literal(_stage_comment(opts.sink_id))
+                    )  # type: ignore[arg-type]
+                )
         if merge is not None:
             ensure_tombstones(conn, merge)
     finally:
         close_quietly(conn)
-    plan = TwoPhasePlan(opts.sink_id, opts.table, columns, stage, stage_columns, merge, replace)
+    if direct and replace:
+        raise ConfigError(
+            f"{FORMAT} {opts.sink_id}: complete output mode replaces the whole table with each batch, which needs "
+            "one publish per batch: use visibility=batch (the default) with complete mode",
+            option="visibility",
+        )
+    copy_direct = direct and merge is None and all(_same_binary(c) for c in columns)
+    plan = TwoPhasePlan(
+        opts.sink_id, opts.table, columns, stage, stage_columns, merge, replace, direct=direct, copy_direct=copy_direct
+    )
     _SETUP_CACHE[key] = plan
     return plan
+
+
+_TEXT_TARGETS = ("text", "character varying", "character")
+
+
+def _same_binary(c: Column) -> bool:
+    """Binary COPY of the staged type is valid input for the table's column (text into varchar(n) is:
+    its receive function checks the length); widening (int into bigint) and casts are not."""
+    if c.target_type is None or c.cast is not None:
+        return False
+    staged, target = base_type(c.pg_type), base_type(c.target_type)
+    return staged == target or (staged == "text" and target in _TEXT_TARGETS)
 
 
 def _check_protocol_schema_off_path(conn: psycopg.Connection, opts: TwoPhaseOptions) -> None:
@@ -568,8 +622,12 @@ class _TwoPhaseWriter:
             check_not_rewound(conn, tables, self.opts, batch_id, lineage)
             return False
         check_lineage(self.opts, decision, lineage)
-        if decision.published or decision.stage in (None, self.plan.stage.sql) or decision.nonce == self.nonce:
-            return True
+        if (
+            decision.published
+            or decision.stage in (None, DIRECT, self.plan.stage_token)
+            or decision.nonce == self.nonce
+        ):
+            return True  # roll forward (rows of a direct decision may be visible already: never taken back)
         if undecide(conn, tables, decision, self.plan):
             log.warning(
                 "%s %s: batch %d was decided with other columns (staged in %s) and never published; took it back "
@@ -582,24 +640,24 @@ class _TwoPhaseWriter:
             return False
         return True  # published meanwhile by the earlier attempt's committer
 
-    def _stage_batches(self, iterator: Iterator[pa.RecordBatch]) -> tuple[list[pa.RecordBatch], int]:
+    def _stage_batches(self, iterator: Iterator[pa.RecordBatch]) -> tuple[BatchBuffer, int]:
+        """The task's rows, re-iterable for a retried COPY: in memory up to 64 MiB, then in an unlinked
+        local file (memory stays flat in the partition's size)."""
         plan = self.plan
         if plan.merge is not None:
             assert self.opts.upsert is not None
-            return prepare_batches(iterator, plan.merge, self.opts.upsert)
-        names = [c.name for c in plan.columns]
-        out, rows = [], 0
-        for batch in iterator:
-            if batch.num_rows:
-                out.append(batch.select(names))
-                rows += batch.num_rows
-        return out, rows
+            prepared: Iterator[pa.RecordBatch] = iter(prepare_batches(iterator, plan.merge, self.opts.upsert)[0])
+        else:
+            names = [c.name for c in plan.columns]
+            prepared = (b.select(names) for b in iterator if b.num_rows)
+        buffer = BatchBuffer.collect(prepared)
+        return buffer, buffer.rows
 
     def _prepare(
         self,
         tables: ProtocolTables,
         gid: Gid,
-        batches: list[pa.RecordBatch],
+        batches: Iterable[pa.RecordBatch],
         rows: int,
         fctx: Mapping[str, Any],
     ) -> None:
@@ -610,11 +668,14 @@ class _TwoPhaseWriter:
                 conn.rollback()
                 return  # an earlier try prepared it and only the reply was lost
             with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
-                    (text, str(gid.partition)),
-                )
-                copy_arrow(cur, self.plan.stage.sql, self.plan.stage_columns, batches)
+                if self.plan.direct:
+                    self._write_direct(cur, batches)
+                else:
+                    cur.execute(
+                        "SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
+                        (text, str(gid.partition)),
+                    )
+                    copy_arrow(cur, self.plan.stage.sql, self.plan.stage_columns, batches)
                 tables.insert_marker(conn, gid, rows)
             faults.point("sink.after_write", spec=self.opts.faults, **fctx)
             try:
@@ -627,6 +688,58 @@ class _TwoPhaseWriter:
             raise
         finally:
             close_quietly(conn)
+
+    def _write_direct(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch]) -> None:
+        """visibility=partition: the rows go into the table inside this (to be prepared) transaction.
+
+        Refusals by the table surface here, before PREPARE and so before any decision (I2)."""
+        plan = self.plan
+        cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(self.opts.lock_timeout * 1000))}ms",))
+        try:
+            if plan.copy_direct:
+                copy_arrow(
+                    cur,
+                    plan.target.sql,
+                    [(c.name, c.pg_type) for c in plan.columns],
+                    batches,
+                    targets=[c.target for c in plan.columns],
+                )
+                return
+            # Widening, casts or the merge: through a staging table of this transaction only
+            # (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
+            # dropped before PREPARE).
+            staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), plan.stage_columns, temporary=False)
+            copy_arrow(cur, staging, plan.stage_columns, batches)
+            if plan.merge is not None:
+                merge_staged(cur, staging, plan.merge)
+            else:
+                targets = ", ".join(quote_ident(c.target) for c in plan.columns)
+                cur.execute(
+                    f"INSERT INTO {plan.target.sql} ({targets}) SELECT {_select_list(plan)} FROM {staging}".encode()
+                )
+            drop_staging(cur, staging)
+        except psycopg.Error as exc:
+            state = exc.sqlstate or ""
+            if state == "55P03":
+                raise FatalError(
+                    f"{FORMAT} {plan.sink_id}: rows of {plan.target.sql} stayed locked for lock.timeout "
+                    f"({self.opts.lock_timeout:g}s) with visibility=partition. A sibling task of this batch holds the "
+                    "same key in its prepared transaction (it lets go only when the batch commits): partition the "
+                    "DataFrame by the key (df.repartition(*key)) so each key is written by one task, or use "
+                    "visibility=batch; otherwise another session holds the rows",
+                    sqlstate=state,
+                ) from exc
+            if state.startswith(_TAKE_BACK_CLASSES) or state in _TAKE_BACK_STATES:
+                names = {c.target if plan.copy_direct else c.name: c.name for c in plan.columns}
+                sent = copy_value(exc, batches, names)
+                raise DataRefused(
+                    f"{FORMAT} {plan.sink_id}: {describe(exc, target=plan.target, sent=sent)}. Nothing of the batch "
+                    "was written; "
+                    "fix the query (filter or repair the rows) or the table, and restart from the same checkpoint",
+                    sink_id=plan.sink_id,
+                    sqlstate=state,
+                ) from exc
+            raise
 
     # -- commit / abort (driver, separate process, fresh writer) ---------------------------
 
@@ -707,6 +820,8 @@ def stage_of(decision: Decision, plan: TwoPhasePlan) -> str:
     """The staging table a decision names, checked to be one of ours before it goes into SQL."""
     if decision.stage is None:
         return plan.stage.sql  # decided by spark-eos 0.1: one staging table per sink and columns
+    if decision.stage == DIRECT:
+        return DIRECT
     m = _STAGE_SQL.match(decision.stage)
     if m is None or m.group(1).replace('""', '"') != plan.stage.schema:
         raise FatalError(
@@ -733,6 +848,12 @@ _TAKE_BACK_STATES = ("57014",)
 
 class LineageMismatch(FatalError):
     """A decided batch number met with another checkpoint lineage (an older savepoint restored)."""
+
+
+def _select_list(plan: TwoPhasePlan) -> str:
+    return ", ".join(
+        f"CAST({quote_ident(c.name)} AS {c.cast})" if c.cast else quote_ident(c.name) for c in plan.columns
+    )
 
 
 class Committer:
@@ -789,7 +910,7 @@ class Committer:
                 decision = self.tables.decision(conn, sink_id, batch_id)
                 if decision is None:
                     decided = self._decide(conn, batch_id, msgs, identity, run_id, nonce, lineage)
-                    stage = self.plan.stage.sql
+                    stage = self.plan.stage_token
                 else:
                     try:
                         check_lineage(self.opts, decision, lineage)
@@ -797,7 +918,7 @@ class Committer:
                         resolve(conn, self.tables, sink_id, only_batch=batch_id)  # this attempt's gids
                         raise
                     stage = stage_of(decision, self.plan)
-                    if not decision.published and stage != self.plan.stage.sql:
+                    if not decision.published and stage not in (DIRECT, self.plan.stage_token):
                         # Staged under the query's previous columns and no task of this attempt
                         # took it back (a batch with no tasks): nothing is visible, take it back.
                         undecide(conn, self.tables, decision, self.plan)
@@ -821,7 +942,10 @@ class Committer:
                 conn = conn2 if conn2 is not None else conn
                 faults.point("sink.commit.after_k", spec=self.opts.faults, k=k, **fctx)
             self.timings["commit_prepared"] = time.perf_counter() - t0
-            conn = self._publish(conn, batch_id, decided, stage)
+            if stage == DIRECT:  # the rows became visible with their COMMIT PREPARED
+                self.tables.mark_published(conn, sink_id, batch_id)
+            else:
+                conn = self._publish(conn, batch_id, decided, stage)
             self.timings["publish"] = time.perf_counter() - t0
             # Strays: attempts that lost (task retries, speculative twins, zombies, crashed runs) of
             # this batch and, for a streaming query that owns every batch of the sink, of older batches.
@@ -893,7 +1017,7 @@ class Committer:
                 identity,
                 lineage=lineage.digest if lineage else None,
                 nonce=nonce,
-                stage=self.plan.stage.sql,
+                stage=self.plan.stage_token,
                 checkpoint=display(self.opts.checkpoint),
             )
         return tuple(gids)
@@ -934,10 +1058,7 @@ class Committer:
                         cur.execute(b"DROP VIEW pg_temp.eos_publish")
                     else:
                         targets = ", ".join(quote_ident(c.target) for c in plan.columns)
-                        exprs = ", ".join(
-                            f"CAST({quote_ident(c.name)} AS {c.cast})" if c.cast else quote_ident(c.name)
-                            for c in plan.columns
-                        )
+                        exprs = _select_list(plan)
                         cur.execute(
                             sql.SQL(
                                 f"INSERT INTO {plan.target.sql} ({targets}) SELECT {exprs} FROM {stage} "  # type: ignore[arg-type]

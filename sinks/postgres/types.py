@@ -50,6 +50,7 @@ from sinks.postgres.options import TableName, quote_ident
 __all__ = [
     "Column",
     "TableInfo",
+    "base_type",
     "check_table",
     "compatible",
     "create_table_sql",
@@ -129,7 +130,7 @@ def pg_type(dt: DataType) -> str:
     )
 
 
-def _base(type_name: str) -> str:
+def base_type(type_name: str) -> str:
     """format_type output without modifiers: 'numeric(10,2)' -> 'numeric', 'character varying(5)[]' kept as array."""
     is_array = type_name.endswith("[]")
     core = type_name[:-2] if is_array else type_name
@@ -159,7 +160,7 @@ def compatible(staged: str, target: str, target_kind: str = "b") -> bool:
 
     ``target_kind`` is pg_type.typtype of the target: 'e' (enum) accepts text.
     """
-    s, t = _base(staged), _base(target)
+    s, t = base_type(staged), base_type(target)
     if s == "numeric" and t == "numeric" and not _numeric_fits(staged, target):
         return False
     if s.endswith("[]"):
@@ -193,7 +194,7 @@ class Column:
         """
         if self.target_type is None:
             return None
-        staged, target = _base(self.pg_type), _base(self.target_type)
+        staged, target = base_type(self.pg_type), base_type(self.target_type)
         if staged == target or staged.endswith("[]"):
             return None
         if staged == "text" and target not in ("text", "character varying", "character", "name"):
@@ -203,7 +204,7 @@ class Column:
     def sql_value(self, ref: str) -> str:
         """SQL for the staged value ``ref`` as it goes into the table column."""
         if self.target_type is not None and self.pg_type.endswith("[]"):
-            target = _base(self.target_type)
+            target = base_type(self.target_type)
             if target in ("json", "jsonb"):
                 return f"to_jsonb({ref})" + ("::json" if target == "json" else "")
         return f"CAST({ref} AS {self.cast})" if self.cast else ref
