@@ -20,6 +20,7 @@ Protocol (README "two-phase sink" has the diagram; DESIGN §6 the reasoning):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -68,7 +69,7 @@ from sinks.postgres.options import (
 from sinks.postgres.recovery import commit_prepared, resolve, rollback_prepared, warn_old_prepared
 from sinks.postgres.refusal import DataRefused, copy_value, describe
 from sinks.postgres.types import Column, base_type, check_table
-from sinks.postgres.upsert import BatchBuffer, UpsertPlanner, prepare_batches
+from sinks.postgres.upsert import Replayable, UpsertPlanner, prepared_rows
 
 __all__ = [
     "FORMAT",
@@ -581,14 +582,14 @@ class _TwoPhaseWriter:
                     only_batch=None if identity != BATCH_IDENTITY else batch_id,
                     stale_after=self.opts.prepared_timeout if identity == BATCH_IDENTITY else None,
                 )
-            batches, rows = self._stage_batches(iterator)
-            if rows == 0:
+            batches = self._stage_batches(iterator)
+            if batches is None:
                 return message(None, 0, False)
 
-            def once() -> None:
-                self._prepare(tables, gid, batches, rows, fctx)
+            def once() -> int:
+                return self._prepare(tables, gid, batches, fctx)
 
-            retrying(
+            rows = retrying(
                 once,
                 attempts=copts.retry_attempts,
                 base_delay=copts.retry_backoff,
@@ -640,42 +641,44 @@ class _TwoPhaseWriter:
             return False
         return True  # published meanwhile by the earlier attempt's committer
 
-    def _stage_batches(self, iterator: Iterator[pa.RecordBatch]) -> tuple[BatchBuffer, int]:
-        """The task's rows, re-iterable for a retried COPY: in memory up to 64 MiB, then in an unlinked
-        local file (memory stays flat in the partition's size)."""
+    def _stage_batches(self, iterator: Iterator[pa.RecordBatch]) -> Replayable | None:
+        """The task's rows, streamed into COPY as Spark yields them and re-iterable for a retried COPY
+        (memory stays flat in the partition's size); None for a partition without rows."""
         plan = self.plan
         if plan.merge is not None:
             assert self.opts.upsert is not None
-            prepared: Iterator[pa.RecordBatch] = iter(prepare_batches(iterator, plan.merge, self.opts.upsert)[0])
+            prepared: Iterator[pa.RecordBatch] = prepared_rows(iterator, plan.merge, self.opts.upsert)
         else:
             names = [c.name for c in plan.columns]
             prepared = (b.select(names) for b in iterator if b.num_rows)
-        buffer = BatchBuffer.collect(prepared)
-        return buffer, buffer.rows
+        first = next(prepared, None)
+        return None if first is None else Replayable(itertools.chain((first,), prepared))
 
     def _prepare(
         self,
         tables: ProtocolTables,
         gid: Gid,
         batches: Iterable[pa.RecordBatch],
-        rows: int,
         fctx: Mapping[str, Any],
-    ) -> None:
+    ) -> int:
+        """One try: write the task's rows and its marker, PREPARE; returns the row count."""
         text = str(gid)
         conn = connect(self.opts.connection, application_name=f"spark-eos {FORMAT} task")
         try:
             if conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", (text,)).fetchone():
                 conn.rollback()
-                return  # an earlier try prepared it and only the reply was lost
+                # An earlier try prepared it and only the reply was lost; its marker (with the
+                # count) is invisible until the commit, so count what that try sent.
+                return sum(b.num_rows for b in batches)
             with conn.cursor() as cur:
                 if self.plan.direct:
-                    self._write_direct(cur, batches)
+                    rows = self._write_direct(cur, batches)
                 else:
                     cur.execute(
                         "SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
                         (text, str(gid.partition)),
                     )
-                    copy_arrow(cur, self.plan.stage.sql, self.plan.stage_columns, batches)
+                    rows = copy_arrow(cur, self.plan.stage.sql, self.plan.stage_columns, batches)
                 tables.insert_marker(conn, gid, rows)
             faults.point("sink.after_write", spec=self.opts.faults, **fctx)
             try:
@@ -688,8 +691,9 @@ class _TwoPhaseWriter:
             raise
         finally:
             close_quietly(conn)
+        return rows
 
-    def _write_direct(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch]) -> None:
+    def _write_direct(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch]) -> int:
         """visibility=partition: the rows go into the table inside this (to be prepared) transaction.
 
         Refusals by the table surface here, before PREPARE and so before any decision (I2)."""
@@ -697,19 +701,18 @@ class _TwoPhaseWriter:
         cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(self.opts.lock_timeout * 1000))}ms",))
         try:
             if plan.copy_direct:
-                copy_arrow(
+                return copy_arrow(
                     cur,
                     plan.target.sql,
                     [(c.name, c.pg_type) for c in plan.columns],
                     batches,
                     targets=[c.target for c in plan.columns],
                 )
-                return
             # Widening, casts or the merge: through a staging table of this transaction only
             # (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
             # dropped before PREPARE).
             staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), plan.stage_columns, temporary=False)
-            copy_arrow(cur, staging, plan.stage_columns, batches)
+            rows = copy_arrow(cur, staging, plan.stage_columns, batches)
             if plan.merge is not None:
                 merge_staged(cur, staging, plan.merge)
             else:
@@ -718,6 +721,7 @@ class _TwoPhaseWriter:
                     f"INSERT INTO {plan.target.sql} ({targets}) SELECT {_select_list(plan)} FROM {staging}".encode()
                 )
             drop_staging(cur, staging)
+            return rows
         except psycopg.Error as exc:
             state = exc.sqlstate or ""
             if state == "55P03":

@@ -50,11 +50,13 @@ __all__ = [
     "SPILL_BYTES",
     "BatchBuffer",
     "PostgresUpsertDataSource",
+    "Replayable",
     "UpsertBatchWriter",
     "UpsertCommitMessage",
     "UpsertPlanner",
     "UpsertStreamWriter",
     "prepare_batches",
+    "prepared_rows",
     "upsert_batch",
 ]
 
@@ -164,11 +166,13 @@ def prepare_batches(
 
     Runs before the task connects, so a null key or version fails the task before it writes.
     """
-    out = list(_prepared(batches, plan, opts))
+    out = list(prepared_rows(batches, plan, opts))
     return out, sum(b.num_rows for b in out)
 
 
-def _prepared(batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions) -> Iterator[pa.RecordBatch]:
+def prepared_rows(batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions) -> Iterator[pa.RecordBatch]:
+    """Stage-ready batches (written columns + ordinal + delete flag), one by one; a null key or
+    version fails at the batch that holds it."""
     names = [c.name for c in plan.columns]
     payload = [c.name for c in plan.columns if c.name not in plan.key and c.name != plan.version]
     ordinal = 0
@@ -267,6 +271,37 @@ class BatchBuffer:
             yield reader.get_batch(i)
 
 
+class Replayable:
+    """A task's batches, streamed once and re-iterable for a retry.
+
+    The first pass hands each batch on as Spark yields it (the first bytes reach COPY before the
+    partition is read to its end) and keeps a copy in a :class:`BatchBuffer` (memory up to 64 MiB,
+    then an unlinked local file). A later pass (a retried COPY) first drains what the first pass did
+    not reach, then reads the copy: every pass sees exactly the partition's rows.
+    """
+
+    def __init__(self, source: Iterable[pa.RecordBatch], limit: int = SPILL_BYTES) -> None:
+        self._source = iter(source)
+        self._buffer = BatchBuffer(limit)
+        self._passes = 0
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        self._passes += 1
+        if self._passes == 1:
+            for batch in self._source:
+                self._buffer.append(batch)
+                yield batch
+            return
+        for batch in self._source:
+            self._buffer.append(batch)
+        self._buffer.seal()
+        yield from self._buffer
+
+    @property
+    def spilled(self) -> bool:
+        return self._buffer.spilled
+
+
 def _delete_flags(batch: pa.RecordBatch, opts: UpsertOptions, payload: list[str]) -> pa.Array:
     flags = pa.array([False] * batch.num_rows, pa.bool_())
     if opts.delete_column is not None:
@@ -307,7 +342,7 @@ class _UpsertWriterMixin:
         partition, attempt, batch_id = _task_context()
         ctx = {"batch": batch_id, "partition": partition, "attempt": attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **ctx)
-        batches = BatchBuffer.collect(_prepared(iterator, self.plan, self.opts))
+        batches = BatchBuffer.collect(prepared_rows(iterator, self.plan, self.opts))
         rows = batches.rows
         tries = 0
 
