@@ -195,7 +195,7 @@ def test_gid_gone_is_resolved_through_its_marker_and_never_guessed(sink: dict[st
     m2 = _task(sink, w, 0, range(10, 12), batch=2)
     with psycopg.connect(sink["dsn"], autocommit=True) as conn:
         with conn.transaction():
-            tables.insert_decision(conn, sink["sink_id"], 2, [m2.gid], 2, "query:q1")  # type: ignore[list-item]
+            tables.insert_decision(conn, sink["sink_id"], 2, [m2.gid], 2, "query:q1", stage=w.plan.stage_token)  # type: ignore[list-item]
         conn.execute(f"ROLLBACK PREPARED '{m2.gid}'")  # type: ignore[arg-type]
     with pytest.raises(FatalError, match="rolled back outside the protocol"):
         w.commit([m2], 2)
@@ -397,8 +397,8 @@ def test_setups_starting_at_once_create_every_table_without_racing(twophase_pg: 
         ).fetchall()
     names = sorted(t for _, t in made)
     assert table in names and {"sink_batches", "sink_parts", "sink_owners"} <= set(names)
-    assert sum(n.startswith("stage_") for n in names) == 2, names  # one per sink id
-    assert len(names) == 7, names  # + the tombstone table
+    assert not any(n.startswith("stage_") for n in names), names  # tasks stage in tables of their own
+    assert len(names) == 5, names  # target, three protocol tables, the tombstone table
 
 
 def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -276,9 +276,11 @@ class ProtocolTables:
             (sink_id, batch_id, sorted(gids), rows, owner, lineage, nonce, stage, checkpoint),
         )
 
-    def undecide(self, conn: psycopg.Connection, decision: Decision, staged: sql.Composable | None) -> bool:
+    def undecide(
+        self, conn: psycopg.Connection, decision: Decision, discard: Callable[[list[str]], None] | None = None
+    ) -> bool:
         """Take back an unpublished decision with no trace, in ONE transaction: the decision row, its
-        staged rows (``staged``: the staging table, or None) and its markers. Safe only because
+        staged rows (``discard(gids)`` removes them) and its markers. Safe only because
         nothing of the batch is visible yet; False when it was published meanwhile (then nothing
         changed). The decided gids still prepared become strays of an undecided batch: the caller
         (or the next recovery) rolls them back."""
@@ -292,8 +294,8 @@ class ProtocolTables:
             if gone is None:
                 return False
             gids = list(gone[0])
-            if gids and staged is not None:
-                conn.execute(sql.SQL("DELETE FROM {} WHERE eos_gid = ANY(%s)").format(staged), (gids,))
+            if gids and discard is not None:
+                discard(gids)
             if gids:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE gid = ANY(%s)").format(self.parts), (gids,))
         return True

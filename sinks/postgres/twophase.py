@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from connectors import faults
 from connectors.checkpoint import Lineage, batch_lineage, display, last_planned
 from connectors.errors import ConfigError, FatalError, RetriableError
 from connectors.options import REQUIRED, Option, OptionSet
-from sinks.postgres.connection import close_quietly, connect, ddl_lock, retrying, rollback_quietly
+from sinks.postgres.connection import close_quietly, connect, retrying, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging, drop_staging
 from sinks.postgres.decisions import (
     DEFAULT_SCHEMA,
@@ -55,7 +55,7 @@ from sinks.postgres.decisions import (
     list_prepared,
     sink_lock,
 )
-from sinks.postgres.gid import Gid, check_sink_id, new_nonce
+from sinks.postgres.gid import Gid, check_sink_id, new_nonce, parse_gid
 from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones, merge_staged
 from sinks.postgres.options import (
     CONNECTION_OPTIONS,
@@ -294,10 +294,51 @@ class TwoPhasePlan:
     @property
     def stage_token(self) -> str:
         """What a decision records as the place of its rows (I3)."""
-        return DIRECT if self.direct else self.stage.sql
+        return DIRECT if self.direct else TASKS + self.stage.sql
 
 
 DIRECT = "direct"  # a decision whose rows went straight into the table (visibility=partition)
+TASKS = "tasks:"  # + the column set's table prefix: each gid staged its rows in a table of its own
+
+
+def task_table(prefix: TableName, gid: str) -> TableName:
+    """The staging table of one task attempt: created, filled and prepared in the task's transaction,
+    so a rolled-back gid takes its table with it; dropped by the publish that moves its rows."""
+    return TableName(prefix.schema, f"{prefix.name}_{hashlib.sha1(gid.encode()).hexdigest()[:12]}")
+
+
+def _prefix(token: str) -> TableName:
+    """The table prefix of a (checked) ``tasks:"schema"."stage_<hash>"`` token."""
+    m = _STAGE_SQL.match(token.removeprefix(TASKS))
+    assert m is not None, token
+    return TableName(m.group(1).replace('""', '"'), m.group(2))
+
+
+def staged_relation(token: str, gids: Sequence[str]) -> str | None:
+    """SQL for the batch's staged rows with their partition (``eos_part``), or None without rows."""
+    if not gids:
+        return None
+    if token.startswith(TASKS):
+        parts = [
+            f"SELECT *, {int(parse_gid(g).partition if parse_gid(g) else 0)}::int AS {_TAG_PART} "  # type: ignore[union-attr]
+            f"FROM {task_table(_prefix(token), g).sql}"
+            for g in gids
+        ]
+        return "(" + " UNION ALL ".join(parts) + ")"
+    literal = ", ".join("'" + g.replace("'", "''") + "'" for g in gids)
+    return f"(SELECT * FROM {token} WHERE {_TAG_GID} = ANY(ARRAY[{literal}]))"  # a shared table of spark-eos 0.1
+
+
+def discard_staged(conn: psycopg.Connection, token: str, gids: Sequence[str]) -> None:
+    """Remove the batch's staged rows (inside the caller's transaction): drop its tables, or delete
+    its rows from a shared table of spark-eos 0.1."""
+    if not gids:
+        return
+    if token.startswith(TASKS):
+        names = ", ".join(task_table(_prefix(token), g).sql for g in gids)
+        conn.execute(f"DROP TABLE IF EXISTS {names}".encode())
+    else:
+        conn.execute(sql.SQL(f"DELETE FROM {token} WHERE {_TAG_GID} = ANY(%s)"), (list(gids),))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -353,20 +394,7 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
             columns = tuple(_check_append_table(conn, opts, schema))
             stage_columns = tuple((c.name, c.pg_type) for c in columns)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
-        defs = ", ".join(f"{quote_ident(n)} {t}" for n, t in stage_columns)
-        direct = opts.visibility == "partition"
-        if not direct:  # visibility=partition stages nothing outside the task's own transaction
-            with ddl_lock(conn):
-                conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS {stage.sql} ({defs}, "  # type: ignore[arg-type]
-                    f"{_TAG_GID} text NOT NULL DEFAULT current_setting('eos.gid'), "
-                    f"{_TAG_PART} int NOT NULL DEFAULT current_setting('eos.part')::int)"
-                )
-                conn.execute(
-                    sql.SQL("COMMENT ON TABLE {} IS {}").format(
-                        sql.SQL(stage.sql), sql.Literal(_stage_comment(opts.sink_id))
-                    )  # type: ignore[arg-type]
-                )
+        direct = opts.visibility == "partition"  # tasks create their own staging tables
         if merge is not None:
             ensure_tombstones(conn, merge)
     finally:
@@ -625,7 +653,7 @@ class _TwoPhaseWriter:
         check_lineage(self.opts, decision, lineage)
         if (
             decision.published
-            or decision.stage in (None, DIRECT, self.plan.stage_token)
+            or decision.stage in (None, DIRECT, self.plan.stage_token, self.plan.stage.sql)
             or decision.nonce == self.nonce
         ):
             return True  # roll forward (rows of a direct decision may be visible already: never taken back)
@@ -674,11 +702,16 @@ class _TwoPhaseWriter:
                 if self.plan.direct:
                     rows = self._write_direct(cur, batches)
                 else:
+                    table = task_table(self.plan.stage, text).sql
+                    defs = ", ".join(f"{quote_ident(n)} {t}" for n, t in self.plan.stage_columns)
+                    cur.execute(f"CREATE TABLE {table} ({defs})".encode())
                     cur.execute(
-                        "SELECT set_config('eos.gid', %s, true), set_config('eos.part', %s, true)",
-                        (text, str(gid.partition)),
+                        sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                            sql.SQL(table),  # type: ignore[arg-type]
+                            sql.Literal(f"{_stage_comment(self.plan.sink_id)}: {text}"),
+                        )
                     )
-                    rows = copy_arrow(cur, self.plan.stage.sql, self.plan.stage_columns, batches)
+                    rows = copy_arrow(cur, table, self.plan.stage_columns, batches)
                 tables.insert_marker(conn, gid, rows)
             faults.point("sink.after_write", spec=self.opts.faults, **fctx)
             try:
@@ -814,10 +847,13 @@ _REWIND_HELP = (
 def undecide(conn: psycopg.Connection, tables: ProtocolTables, decision: Decision, plan: TwoPhasePlan) -> bool:
     """Take back an unpublished decision with its staged rows and markers (one transaction); its gids
     still prepared are rolled back by the caller's recovery. False: it was published meanwhile."""
-    return tables.undecide(conn, decision, sql.SQL(stage_of(decision, plan)))  # type: ignore[arg-type]
+    token = stage_of(decision, plan)
+    if token == DIRECT:
+        raise FatalError(f"{FORMAT} {decision.sink_id}: batch {decision.batch_id}: a direct batch is never taken back")
+    return tables.undecide(conn, decision, lambda gids: discard_staged(conn, token, gids))
 
 
-_STAGE_SQL = re.compile(r'^"((?:[^"]|"")+)"\."stage_[0-9a-f]{20}"$')
+_STAGE_SQL = re.compile(r'^"((?:[^"]|"")+)"\."(stage_[0-9a-f]{20})"$')
 
 
 def stage_of(decision: Decision, plan: TwoPhasePlan) -> str:
@@ -826,7 +862,8 @@ def stage_of(decision: Decision, plan: TwoPhasePlan) -> str:
         return plan.stage.sql  # decided by spark-eos 0.1: one staging table per sink and columns
     if decision.stage == DIRECT:
         return DIRECT
-    m = _STAGE_SQL.match(decision.stage)
+    shared = decision.stage.removeprefix(TASKS)
+    m = _STAGE_SQL.match(shared)
     if m is None or m.group(1).replace('""', '"') != plan.stage.schema:
         raise FatalError(
             f"{FORMAT} {decision.sink_id}: batch {decision.batch_id}: the decision names {decision.stage!r} as its "
@@ -922,7 +959,7 @@ class Committer:
                         resolve(conn, self.tables, sink_id, only_batch=batch_id)  # this attempt's gids
                         raise
                     stage = stage_of(decision, self.plan)
-                    if not decision.published and stage not in (DIRECT, self.plan.stage_token):
+                    if not decision.published and stage not in (DIRECT, self.plan.stage_token, self.plan.stage.sql):
                         # Staged under the query's previous columns and no task of this attempt
                         # took it back (a batch with no tasks): nothing is visible, take it back.
                         undecide(conn, self.tables, decision, self.plan)
@@ -964,7 +1001,7 @@ class Committer:
             if owns_all:
                 self.tables.prune_markers(conn, sink_id, batch_id - 100)
                 self.tables.prune_decisions(conn, sink_id, batch_id - self.opts.retain)
-            drop_empty_stages(conn, self.tables, sink_id, keep=self.plan.stage.sql)
+            drop_empty_stages(conn, self.tables, sink_id)
             warn_old_prepared(list_prepared(conn, sink_id), sink_id, self.opts.warn_age)
         finally:
             close_quietly(conn)
@@ -1045,33 +1082,26 @@ class Committer:
                     raise self._superseded(batch_id, decision)
                 if decision.published:
                     return
-                gid_list = sql.Literal(list(gids))
+                staged = staged_relation(stage, gids)
                 with conn.cursor() as cur:
                     if plan.replace:
                         cur.execute(f"DELETE FROM {plan.target.sql}".encode())
-                    if plan.merge is not None:
+                    if staged is not None and plan.merge is not None:
                         cols = ", ".join(quote_ident(n) for n, _ in plan.stage_columns if n != ORDINAL)
                         # Input order across partitions: partition first, then the task's ordinal.
-                        view = (
+                        cur.execute(
                             f"CREATE TEMP VIEW eos_publish AS SELECT {cols}, "
                             f"(({_TAG_PART}::bigint << 40) + {quote_ident(ORDINAL)}) AS {quote_ident(ORDINAL)} "
-                            f"FROM {stage} WHERE {_TAG_GID} = ANY("
+                            f"FROM {staged} s".encode()
                         )
-                        cur.execute(sql.SQL(view) + gid_list + sql.SQL(")"))  # type: ignore[arg-type]
                         merge_staged(cur, "pg_temp.eos_publish", plan.merge)
                         cur.execute(b"DROP VIEW pg_temp.eos_publish")
-                    else:
+                    elif staged is not None:
                         targets = ", ".join(quote_ident(c.target) for c in plan.columns)
-                        exprs = _select_list(plan)
                         cur.execute(
-                            sql.SQL(
-                                f"INSERT INTO {plan.target.sql} ({targets}) SELECT {exprs} FROM {stage} "  # type: ignore[arg-type]
-                                f"WHERE {_TAG_GID} = ANY("
-                            )
-                            + gid_list
-                            + sql.SQL(")")
+                            f"INSERT INTO {plan.target.sql} ({targets}) SELECT {_select_list(plan)} FROM {staged} s".encode()
                         )
-                    cur.execute(sql.SQL(f"DELETE FROM {stage} WHERE {_TAG_GID} = ANY(") + gid_list + sql.SQL(")"))  # type: ignore[arg-type]
+                    discard_staged(conn, stage, gids)  # one DROP TABLE per task, not a DELETE per row
                 self.tables.mark_published(conn, plan.sink_id, batch_id)
 
         try:
@@ -1121,8 +1151,8 @@ class Committer:
                 target=plan.target,
                 connect=self._connect,
                 columns=[(c.name, c.target) for c in plan.columns],
-                staged=sql.SQL(stage),  # type: ignore[arg-type]
-                where=sql.SQL(f"{_TAG_GID} = ANY(") + sql.Literal(list(gids)) + sql.SQL(")"),
+                staged=sql.SQL(f"{staged_relation(stage, gids) or '(SELECT 1 WHERE false)'} s"),  # type: ignore[arg-type]
+                where=sql.SQL("true"),
             )
         else:
             what = f"publishing into {plan.target.sql} failed: {cause}"
@@ -1173,31 +1203,38 @@ class Committer:
             close_quietly(conn)
 
 
-def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id: str, *, keep: str) -> list[str]:
-    """Drop the sink's staging tables of earlier column sets once empty and named by no unpublished
-    decision (bounded growth); a table a prepared transaction still writes is skipped, not waited on."""
+def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id: str) -> list[str]:
+    """Bounded growth: drop the sink's staging tables that no unpublished decision needs: per-task
+    tables left by an attempt that was taken over (a zombie's late COMMIT PREPARED), and shared
+    tables of spark-eos 0.1 once empty. A table still in use is skipped, never waited on."""
+    comment = _stage_comment(sink_id)
     rows = conn.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 WHERE n.nspname = %s AND d.description = %s",
-        (tables.schema, _stage_comment(sink_id)),
+        "SELECT c.relname, d.description FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 "
+        "WHERE n.nspname = %s AND (d.description = %s OR starts_with(d.description, %s))",
+        (tables.schema, comment, comment + ": "),
     ).fetchall()
+    if not rows:
+        return []
+    pending = conn.execute(
+        sql.SQL("SELECT stage, gids FROM {} WHERE sink_id = %s AND published_at IS NULL").format(tables.batches),
+        (sink_id,),
+    ).fetchall()
+    needed_gids = {g for _, gids in pending for g in gids}
+    needed_tables = {str(stage) for stage, _ in pending}
     dropped = []
-    for (relname,) in rows:
+    for relname, description in rows:
         name = TableName(tables.schema, str(relname)).sql  # as decisions store it
-        if name == keep:
+        gid = str(description)[len(comment) + 2 :] if description != comment else None
+        if (gid is not None and gid in needed_gids) or (gid is None and name in needed_tables):
             continue
         try:
             with conn.transaction():
                 conn.execute("SET LOCAL lock_timeout = '200ms'")
-                pending = conn.execute(
-                    sql.SQL("SELECT 1 FROM {} WHERE sink_id = %s AND published_at IS NULL AND stage = %s").format(
-                        tables.batches
-                    ),
-                    (sink_id, name),
-                ).fetchone()
-                if pending is None and conn.execute(f"SELECT 1 FROM {name} LIMIT 1".encode()).fetchone() is None:  # type: ignore[arg-type]
-                    conn.execute(f"DROP TABLE {name}".encode())
-                    dropped.append(name)
+                if gid is None and conn.execute(f"SELECT 1 FROM {name} LIMIT 1".encode()).fetchone() is not None:  # type: ignore[arg-type]
+                    continue  # a shared table of 0.1 with rows of an attempt still prepared
+                conn.execute(f"DROP TABLE {name}".encode())
+                dropped.append(name)
         except psycopg.Error as exc:
             log.info("%s %s: staging table %s not dropped now: %s", FORMAT, sink_id, name, exc)
     return dropped
