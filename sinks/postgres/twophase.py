@@ -1,20 +1,37 @@
 """The ``postgres-2pc`` sink: tasks PREPARE their rows, the driver commits them with the batch.
 
-Protocol (README "two-phase sink" has the diagram; DESIGN §6 the reasoning):
+Protocol (README "two-phase sink" and "Lifecycle" have the diagram and the operator's view):
 
-- task ``write`` of batch n, partition p: connect; refuse if another query owns the sink id; if
-  batch n is decided, write nothing (a skip message). Otherwise, under the sink's advisory lock,
-  resolve stale prepared gids (roll forward those a decision names, roll back the rest except the
-  sibling tasks of this batch attempt); then in one transaction COPY the rows into the sink's
-  staging table (tagged with the gid) plus a marker row in ``sink_parts``, and
-  ``PREPARE TRANSACTION 'eos:<sink>:<n>:<p>:<nonce>:<task attempt>'``.
+- task ``write`` of batch n, partition p: refuse if another query owns the sink id; under the
+  sink's advisory lock, meet the decision of batch n if there is one (skip it, refuse it, or take
+  it back: see I1, I3), then resolve stale prepared gids (roll forward those a decision names, roll
+  back dead attempts', keep every attempt of this batch attempt); then in one transaction write the
+  rows and a marker row in ``sink_parts`` and ``PREPARE TRANSACTION
+  'eos:<sink>:<n>:<p>:<nonce>:<task attempt>'``. ``visibility=batch`` writes into a staging table of
+  the task attempt's own, created in that transaction; ``visibility=partition`` writes into the
+  table itself.
 - driver ``commit(messages, n)``: under the lock, if no decision exists, check that every gid is
-  still prepared and insert the decision (also claiming the sink for this query) in its own
-  transaction; then COMMIT PREPARED each gid (a missing one proven by its marker), then publish:
-  ONE transaction moves the batch's staged rows into the table (append: INSERT; upsert: the
-  version-guarded merge; complete mode: replace) and marks the decision published, so readers
-  see all of a batch or none of it. Then roll back stray gids. Every step is idempotent.
+  still prepared and insert the decision (claiming the sink for this query) in its own
+  transaction; COMMIT PREPARED each gid (a missing one proven by its marker); for
+  ``visibility=batch`` publish: ONE transaction moves the staged rows into the table (append:
+  INSERT; upsert: the version-guarded merge; complete mode: replace), drops the staging tables and
+  marks the decision published. Then roll back stray gids. Every step is idempotent.
 - driver ``abort(messages, n)``: roll back the batch's prepared gids unless a decision names them.
+
+Invariants (DESIGN §6; the code and tests that keep each one cite its number):
+
+- I1 A decision binds a batch number to the batch's lineage in its checkpoint (a digest of what
+  Spark planned in ``offsets/n``): a decided number met with another lineage, or an undecided one
+  below the last decided batch, is refused before anything is written, never skipped.
+- I2 Nothing the data can cause fails after the decision: a refusal by the table surfaces in the
+  task (``visibility=partition``) or, at publish, takes the batch back with no trace (nothing was
+  visible); a fixed query restarted from the checkpoint writes the batch anew.
+- I3 The decision says where the batch's rows are (its staging token); a replay with other columns
+  takes an unpublished batch back and writes it with the columns it has now; a direct batch
+  (rows possibly visible) is always rolled forward.
+- I4 Every prepared transaction has a bounded life and an owner who resolves it: the next task
+  or commit of the sink (streaming), the next job past ``prepared.timeout`` (batch jobs), a losing
+  twin itself right after its PREPARE, ``spark-eos sinks recover`` by hand.
 """
 
 from __future__ import annotations
