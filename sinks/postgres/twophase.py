@@ -336,11 +336,15 @@ def staged_relation(token: str, gids: Sequence[str]) -> str | None:
     if not gids:
         return None
     if token.startswith(TASKS):
-        parts = [
-            f"SELECT *, {int(parse_gid(g).partition if parse_gid(g) else 0)}::int AS {_TAG_PART} "  # type: ignore[union-attr]
-            f"FROM {task_table(_prefix(token), g).sql}"
-            for g in gids
-        ]
+        prefix = _prefix(token)
+        parts = []
+        for g in gids:
+            parsed = parse_gid(g)
+            if parsed is None:
+                raise FatalError(
+                    f"{FORMAT}: {g!r} in a decision is not a gid of this sink; the decision log was changed by hand"
+                )
+            parts.append(f"SELECT *, {parsed.partition}::int AS {_TAG_PART} FROM {task_table(prefix, g).sql}")
         return "(" + " UNION ALL ".join(parts) + ")"
     literal = ", ".join("'" + g.replace("'", "''") + "'" for g in gids)
     return f"(SELECT * FROM {token} WHERE {_TAG_GID} = ANY(ARRAY[{literal}]))"  # a shared table of spark-eos 0.1
