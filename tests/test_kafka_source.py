@@ -411,3 +411,121 @@ def test_min_offsets_wait_until_max_trigger_delay() -> None:
     reader._last_trigger -= 61  # maxTriggerDelay has passed
     assert reader.latestOffset(start, limit) == {"t": {"0": 5}}
     assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 5}}  # the engine's limit wins
+
+
+# ---- planning with the real planner over a fake Kafka (issue 16) --------------------------
+
+
+class _FakeClient:
+    """The KafkaMetadataClient calls the planner makes; every offset look-up first lets producers write ``grow``."""
+
+    bootstrap = "fake:9092"
+
+    def __init__(self, ends: dict[TopicPartition, int], grow: int = 0) -> None:
+        self.ends, self.grow = dict(ends), grow
+
+    def _tick(self) -> None:
+        for tp in self.ends:
+            self.ends[tp] += self.grow
+
+    def partitions_for(self, **_: object) -> tuple[list[TopicPartition], list[TopicPartition]]:
+        return sorted(self.ends), []
+
+    def latest(self, tps: object) -> dict[TopicPartition, int]:
+        self._tick()
+        return {tp: self.ends[tp] for tp in tps}  # type: ignore[attr-defined]
+
+    def earliest(self, tps: object) -> dict[TopicPartition, int]:
+        return {tp: 0 for tp in tps}  # type: ignore[attr-defined]
+
+    def for_timestamps(self, stamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        return self.latest(stamps)  # the timestamp is "now": the records written from now on
+
+    def committed(self, group: str, tps: object) -> dict[TopicPartition, int | None]:
+        return dict(self.latest(tps))
+
+    def close(self) -> None:
+        pass
+
+
+def _fake_reader(ends: dict[TopicPartition, int], grow: int = 0, **kw: str) -> tuple[KafkaStreamReader, _FakeClient]:
+    reader = KafkaStreamReader(opts(subscribe="t", **kw))
+    client = _FakeClient(ends, grow)
+    reader.planner.client = client  # type: ignore[assignment]
+    return reader, client
+
+
+def _spark(offsets: dict) -> dict:
+    return json.loads(json.dumps(offsets))  # what the engine hands back: JSON round trip
+
+
+class _Rec:
+    def __init__(self, tp: TopicPartition, off: int, size: int) -> None:
+        self._tp, self._off, self._size = tp, off, size
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._tp.topic
+
+    def partition(self) -> int:
+        return self._tp.partition
+
+    def offset(self) -> int:
+        return self._off
+
+    def key(self) -> bytes:
+        return b""
+
+    def value(self) -> bytes:
+        return b"x" * self._size
+
+    def headers(self) -> None:
+        return None
+
+
+class _FakeConsumer:
+    """Hands out the records of its assigned ranges, then waits out consume()'s timeout as librdkafka does."""
+
+    def __init__(self, logs: dict[TopicPartition, list[int]]) -> None:
+        self.logs, self.pos = logs, {}  # type: dict[TopicPartition, list[int]], dict[TopicPartition, int]
+
+    def assign(self, parts: list) -> None:
+        self.pos = {TopicPartition(p.topic, p.partition): p.offset for p in parts}
+
+    def unassign(self) -> None:
+        self.pos = {}
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        import time
+
+        out = []
+        for tp, pos in self.pos.items():
+            for off in self.logs[tp]:
+                if off >= pos and len(out) < num_messages:
+                    out.append(_Rec(tp, off, 10))
+                    self.pos[tp] = off + 1
+        if not out:
+            time.sleep(timeout)
+        return out
+
+
+def test_max_bytes_sampling_returns_as_soon_as_a_small_backlog_is_sampled() -> None:
+    import time
+
+    tp = TopicPartition("t", 0)
+    reader, client = _fake_reader({tp: 3}, startingOffsets='{"t":{"0":0}}', maxBytesPerTrigger="25")
+    fake = _FakeConsumer({tp: [0, 1, 2]})
+    client.consumer = lambda: fake  # type: ignore[attr-defined]
+    began = time.monotonic()
+    assert reader.planner._avg_record_bytes({tp: 0}, {tp: 3}) == 10
+    assert time.monotonic() - began < 0.5  # used to wait up to 5 s for 200 records that do not exist
+    began = time.monotonic()
+    assert reader.latestOffset(_spark(reader.initialOffset()), reader.getDefaultReadLimit()) == {"t": {"0": 2}}
+    assert time.monotonic() - began < 0.5
+    # a range that ends in a gap (a transaction marker at offset 2) is given up after the budget
+    fake.logs[tp] = [0, 1]
+    began = time.monotonic()
+    assert reader.planner._avg_record_bytes({tp: 0}, {tp: 3}) == 10
+    assert time.monotonic() - began < reader.planner.SAMPLE_BUDGET_S + 0.5

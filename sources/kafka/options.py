@@ -116,7 +116,8 @@ OPTIONS = OptionSet(
             "maxBytesPerTrigger",
             "int",
             min=1,
-            description="Approximate most bytes per micro-batch (estimated from sampled record sizes).",
+            description="Approximate most bytes per micro-batch (estimated from the sizes of at most 200 records "
+            "sampled at the start of the backlog, in at most 1 s).",
         ),
         Option(
             "minPartitions",

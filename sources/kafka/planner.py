@@ -258,28 +258,51 @@ class KafkaPlanner:
         return end
 
     _avg_bytes: float | None = None
+    SAMPLE_RECORDS = 200
+    SAMPLE_BUDGET_S = 1.0
 
-    def _avg_record_bytes(self, start: PartitionOffsets, until: PartitionOffsets, sample: int = 200) -> int:
-        """Average record size, sampled from the first records of the backlog (maxBytesPerTrigger is an estimate)."""
+    def _avg_record_bytes(self, start: PartitionOffsets, until: PartitionOffsets) -> int:
+        """Average record size, sampled from the first records of the backlog (maxBytesPerTrigger is an estimate).
+
+        The cost is bounded: at most SAMPLE_RECORDS records in all, never past a partition's end of
+        the backlog (a small backlog is sampled whole and returns as soon as it has arrived), and
+        never longer than SAMPLE_BUDGET_S (a range ending in a gap, e.g. a transaction marker).
+        Without any sample the running average (or 1 KiB) is used.
+        """
         from confluent_kafka import TopicPartition as CkTopicPartition
 
-        todo = [tp for tp, e in until.items() if e > start[tp]]
+        todo = {tp: e for tp, e in until.items() if e > start[tp]}
         if not todo:
-            return int(self._avg_bytes or 1024)
+            return max(1, int(self._avg_bytes or 1024))
+        share = max(1, self.SAMPLE_RECORDS // len(todo))
+        stop = {tp: min(e, start[tp] + share) for tp, e in todo.items()}
+        wanted = sum(stop[tp] - start[tp] for tp in stop)
         c = self.client.consumer()
-        c.assign([CkTopicPartition(tp.topic, tp.partition, start[tp]) for tp in todo])
+        c.assign([CkTopicPartition(tp.topic, tp.partition, start[tp]) for tp in sorted(todo)])
         sizes: list[int] = []
-        deadline = time.monotonic() + min(5.0, self.opts.poll_timeout_ms / 1000)
+        open_ = set(stop)
+        deadline = time.monotonic() + min(self.SAMPLE_BUDGET_S, self.opts.poll_timeout_ms / 1000)
         try:
-            while len(sizes) < sample and time.monotonic() < deadline:
-                for m in c.consume(num_messages=sample, timeout=0.5):
-                    if m.error() is None:
+            while open_ and len(sizes) < wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for m in c.consume(num_messages=max(1, wanted - len(sizes)), timeout=min(0.1, left)):
+                    if m.error() is not None:
+                        continue
+                    tp = TopicPartition(str(m.topic()), int(m.partition() or 0))
+                    off = int(m.offset() or 0)
+                    if tp not in open_:
+                        continue
+                    if off < stop[tp]:
                         headers: Any = m.headers() or []
                         sizes.append(
                             len(m.key() or b"")
                             + len(m.value() or b"")
                             + sum(len(k) + len(v or b"") for k, v in headers)
                         )
+                    if off + 1 >= stop[tp]:
+                        open_.discard(tp)
         finally:
             c.unassign()
         if sizes:
