@@ -23,6 +23,7 @@ __all__ = [
     "is_uri",
     "parse_bool",
     "parse_duration",
+    "parse_spark_time_ms",
     "redact",
     "redact_conninfo",
     "redact_dsn",
@@ -83,6 +84,26 @@ def parse_duration(text: str, default_unit: str = "s") -> float:
     return float(m.group(1)) * _UNIT_SECONDS[unit]
 
 
+_SPARK_TIME = re.compile(r"(-?[0-9]+)([a-z]+)?")
+_SPARK_TIME_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_spark_time_ms(text: str) -> int:
+    """Milliseconds of a Spark time string, parsed as Spark's ``JavaUtils.timeStringAsMs`` parses it.
+
+    Trimmed and lower-cased, a whole number with an optional unit (us, ms, s, m, min, h, d); a bare
+    number is milliseconds. Anything else (fractions, spaces inside, long unit names) is refused,
+    as Spark refuses it.
+    """
+    m = _SPARK_TIME.fullmatch(str(text).strip().lower())
+    if not m:
+        raise ValueError("expected a whole number with an optional unit (us, ms, s, m, min, h, d)")
+    unit = m.group(2) or "ms"
+    if unit not in _SPARK_TIME_MS:
+        raise ValueError(f"unknown time unit {unit!r}; use us, ms, s, m, min, h or d")
+    return int(int(m.group(1)) * _SPARK_TIME_MS[unit])
+
+
 def redact(value: object) -> str:
     """What a secret looks like in logs, errors and repr."""
     return "***" if value not in (None, "") else repr(value)
@@ -92,7 +113,8 @@ def redact(value: object) -> str:
 class Option:
     """One option: its documented name, type, default and description.
 
-    ``kind`` is one of str, int, float, bool, duration (seconds, float), json, list (comma
+    ``kind`` is one of str, int, float, bool, duration (seconds, float), time_ms (Spark's time
+    string as whole milliseconds: a bare number is milliseconds), json, list (comma
     separated, stripped, empties dropped) or choice (one of ``choices``, compared
     case-insensitively and returned in the spelling of ``choices``).
     """
@@ -200,6 +222,7 @@ _PARSERS: dict[str, Callable[[Option, str], Any]] = {
     "float": _parse_float,
     "bool": lambda opt, raw: parse_bool(raw),
     "duration": lambda opt, raw: parse_duration(raw),
+    "time_ms": lambda opt, raw: parse_spark_time_ms(raw),
     "json": lambda opt, raw: json.loads(raw),
     "list": _parse_list,
     "choice": _parse_choice,
@@ -210,6 +233,7 @@ _HINTS = {
     "float": "a number",
     "bool": "true or false",
     "duration": "a duration such as 500ms, 10s, 5m or 1h",
+    "time_ms": "a whole number of milliseconds or one with a unit (us, ms, s, m, min, h, d), e.g. 500, 30s, 15m",
     "json": "JSON",
     "list": "a comma-separated list",
 }

@@ -397,6 +397,46 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
             assert sorted(v for *_, v in memory_rows(spark, name, cp)).count(b"k1") == 1
 
 
+def test_min_max_offsets_run_full_batches_and_progress_shows_lag(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
+) -> None:
+    # minOffsetsPerTrigger = maxOffsetsPerTrigger = 1000 over 3 partitions: the capped batch is 999,
+    # and comparing the minimum with it waited out maxTriggerDelay (15m) before every batch.
+    topic = new_topic(partitions=3)
+    produce(topic, [(None, b"v%d" % i, i % 3) for i in range(5000)])
+    ends = {str(p): o + 1 for p, o, _ in topic_content(kafka_service.bootstrap, topic)}
+    df = (
+        spark.readStream.format("kafka-eos")
+        .options(
+            **base_options(
+                kafka_service.bootstrap,
+                subscribe=topic,
+                startingOffsets="earliest",
+                minOffsetsPerTrigger="1000",
+                maxOffsetsPerTrigger="1000",
+            )
+        )
+        .load()
+        .select("partition", "offset")
+    )
+    q = df.writeStream.format("noop").option("checkpointLocation", tmp_checkpoint).start()
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and sum(1 for p in q.recentProgress if p["numInputRows"] >= 990) < 5:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.5)
+        progress = [p for p in q.recentProgress if p["numInputRows"]]
+    finally:
+        q.stop()
+    sizes = [p["numInputRows"] for p in progress]
+    assert len(sizes) == 5 and min(sizes) >= 990 and max(sizes) <= 1000, sizes
+    source = progress[0]["sources"][0]
+    latest, end = json.loads(source["latestOffset"]), json.loads(source["endOffset"])
+    assert latest == {topic: ends}  # the topic's real end, not the capped batch end
+    lag = sum(ends.values()) - sum(end[topic].values())
+    assert lag == 5000 - sizes[0], (latest, end)
+
+
 def test_latest_start_is_pinned_and_group_offsets(
     spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
 ) -> None:

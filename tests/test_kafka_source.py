@@ -152,7 +152,7 @@ def test_options_parsed_typed_and_case_insensitive() -> None:
         streaming=True,
     )
     assert o.subscribe == ("a", "b")
-    assert o.max_offsets_per_trigger == 100 and o.fail_on_data_loss is False and o.max_trigger_delay == 30.0
+    assert o.max_offsets_per_trigger == 100 and o.fail_on_data_loss is False and o.max_trigger_delay_ms == 30_000
     assert o.read_committed and o.group_id == "g" and o.starting_is_group and o.poll_timeout_ms == 500
 
 
@@ -379,9 +379,16 @@ def test_custom_schema_refused() -> None:
 class _FakePlanner:
     def __init__(self, end: dict, resolved: dict) -> None:
         self.end, self.resolved, self.resolves = end, resolved, 0
+        self.client = self
 
-    def plan_end(self, start: dict, limits: Limits, *, target: dict | None = None) -> dict:
-        return dict(self.end)
+    def latest(self, tps: list) -> dict:
+        return {tp: self.end.get(tp, self.resolved.get(tp, 0)) for tp in tps}
+
+    def latest_end(self, start: dict, *, target: dict | None = None) -> tuple[dict, dict]:
+        return dict(self.end), dict(self.end)
+
+    def cap(self, start: dict, end: dict, limits: Limits) -> dict:
+        return dict(end)
 
     def resolve_start(self, tps: list) -> dict:
         self.resolves += 1
@@ -404,16 +411,20 @@ def test_symbolic_start_is_pinned_by_an_empty_batch_zero() -> None:
 def test_min_offsets_wait_until_max_trigger_delay() -> None:
     reader = KafkaStreamReader(opts(subscribe="t", minOffsetsPerTrigger="10", maxTriggerDelay="60s"))
     tp = TopicPartition("t", 0)
-    reader.planner = _FakePlanner({tp: 5}, {})  # type: ignore[assignment]
-    start = to_json({tp: 0})
+    fake = _FakePlanner({tp: 5}, {})
+    reader.planner = fake  # type: ignore[assignment]
     limit = reader.getDefaultReadLimit()
+    assert reader.latestOffset(to_json({tp: 0}), limit) == {"t": {"0": 5}}  # the first trigger runs at once (Spark)
+    fake.end = {tp: 10}
+    start = to_json({tp: 5})
     assert reader.latestOffset(start, limit) == start  # 5 < 10 new records: wait
+    assert reader._last_trigger is not None
     reader._last_trigger -= 61  # maxTriggerDelay has passed
-    assert reader.latestOffset(start, limit) == {"t": {"0": 5}}
-    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 5}}  # the engine's limit wins
+    assert reader.latestOffset(start, limit) == {"t": {"0": 10}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 10}}  # the engine's limit wins
 
 
-# ---- planning with the real planner over a fake Kafka (issue 16) --------------------------
+# ---- admission control with the real planner over a fake Kafka (issue 16) --------------------------
 
 
 class _FakeClient:
@@ -457,6 +468,49 @@ def _fake_reader(ends: dict[TopicPartition, int], grow: int = 0, **kw: str) -> t
 
 def _spark(offsets: dict) -> dict:
     return json.loads(json.dumps(offsets))  # what the engine hands back: JSON round trip
+
+
+def test_min_offsets_compare_with_the_uncapped_latest_and_run_full_batches() -> None:
+    # min = max = 1000 over 3 partitions and a 5,000-record backlog: the proportional split of a
+    # capped batch is 999, so comparing min with the capped end waited out maxTriggerDelay forever
+    tps = [TopicPartition("t", p) for p in range(3)]
+    reader, _ = _fake_reader(
+        dict(zip(tps, (1667, 1667, 1666), strict=True)),
+        startingOffsets='{"t":{"0":0,"1":0,"2":0}}',
+        minOffsetsPerTrigger="1000",
+        maxOffsetsPerTrigger="1000",
+    )
+    limit = reader.getDefaultReadLimit()
+    start = _spark(reader.initialOffset())
+    sizes = []
+    for _ in range(10):
+        end = _spark(reader.latestOffset(start, limit))
+        if end == start:
+            break
+        sizes.append(sum(end["t"][p] - start["t"][p] for p in end["t"]))
+        start = end
+    assert sizes == [999, 999, 999, 999, 998], sizes  # five full batches at once, none waits
+    assert sum(sizes) <= 5000 and 5000 - sum(sizes) < 1000  # the rest waits for maxTriggerDelay
+
+
+def test_max_trigger_delay_is_parsed_as_spark_parses_it() -> None:
+    # Spark: Utils.timeStringAsMs; a bare number is milliseconds, the default 15m
+    assert opts(subscribe="t").max_trigger_delay_ms == 900_000
+    for text, ms in (("500", 500), ("30s", 30_000), ("15m", 900_000), ("2min", 120_000), ("1h", 3_600_000)):
+        assert opts(subscribe="t", maxTriggerDelay=text).max_trigger_delay_ms == ms
+    assert opts(subscribe="t", maxTriggerDelay=" 1D ").max_trigger_delay_ms == 86_400_000
+    assert opts(subscribe="t", maxTriggerDelay="1500us").max_trigger_delay_ms == 1
+    for text in ("1.5s", "10 seconds", "5x", "", "s"):
+        bad("option 'maxTriggerDelay' has an invalid value", subscribe="t", maxTriggerDelay=text)
+
+
+def test_report_latest_offset_is_the_topics_end_not_the_capped_end() -> None:
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    reader, _ = _fake_reader({tp0: 600, tp1: 400}, startingOffsets='{"t":{"0":0,"1":0}}', maxOffsetsPerTrigger="100")
+    start = _spark(reader.initialOffset())
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {"t": {"0": 60, "1": 40}}
+    assert reader.reportLatestOffset() == {"t": {"0": 600, "1": 400}}  # lag = latestOffset - endOffset = 900
 
 
 class _Rec:

@@ -113,7 +113,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict[str, Any] | None = None
         self._pinned: dict[str, dict[str, dict[str, int]]] = {}
         self._target: PartitionOffsets | None = None
-        self._last_trigger = time.monotonic()
+        # when minOffsetsPerTrigger last let a batch run (monotonic s); None: the first trigger runs at once
+        self._last_trigger: float | None = None
         self._latest: PartitionOffsets | None = None
 
     # Spark pickles the reader to executors; only options and the (client-free) planner travel.
@@ -158,22 +159,37 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # batch 0 reads nothing; its end is the resolved start, kept by Spark in offsets/0
                 self._pinned[key] = to_json(self.planner.resolve_start(sorted(begin)))
             end_json = self._pinned[key]
+            resolved = from_json(end_json, what="resolved start")
+            self._latest = self._target if self._target is not None else self.planner.client.latest(sorted(resolved))
         else:
             limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._target is not None)
-            end = self.planner.plan_end(begin, limits, target=self._target)
-            self._latest = end
-            if limits.min_rows is not None and any(tp in begin for tp in end):
-                new_rows = sum(max(0, e - begin[tp]) for tp, e in end.items() if tp in begin)
-                waited = time.monotonic() - self._last_trigger
-                if new_rows < limits.min_rows and waited < self.opts.max_trigger_delay and set(end) == set(begin):
-                    return to_json(begin)
-            end_json = to_json(end)
+            uncapped, self._latest = self.planner.latest_end(begin, target=self._target)
+            if limits.min_rows is not None and self._delay(begin, uncapped, limits.min_rows):
+                return to_json(begin)
+            end_json = to_json(self.planner.cap(begin, uncapped, limits))
         if end_json != to_json(begin, symbolic=True):
-            self._last_trigger = time.monotonic()
             faults.point("source.plan", spec=self.opts.faults)
         return end_json
 
+    def _delay(self, begin: PartitionOffsets, latest: PartitionOffsets, min_rows: int) -> bool:
+        """Spark's delayBatch: wait while fewer than ``min_rows`` records are available (uncapped) and
+        maxTriggerDelay has not passed since the last admitted trigger; the first trigger runs at once."""
+        now = time.monotonic()
+        if self._last_trigger is None or (now - self._last_trigger) * 1000 >= self.opts.max_trigger_delay_ms:
+            self._last_trigger = now
+            return False
+        if set(latest) != set(begin):
+            self._last_trigger = now
+            return False  # a trigger that discovers (or loses) partitions runs: it pins them
+        available = sum(max(0, e - begin[tp]) for tp, e in latest.items())
+        if available < min_rows:
+            return True
+        self._last_trigger = now
+        return False
+
     def reportLatestOffset(self) -> dict | None:
+        """The topic's end for every partition read (the snapshot under AvailableNow), not the capped batch end:
+        Spark shows it as the progress's latestOffset, so latestOffset - endOffset is the lag in offsets."""
         return to_json(self._latest) if self._latest else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:

@@ -104,13 +104,16 @@ OPTIONS = OptionSet(
             "minOffsetsPerTrigger",
             "int",
             min=1,
-            description="Fewest records per micro-batch; waits up to maxTriggerDelay for them.",
+            description="Fewest new records (counted to the topic's end, before maxOffsetsPerTrigger caps the batch) "
+            "for a trigger to run a batch; waits up to maxTriggerDelay for them; the first trigger runs at once.",
         ),
         Option(
             "maxTriggerDelay",
-            "duration",
-            default=900.0,
-            description="Longest wait for minOffsetsPerTrigger before a smaller batch runs (default 15m).",
+            "time_ms",
+            default=900_000,
+            attr="max_trigger_delay_ms",
+            description="Longest wait for minOffsetsPerTrigger before a smaller batch runs: Spark's time string, "
+            "a bare number is milliseconds (30s, 15m, 500); default 15m.",
         ),
         Option(
             "maxBytesPerTrigger",
@@ -256,7 +259,7 @@ class KafkaSourceOptions:
     fail_on_data_loss: bool = True
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
-    max_trigger_delay: float = 900.0
+    max_trigger_delay_ms: int = 900_000
     max_bytes_per_trigger: int | None = None
     min_partitions: int | None = None
     max_records_per_partition: int | None = None

@@ -218,14 +218,15 @@ class KafkaPlanner:
 
     # ---- end of a micro-batch ------------------------------------------------------------------
 
-    def plan_end(
-        self,
-        start: PartitionOffsets,
-        limits: Limits,
-        *,
-        target: PartitionOffsets | None = None,
-    ) -> PartitionOffsets:
-        """The end offsets of the next micro-batch from a concrete ``start`` (``target`` under AvailableNow)."""
+    def latest_end(
+        self, start: PartitionOffsets, *, target: PartitionOffsets | None = None
+    ) -> tuple[PartitionOffsets, PartitionOffsets]:
+        """``(end, latest)`` for a concrete ``start``, before any read limit.
+
+        ``end`` is the uncapped end of the next micro-batch (new partitions pinned at their earliest
+        offset); ``latest`` is the topic's end for every partition read (under AvailableNow, the
+        ``target`` snapshot), what Spark's source reports as its latest offset.
+        """
         present = set(self.current())
         if target is not None:
             # AvailableNow: never beyond the snapshot; partitions that appeared after it are not read
@@ -246,6 +247,11 @@ class KafkaPlanner:
             # New partitions are pinned at earliest by this batch and read from the next one,
             # so a replay never depends on when the partition was first seen.
             end.update(self.client.earliest(new))
+        return end, latest
+
+    def cap(self, start: PartitionOffsets, end: PartitionOffsets, limits: Limits) -> PartitionOffsets:
+        """``end`` (from latest_end) cut down to the read limits' maximum rows / bytes."""
+        end = dict(end)
         capped = {tp: e for tp, e in end.items() if tp in start and e >= start[tp]}
         backlog = sum(e - start[tp] for tp, e in capped.items())
         max_rows = limits.max_rows
@@ -256,6 +262,17 @@ class KafkaPlanner:
         if max_rows is not None:
             end.update(rate_limit(start, capped, max_rows))
         return end
+
+    def plan_end(
+        self,
+        start: PartitionOffsets,
+        limits: Limits,
+        *,
+        target: PartitionOffsets | None = None,
+    ) -> PartitionOffsets:
+        """The end offsets of the next micro-batch from a concrete ``start`` (``target`` under AvailableNow)."""
+        end, _ = self.latest_end(start, target=target)
+        return self.cap(start, end, limits)
 
     _avg_bytes: float | None = None
     SAMPLE_RECORDS = 200
