@@ -397,6 +397,56 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
             assert sorted(v for *_, v in memory_rows(spark, name, cp)).count(b"k1") == 1
 
 
+class _LiveProducer:
+    """Writes records to every partition of ``topic`` until stopped, each one alone in its batch (on tansu
+    the high watermark is the base offset of the last batch + 1, so every watermark covers every record)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        import threading
+
+        self.topic, self.partitions, self.sent = topic, partitions, 0
+        self._stop = threading.Event()
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": False})
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._producer.produce(self.topic, value=b"live%d" % self.sent, partition=self.sent % self.partitions)
+            self._producer.flush(10)
+            self.sent += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_available_now_from_latest_while_producers_write(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
+) -> None:
+    # The AvailableNow target used to be taken before the "latest" start was resolved, so the start
+    # lay beyond it: DataLossError "the offsets of t-0 went back from X to Y".
+    topic = new_topic(partitions=2)
+    produce(topic, [(None, b"old%d" % i, i % 2) for i in range(4)])
+    live = _LiveProducer(kafka_service.bootstrap, topic, 2)
+    try:
+        while live.sent < 20:
+            time.sleep(0.05)
+        name = "live_" + uuid.uuid4().hex[:6]
+        q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), tmp_checkpoint, name)
+    finally:
+        live.stop()
+    assert q.exception() is None, q.exception()
+    logs = sorted(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
+    first = json.loads(Path(tmp_checkpoint, "offsets", str(logs[0])).read_text().splitlines()[-1])[topic]
+    last = json.loads(Path(tmp_checkpoint, "offsets", str(logs[-1])).read_text().splitlines()[-1])[topic]
+    truth = [
+        (p, o, v) for p, o, v in topic_content(kafka_service.bootstrap, topic) if first[str(p)] <= o < last[str(p)]
+    ]
+    assert memory_rows(spark, name, tmp_checkpoint) == truth  # exactly [pinned start, snapshot), no gap
+    assert all(v.startswith(b"live") for *_, v in truth)  # latest: nothing from before the start
+
+
 def test_min_max_offsets_run_full_batches_and_progress_shows_lag(
     spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
 ) -> None:

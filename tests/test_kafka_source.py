@@ -470,6 +470,28 @@ def _spark(offsets: dict) -> dict:
     return json.loads(json.dumps(offsets))  # what the engine hands back: JSON round trip
 
 
+@pytest.mark.parametrize(
+    "start",
+    [{}, {"startingTimestamp": "1700000000000"}, {"startingOffsets": "group", "kafka.group.id": "g"}],
+    ids=["latest", "startingTimestamp", "group"],
+)
+def test_available_now_resolves_the_start_before_the_snapshot(start: dict[str, str]) -> None:
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    reader, client = _fake_reader({tp0: 100, tp1: 50}, grow=10, **start)  # producers write all the time
+    reader.prepareForTriggerAvailableNow()
+    first = _spark(reader.initialOffset())
+    limit = reader.getDefaultReadLimit()
+    pinned = _spark(reader.latestOffset(first, limit))
+    assert reader.partitions(first, pinned) == []
+    end = _spark(reader.latestOffset(pinned, limit))  # used to fail: "offsets of t-0 went back"
+    assert reader._target is not None and end == to_json(reader._target)  # ends exactly at the snapshot
+    assert all(end["t"][p] >= pinned["t"][p] for p in ("0", "1"))
+    assert len(reader.partitions(pinned, end)) == 2
+    client._tick()  # producers went on writing
+    assert client.ends[tp0] > end["t"]["0"]
+    assert reader.latestOffset(end, limit) == end  # caught up: no batch beyond the snapshot
+
+
 def test_min_offsets_compare_with_the_uncapped_latest_and_run_full_batches() -> None:
     # min = max = 1000 over 3 partitions and a 5,000-record backlog: the proportional split of a
     # capped batch is 999, so comparing min with the capped end waited out maxTriggerDelay forever

@@ -112,6 +112,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.planner = KafkaPlanner(opts, streaming=True)
         self._initial: dict[str, Any] | None = None
         self._pinned: dict[str, dict[str, dict[str, int]]] = {}
+        self._available_now = False
         self._target: PartitionOffsets | None = None
         # when minOffsetsPerTrigger last let a batch run (monotonic s); None: the first trigger runs at once
         self._last_trigger: float | None = None
@@ -146,9 +147,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        tps = self.planner.current()
-        self._target = self.planner.client.latest(tps)
-        log.info("kafka-eos: AvailableNow target %s", to_json(self._target))
+        # The target is snapshotted by the first latestOffset, after the start is resolved (a start
+        # resolved later than the snapshot could lie beyond it); Spark's source also takes it there.
+        self._available_now = True
+        self._target = None
+
+    def _snapshot(self) -> PartitionOffsets:
+        target = self.planner.client.latest(self.planner.current())
+        log.info("kafka-eos: AvailableNow target %s", to_json(target))
+        return target
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start, symbolic=True, what="start offset")
@@ -159,10 +166,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # batch 0 reads nothing; its end is the resolved start, kept by Spark in offsets/0
                 self._pinned[key] = to_json(self.planner.resolve_start(sorted(begin)))
             end_json = self._pinned[key]
+            if self._available_now and self._target is None:
+                self._target = self._snapshot()  # after the start is resolved: the start is never beyond it
             resolved = from_json(end_json, what="resolved start")
             self._latest = self._target if self._target is not None else self.planner.client.latest(sorted(resolved))
         else:
-            limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._target is not None)
+            if self._available_now and self._target is None:
+                self._target = self._snapshot()
+            limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._available_now)
             uncapped, self._latest = self.planner.latest_end(begin, target=self._target)
             if limits.min_rows is not None and self._delay(begin, uncapped, limits.min_rows):
                 return to_json(begin)
