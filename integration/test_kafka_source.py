@@ -296,9 +296,6 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 4 and max(sizes) <= 20, sizes
     assert memory_rows(spark, "bytes", cp) == truth
-    # sampling record sizes of a small backlog returns once it is sampled (it used to wait 5 s a trigger)
-    planning = [p["durationMs"].get("latestOffset", 0) for p in q.recentProgress]
-    assert max(planning) < 2500, planning
 
 
 def test_transaction_gaps_under_both_isolation_levels(

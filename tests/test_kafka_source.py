@@ -562,10 +562,12 @@ class _Rec:
 
 
 class _FakeConsumer:
-    """Hands out the records of its assigned ranges, then waits out consume()'s timeout as librdkafka does."""
+    """Hands out the records of its assigned ranges; an empty consume() waits out its timeout on a
+    fake clock, as librdkafka would on the real one (no test here measures wall time)."""
 
-    def __init__(self, logs: dict[TopicPartition, list[int]]) -> None:
+    def __init__(self, logs: dict[TopicPartition, list[int]], clock: list[float]) -> None:
         self.logs, self.pos = logs, {}  # type: dict[TopicPartition, list[int]], dict[TopicPartition, int]
+        self.clock, self.waits = clock, 0
 
     def assign(self, parts: list) -> None:
         self.pos = {TopicPartition(p.topic, p.partition): p.offset for p in parts}
@@ -574,8 +576,6 @@ class _FakeConsumer:
         self.pos = {}
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
-        import time
-
         out = []
         for tp, pos in self.pos.items():
             for off in self.logs[tp]:
@@ -583,25 +583,26 @@ class _FakeConsumer:
                     out.append(_Rec(tp, off, 10))
                     self.pos[tp] = off + 1
         if not out:
-            time.sleep(timeout)
+            self.waits += 1
+            self.clock[0] += timeout
         return out
 
 
-def test_max_bytes_sampling_returns_as_soon_as_a_small_backlog_is_sampled() -> None:
-    import time
+def test_max_bytes_sampling_returns_as_soon_as_a_small_backlog_is_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sources.kafka import planner as planner_mod
 
+    clock = [1000.0]
+    monkeypatch.setattr(planner_mod.time, "monotonic", lambda: clock[0])
     tp = TopicPartition("t", 0)
     reader, client = _fake_reader({tp: 3}, startingOffsets='{"t":{"0":0}}', maxBytesPerTrigger="25")
-    fake = _FakeConsumer({tp: [0, 1, 2]})
+    fake = _FakeConsumer({tp: [0, 1, 2]}, clock)
     client.consumer = lambda: fake  # type: ignore[attr-defined]
-    began = time.monotonic()
     assert reader.planner._avg_record_bytes({tp: 0}, {tp: 3}) == 10
-    assert time.monotonic() - began < 0.5  # used to wait up to 5 s for 200 records that do not exist
-    began = time.monotonic()
+    assert fake.waits == 0  # sampled whole, no wait (it used to wait up to 5 s for 200 records that do not exist)
     assert reader.latestOffset(_spark(reader.initialOffset()), reader.getDefaultReadLimit()) == {"t": {"0": 2}}
-    assert time.monotonic() - began < 0.5
+    assert fake.waits == 0
     # a range that ends in a gap (a transaction marker at offset 2) is given up after the budget
     fake.logs[tp] = [0, 1]
-    began = time.monotonic()
+    began = clock[0]
     assert reader.planner._avg_record_bytes({tp: 0}, {tp: 3}) == 10
-    assert time.monotonic() - began < reader.planner.SAMPLE_BUDGET_S + 0.5
+    assert fake.waits >= 1 and clock[0] - began <= reader.planner.SAMPLE_BUDGET_S + 0.1
