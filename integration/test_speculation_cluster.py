@@ -1,0 +1,192 @@
+"""postgres-2pc with spark.speculation=true on a standalone cluster whose two workers are two hosts.
+
+Spark never runs a speculative copy on the host of the original attempt, and every executor of
+``local-cluster`` shares one host; so the fixture starts a standalone master on 127.0.0.1 and two
+one-core workers bound to 127.0.0.2 and 127.0.0.3 (loopback addresses, each its own "host" to
+Spark), from the pip-installed Spark. Attempt 0 of partition 0 sleeps right after its PREPARE in
+every batch; Spark launches a speculative attempt on the other worker, both hold a prepared
+transaction of the same partition, Spark accepts one. No batch may fail, and every row must be
+there exactly once with no prepared transaction left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from connectors.faults import fired
+from integration import test_twophase_support as support
+from sinks.postgres.decisions import ProtocolTables, list_prepared
+
+twophase_pg = support.twophase_pg
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def _wait_for(path: Path, text: str, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text(errors="replace").count(text) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} did not appear {count} time(s) in {path} within {timeout:.0f}s")
+
+
+@pytest.fixture(scope="module")
+def two_host_cluster() -> Iterator[str]:
+    """spark://127.0.0.1:<port> with workers on 127.0.0.2 and 127.0.0.3; every process killed after."""
+    home = _spark_home()
+    root = Path(tempfile.mkdtemp(prefix="eos-standalone-"))
+    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(root))
+    port = _port()
+    procs: list[subprocess.Popen[bytes]] = []
+    log = root / "master.log"
+
+    def start(cls: str, host: str, out: Path, *args: str) -> None:
+        with open(out, "wb") as fh:
+            procs.append(
+                subprocess.Popen(
+                    [f"{home}/bin/spark-class", cls, "--host", host, "--webui-port", str(_port()), *args],
+                    env=dict(env, SPARK_LOCAL_IP=host, SPARK_PUBLIC_DNS=host),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    try:
+        start("org.apache.spark.deploy.master.Master", "127.0.0.1", log, "--port", str(port))
+        _wait_for(log, "I have been elected leader", 1, 120)
+        for i, host in enumerate(("127.0.0.2", "127.0.0.3")):
+            work = root / f"work-{i}"
+            work.mkdir()
+            start(
+                "org.apache.spark.deploy.worker.Worker",
+                host,
+                root / f"worker-{i}.log",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(work),
+                f"spark://127.0.0.1:{port}",
+            )
+        _wait_for(log, "Registering worker", 2, 120)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_speculative_attempts_on_another_host_end_exactly_once(
+    two_host_cluster: str, twophase_pg: Any, tmp_path: Path
+) -> None:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    import connectors
+
+    marks = tmp_path / "attempts"
+    marks.mkdir()
+    src = tmp_path / "in"
+    src.mkdir()
+    for b in range(2):
+        part = src / f"part-{b}.json"
+        part.write_text("".join(json.dumps({"id": b * 10 + i}) + "\n" for i in range(10)))
+        os.utime(part, (time.time() - 100 + b, time.time() - 100 + b))
+    table, sink_id = f"spec_{os.getpid()}", f"spec-{os.getpid()}"
+    with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE TABLE {table} (id bigint)")  # type: ignore[arg-type]
+
+    spark = (
+        SparkSession.builder.master(two_host_cluster)
+        .appName("speculation")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.cores", "1")
+        .config("spark.executor.memory", "768m")
+        .config("spark.speculation", "true")
+        .config("spark.speculation.multiplier", "1.5")
+        .config("spark.speculation.quantile", "0.5")
+        .config("spark.speculation.minTaskRuntime", "500ms")
+        .config("spark.speculation.interval", "200ms")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.EOS_FAULTS_LOG", str(tmp_path / "faults.jsonl"))
+        .getOrCreate()
+    )
+    try:
+        connectors.register(spark)
+        where = str(marks)
+
+        def note(i):  # type: ignore[no-untyped-def]  # each task attempt leaves a mark: speculation ran
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            Path(where, f"stage{ctx.stageId()}-p{ctx.partitionId()}-a{ctx.attemptNumber()}").touch()
+            return i
+
+        q = (
+            spark.readStream.schema("id long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(src))
+            .repartition(2)
+            .select(F.udf(note, LongType())("id").alias("id"))
+            .writeStream.format("postgres-2pc")
+            .option("dsn", twophase_pg.dsn)
+            .option("table", table)
+            .option("sink.id", sink_id)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            # attempt 0 of partition 0 is slow right after its PREPARE: its twin prepares too
+            .option("faults", "sink.after_prepare:partition=0:attempt=0:action=sleep:seconds=15")
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()  # raises if any batch failed
+        speculative = sorted(m.name for m in marks.iterdir() if m.name.endswith("-p0-a1"))
+        assert len(speculative) == 2, (
+            f"no speculative attempt of partition 0 in each batch: {sorted(os.listdir(marks))}"
+        )
+        slept = [e for e in fired(str(tmp_path / "faults.jsonl")) if e["point"] == "sink.after_prepare"]
+        assert len(slept) == 2, f"attempt 0 of partition 0 did not PREPARE and sleep in each batch: {slept}"
+        with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+            ids = sorted(r[0] for r in conn.execute(f"SELECT id FROM {table}"))  # type: ignore[arg-type]
+            assert ids == list(range(20)), f"not exactly once: {ids}"
+            assert list_prepared(conn, sink_id) == []
+            assert ProtocolTables().last_batch(conn, sink_id) == 1
+    finally:
+        spark.stop()
