@@ -30,6 +30,7 @@ from connectors import savepoint
 from integration import test_twophase_support as support
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 from sinks.postgres.gid import parse_gid
+from sinks.postgres.twophase import _prefix, task_table
 
 twophase_pg = support.twophase_pg
 twophase_spark = support.twophase_spark
@@ -429,8 +430,9 @@ def test_L5_schema_change_with_a_batch_in_flight_rewrites_it_with_the_new_column
     assert sorted(published) == [(False,), (True,)]  # batch 0 published, batch 1 not
     left = _prepared(dsn, sink_id)
     assert len(left) == 1 and left[0] in old.gids  # one gid committed (into staging), one still prepared
-    staged = _select(dsn, f"SELECT count(*) FROM {old.stage}")[0][0]
-    assert 0 < staged < 4
+    committed = [g for g in old.gids if g not in left]
+    staged = _select(dsn, f"SELECT count(*) FROM {task_table(_prefix(old.stage), committed[0]).sql}")[0][0]
+    assert 0 < staged < 4  # that task's rows wait in its own staging table
     assert _ids(dsn, table) == _expected(0, n=4)
 
     _sql(dsn, f"ALTER TABLE {table} ADD COLUMN note text")
@@ -444,7 +446,8 @@ def test_L5_schema_change_with_a_batch_in_flight_rewrites_it_with_the_new_column
     )
     new = _decision(dsn, sink_id, 1)
     assert new.published and new.stage != old.stage and not set(new.gids) & set(old.gids)
-    assert _select(dsn, f"SELECT to_regclass('{old.stage}')") == [(None,)], "the old staging table stays"
+    for g in old.gids:  # the taken-back attempt's staging tables are gone (the committed one dropped)
+        assert _select(dsn, f"SELECT to_regclass('{task_table(_prefix(old.stage), g).sql}')") == [(None,)], g
 
 
 # ---------------------------------------------------------------------------------------------
