@@ -263,17 +263,6 @@ class KafkaPlanner:
             end.update(rate_limit(start, capped, max_rows))
         return end
 
-    def plan_end(
-        self,
-        start: PartitionOffsets,
-        limits: Limits,
-        *,
-        target: PartitionOffsets | None = None,
-    ) -> PartitionOffsets:
-        """The end offsets of the next micro-batch from a concrete ``start`` (``target`` under AvailableNow)."""
-        end, _ = self.latest_end(start, target=target)
-        return self.cap(start, end, limits)
-
     _avg_bytes: float | None = None
     SAMPLE_RECORDS = 200
     SAMPLE_BUDGET_S = 1.0
