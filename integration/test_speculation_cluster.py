@@ -109,16 +109,70 @@ def two_host_cluster() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_speculative_attempts_on_another_host_end_exactly_once(
-    two_host_cluster: str, twophase_pg: Any, tmp_path: Path
-) -> None:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def _driver(master: str, dsn: str, table: str, sink_id: str, work: str) -> None:
+    """The query, run in a process of its own (``python -m integration.test_speculation_cluster``).
+
+    In the test process ``getOrCreate`` would hand back the suite's shared local session (its master
+    cannot change) and ``stop`` would end it for every later test: the cluster gets its own driver.
+    """
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
 
     import connectors
 
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("speculation")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.executor.cores", "1")
+        .config("spark.executor.memory", "768m")
+        .config("spark.speculation", "true")
+        .config("spark.speculation.multiplier", "1.5")
+        .config("spark.speculation.quantile", "0.5")
+        .config("spark.speculation.minTaskRuntime", "500ms")
+        .config("spark.speculation.interval", "200ms")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.executorEnv.EOS_FAULTS_LOG", str(Path(work, "faults.jsonl")))
+        .getOrCreate()
+    )
+    try:
+        connectors.register(spark)
+        where = str(Path(work, "attempts"))
+
+        def note(i):  # type: ignore[no-untyped-def]  # each task attempt leaves a mark: speculation ran
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            Path(where, f"stage{ctx.stageId()}-p{ctx.partitionId()}-a{ctx.attemptNumber()}").touch()
+            return i
+
+        q = (
+            spark.readStream.schema("id long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(Path(work, "in")))
+            .repartition(2)
+            .select(F.udf(note, LongType())("id").alias("id"))
+            .writeStream.format("postgres-2pc")
+            .option("dsn", dsn)
+            .option("table", table)
+            .option("sink.id", sink_id)
+            .option("checkpointLocation", str(Path(work, "checkpoint")))
+            # attempt 0 of partition 0 is slow right after its PREPARE: its twin prepares too
+            .option("faults", "sink.after_prepare:partition=0:attempt=0:action=sleep:seconds=15")
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()  # raises if any batch failed
+    finally:
+        spark.stop()
+
+
+def test_speculative_attempts_on_another_host_end_exactly_once(
+    two_host_cluster: str, twophase_pg: Any, tmp_path: Path
+) -> None:
     marks = tmp_path / "attempts"
     marks.mkdir()
     src = tmp_path / "in"
@@ -132,61 +186,26 @@ def test_speculative_attempts_on_another_host_end_exactly_once(
         conn.execute(f"DROP TABLE IF EXISTS {table}")  # type: ignore[arg-type]
         conn.execute(f"CREATE TABLE {table} (id bigint)")  # type: ignore[arg-type]
 
-    spark = (
-        SparkSession.builder.master(two_host_cluster)
-        .appName("speculation")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.executor.cores", "1")
-        .config("spark.executor.memory", "768m")
-        .config("spark.speculation", "true")
-        .config("spark.speculation.multiplier", "1.5")
-        .config("spark.speculation.quantile", "0.5")
-        .config("spark.speculation.minTaskRuntime", "500ms")
-        .config("spark.speculation.interval", "200ms")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.executorEnv.EOS_FAULTS_LOG", str(tmp_path / "faults.jsonl"))
-        .getOrCreate()
+    args = [two_host_cluster, twophase_pg.dsn, table, sink_id, str(tmp_path)]
+    driver = subprocess.run(
+        [sys.executable, "-m", "integration.test_speculation_cluster", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    try:
-        connectors.register(spark)
-        where = str(marks)
+    assert driver.returncode == 0, f"a batch failed under speculation:\n{driver.stderr[-4000:]}"
+    speculative = sorted(m.name for m in marks.iterdir() if m.name.endswith("-p0-a1"))
+    assert len(speculative) == 2, f"no speculative attempt of partition 0 in each batch: {sorted(os.listdir(marks))}"
+    slept = [e for e in fired(str(tmp_path / "faults.jsonl")) if e["point"] == "sink.after_prepare"]
+    assert len(slept) == 2, f"attempt 0 of partition 0 did not PREPARE and sleep in each batch: {slept}"
+    with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+        ids = sorted(r[0] for r in conn.execute(f"SELECT id FROM {table}"))  # type: ignore[arg-type]
+        assert ids == list(range(20)), f"not exactly once: {ids}"
+        assert list_prepared(conn, sink_id) == []
+        assert ProtocolTables().last_batch(conn, sink_id) == 1
 
-        def note(i):  # type: ignore[no-untyped-def]  # each task attempt leaves a mark: speculation ran
-            from pyspark import TaskContext
 
-            ctx = TaskContext.get()
-            Path(where, f"stage{ctx.stageId()}-p{ctx.partitionId()}-a{ctx.attemptNumber()}").touch()
-            return i
-
-        q = (
-            spark.readStream.schema("id long")
-            .option("maxFilesPerTrigger", 1)
-            .json(str(src))
-            .repartition(2)
-            .select(F.udf(note, LongType())("id").alias("id"))
-            .writeStream.format("postgres-2pc")
-            .option("dsn", twophase_pg.dsn)
-            .option("table", table)
-            .option("sink.id", sink_id)
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            # attempt 0 of partition 0 is slow right after its PREPARE: its twin prepares too
-            .option("faults", "sink.after_prepare:partition=0:attempt=0:action=sleep:seconds=15")
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()  # raises if any batch failed
-        speculative = sorted(m.name for m in marks.iterdir() if m.name.endswith("-p0-a1"))
-        assert len(speculative) == 2, (
-            f"no speculative attempt of partition 0 in each batch: {sorted(os.listdir(marks))}"
-        )
-        slept = [e for e in fired(str(tmp_path / "faults.jsonl")) if e["point"] == "sink.after_prepare"]
-        assert len(slept) == 2, f"attempt 0 of partition 0 did not PREPARE and sleep in each batch: {slept}"
-        with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
-            ids = sorted(r[0] for r in conn.execute(f"SELECT id FROM {table}"))  # type: ignore[arg-type]
-            assert ids == list(range(20)), f"not exactly once: {ids}"
-            assert list_prepared(conn, sink_id) == []
-            assert ProtocolTables().last_batch(conn, sink_id) == 1
-    finally:
-        spark.stop()
+if __name__ == "__main__":
+    _driver(*sys.argv[1:6])
