@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from connectors.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError
@@ -13,10 +14,16 @@ __all__ = [
     "EosError",
     "FatalError",
     "RetriableError",
+    "__version__",
     "register",
     "twopc_batch",
     "upsert_batch",
 ]
+
+try:
+    __version__ = metadata.version("spark-eos")
+except metadata.PackageNotFoundError:  # imported from a clone that was never installed
+    __version__ = "0+unknown"
 
 FORMATS = ("kafka-eos", "postgres-upsert", "postgres-2pc")
 

@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="spark-eos",
         description="Exactly-once Kafka -> Spark Structured Streaming -> Postgres. Start with: spark-eos demo",
     )
+    from connectors import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(sub)
     _add_run(sub)

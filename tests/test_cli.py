@@ -330,3 +330,15 @@ def test_supervisor_gives_up_when_the_strategy_does(
     rc, sleeps = _supervise(monkeypatch, "fixed-delay:1:5s", [RuntimeError("boom 1"), RuntimeError("boom 2")])
     assert rc == 2 and sleeps == [5.0]
     assert "boom 2" in capsys.readouterr().err
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    import connectors
+
+    assert connectors.__version__ == metadata.version("spark-eos")
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"spark-eos {metadata.version('spark-eos')}"
