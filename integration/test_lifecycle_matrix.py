@@ -30,7 +30,7 @@ from connectors import savepoint
 from integration import test_twophase_support as support
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 from sinks.postgres.gid import parse_gid
-from sinks.postgres.twophase import _prefix, task_table
+from sinks.postgres.twophase.plan import _prefix, task_table
 
 twophase_pg = support.twophase_pg
 twophase_spark = support.twophase_spark

@@ -28,9 +28,8 @@ from sinks.postgres.twophase import (
     Superseded,
     TwoPhaseBatchWriter,
     TwoPhaseStreamWriter,
-    _prefix,
-    task_table,
 )
+from sinks.postgres.twophase.plan import _prefix, task_table
 
 twophase_pg = support.twophase_pg
 __all__ = ["sink", "twophase_pg"]

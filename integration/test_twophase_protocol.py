@@ -25,10 +25,11 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 from connectors.errors import CommitUnknown, ConfigError, FatalError, RetriableError
 from integration import test_twophase_support as support
 from integration.test_twophase_support import start_cluster
-from sinks.postgres import twophase
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 from sinks.postgres.recovery import commit_prepared, resolve
 from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter
+from sinks.postgres.twophase import writer as twophase_writer
+from sinks.postgres.twophase.writer import TaskIdentity
 
 twophase_pg = support.twophase_pg  # the shared fixture
 
@@ -68,7 +69,7 @@ def sink(twophase_pg: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> It
     with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text)")  # type: ignore[arg-type]
     state = {"ctx": (0, 0, 0, None, "q1", "run1")}
-    monkeypatch.setattr(twophase, "_task_context", lambda: state["ctx"])
+    monkeypatch.setattr(twophase_writer, "_task_context", lambda: TaskIdentity(*state["ctx"]))
     checkpoint = str(tmp_path / "checkpoint")
     plan(checkpoint, 0)  # Spark plans batch 0 before it builds the first writer
     opts = {"dsn": twophase_pg.dsn, "table": table, "sink.id": f"s-{table}", "checkpointLocation": checkpoint}
@@ -284,7 +285,7 @@ def test_refuses_to_start_without_prepared_transactions_or_with_too_few(
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 check_max_prepared(conn, writers=2)  # what twopc_batch checks with the DataFrame's partitions
         ctx = {"v": (0, 0, 0, 0, "q", "r")}
-        monkeypatch.setattr(twophase, "_task_context", lambda: ctx["v"])
+        monkeypatch.setattr(twophase_writer, "_task_context", lambda: TaskIdentity(*ctx["v"]))
         w = TwoPhaseStreamWriter(opts, SCHEMA)
         w.write(iter([_batch(range(0, 2))]))
         ctx["v"] = (1, 0, 1, 0, "q", "r")

@@ -11,9 +11,11 @@ Public API:
   deadlock (40P01), connection exceptions (08*), admin/crash shutdown (57P01/57P02/57P03),
   cannot-connect-now and OperationalErrors without a sqlstate (a dropped socket); everything else
   is fatal. The message carries the Postgres message and its sqlstate; ``.sqlstate`` is set.
-- ``retrying(fn, *, attempts, base_delay, max_delay, what)``: call ``fn()`` until it succeeds or
-  a fatal error; bounded exponential backoff with jitter; the last retriable error is re-raised
-  with the attempt count; the original exception is always chained (never hidden).
+- ``RetryPolicy`` (attempts, base delay, max delay; ``RetryPolicy.of(opts)`` from the connection
+  options ``retry.*``) and ``policy.run(fn, what)``: call ``fn()`` until it succeeds or a fatal
+  error; bounded exponential backoff with jitter; the last retriable error is re-raised with the
+  attempt count; the original exception is always chained (never hidden). ``retrying(fn, ...)``
+  is the same with the policy spelled out.
 - ``close_quietly(conn)`` / ``rollback_quietly(conn)``: cleanup that logs and never masks the
   error that caused it.
 - ``ddl_lock(conn)``: a transaction holding the server-wide DDL advisory lock, for
@@ -29,6 +31,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 import psycopg
@@ -39,6 +42,7 @@ from sinks.postgres.options import ConnectionOptions
 
 __all__ = [
     "RETRIABLE_SQLSTATES",
+    "RetryPolicy",
     "classify",
     "close_quietly",
     "connect",
@@ -168,6 +172,30 @@ def retrying(
             if on_retry is not None:
                 on_retry(attempt, err)
             time.sleep(delay)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently to retry a retriable Postgres error (see ``retrying``)."""
+
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+
+    @classmethod
+    def of(cls, opts: ConnectionOptions) -> RetryPolicy:
+        """The policy the user set with ``retry.attempts``, ``retry.backoff``, ``retry.max.backoff``."""
+        return cls(opts.retry_attempts, opts.retry_backoff, opts.retry_max_backoff)
+
+    def run(self, fn: Callable[[], T], what: str, on_retry: Callable[[int, EosError], None] | None = None) -> T:
+        return retrying(
+            fn,
+            attempts=self.attempts,
+            base_delay=self.base_delay,
+            max_delay=self.max_delay,
+            what=what,
+            on_retry=on_retry,
+        )
 
 
 DDL_LOCK = 0x656F735F736368  # any constant, shared by every spark-eos version: serialises our DDL

@@ -39,7 +39,7 @@ from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, Struc
 
 from connectors import faults
 from connectors.errors import ConfigError, FatalError
-from sinks.postgres.connection import close_quietly, connect, retrying, rollback_quietly
+from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, ensure_tombstones, merge_staged
 from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions
@@ -351,16 +351,18 @@ class _UpsertWriterMixin:
             tries += 1
             return write_transaction(self.opts, self.plan, batches, rows, fault_context=ctx)
 
-        conn_opts = self.opts.connection
-        counts = retrying(
-            once,
-            attempts=conn_opts.retry_attempts,
-            base_delay=conn_opts.retry_backoff,
-            max_delay=conn_opts.retry_max_backoff,
-            what=f"{FORMAT} into {self.plan.target} (partition {partition}, batch {batch_id})",
+        counts = RetryPolicy.of(self.opts.connection).run(
+            once, f"{FORMAT} into {self.plan.target} (partition {partition}, batch {batch_id})"
         )
         return UpsertCommitMessage(
-            partition, attempt, batch_id, counts.staged, counts.upserted, counts.deleted, counts.tombstoned, tries
+            partition=partition,
+            attempt=attempt,
+            batch_id=batch_id,
+            staged=counts.staged,
+            upserted=counts.upserted,
+            deleted=counts.deleted,
+            tombstoned=counts.tombstoned,
+            tries=tries,
         )
 
 

@@ -1,0 +1,70 @@
+"""The ``postgres-2pc`` sink: tasks PREPARE their rows, the driver commits them with the batch.
+
+Protocol (README "two-phase sink" and "Lifecycle" have the diagram and the operator's view):
+
+- task ``write`` of batch n, partition p: refuse if another query owns the sink id; under the
+  sink's advisory lock, meet the decision of batch n if there is one (skip it, refuse it, or take
+  it back: see I1, I3), then resolve stale prepared gids (roll forward those a decision names, roll
+  back dead attempts', keep every attempt of this batch attempt); then in one transaction write the
+  rows and a marker row in ``sink_parts`` and ``PREPARE TRANSACTION
+  'eos:<sink>:<n>:<p>:<nonce>:<task attempt>'``. ``visibility=batch`` writes into a staging table of
+  the task attempt's own, created in that transaction; ``visibility=partition`` writes into the
+  table itself.
+- driver ``commit(messages, n)``: under the lock, if no decision exists, check that every gid is
+  still prepared and insert the decision (claiming the sink for this query) in its own
+  transaction; COMMIT PREPARED each gid (a missing one proven by its marker); for
+  ``visibility=batch`` publish: ONE transaction moves the staged rows into the table (append:
+  INSERT; upsert: the version-guarded merge; complete mode: replace), drops the staging tables and
+  marks the decision published. Then roll back stray gids. Every step is idempotent.
+- driver ``abort(messages, n)``: roll back the batch's prepared gids unless a decision names them.
+
+Invariants (DESIGN §6; the code and tests that keep each one cite its number):
+
+- I1 A decision binds a batch number to the batch's lineage in its checkpoint (a digest of what
+  Spark planned in ``offsets/n``): a decided number met with another lineage, or an undecided one
+  below the last decided batch, is refused before anything is written, never skipped.
+- I2 Nothing the data can cause fails after the decision: a refusal by the table surfaces in the
+  task (``visibility=partition``) or, at publish, takes the batch back with no trace (nothing was
+  visible); a fixed query restarted from the checkpoint writes the batch anew.
+- I3 The decision says where the batch's rows are (its staging token); a replay with other columns
+  takes an unpublished batch back and writes it with the columns it has now; a direct batch
+  (rows possibly visible) is always rolled forward.
+- I4 Every prepared transaction has a bounded life and an owner who resolves it: the next task
+  or commit of the sink (streaming), the next job past ``prepared.timeout`` (batch jobs), a losing
+  twin itself right after its PREPARE, ``spark-eos sinks recover`` by hand.
+
+Modules, by role (Flink's sink shape): ``options`` (specs, parsed options), ``plan`` (driver-built
+plan, staging names, the task's commit message), ``writer`` (task side), ``committer`` (driver side),
+``guards`` (I1/I3 checks both sides share), ``spark`` (data source, writers, foreachBatch adapter).
+"""
+
+from __future__ import annotations
+
+from sinks.postgres.refusal import DataRefused
+from sinks.postgres.twophase.committer import Committer
+from sinks.postgres.twophase.guards import LineageMismatch, Superseded
+from sinks.postgres.twophase.options import FORMAT, TWOPC_OPTIONS, TwoPhaseOptions
+from sinks.postgres.twophase.plan import DIRECT, TwoPhaseMessage, TwoPhasePlan
+from sinks.postgres.twophase.spark import (
+    Postgres2pcDataSource,
+    TwoPhaseBatchWriter,
+    TwoPhaseStreamWriter,
+    twopc_batch,
+)
+
+__all__ = [
+    "DIRECT",
+    "FORMAT",
+    "TWOPC_OPTIONS",
+    "Committer",
+    "DataRefused",
+    "LineageMismatch",
+    "Postgres2pcDataSource",
+    "Superseded",
+    "TwoPhaseBatchWriter",
+    "TwoPhaseMessage",
+    "TwoPhaseOptions",
+    "TwoPhasePlan",
+    "TwoPhaseStreamWriter",
+    "twopc_batch",
+]

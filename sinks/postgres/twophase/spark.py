@@ -1,0 +1,146 @@
+"""The Spark classes of ``postgres-2pc`` (data source, batch and stream writers) and the foreachBatch
+adapter ``twopc_batch``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from connectors.errors import ConfigError
+from sinks.postgres.connection import close_quietly, connect
+from sinks.postgres.decisions import (
+    check_max_prepared,
+)
+from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
+from sinks.postgres.twophase.plan import (
+    TwoPhaseMessage,
+)
+from sinks.postgres.twophase.writer import TwoPhaseWriter
+
+
+class TwoPhaseBatchWriter(TwoPhaseWriter, DataSourceArrowWriter):
+    """``df.write.format("postgres-2pc")`` with ``sink.id`` and ``batch.id``."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
+        self._setup(options, schema, streaming=False, overwrite=overwrite)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:  # type: ignore[override]
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        assert self.opts.batch_id is not None
+        self._committer().commit(messages, self.opts.batch_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+        assert self.opts.batch_id is not None
+        self._committer().abort(messages, self.opts.batch_id)
+
+
+class TwoPhaseStreamWriter(TwoPhaseWriter, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("postgres-2pc")`` (append and complete output modes)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
+        self._setup(options, schema, streaming=True, overwrite=overwrite)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:  # type: ignore[override]
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._committer().commit(messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+        self._committer().abort(messages, batchId)
+
+
+class Postgres2pcDataSource(DataSource):
+    """Format ``postgres-2pc``: rows become visible exactly once, when their batch commits."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def writer(self, schema: StructType, overwrite: bool) -> TwoPhaseBatchWriter:
+        if overwrite:
+            raise ConfigError(
+                f"{FORMAT}: save mode 'overwrite' is not supported for batch writes; use mode('append')", option="mode"
+            )
+        return TwoPhaseBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        # Complete output mode arrives as overwrite=True: each batch replaces the table atomically.
+        return TwoPhaseStreamWriter(self.options, schema, overwrite)
+
+
+def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
+    """A ``foreachBatch(df, batch_id)`` function writing each micro-batch through the two-phase sink.
+
+    ``sink.id`` is required (pass dotted names as ``**{"sink.id": "orders"}`` or ``sink_id=``); the
+    micro-batch id becomes ``batch.id``, so a batch replayed after a crash is written exactly once.
+    """
+    raw = {_dotted(k): _option_text(v) for k, v in options.items()}
+    if "batch.id" in {k.lower() for k in raw}:
+        raise ConfigError(
+            f"{FORMAT}: twopc_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"
+        )
+    opts = TwoPhaseOptions.from_options(raw)
+    if opts.sink_id is None:
+        raise ConfigError(f"{FORMAT}: twopc_batch needs option 'sink.id' (unique per query)", option="sink.id")
+    if opts.checkpoint is None:
+        raise ConfigError(
+            f"{FORMAT}: twopc_batch needs option 'checkpointLocation', the streaming query's own checkpoint "
+            "location (the one given to writeStream), so that each micro-batch's decision is bound to the offsets "
+            "Spark planned for it and a restored older checkpoint is refused instead of skipped",
+            option="checkpointLocation",
+        )
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        df.sparkSession.dataSource.register(Postgres2pcDataSource)
+        partitions = df.rdd.getNumPartitions()
+        conn = connect(opts.connection, autocommit=True, application_name=f"spark-eos {FORMAT} check")
+        try:
+            check_max_prepared(conn, partitions, where=f" (sink {opts.sink_id!r})")
+        finally:
+            close_quietly(conn)
+        df.write.format(FORMAT).options(**raw).option("batch.id", str(batch_id)).mode("append").save()
+
+    write_batch.__name__ = f"twopc_batch[{opts.sink_id}]"
+    return write_batch
+
+
+_DOTTED = {
+    "sink_id": "sink.id",
+    "table_create": "table.create",
+    "eos_schema": "eos.schema",
+    "delete_column": "delete.column",
+    "delete_tombstones": "delete.tombstones",
+    "prepared_warn_age": "prepared.warn.age",
+    "commit_attempts": "commit.attempts",
+    "checkpoint_location": "checkpointLocation",
+    "decisions_retain": "decisions.retain",
+    "prepared_timeout": "prepared.timeout",
+}
+
+
+def _dotted(key: str) -> str:
+    return _DOTTED.get(key, key)
+
+
+def _option_text(value: Any) -> str:
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
