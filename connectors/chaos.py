@@ -1,7 +1,11 @@
 """Chaos runs: a pipeline killed N times at random moments and fault points while a producer writes.
 
     spark-eos chaos --pipeline 2pc --kills 100 --seed 7 --records 100000 [--json]
+    spark-eos chaos --app myjob:build --sink-kind 2pc --kills 5 --payload key,amount
     python -m connectors.chaos --pipeline 2pc --kills 5 --seed 1 --records 5000
+
+``--pipeline`` runs one of our reference pipelines (from a clone); ``--app module:function`` runs
+the user's own job (``connectors.app_runner`` says what the function returns), from a wheel too.
 
 Each kill is either a SIGKILL of the pipeline's whole process group at a random moment, or a
 fault point (``connectors.faults``) that kills the group from inside the sink or the source at a
@@ -34,6 +38,7 @@ from connectors.harness import PipelineProcess, describe_exit, python_argv
 __all__ = [
     "FAULT_POINTS",
     "PIPELINES",
+    "SINK_KINDS",
     "ChaosConfig",
     "KillPlan",
     "add_subparser",
@@ -43,6 +48,7 @@ __all__ = [
     "plan_kills",
     "produce_records",
     "run",
+    "write_results",
 ]
 
 PIPELINES = ("2pc", "upsert", "stateful")
@@ -61,7 +67,9 @@ FAULT_POINTS: dict[str, tuple[str, ...]] = {
     ),
     "upsert": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
     "stateful": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
 }
+SINK_KINDS = ("2pc", "upsert", "other")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +233,17 @@ class ChaosConfig:
     keep: bool = False
     timeout: float = 300.0  # for one run of the pipeline
     events: list[dict[str, Any]] = field(default_factory=list)
+    # a user's job instead of a reference pipeline (``pipeline`` is then "app")
+    app: str | None = None  # module:function, see connectors.app_runner
+    sink_kind: str = "2pc"  # the job's sink: 2pc (decisions checked) | upsert | other
+    id_field: str = "id"  # the record field and table column that identify a record
+    payload_fields: tuple[str, ...] = ()  # fields the table must hold unchanged
+    options: dict[str, str] = field(default_factory=dict)  # handed to the job (Job.options)
+
+    @property
+    def points(self) -> str:
+        """Which FAULT_POINTS the kill schedule draws from."""
+        return self.sink_kind if self.app else self.pipeline
 
 
 def _repo_root() -> str:
@@ -330,6 +349,14 @@ class _Producer(threading.Thread):
 def _runner_argv(
     cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None
 ) -> list[str]:
+    if cfg.app:
+        options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+        return python_argv(
+            "connectors.app_runner",
+            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn, "--table", table,
+            "--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger,
+            "--master", cfg.master, "--timeout", str(timeout or cfg.timeout), *options,
+        )  # fmt: skip
     return python_argv(
         "integration.harness.runner",
         "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn,
@@ -346,9 +373,15 @@ def run(cfg: ChaosConfig) -> checker.Report:
     """Run the chaos experiment described by ``cfg`` and return the checker's report."""
     import psycopg
 
-    if cfg.pipeline not in PIPELINES:
+    if cfg.app:
+        if cfg.sink_kind not in SINK_KINDS:
+            raise SystemExit(f"--sink-kind {cfg.sink_kind!r}: expected one of {', '.join(SINK_KINDS)}")
+        cfg.pipeline = "app"
+        root = os.getcwd()  # the user's module is imported from here (and from PYTHONPATH)
+    elif cfg.pipeline not in PIPELINES:
         raise SystemExit(f"--pipeline {cfg.pipeline!r}: expected one of {', '.join(PIPELINES)}")
-    root = _repo_root()
+    else:
+        root = _repo_root()
     tag = f"chaos_{cfg.pipeline}_{cfg.seed}_{int(time.time())}"
     topic, table = tag, tag
     os.makedirs(cfg.workdir, exist_ok=True)
@@ -356,7 +389,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
     fault_log = os.path.join(cfg.workdir, "faults.jsonl")
     log_path = os.path.join(cfg.workdir, "pipeline.log")
     create_topic(cfg.bootstrap, topic, cfg.partitions)
-    plans = plan_kills(cfg.pipeline, cfg.kills, cfg.seed)
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("EOS_FAULTS", None)
     # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
@@ -421,7 +454,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
     final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now", drain), env, log_path, root)
     last = final.run(drain + 60)
     wall = time.monotonic() - started
-    is_2pc = cfg.pipeline == "2pc"
+    is_2pc = cfg.points == "2pc"
     with psycopg.connect(cfg.dsn, autocommit=True):
         pass
     report = checker.verify(
@@ -429,8 +462,9 @@ def run(cfg: ChaosConfig) -> checker.Report:
         topic=topic,
         dsn=cfg.dsn,
         table="" if cfg.pipeline == "stateful" else table,
-        payload_fields=("key", "amount"),
-        sink_id=table if is_2pc else None,
+        id_field=cfg.id_field,
+        payload_fields=cfg.payload_fields if cfg.app else ("key", "amount"),
+        sink_id=table.replace(".", "_") if is_2pc else None,
         checkpoint=checkpoint,
         decisions=is_2pc,
         aggregates={"table": table, "key": "key", "value": "amount"} if cfg.pipeline == "stateful" else None,
@@ -454,6 +488,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
     report.info.update(
         {
             "pipeline": cfg.pipeline,
+            **({"app": cfg.app, "sink_kind": cfg.sink_kind} if cfg.app else {}),
             "seed": cfg.seed,
             "records": cfg.records,
             "kills": cfg.kills,
@@ -468,6 +503,15 @@ def run(cfg: ChaosConfig) -> checker.Report:
         }
     )
     return report
+
+
+def write_results(report: checker.Report, cfg: ChaosConfig) -> None:
+    """Leave ``report.json`` and ``events.jsonl`` (one line per kill: kind, point, exit) in the workdir."""
+    report.info["events"] = len(cfg.events)
+    with open(os.path.join(cfg.workdir, "report.json"), "w", encoding="utf-8") as fh:
+        fh.write(report.to_json())
+    with open(os.path.join(cfg.workdir, "events.jsonl"), "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(e) + "\n" for e in cfg.events)
 
 
 def _wait_commit_after(proc: PipelineProcess, checkpoint: str, before: int | None, timeout: float) -> None:
@@ -500,7 +544,15 @@ def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pipeline", choices=PIPELINES, default="2pc", help="which reference pipeline to run (default 2pc)")
+    p.add_argument("--pipeline", choices=PIPELINES, default=None, help="which reference pipeline to run (default 2pc)")
+    p.add_argument(
+        "--app", default=None, help="module:function building YOUR query instead (see connectors.app_runner)"
+    )
+    p.add_argument("--sink-kind", choices=SINK_KINDS, default="2pc",
+                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc)")  # fmt: skip
+    p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
+    p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
+    p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
     p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
@@ -523,20 +575,23 @@ def _command(args: argparse.Namespace) -> int:
     for name in ("kills", "records", "partitions", "max_offsets"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.app and args.pipeline:
+        raise SystemExit("--app and --pipeline: pick one (your job, or one of our reference pipelines)")
+    bad = [kv for kv in args.option if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
     stack = _services(args)
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
         cfg = ChaosConfig(
-            pipeline=args.pipeline, kills=args.kills, seed=args.seed, records=args.records,
+            pipeline=args.pipeline or "2pc", kills=args.kills, seed=args.seed, records=args.records,
             bootstrap=args.bootstrap, dsn=args.dsn, workdir=workdir, partitions=args.partitions,
-            max_offsets=args.max_offsets, progress=not args.quiet,
+            max_offsets=args.max_offsets, progress=not args.quiet, app=args.app, sink_kind=args.sink_kind,
+            id_field=args.id_field, payload_fields=tuple(f for f in args.payload.split(",") if f),
+            options=dict(kv.split("=", 1) for kv in args.option),
         )  # fmt: skip
         report = run(cfg)
-        report.info["events"] = len(cfg.events)
-        with open(os.path.join(workdir, "report.json"), "w", encoding="utf-8") as fh:
-            fh.write(report.to_json())
-        with open(os.path.join(workdir, "events.jsonl"), "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(e) + "\n" for e in cfg.events)
+        write_results(report, cfg)
         print(report.to_json() if args.json else report.table())
         return 0 if report.ok else 1
     finally:

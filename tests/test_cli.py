@@ -342,3 +342,39 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
         cli.build_parser().parse_args(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"spark-eos {metadata.version('spark-eos')}"
+
+
+def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from connectors import app_runner, chaos
+
+    with pytest.raises(SystemExit, match="pick one"):
+        chaos.main(["--app", "x:build", "--pipeline", "2pc", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
+    with pytest.raises(SystemExit, match="expected key=value"):
+        chaos.main(["--app", "x:build", "--option", "novalue", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
+    with pytest.raises(SystemExit, match="expected module:function"):
+        app_runner.load_app("just_a_module")
+    with pytest.raises(SystemExit, match=r"cannot import 'no_such_job_module'.*PYTHONPATH"):
+        app_runner.load_app("no_such_job_module:build")
+    (tmp_path / "myjob.py").write_text("def setup(job):\n    pass\n\nbuild = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit, match="has no function 'build'"):
+        app_runner.load_app("myjob:build")
+    (tmp_path / "myjob2.py").write_text("def setup(job):\n    pass\n\ndef build(spark, job):\n    return None\n")
+    build, setup = app_runner.load_app("myjob2:build")
+    assert callable(build) and callable(setup)
+    job = app_runner.Job("b:1", "t", "postgresql://h/d", "s.orders")
+    assert job.sink_id == "s_orders"
+
+
+def test_chaos_app_runs_the_users_module_with_the_runs_topic_table_and_checkpoint() -> None:
+    from connectors import chaos
+
+    cfg = chaos.ChaosConfig(pipeline="app", kills=1, seed=1, records=10, bootstrap="b:1", dsn="postgresql://h/d",
+                            workdir="/tmp/w", app="orders_job:build", options={"region": "eu"})  # fmt: skip
+    argv = chaos._runner_argv(cfg, "topic1", "table1", "/tmp/w/checkpoint", "available-now")
+    assert argv[1:3] == ["-m", "connectors.app_runner"]
+    for flag, value in [("--app", "orders_job:build"), ("--topic", "topic1"), ("--table", "table1"),
+                        ("--checkpoint", "/tmp/w/checkpoint"), ("--option", "region=eu")]:  # fmt: skip
+        assert argv[argv.index(flag) + 1] == value
+    assert cfg.points == "2pc"
+    assert {p.point for p in chaos.plan_kills("other", 40, 1) if p.point} == {"source.read.mid"}

@@ -1,0 +1,159 @@
+"""Run a user's streaming job under the chaos toolkit: one process, one query, killed from outside.
+
+    python -m connectors.app_runner --app mymodule:build --bootstrap HOST:PORT --topic T --dsn URL \
+        --table TBL --checkpoint DIR [--trigger available-now|processing:SECONDS] [--max-offsets N]
+
+The user's module names a function that builds the query, not started::
+
+    from connectors.app_runner import Job
+
+    def build(spark, job: Job):
+        return (spark.readStream.format("kafka-eos")
+                .option("kafka.bootstrap.servers", job.bootstrap).option("subscribe", job.topic)
+                .option("maxOffsetsPerTrigger", job.max_offsets).load()
+                ...                                   # the job's own transformation
+                .writeStream.format("postgres-2pc").option("dsn", job.dsn)
+                .option("table", job.table).option("sink.id", job.sink_id))
+
+The runner sets ``checkpointLocation`` and the trigger (the chaos run needs both: it restarts the
+query from the checkpoint after each kill and drains the topic with ``availableNow`` at the end).
+An optional ``setup(job)`` in the same module runs before each start (make it idempotent: e.g.
+``CREATE TABLE IF NOT EXISTS``). The records in ``job.topic`` are JSON objects written by the
+chaos producer (``{"id", "key", "amount"}`` unless the run names its own generator).
+
+Exit code 0 when the query ended (availableNow drained the topic), 2 when it failed (the error is
+printed last on stderr after ``RUNNER FAILED:``), 3 on ``--timeout``. ``RUNNER STARTED`` on stdout
+tells the chaos loop that the query runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors import faults
+
+__all__ = ["Job", "build_parser", "load_app", "main"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a chaos run hands the user's ``build(spark, job)``: where to read and where to write."""
+
+    bootstrap: str
+    topic: str
+    dsn: str
+    table: str
+    max_offsets: int = 1000
+    options: dict[str, str] = field(default_factory=dict)  # --option key=value, for the job's own use
+
+    @property
+    def sink_id(self) -> str:
+        """A ``postgres-2pc`` sink id unique to this run (the table name, dots replaced)."""
+        return self.table.replace(".", "_")
+
+
+def load_app(spec: str) -> tuple[Callable[..., Any], Callable[[Job], Any] | None]:
+    """``module:function`` -> (the build function, the module's optional ``setup``)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise SystemExit(f"--app {spec!r}: expected module:function, e.g. myjob:build")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(
+            f"--app {spec!r}: cannot import {module_name!r} ({exc}); run from the directory that holds it or "
+            "put it on PYTHONPATH"
+        ) from exc
+    build = getattr(module, attr, None)
+    if not callable(build):
+        raise SystemExit(f"--app {spec!r}: {module_name} has no function {attr!r}")
+    setup = getattr(module, "setup", None)
+    return build, setup if callable(setup) else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m connectors.app_runner", description=__doc__.split("\n")[0])
+    p.add_argument("--app", required=True, help="module:function that builds the query (not started)")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--table", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--max-offsets", type=int, default=1000)
+    p.add_argument("--trigger", default="available-now", help="available-now | processing:SECONDS")
+    p.add_argument("--master", default="local[2,2]")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
+    p.add_argument("--option", action="append", default=[], help="key=value handed to the job (repeatable)")
+    return p
+
+
+def _spark(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    import connectors
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("eos-chaos-app")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    connectors.register(spark)
+    return spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    options = dict(kv.split("=", 1) for kv in args.option if "=" in kv)
+    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options)
+    build, setup = load_app(args.app)
+    # executor Python workers live in PySpark's daemon's own process group: tell kill-group fault
+    # points which group is the job's (inherited by the JVM and every worker)
+    os.environ[faults.ENV_PGID] = str(os.getpgrp())
+    started = time.monotonic()
+    try:
+        if setup is not None:
+            setup(job)
+        spark = _spark(args.master)
+        writer = build(spark, job)
+        if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
+            raise TypeError(
+                f"{args.app} returned {type(writer).__name__}; it must return the query's DataStreamWriter "
+                "(df.writeStream...), not started: the runner sets the checkpoint and the trigger"
+            )
+        writer = writer.option("checkpointLocation", args.checkpoint)
+        if args.trigger == "available-now":
+            writer = writer.trigger(availableNow=True)
+        elif args.trigger.startswith("processing:"):
+            writer = writer.trigger(processingTime=f"{float(args.trigger.split(':', 1)[1])} seconds")
+        else:
+            raise SystemExit(f"--trigger {args.trigger!r}: expected available-now or processing:SECONDS")
+        query = writer.start()
+        print(f"RUNNER STARTED pid={os.getpid()} query={query.id}", flush=True)
+        if not query.awaitTermination(args.timeout):
+            query.stop()
+            print(f"RUNNER TIMEOUT after {args.timeout}s", file=sys.stderr, flush=True)
+            return 3
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+    except Exception as exc:
+        msg = str(exc).replace("\n", " ")[:4000]
+        print(f"RUNNER FAILED: {type(exc).__name__}: {msg}", file=sys.stderr, flush=True)
+        return 2
+    print(f"RUNNER DONE in {time.monotonic() - started:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
