@@ -39,7 +39,7 @@ from typing import Any
 
 from connectors import faults
 
-__all__ = ["Job", "build_parser", "load_app", "main"]
+__all__ = ["Job", "build_parser", "load_app", "main", "mark_process_group", "serve", "with_trigger"]
 
 
 @dataclass(frozen=True)
@@ -113,46 +113,67 @@ def _spark(master: str) -> Any:
     return spark
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    options = dict(kv.split("=", 1) for kv in args.option if "=" in kv)
-    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options)
-    build, setup = load_app(args.app)
-    # executor Python workers live in PySpark's daemon's own process group: tell kill-group fault
-    # points which group is the job's (inherited by the JVM and every worker)
+def mark_process_group() -> None:
+    """Call first, before Spark starts: kill-group fault points then know the job's process group.
+
+    Executor Python workers live in PySpark's daemon's own process group; the variable is inherited
+    by the JVM and every worker it starts (so it must be set before the JVM starts).
+    """
     os.environ[faults.ENV_PGID] = str(os.getpgrp())
+
+
+def serve(start: Callable[[], Any], timeout: float) -> int:
+    """Start the query (``start()``), wait for its end; the exit code and the markers the chaos loop reads.
+
+    0 when it ended (availableNow drained), 2 when it failed (``RUNNER FAILED:`` + the error, last on
+    stderr), 3 after ``timeout`` seconds. ``RUNNER STARTED`` on stdout once it runs.
+    """
     started = time.monotonic()
     try:
-        if setup is not None:
-            setup(job)
-        spark = _spark(args.master)
-        writer = build(spark, job)
-        if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
-            raise TypeError(
-                f"{args.app} returned {type(writer).__name__}; it must return the query's DataStreamWriter "
-                "(df.writeStream...), not started: the runner sets the checkpoint and the trigger"
-            )
-        writer = writer.option("checkpointLocation", args.checkpoint)
-        if args.trigger == "available-now":
-            writer = writer.trigger(availableNow=True)
-        elif args.trigger.startswith("processing:"):
-            writer = writer.trigger(processingTime=f"{float(args.trigger.split(':', 1)[1])} seconds")
-        else:
-            raise SystemExit(f"--trigger {args.trigger!r}: expected available-now or processing:SECONDS")
-        query = writer.start()
+        query = start()
         print(f"RUNNER STARTED pid={os.getpid()} query={query.id}", flush=True)
-        if not query.awaitTermination(args.timeout):
+        if not query.awaitTermination(timeout):
             query.stop()
-            print(f"RUNNER TIMEOUT after {args.timeout}s", file=sys.stderr, flush=True)
+            print(f"RUNNER TIMEOUT after {timeout}s", file=sys.stderr, flush=True)
             return 3
         if query.exception() is not None:
-            raise query.exception()  # type: ignore[misc]
+            raise query.exception()
     except Exception as exc:
         msg = str(exc).replace("\n", " ")[:4000]
         print(f"RUNNER FAILED: {type(exc).__name__}: {msg}", file=sys.stderr, flush=True)
         return 2
     print(f"RUNNER DONE in {time.monotonic() - started:.1f}s", flush=True)
     return 0
+
+
+def with_trigger(writer: Any, trigger: str) -> Any:
+    """``available-now`` or ``processing:SECONDS`` applied to a DataStreamWriter."""
+    if trigger == "available-now":
+        return writer.trigger(availableNow=True)
+    if trigger.startswith("processing:"):
+        return writer.trigger(processingTime=f"{float(trigger.split(':', 1)[1])} seconds")
+    raise SystemExit(f"--trigger {trigger!r}: expected available-now or processing:SECONDS")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    mark_process_group()
+    options = dict(kv.split("=", 1) for kv in args.option if "=" in kv)
+    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options)
+    build, setup = load_app(args.app)
+
+    def start() -> Any:
+        if setup is not None:
+            setup(job)
+        writer = build(_spark(args.master), job)
+        if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
+            raise TypeError(
+                f"{args.app} returned {type(writer).__name__}; it must return the query's DataStreamWriter "
+                "(df.writeStream...), not started: the runner sets the checkpoint and the trigger"
+            )
+        return with_trigger(writer.option("checkpointLocation", args.checkpoint), args.trigger).start()
+
+    return serve(start, args.timeout)
 
 
 if __name__ == "__main__":

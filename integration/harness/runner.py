@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 from connectors import faults
+from connectors.app_runner import mark_process_group, serve, with_trigger
 
 __all__ = ["SINKS", "build_parser", "create_tables", "main"]
 
@@ -146,7 +146,6 @@ def _parsed(spark: Any, args: argparse.Namespace) -> Any:
 
 def _broken_batch(dsn: str, table: str) -> Any:
     """foreachBatch that INSERTs and commits inside each task: at-least-once, duplicates on replay."""
-    from connectors import faults
 
     def write(batch_df: Any, batch_id: int) -> None:
         def part(rows: Any) -> None:
@@ -185,20 +184,12 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
         writer = writer.option("sink.id", sink_id) if args.sink == "2pc" else writer.option("key", "id")
         for k, v in extra.items():
             writer = writer.option(k, v)
-    writer = writer.option("checkpointLocation", args.checkpoint)
-    if args.trigger == "available-now":
-        writer = writer.trigger(availableNow=True)
-    elif args.trigger.startswith("processing:"):
-        writer = writer.trigger(processingTime=f"{float(args.trigger.split(':', 1)[1])} seconds")
-    else:
-        raise SystemExit(f"--trigger {args.trigger!r}: expected available-now or processing:SECONDS")
-    return writer.start()
+    return with_trigger(writer.option("checkpointLocation", args.checkpoint), args.trigger).start()
 
 
 def _stateful_batch(dsn: str, table: str, extra: dict[str, str]) -> Any:
     """The upsert sink's foreachBatch adapter, between the driver-side points of a batch."""
     import connectors
-    from connectors import faults
 
     write = connectors.upsert_batch(dsn=dsn, table=table, key="key", **extra)
 
@@ -213,28 +204,10 @@ def _stateful_batch(dsn: str, table: str, extra: dict[str, str]) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # executor Python workers live in PySpark's daemon's own process group: tell kill-group faults
-    # which group is the pipeline's (inherited by the JVM and every worker)
-    os.environ[faults.ENV_PGID] = str(os.getpgrp())
+    mark_process_group()  # before the JVM starts: kill-group fault points in executors need it
     create_tables(args.dsn, args.sink, args.table)
     spark = _spark(args)
-    started = time.monotonic()
-    try:
-        query = _query(spark, args)
-        print(f"RUNNER STARTED pid={os.getpid()} query={query.id}", flush=True)
-        finished = query.awaitTermination(args.timeout)
-        if not finished:
-            query.stop()
-            print(f"RUNNER TIMEOUT after {args.timeout}s", file=sys.stderr, flush=True)
-            return 3
-        if query.exception() is not None:
-            raise query.exception()  # type: ignore[misc]
-    except Exception as exc:
-        msg = str(exc).replace("\n", " ")[:4000]
-        print(f"RUNNER FAILED: {type(exc).__name__}: {msg}", file=sys.stderr, flush=True)
-        return 2
-    print(f"RUNNER DONE in {time.monotonic() - started:.1f}s", flush=True)
-    return 0
+    return serve(lambda: _query(spark, args), args.timeout)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ the fix; libpq's own message is never passed on, since it quotes pieces of the s
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "TableName",
     "UpsertOptions",
     "connection_options",
+    "option_text",
     "parse_table_name",
     "quote_ident",
     "redact",
@@ -331,3 +333,14 @@ class UpsertOptions:
             faults=values.get("faults"),
             **extra,
         )
+
+
+def option_text(value: Any) -> str:
+    """A Python keyword argument's value as the option string Spark passes (foreachBatch adapters)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)

@@ -42,7 +42,7 @@ from connectors.errors import ConfigError, FatalError
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, ensure_tombstones, merge_staged
-from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions
+from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text
 from sinks.postgres.types import check_table
 
 __all__ = [
@@ -482,7 +482,7 @@ def upsert_batch(**options: Any) -> Callable[[Any, int], None]:
     ``**{"delete.column": "op"}``). They are checked here, at once; the table is checked when
     the first batch is written.
     """
-    raw = {k: _option_text(v) for k, v in options.items()}
+    raw = {k: option_text(v) for k, v in options.items()}
     UPSERT_OPTIONS.parse(raw)  # unknown or malformed options fail when the query is built
 
     def write_batch(df: Any, batch_id: int) -> None:
@@ -491,15 +491,3 @@ def upsert_batch(**options: Any) -> Callable[[Any, int], None]:
 
     write_batch.__name__ = f"upsert_batch[{raw.get('table')}]"
     return write_batch
-
-
-def _option_text(value: Any) -> str:
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    if isinstance(value, dict):
-        return json.dumps(value)
-    return str(value)

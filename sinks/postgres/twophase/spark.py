@@ -3,7 +3,6 @@ adapter ``twopc_batch``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ from sinks.postgres.connection import close_quietly, connect
 from sinks.postgres.decisions import (
     check_max_prepared,
 )
+from sinks.postgres.options import option_text
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     TwoPhaseMessage,
@@ -87,7 +87,7 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
     ``sink.id`` is required (pass dotted names as ``**{"sink.id": "orders"}`` or ``sink_id=``); the
     micro-batch id becomes ``batch.id``, so a batch replayed after a crash is written exactly once.
     """
-    raw = {_dotted(k): _option_text(v) for k, v in options.items()}
+    raw = {_dotted(k): option_text(v) for k, v in options.items()}
     if "batch.id" in {k.lower() for k in raw}:
         raise ConfigError(
             f"{FORMAT}: twopc_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"
@@ -133,14 +133,3 @@ _DOTTED = {
 
 def _dotted(key: str) -> str:
     return _DOTTED.get(key, key)
-
-
-def _option_text(value: Any) -> str:
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    if isinstance(value, dict):
-        return json.dumps(value)
-    return str(value)
