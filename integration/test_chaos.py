@@ -1,4 +1,5 @@
-"""A short chaos run in CI: a few random kills while a producer writes, then the checker's verdict."""
+"""A short chaos run in CI, through the command users run: random kills while a producer writes, then
+the checker's verdict, as JSON and as the files the run leaves in its workdir."""
 
 from __future__ import annotations
 
@@ -13,32 +14,26 @@ from connectors import chaos
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
 
-def test_short_chaos_run_holds_exactly_once(kafka_service, postgres_service, tmp_path):
-    cfg = chaos.ChaosConfig(
-        pipeline="2pc", kills=3, seed=11, records=3000, bootstrap=kafka_service.bootstrap,
-        dsn=postgres_service.dsn, workdir=str(tmp_path / "chaos"), max_offsets=300, progress=False,
-    )  # fmt: skip
-    report = chaos.run(cfg)
-    assert report.ok, report.table()
-    kills = report.get("chaos.kills")
-    assert kills.counts["sigkilled"] == 3  # non-vacuity: every planned kill really killed the pipeline
-    assert report.info["source_records"] == 3000
-    assert [e["exit"] for e in cfg.events] == ["killed by SIGKILL"] * 3
-    planned = chaos.plan_kills("2pc", 3, 11)
-    assert [e["point"] for e in cfg.events] == [p.point for p in planned]  # the seed fixes the schedule
-
-
-def test_chaos_command_line_json(kafka_service, postgres_service, tmp_path):
+def test_short_chaos_run_from_the_command_line_holds_exactly_once(kafka_service, postgres_service, tmp_path):
+    work = tmp_path / "chaos"
     out = subprocess.run(
-        [sys.executable, "-m", "connectors.chaos", "--pipeline", "stateful", "--kills", "1", "--seed", "2",
-         "--records", "600", "--max-offsets", "200", "--bootstrap", kafka_service.bootstrap,
-         "--dsn", postgres_service.dsn, "--workdir", str(tmp_path / "w"), "--json", "--quiet"],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "connectors.chaos", "--pipeline", "2pc", "--kills", "3", "--seed", "11",
+         "--records", "3000", "--max-offsets", "300", "--bootstrap", kafka_service.bootstrap,
+         "--dsn", postgres_service.dsn, "--workdir", str(work), "--json", "--quiet"],
+        capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads(out.stdout)
-    assert report["ok"] is True
-    names = {c["name"] for c in report["checks"]}
-    assert {"aggregates", "end.prepared", "chaos.kills", "chaos.final_run"} <= names
-    assert report["info"]["kills"] == 1
-    assert (tmp_path / "w" / "report.json").exists()
+    assert report["ok"] is True, json.dumps(report["checks"], indent=1)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert {"end.prepared", "end.decision_vs_commit", "chaos.kills", "chaos.final_run"} <= set(checks), sorted(checks)
+    assert any(n.endswith(".losses") for n in checks) and any(n.endswith(".duplicates") for n in checks), sorted(checks)
+    # non-vacuity: every planned kill really ended the pipeline by SIGKILL, on the seed's schedule
+    assert checks["chaos.kills"]["counts"]["sigkilled"] == 3, checks["chaos.kills"]
+    assert report["info"]["kills"] == 3
+    assert report["info"]["source_records"] == 3000
+    assert json.loads((work / "report.json").read_text())["ok"] is True
+    events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+    assert [e["exit"] for e in events] == ["killed by SIGKILL"] * 3, events
+    planned = chaos.plan_kills("2pc", 3, 11)
+    assert [e["point"] for e in events] == [p.point for p in planned]  # the seed fixes the schedule
