@@ -17,7 +17,7 @@ from sinks.postgres.upsert import (
     UpsertBatchWriter,
     UpsertCommitMessage,
     UpsertStreamWriter,
-    prepare_batches,
+    prepared_rows,
     upsert_batch,
 )
 
@@ -41,10 +41,10 @@ def _batch(
 def test_prepare_adds_a_running_ordinal_across_batches() -> None:
     opts = UpsertOptions.from_options(RAW)
     plan = MergePlan(TableName(None, "t"), COLS, ("id",), "ver")
-    out, rows = prepare_batches(
-        [_batch([1, 2], ["a", "b"], [1, 1]), _batch([], [], []), _batch([1], ["c"], [1])], plan, opts
+    out = list(
+        prepared_rows([_batch([1, 2], ["a", "b"], [1, 1]), _batch([], [], []), _batch([1], ["c"], [1])], plan, opts)
     )
-    assert rows == 3 and len(out) == 2
+    assert sum(b.num_rows for b in out) == 3 and len(out) == 2
     assert [b.column(b.schema.get_field_index(ORDINAL)).to_pylist() for b in out] == [[0, 1], [2]]
     assert out[0].schema.names == ["id", "name", "ver", ORDINAL]
 
@@ -52,11 +52,11 @@ def test_prepare_adds_a_running_ordinal_across_batches() -> None:
 def test_prepare_delete_flags_from_column_and_tombstones() -> None:
     opts = UpsertOptions.from_options({**RAW, "delete.column": "gone"})
     plan = MergePlan(TableName(None, "t"), COLS, ("id",), "ver", deletes=True)
-    [b], _ = prepare_batches([_batch([1, 2, 3], ["a", None, "c"], [1, 1, 1], [True, None, False])], plan, opts)
+    [b] = prepared_rows([_batch([1, 2, 3], ["a", None, "c"], [1, 1, 1], [True, None, False])], plan, opts)
     assert b.column(b.schema.get_field_index(DELETE_FLAG)).to_pylist() == [True, False, False]
     assert "gone" not in b.schema.names
     opts = UpsertOptions.from_options({**RAW, "delete.tombstones": "true"})
-    [b], _ = prepare_batches([_batch([1, 2], ["a", None], [1, 1])], plan, opts)
+    [b] = prepared_rows([_batch([1, 2], ["a", None], [1, 1])], plan, opts)
     assert b.column(b.schema.get_field_index(DELETE_FLAG)).to_pylist() == [False, True]
 
 
@@ -65,7 +65,7 @@ def test_null_key_or_version_fails_before_writing(ids: list[int | None], vers: l
     opts = UpsertOptions.from_options(RAW)
     plan = MergePlan(TableName(None, "t"), COLS, ("id",), "ver")
     with pytest.raises(FatalError) as err:
-        prepare_batches([_batch(ids, ["a", "b"], vers)], plan, opts)
+        list(prepared_rows([_batch(ids, ["a", "b"], vers)], plan, opts))
     assert f"null {'key' if column == 'id' else 'version'} column '{column}'" in str(err.value)
     assert "nothing of this task was written" in str(err.value)
 

@@ -8,12 +8,13 @@ Public API:
   (aggregations), which Python streaming sinks refuse.
 - ``UpsertPlanner``: the driver-side part shared with the two-phase sink's upsert mode: parses
   options, checks (or creates) the table and the tombstone table, builds the ``MergePlan``.
-- ``prepare_batches(batches, plan, opts)``: the Arrow batches a task stages (columns picked,
-  ordinal and delete flag added; a null key or version is a FatalError naming the column).
+- ``prepared_rows(batches, plan, opts)``: the Arrow batches a task stages, one by one (columns
+  picked, ordinal and delete flag added; a null key or version is a FatalError naming the column).
+- ``Replayable``: a task's batches streamed into COPY as Spark yields them, re-iterable for a retry.
 - ``UpsertCommitMessage``: what each task reports (picklable).
 
-Each task: buffer its Arrow batches, then in ONE transaction: CREATE TEMP staging, binary COPY,
-merge (dedup, INSERT ... ON CONFLICT ... WHERE version guard, deletes, tombstones), COMMIT.
+Each task, in ONE transaction: CREATE TEMP staging, binary COPY of its Arrow batches as Spark
+yields them (a copy kept for a retry: memory up to 64 MiB, then a local file), merge (dedup, INSERT ... ON CONFLICT ... WHERE version guard, deletes, tombstones), COMMIT.
 Retriable failures rerun the whole transaction with bounded backoff. A crash after COMMIT and
 before Spark's commit log replays the batch, which the version guard (or plain key equality)
 turns into a no-op: that is the exactly-once argument of this sink.
@@ -21,6 +22,7 @@ turns into a no-op: that is the exactly-once argument of this sink.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -55,7 +57,6 @@ __all__ = [
     "UpsertCommitMessage",
     "UpsertPlanner",
     "UpsertStreamWriter",
-    "prepare_batches",
     "prepared_rows",
     "upsert_batch",
 ]
@@ -157,17 +158,6 @@ class UpsertPlanner:
             return plan
         finally:
             close_quietly(conn)
-
-
-def prepare_batches(
-    batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions
-) -> tuple[list[pa.RecordBatch], int]:
-    """Stage-ready batches (written columns + ordinal + delete flag) and their row count.
-
-    Runs before the task connects, so a null key or version fails the task before it writes.
-    """
-    out = list(prepared_rows(batches, plan, opts))
-    return out, sum(b.num_rows for b in out)
 
 
 def prepared_rows(batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions) -> Iterator[pa.RecordBatch]:
@@ -342,14 +332,17 @@ class _UpsertWriterMixin:
         partition, attempt, batch_id = _task_context()
         ctx = {"batch": batch_id, "partition": partition, "attempt": attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **ctx)
-        batches = BatchBuffer.collect(prepared_rows(iterator, self.plan, self.opts))
-        rows = batches.rows
+        prepared = prepared_rows(iterator, self.plan, self.opts)
+        first = next(prepared, None)  # a partition without rows neither connects nor writes
+        batches = Replayable(itertools.chain((first,), prepared)) if first is not None else None
         tries = 0
 
         def once() -> MergeCounts:
             nonlocal tries
             tries += 1
-            return write_transaction(self.opts, self.plan, batches, rows, fault_context=ctx)
+            if batches is None:
+                return MergeCounts()
+            return write_transaction(self.opts, self.plan, batches, fault_context=ctx)
 
         counts = RetryPolicy.of(self.opts.connection).run(
             once, f"{FORMAT} into {self.plan.target} (partition {partition}, batch {batch_id})"
@@ -370,13 +363,11 @@ def write_transaction(
     opts: UpsertOptions,
     plan: MergePlan,
     batches: Iterable[pa.RecordBatch],
-    rows: int,
     *,
     fault_context: Mapping[str, Any] | None = None,
 ) -> MergeCounts:
-    """One try: connect, stage, merge, commit. Any failure rolls back and propagates unchanged."""
-    if rows == 0:
-        return MergeCounts()
+    """One try: connect, stage (COPY as the batches come), merge, commit. Any failure rolls back and
+    propagates unchanged; ``batches`` is iterated once per try (a ``Replayable`` for retries)."""
     conn = connect(opts.connection, application_name=f"spark-eos {FORMAT}")
     try:
         with conn.cursor() as cur:
