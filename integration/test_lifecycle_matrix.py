@@ -160,6 +160,7 @@ def _expected(*batches: int, n: int = 3) -> list[int]:
 
 SINKS = {
     "2pc-append": ("postgres-2pc", "append", "(id bigint, batch bigint)"),
+    "2pc-partition": ("postgres-2pc", "append", "(id bigint, batch bigint)"),  # visibility=partition
     "2pc-upsert": ("postgres-2pc", "upsert", "(id bigint PRIMARY KEY, batch bigint)"),
     "upsert": ("postgres-upsert", None, "(id bigint PRIMARY KEY, batch bigint)"),
 }
@@ -171,6 +172,8 @@ def _sink_options(kind: str, dsn: str, table: str, sink_id: str) -> dict[str, st
     if fmt == "postgres-2pc":
         opts["sink.id"] = sink_id
         opts["mode"] = str(mode)
+        if kind == "2pc-partition":
+            opts["visibility"] = "partition"
         if mode == "upsert":
             opts.update(key="id", version="batch")
     else:
@@ -213,8 +216,9 @@ def test_L1_latest_savepoint_restore_continues_exactly_once(
 # L2: an OLDER savepoint restored after new records were produced
 
 
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
 def test_L2_older_savepoint_restore_is_refused_by_2pc_then_a_fresh_sink_takes_that_lineage(
-    twophase_spark: Any, twophase_pg: Any, tmp_path: Path
+    twophase_spark: Any, twophase_pg: Any, tmp_path: Path, visibility: str
 ) -> None:
     """The query reads two feeds; the second one gets its first file only after the restore, so the
     restored query plans batch 2 with other offsets than the batch 2 the sink decided."""
@@ -227,7 +231,7 @@ def test_L2_older_savepoint_restore_is_refused_by_2pc_then_a_fresh_sink_takes_th
         schema = "id long, batch long"
         return _stream(twophase_spark, main, schema).unionByName(_stream(twophase_spark, side, schema))
 
-    opts = {"dsn": dsn, "table": table, "sink.id": sink_id}
+    opts = {"dsn": dsn, "table": table, "sink.id": sink_id, "visibility": visibility}
     first, restored = tmp_path / "ckpt", tmp_path / "restored"
     main.add(_file(0), _file(1))
     assert _run(query(), "postgres-2pc", first, opts) is None
@@ -254,7 +258,7 @@ def test_L2_older_savepoint_restore_is_refused_by_2pc_then_a_fresh_sink_takes_th
     # the operator's option (2): keep the restored checkpoint, give the query a new sink.id and table
     table2 = _name("lc2b")
     _sql(dsn, f"CREATE TABLE {table2} (id bigint, batch bigint)")
-    opts2 = {"dsn": dsn, "table": table2, "sink.id": f"s-{table2}"}
+    opts2 = {"dsn": dsn, "table": table2, "sink.id": f"s-{table2}", "visibility": visibility}
     assert _run(query(), "postgres-2pc", restored, opts2) is None
     # that lineage, from the savepoint on: main files 2, 3, 4 and side file 7 (batches 2..4)
     _check_exactly_once(dsn, table2, _expected(2, 3, 4, 7), sink_id=f"s-{table2}", checkpoint=restored)
@@ -342,10 +346,12 @@ CODES = [
 ]
 
 
-@pytest.mark.parametrize("fmt", ["postgres-2pc", "postgres-upsert"])
+@pytest.mark.parametrize("fmt", ["postgres-2pc", "postgres-2pc-partition", "postgres-upsert"])
 def test_L3_bad_value_is_refused_then_the_fixed_query_writes_every_good_row_once(
     twophase_spark: Any, twophase_pg: Any, tmp_path: Path, fmt: str
 ) -> None:
+    direct = fmt == "postgres-2pc-partition"  # visibility=partition: the task itself meets the refusal
+    fmt = fmt.removesuffix("-partition")
     dsn, table = twophase_pg.dsn, _name("lc3")
     sink_id = f"s-{table}"
     _sql(dsn, f"CREATE TABLE {table} (id bigint PRIMARY KEY, code varchar(4) NOT NULL)")
@@ -353,11 +359,17 @@ def test_L3_bad_value_is_refused_then_the_fixed_query_writes_every_good_row_once
     feed.add(*CODES)
     opts = {"dsn": dsn, "table": table}
     opts.update({"sink.id": sink_id} if fmt == "postgres-2pc" else {"key": "id"})
+    if direct:
+        opts["visibility"] = "partition"
     ckpt = tmp_path / "ckpt"
 
     failure = _run(_stream(twophase_spark, feed, "id long, code string"), fmt, ckpt, opts)
     assert failure is not None, "the value too long for varchar(4) was not refused"
-    if fmt == "postgres-2pc":
+    if direct:
+        assert "DataRefused" in failure and table in failure and "'toolong'" in failure, failure
+        assert "Nothing of the batch was written" in failure, failure
+        assert _decision(dsn, sink_id, 1) is None and _prepared(dsn, sink_id) == []
+    elif fmt == "postgres-2pc":
         assert "DataRefused" in failure and "batch 1" in failure and table in failure, failure
         assert 'column "code"' in failure and "'toolong'" in failure and "taken back" in failure, failure
         assert _decision(dsn, sink_id, 1) is None and _prepared(dsn, sink_id) == []
