@@ -17,9 +17,10 @@ EXIT_CONFIG = 64  # EX_USAGE: a bad command line or config file
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
-    from connectors.pipelines import load_config
+    from connectors.pipelines import load_config, require_extras
     from connectors.pipelines.supervisor import run
 
+    require_extras()
     overrides: dict[str, Any] = {}
     for name in ("trigger", "checkpoint", "master", "restart"):
         if getattr(args, name, None):
@@ -79,7 +80,9 @@ def _verify_cmd(args: argparse.Namespace) -> int:
 
 def _demo_cmd(args: argparse.Namespace) -> int:
     from connectors.demo import main as demo_main
+    from connectors.pipelines import require_extras
 
+    require_extras()
     return demo_main(args)
 
 

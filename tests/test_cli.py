@@ -378,3 +378,16 @@ def test_chaos_app_runs_the_users_module_with_the_runs_topic_table_and_checkpoin
         assert argv[argv.index(flag) + 1] == value
     assert cfg.points == "2pc"
     assert {p.point for p in chaos.plan_kills("other", 40, 1) if p.point} == {"source.read.mid"}
+
+
+def test_pipelines_without_their_extra_name_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from connectors import pipelines
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"need grpcio.*pip install 'spark-eos\[pipelines\]'"):
+        pipelines.require_extras()
+    with pytest.raises(ConfigError, match="spark-eos\\[pipelines\\]"):
+        cli._demo_cmd(cli.build_parser().parse_args(["demo"]))

@@ -24,6 +24,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "prepare",
+    "require_extras",
     "session",
     "start",
     "table_ddl",
@@ -92,3 +93,21 @@ def start(spark: Any, cfg: PipelineConfig) -> Any:
         else writer.trigger(processingTime=f"{int(seconds * 1000)} milliseconds")
     )
     return writer.queryName(cfg.app_name or f"{cfg.pipeline}_{cfg.effective_sink_id}").start()
+
+
+EXTRAS = {"yaml": "pyyaml", "google.protobuf": "protobuf", "grpc": "grpcio"}
+
+
+def require_extras() -> None:
+    """The reference pipelines (and the demo) need the ``pipelines`` extra; say so before anything starts."""
+    import importlib.util
+
+    missing = [pkg for module, pkg in EXTRAS.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        from connectors.errors import ConfigError
+
+        raise ConfigError(
+            f"the reference pipelines need {', '.join(missing)}, which the connectors themselves do not: "
+            "pip install 'spark-eos[pipelines]'",
+            option="pipelines",
+        )
