@@ -89,3 +89,54 @@ def test_plan_and_counts_pickle() -> None:
     plan = MergePlan(T, COLS, ("id",), version="ver", deletes=True)
     assert pickle.loads(pickle.dumps(plan)) == plan
     assert MergeCounts(1, 2, 3, 4) + MergeCounts(1, 1, 1, 1) == MergeCounts(2, 3, 4, 5)
+
+
+def test_key_tracker_proves_distinct_keys_across_batches_or_says_no() -> None:
+    import pyarrow as pa
+
+    from sinks.postgres import merge
+
+    def batch(ids: list[int], names: list[str]) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int64()), "name": pa.array(names)})
+
+    ints = merge.KeyTracker(("id",))
+    ints.see(batch([1, 2, 3], ["a", "b", "c"]))
+    ints.see(batch([4], ["a"]))
+    assert ints.unique and ints.rows == 4
+    ints.see(batch([2], ["z"]))  # id 2 again, in a later batch
+    assert not ints.unique
+
+    pairs = merge.KeyTracker(("id", "name"))  # composite key: hashed
+    pairs.see(batch([1, 1], ["a", "b"]))
+    pairs.see(batch([2], ["a"]))
+    assert pairs.unique
+    pairs.see(batch([1], ["b"]))
+    assert not pairs.unique
+
+    texts = merge.KeyTracker(("name",))
+    texts.see(batch([1, 2], ["x", "y"]))
+    assert texts.unique
+    texts.see(batch([3], ["x"]))
+    assert not texts.unique
+    assert merge.KeyTracker(("id",)).unique  # nothing seen: nothing repeats
+
+
+def test_key_tracker_beyond_its_bound_leaves_the_dedup_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+
+    from sinks.postgres import merge
+
+    monkeypatch.setattr(merge, "MAX_TRACKED", 3)
+    keys = merge.KeyTracker(("id",))
+    keys.see(pa.record_batch({"id": pa.array([1, 2], pa.int64())}))
+    assert keys.unique
+    keys.see(pa.record_batch({"id": pa.array([3, 4], pa.int64())}))
+    assert not keys.unique and keys.rows == 4 and keys._parts == []  # memory given back
+
+
+def test_unique_keys_skip_the_dedup_sort_in_every_statement() -> None:
+    for plan in (MergePlan(T, COLS, ("id",)), MergePlan(T, COLS, ("id",), "ver", deletes=True)):
+        sorted_ = " ".join(sql for _, sql in merge_statements(plan, "stage"))
+        plain = " ".join(sql for _, sql in merge_statements(plan, "stage", unique=True))
+        assert "DISTINCT ON" in sorted_ and "DISTINCT ON" not in plain
+        assert plain.count("SELECT * FROM stage") == sorted_.count("SELECT DISTINCT ON")

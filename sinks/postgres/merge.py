@@ -6,9 +6,14 @@ Public API:
 - ``MergePlan.staging_columns()``: the (name, pg type) columns a staging table needs: the written
   columns under their DataFrame names, then ``ORDINAL`` (bigint, input order within the task) and,
   when deletes are on, ``DELETE_FLAG`` (boolean).
-- ``merge_statements(plan, staging) -> list[(label, sql)]`` and
-  ``merge_staged(cur, staging, plan) -> MergeCounts``: run inside a transaction the caller owns (the
-  upsert sink commits it; the two-phase sink prepares it).
+- ``merge_statements(plan, staging, unique=False) -> list[(label, sql)]`` and
+  ``merge_staged(cur, staging, plan, unique=False) -> MergeCounts``: run inside a transaction the
+  caller owns (the upsert sink commits it; the two-phase sink prepares it). ``unique=True`` (the
+  caller proved every staged key distinct, see ``KeyTracker``) skips the per-key dedup, a sort of
+  the whole staging table.
+- ``KeyTracker``: proves, as batches stream by, that a task's keys are all distinct (exactly: by
+  the keys themselves for one integer column, else by 64-bit hashes, where a collision only costs
+  the dedup), in 8 bytes per row up to ``MAX_TRACKED`` rows.
 - ``tombstone_sql(plan) -> str`` / ``ensure_tombstones(conn, plan)``: the tombstone table.
 
 Semantics (the README states them for users):
@@ -31,9 +36,11 @@ Semantics (the README states them for users):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import psycopg
+import pyarrow as pa
 
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
@@ -41,8 +48,10 @@ from sinks.postgres.types import Column
 
 __all__ = [
     "DELETE_FLAG",
+    "MAX_TRACKED",
     "ORDINAL",
     "TOMBSTONE_SUFFIX",
+    "KeyTracker",
     "MergeCounts",
     "MergePlan",
     "ensure_tombstones",
@@ -108,6 +117,50 @@ class MergePlan:
         return cols
 
 
+MAX_TRACKED = 8_000_000  # rows whose keys a task tracks (64 MB); beyond, the merge dedups
+
+
+@dataclass
+class KeyTracker:
+    """Whether every key a task staged is distinct; fed each prepared batch (``see``) in order."""
+
+    key: tuple[str, ...]
+    rows: int = 0
+    _parts: list[np.ndarray] = field(default_factory=list)
+    _gave_up: bool = False
+
+    def see(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        if self._gave_up:
+            return
+        if self.rows > MAX_TRACKED:
+            self._gave_up, self._parts = True, []
+            return
+        self._parts.append(self._codes(batch))
+
+    def _codes(self, batch: pa.RecordBatch) -> np.ndarray:
+        cols = [batch.column(batch.schema.get_field_index(k)) for k in self.key]
+        if len(cols) == 1 and pa.types.is_integer(cols[0].type):
+            return np.asarray(cols[0].cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+        from pandas.util import hash_array
+
+        codes = np.zeros(batch.num_rows, dtype=np.uint64)
+        for col in cols:  # nulls were refused before: every key value is set
+            values = col.to_numpy(zero_copy_only=False)
+            codes = codes * np.uint64(1_000_003) + hash_array(np.asarray(values, dtype=object))
+        return codes
+
+    @property
+    def unique(self) -> bool:
+        """True only when it is proven: no key seen twice (a hash collision says False)."""
+        if self._gave_up:
+            return False
+        if not self._parts:
+            return True
+        codes = np.concatenate(self._parts)
+        return bool(np.unique(codes).size == codes.size)
+
+
 def _q(name: str) -> str:
     return quote_ident(name)
 
@@ -117,7 +170,9 @@ def _expr(c: Column, alias: str = "d") -> str:
     return c.sql_value(f"{alias}.{_q(c.name)}")
 
 
-def _dedup(plan: MergePlan, staging: str) -> str:
+def _dedup(plan: MergePlan, staging: str, unique: bool = False) -> str:
+    if unique:  # every key once: nothing to collapse
+        return f"SELECT * FROM {staging}"
     keys = ", ".join(_q(k) for k in plan.key)
     order = [keys]
     if plan.version:
@@ -130,13 +185,13 @@ def _key_match(plan: MergePlan, left: str, right: str = "d") -> str:
     return " AND ".join(f"{left}.{_q(plan.column(k).target)} = {_expr(plan.column(k), right)}" for k in plan.key)
 
 
-def _upsert(plan: MergePlan, staging: str, where: str = "", join: str = "") -> str:
+def _upsert(plan: MergePlan, staging: str, where: str = "", join: str = "", unique: bool = False) -> str:
     targets = ", ".join(_q(c.target) for c in plan.columns)
     values = ", ".join(_expr(c) for c in plan.columns)
     conflict = ", ".join(_q(plan.column(k).target) for k in plan.key)
     updates = [c for c in plan.columns if c.name not in plan.key]
     sql = (
-        f"INSERT INTO {plan.target.sql} AS t ({targets}) SELECT {values} FROM ({_dedup(plan, staging)}) d{join}"
+        f"INSERT INTO {plan.target.sql} AS t ({targets}) SELECT {values} FROM ({_dedup(plan, staging, unique)}) d{join}"
         f"{(' WHERE ' + where) if where else ''} ON CONFLICT ({conflict}) DO "
     )
     if not updates:
@@ -148,16 +203,16 @@ def _upsert(plan: MergePlan, staging: str, where: str = "", join: str = "") -> s
     return sql
 
 
-def merge_statements(plan: MergePlan, staging: str) -> list[tuple[str, str]]:
+def merge_statements(plan: MergePlan, staging: str, unique: bool = False) -> list[tuple[str, str]]:
     """The statements of one merge, in order, each labelled with the counter its rowcount feeds."""
-    dedup = _dedup(plan, staging)
+    dedup = _dedup(plan, staging, unique)
     flag = f"d.{_q(DELETE_FLAG)}"
     if not plan.deletes:
-        return [("upserted", _upsert(plan, staging))]
+        return [("upserted", _upsert(plan, staging, unique=unique))]
     if plan.version is None:
         return [
             ("deleted", f"DELETE FROM {plan.target.sql} t USING ({dedup}) d WHERE {flag} AND {_key_match(plan, 't')}"),
-            ("upserted", _upsert(plan, staging, where=f"NOT {flag}")),
+            ("upserted", _upsert(plan, staging, where=f"NOT {flag}", unique=unique)),
         ]
     tomb = plan.tombstones
     assert tomb is not None
@@ -185,6 +240,7 @@ def merge_statements(plan: MergePlan, staging: str) -> list[tuple[str, str]]:
         staging,
         join=f" JOIN {tomb.sql} tb ON {_key_match(plan, 'tb')}",
         where=f"NOT {flag} AND (tb.{tv} IS NULL OR tb.{tv} < {dv})",
+        unique=unique,
     )
     cleanup = (
         f"DELETE FROM {tomb.sql} tb USING ({dedup}) d WHERE {_key_match(plan, 'tb')} "
@@ -193,10 +249,12 @@ def merge_statements(plan: MergePlan, staging: str) -> list[tuple[str, str]]:
     return [("", lock), ("tombstoned", tombstone), ("deleted", delete), ("upserted", upsert), ("", cleanup)]
 
 
-def merge_staged(cur: psycopg.Cursor, staging: str, plan: MergePlan, staged: int = 0) -> MergeCounts:
+def merge_staged(
+    cur: psycopg.Cursor, staging: str, plan: MergePlan, staged: int = 0, *, unique: bool = False
+) -> MergeCounts:
     """Merge ``staging`` into the target inside the caller's transaction; return the counts."""
     counts = {"upserted": 0, "deleted": 0, "tombstoned": 0}
-    for label, sql in merge_statements(plan, staging):
+    for label, sql in merge_statements(plan, staging, unique):
         cur.execute(sql)  # type: ignore[arg-type]  # built from quoted identifiers only
         if label:
             counts[label] += max(cur.rowcount, 0)

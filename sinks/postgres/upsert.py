@@ -43,7 +43,15 @@ from connectors import faults
 from connectors.errors import ConfigError, FatalError
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging
-from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, ensure_tombstones, merge_staged
+from sinks.postgres.merge import (
+    DELETE_FLAG,
+    ORDINAL,
+    KeyTracker,
+    MergeCounts,
+    MergePlan,
+    ensure_tombstones,
+    merge_staged,
+)
 from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text
 from sinks.postgres.types import check_table
 
@@ -160,9 +168,11 @@ class UpsertPlanner:
             close_quietly(conn)
 
 
-def prepared_rows(batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions) -> Iterator[pa.RecordBatch]:
+def prepared_rows(
+    batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: UpsertOptions, keys: KeyTracker | None = None
+) -> Iterator[pa.RecordBatch]:
     """Stage-ready batches (written columns + ordinal + delete flag), one by one; a null key or
-    version fails at the batch that holds it."""
+    version fails at the batch that holds it. ``keys`` sees every batch (is each key distinct?)."""
     names = [c.name for c in plan.columns]
     payload = [c.name for c in plan.columns if c.name not in plan.key and c.name != plan.version]
     ordinal = 0
@@ -186,7 +196,10 @@ def prepared_rows(batches: Iterable[pa.RecordBatch], plan: MergePlan, opts: Upse
             arrays.append(_delete_flags(batch, opts, payload))
             fields.append(DELETE_FLAG)
         ordinal += batch.num_rows
-        yield pa.RecordBatch.from_arrays(arrays, names=fields)
+        out = pa.RecordBatch.from_arrays(arrays, names=fields)
+        if keys is not None:
+            keys.see(out)
+        yield out
 
 
 SPILL_BYTES = 64 * 1024 * 1024
@@ -332,7 +345,8 @@ class _UpsertWriterMixin:
         partition, attempt, batch_id = _task_context()
         ctx = {"batch": batch_id, "partition": partition, "attempt": attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **ctx)
-        prepared = prepared_rows(iterator, self.plan, self.opts)
+        keys = KeyTracker(self.plan.key)
+        prepared = prepared_rows(iterator, self.plan, self.opts, keys)
         first = next(prepared, None)  # a partition without rows neither connects nor writes
         batches = Replayable(itertools.chain((first,), prepared)) if first is not None else None
         tries = 0
@@ -342,7 +356,7 @@ class _UpsertWriterMixin:
             tries += 1
             if batches is None:
                 return MergeCounts()
-            return write_transaction(self.opts, self.plan, batches, fault_context=ctx)
+            return write_transaction(self.opts, self.plan, batches, fault_context=ctx, keys=keys)
 
         counts = RetryPolicy.of(self.opts.connection).run(
             once, f"{FORMAT} into {self.plan.target} (partition {partition}, batch {batch_id})"
@@ -365,15 +379,17 @@ def write_transaction(
     batches: Iterable[pa.RecordBatch],
     *,
     fault_context: Mapping[str, Any] | None = None,
+    keys: KeyTracker | None = None,
 ) -> MergeCounts:
     """One try: connect, stage (COPY as the batches come), merge, commit. Any failure rolls back and
-    propagates unchanged; ``batches`` is iterated once per try (a ``Replayable`` for retries)."""
+    propagates unchanged; ``batches`` is iterated once per try (a ``Replayable`` for retries).
+    ``keys``, fed by ``prepared_rows``, lets the merge skip its dedup when every key is distinct."""
     conn = connect(opts.connection, application_name=f"spark-eos {FORMAT}")
     try:
         with conn.cursor() as cur:
             staging = create_staging(cur, plan.target, plan.staging_columns())
             staged = copy_arrow(cur, staging, plan.staging_columns(), batches)
-            counts = merge_staged(cur, staging, plan, staged)
+            counts = merge_staged(cur, staging, plan, staged, unique=keys is not None and keys.unique)
         faults.point("sink.after_write", spec=opts.faults, **dict(fault_context or {}))
         conn.commit()
         return counts

@@ -24,7 +24,7 @@ from sinks.postgres.decisions import (
     sink_lock,
 )
 from sinks.postgres.gid import Gid, new_nonce
-from sinks.postgres.merge import merge_staged
+from sinks.postgres.merge import KeyTracker, merge_staged
 from sinks.postgres.options import (
     TableName,
     quote_ident,
@@ -271,7 +271,8 @@ class TwoPhaseWriter:
         plan = self.plan
         if plan.merge is not None:
             assert self.opts.upsert is not None
-            prepared: Iterator[pa.RecordBatch] = prepared_rows(iterator, plan.merge, self.opts.upsert)
+            self._keys = KeyTracker(plan.merge.key)
+            prepared: Iterator[pa.RecordBatch] = prepared_rows(iterator, plan.merge, self.opts.upsert, self._keys)
         else:
             names = [c.name for c in plan.columns]
             prepared = (b.select(names) for b in iterator if b.num_rows)
@@ -343,7 +344,8 @@ class TwoPhaseWriter:
             staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), plan.stage_columns, temporary=False)
             rows = copy_arrow(cur, staging, plan.stage_columns, batches)
             if plan.merge is not None:
-                merge_staged(cur, staging, plan.merge)
+                keys: KeyTracker | None = getattr(self, "_keys", None)
+                merge_staged(cur, staging, plan.merge, unique=keys is not None and keys.unique)
             else:
                 targets = ", ".join(quote_ident(c.target) for c in plan.columns)
                 cur.execute(
