@@ -241,6 +241,20 @@ def test_batch_read_bad_ranges_and_unknown_topic(spark: Any, kafka_service: Any,
         ).load().collect()
 
 
+def test_unknown_topic_fails_at_once_naming_topic_and_option(
+    spark: Any, kafka_service: Any, new_topic: Any, tmp_checkpoint: str
+) -> None:
+    # it used to read nothing (batch) or wait out kafkaConsumer.pollTimeoutMs retries (stream)
+    real = new_topic()
+    missing = "no-such-topic-" + uuid.uuid4().hex[:8]
+    opts = base_options(kafka_service.bootstrap, subscribe=f"{real},{missing}")
+    with pytest.raises(Exception, match=rf"option 'subscribe' names topic\(s\) that do not exist at .*'{missing}'"):
+        spark.read.format("kafka-eos").options(**opts).load().collect()
+    q = run_available_now(spark, opts, tmp_checkpoint, "unknown")
+    assert q.exception() is not None
+    assert "'subscribe' names topic(s) that do not exist" in str(q.exception()) and missing in str(q.exception())
+
+
 def test_unreachable_bootstrap_fails_bounded_with_clear_error(spark: Any) -> None:
     opts = {
         "kafka.bootstrap.servers": "127.0.0.1:1",
@@ -278,6 +292,8 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 6 and max(sizes) <= 10, sizes
+    first = q.recentProgress[0]
+    assert first["batchId"] == 0 and first["numInputRows"] == 9, first  # earliest: batch 0 reads (3 x 3), not empty
     assert memory_rows(spark, name, tmp_checkpoint) == truth
     # offsets/n holds the source state in Spark's JVM shape
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())

@@ -606,3 +606,251 @@ def test_max_bytes_sampling_returns_as_soon_as_a_small_backlog_is_sampled(monkey
     began = clock[0]
     assert reader.planner._avg_record_bytes({tp: 0}, {tp: 3}) == 10
     assert fake.waits >= 1 and clock[0] - began <= reader.planner.SAMPLE_BUDGET_S + 0.1
+
+
+# ---- stale latest, metadata errors, unknown topics, authorization (issue 16 item 4) --------------------
+
+
+class _StaleClient(_FakeClient):
+    """latest() answers from ``answers`` (one map per call, the last one repeated): a broker that has just
+    become leader may report a stale end below what the query has already read (KAFKA-7703)."""
+
+    def __init__(self, ends: dict[TopicPartition, int], answers: list[dict[TopicPartition, int]]) -> None:
+        super().__init__(ends)
+        self.answers, self.calls = answers, 0
+
+    def latest(self, tps: object) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        return {tp: answer[tp] for tp in tps}  # type: ignore[attr-defined]
+
+
+def _stale_reader(answers: list[dict[TopicPartition, int]], **kw: str) -> tuple[KafkaStreamReader, _StaleClient]:
+    reader = KafkaStreamReader(opts(subscribe="t", startingOffsets='{"t":{"0":100}}', **kw))
+    client = _StaleClient({TopicPartition("t", 0): 100}, answers)
+    reader.planner.client = client  # type: ignore[assignment]
+    return reader, client
+
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    from sources.kafka import planner as planner_mod
+
+    slept: list[float] = []
+    monkeypatch.setattr(planner_mod.time, "sleep", slept.append)
+    return slept
+
+
+def test_stale_latest_is_fetched_again_not_taken_for_data_loss(no_sleep: list[float]) -> None:
+    tp = TopicPartition("t", 0)
+    reader, client = _stale_reader([{tp: 90}, {tp: 120}])  # stale once, then the real end
+    start = _spark(reader.initialOffset())
+    assert start == {"t": {"0": 100}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 120}}  # used to fail: "went back"
+    assert client.calls == 2 and no_sleep == [0.01]  # re-fetched once, fetchOffset.retryIntervalMs apart
+
+
+def test_stale_latest_that_stays_never_moves_the_checkpoint_back(no_sleep: list[float]) -> None:
+    tp = TopicPartition("t", 0)
+    reader, client = _stale_reader([{tp: 90}], failOnDataLoss="false", **{"fetchOffset.numRetries": "2"})
+    start = _spark(reader.initialOffset())
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 100}}  # used to be 90: offsets 90..99 would have been read twice
+    assert client.calls == 3 and len(no_sleep) == 2  # bounded: fetchOffset.numRetries re-fetches
+    reader, client = _stale_reader([{tp: 90}])
+    with pytest.raises(DataLossError, match=r"went back from 100 to 90 \(still so after 3 re-fetch"):
+        reader.latestOffset(_spark(reader.initialOffset()), ReadAllAvailable())
+    assert client.calls == 4
+
+
+class _Topic:
+    def __init__(self, partitions: int, error: object = None) -> None:
+        self.partitions = {p: object() for p in range(partitions)}
+        self.error = error
+
+
+class _Metadata:
+    def __init__(self, topics: dict[str, _Topic]) -> None:
+        self.topics = topics
+
+
+class _MetaConsumer:
+    """list_topics() of a cluster whose topics are given per call (the last state repeated)."""
+
+    def __init__(self, states: list[dict[str, _Topic]]) -> None:
+        self.states, self.calls = states, []  # type: list[dict[str, _Topic]], list[str | None]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+        state = self.states[min(len(self.calls), len(self.states) - 1)]
+        self.calls.append(topic)
+        if topic is None:
+            return _Metadata(dict(state))
+        from confluent_kafka import KafkaError
+
+        return _Metadata({topic: state.get(topic, _Topic(0, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))})
+
+
+def _meta_planner(states: list[dict[str, _Topic]], **kw: str):  # type: ignore[no-untyped-def]
+    from sources.kafka.planner import KafkaPlanner
+
+    planner = KafkaPlanner(opts(**{"fetchOffset.retryIntervalMs": "0", **kw}), streaming=True)
+    fake = _MetaConsumer(states)
+    planner.client._consumer = fake  # type: ignore[assignment]
+    return planner, fake
+
+
+def test_unknown_subscribed_topic_fails_at_once_naming_topic_and_option() -> None:
+    planner, fake = _meta_planner([{"t": _Topic(2)}], subscribe="t,nope")
+    with pytest.raises(
+        ConfigError, match=r"option 'subscribe' names topic\(s\) that do not exist at .*: 'nope'"
+    ) as info:
+        planner.discover()
+    assert info.value.option == "subscribe" and "Create them first" in str(info.value)
+    assert fake.calls == ["t", "nope"]  # only the subscribed topics are described, once each: no retry
+
+
+@pytest.mark.parametrize("option", ["subscribe", "assign", "subscribePattern"])
+def test_authorization_error_fails_at_once_naming_the_topic(option: str) -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.errors import FatalError
+
+    value = {"subscribe": "t", "assign": '{"t":[0]}', "subscribePattern": "^t$"}[option]
+    denied = _Topic(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    planner, fake = _meta_planner([{"t": denied}], **{option: value})
+    with pytest.raises(FatalError, match=r"access to topic 't' .*TOPIC_AUTHORIZATION_FAILED.*Grant the principal"):
+        planner.discover()
+    assert len(fake.calls) == 1  # not retried for fetchOffset.numRetries x pollTimeoutMs
+
+
+def test_metadata_error_is_not_a_deleted_topic(no_sleep: list[float]) -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.errors import ServiceError
+
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    sick = {"t": _Topic(2, KafkaError(KafkaError.LEADER_NOT_AVAILABLE))}
+    for option, value in (("subscribe", "t"), ("subscribePattern", "^t$")):
+        # a transient error is retried and the partitions stay (it used to drop them as "deleted")
+        planner, fake = _meta_planner([sick, {"t": _Topic(2)}], failOnDataLoss="false", **{option: value})
+        planner.client.latest = lambda got: {tp: 7 for tp in got}  # type: ignore[method-assign]
+        end, _ = planner.latest_end({tp: 5 for tp in tps})
+        assert end == {tp: 7 for tp in tps} and len(fake.calls) == 2, option
+        # one that persists fails clearly, never drops partitions nor re-reads them from earliest later
+        planner, fake = _meta_planner([sick], failOnDataLoss="false", **{option: value})
+        with pytest.raises(ServiceError, match=r"topic 't' has a metadata error: LEADER_NOT_AVAILABLE.*not a deleted"):
+            planner.latest_end({tp: 5 for tp in tps})
+        assert len(fake.calls) == 4  # 1 + fetchOffset.numRetries
+
+
+def test_deleted_topic_is_still_judged_by_fail_on_data_loss() -> None:
+    planner, _ = _meta_planner([{"other": _Topic(1)}], subscribe="t", failOnDataLoss="false")
+    planner.client.latest = lambda got: {}  # type: ignore[method-assign]
+    planner.client.earliest = lambda got: {}  # type: ignore[method-assign]
+    assert planner.latest_end({TopicPartition("t", 0): 5}) == ({}, {})  # gone: logged and dropped
+    planner, _ = _meta_planner([{"other": _Topic(1)}], subscribe="t")
+    planner.client.latest = lambda got: {}  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="is gone"):
+        planner.latest_end({TopicPartition("t", 0): 5})
+
+
+def test_earliest_start_reads_in_batch_zero() -> None:
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    reader, _ = _fake_reader({tp0: 30, tp1: 20}, startingOffsets="earliest")
+    start = _spark(reader.initialOffset())
+    assert start == {"t": {"0": -2, "1": -2}}
+    end = _spark(reader.latestOffset(start, reader.getDefaultReadLimit()))
+    assert end == {"t": {"0": 30, "1": 20}}  # batch 0 ends at the topic's end, not at the start
+    parts = reader.partitions(start, end)  # and reads: it used to be an empty pinning batch
+    assert sorted(p.value for p in parts) == [("t", 0, 0, 30), ("t", 1, 0, 20)]
+    reader, _ = _fake_reader({tp0: 30}, startingOffsets="latest")
+    start = _spark(reader.initialOffset())
+    assert reader.partitions(start, _spark(reader.latestOffset(start, ReadAllAvailable()))) == []  # latest: pinned
+
+
+def test_a_partition_new_in_a_batch_is_read_from_earliest_like_spark() -> None:
+    # Spark's own source reads a partition that first appears in a batch from its earliest offset in that
+    # batch; kafka-eos pins it there (end = earliest, nothing read). Replaying either reads [earliest, end).
+    reader, _ = _fake_reader({TopicPartition("t", 0): 10, TopicPartition("t", 1): 3})
+    parts = reader.partitions({"t": {"0": 5}}, {"t": {"0": 10, "1": 3}})
+    assert sorted(p.value for p in parts) == [("t", 0, 5, 10), ("t", 1, 0, 3)]
+    assert [p.value for p in reader.partitions({"t": {"0": 5}}, {"t": {"0": 5, "1": 0}})] == []
+
+
+class _ErrMsg:
+    def __init__(self, code: int, topic: str = "t", partition: int = 0) -> None:
+        from confluent_kafka import KafkaError
+
+        self._err, self._t, self._p = KafkaError(code), topic, partition
+
+    def error(self) -> object:
+        return self._err
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return 0
+
+
+class _ErrConsumer:
+    def __init__(self, code: int, exists: bool = True) -> None:
+        self.code, self.exists, self.consumes = code, exists, 0
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return 0, 10
+
+    def assign(self, parts: list) -> None:
+        pass
+
+    def unassign(self) -> None:
+        pass
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        self.consumes += 1
+        return [_ErrMsg(self.code)]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+        return _Metadata({"t": _Topic(1)} if self.exists else {})
+
+
+def _read_with(consumer: _ErrConsumer, monkeypatch: pytest.MonkeyPatch, **kw: object) -> list:
+    from sources.kafka import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "_consumer", lambda settings: consumer)
+    settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, **kw)  # type: ignore[arg-type]
+    return list(reader_mod.read_partition(KafkaInputPartition(r(0, 0, 10), settings)))
+
+
+def test_reader_fails_at_once_on_authorization_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.errors import FatalError
+
+    consumer = _ErrConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(FatalError, match=r"access to topic 't' .*refused by b:9: TOPIC_AUTHORIZATION_FAILED"):
+        _read_with(consumer, monkeypatch)
+    assert consumer.consumes == 1  # it used to poll until kafkaConsumer.pollTimeoutMs: "no record arrived"
+
+
+def test_reader_tells_a_deleted_topic_from_a_transient_unknown_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    from confluent_kafka import KafkaError
+
+    gone = _ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=False)
+    with pytest.raises(DataLossError, match=r"t-0 is gone \(topic or partition deleted\) while reading \[0, 10\)"):
+        _read_with(gone, monkeypatch)
+    assert (
+        _read_with(_ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=False), monkeypatch, fail_on_data_loss=False)
+        == []
+    )
+    still_there = _ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=True)  # metadata not yet propagated
+    from connectors.errors import RetriableError
+
+    with pytest.raises(RetriableError, match="no record of t-0 arrived"):
+        _read_with(still_there, monkeypatch)  # retried until the poll timeout, never taken for data loss
+    assert still_there.consumes > 1
