@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -854,3 +855,169 @@ def test_reader_tells_a_deleted_topic_from_a_transient_unknown_topic(monkeypatch
     with pytest.raises(RetriableError, match="no record of t-0 arrived"):
         _read_with(still_there, monkeypatch)  # retried until the poll timeout, never taken for data loss
     assert still_there.consumes > 1
+
+
+# ---- drop-in options (issue 16 item 5) ------------------------------------------------------------
+
+SPARK_OPTIONS = Path(__file__).parent / "data" / "spark_kafka_source_options.html"
+# A valid value for each option Spark documents (keys lower-cased); a name Spark adds to its docs and that
+# is missing here fails the test below, so the list can never silently fall behind.
+_SAMPLES = {
+    "assign": '{"t":[0]}',
+    "subscribe": "t",
+    "subscribepattern": "t.*",
+    "kafka.bootstrap.servers": "127.0.0.1:9",
+    "startingtimestamp": "1000",
+    "startingoffsetsbytimestamp": '{"t":{"0":1000}}',
+    "startingoffsets": "earliest",
+    "endingtimestamp": "2000",
+    "endingoffsetsbytimestamp": '{"t":{"0":2000}}',
+    "endingoffsets": "latest",
+    "failondataloss": "false",
+    "kafkaconsumer.polltimeoutms": "5000",
+    "fetchoffset.numretries": "2",
+    "fetchoffset.retryintervalms": "20",
+    "maxoffsetspertrigger": "100",
+    "minoffsetspertrigger": "10",
+    "maxtriggerdelay": "30s",
+    "minpartitions": "4",
+    "maxrecordsperpartition": "1000",
+    "groupidprefix": "mine",
+    "kafka.group.id": "g",
+    "includeheaders": "true",
+    "startingoffsetsbytimestampstrategy": "latest",
+    "topic": "out",
+}
+
+
+def _spark_documented_options() -> list[tuple[str, str]]:
+    """(option, query type) of every row of the option tables copied from Spark's documentation."""
+    import re
+
+    text = SPARK_OPTIONS.read_text()
+    rows = re.findall(r"<tr>\s*<td>([^<]+)</td>(.*?)</tr>", text, re.S)
+    out = []
+    for name, rest in rows:
+        cells = re.findall(r"<td>(.*?)</td>", rest, re.S)
+        kind = next((c for c in cells if c in ("streaming and batch", "batch query", "streaming query")), "")
+        out.append((name.strip(), kind))
+    return out
+
+
+def test_every_option_spark_documents_is_accepted() -> None:
+    documented = _spark_documented_options()
+    names = {n for n, _ in documented}
+    assert len(names) == 24 and {"topic", "includeHeaders", "kafka.group.id", "groupIdPrefix"} <= names
+    for name, kind in documented:
+        assert name.lower() in _SAMPLES, f"Spark documents option {name!r}: add a sample value and support it"
+        selection = {} if name in ("assign", "subscribe", "subscribePattern") else {"subscribe": "t"}
+        raw = {**BS, **selection, name: _SAMPLES[name.lower()]}
+        for streaming in (False,) if kind == "batch query" else (True, False):
+            got = parse_options(raw, streaming=streaming)  # never "unknown option"
+            assert got.bootstrap == "127.0.0.1:9", name
+    bad("unknown option 'subscibe'; did you mean 'subscribe'", subscibe="t")  # truly unknown ones still fail
+
+
+def test_sink_topic_is_accepted_and_ignored_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sources.kafka.options"):
+        o = parse_options({**BS, "subscribe": "in", "topic": "out", "includeHeaders": "true"}, streaming=True)
+    assert o.subscribe == ("in",) and o.include_headers
+    assert any("ignoring option 'topic': it is a Kafka sink option" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sources.kafka.options"):
+        parse_options({**BS, "subscribe": "in", "maxOffsetsPerTrigger": "5"}, streaming=False)
+    assert any("'maxOffsetsPerTrigger': it has no meaning in a batch read" in r.getMessage() for r in caplog.records)
+
+
+def test_java_client_settings_map_to_librdkafka_or_say_what_replaces_them(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from confluent_kafka import Consumer
+
+    secret = "s3cr3t-Pw"
+    java = {
+        "kafka.receive.buffer.bytes": "65536",
+        "kafka.send.buffer.bytes": "131072",
+        "kafka.ssl.enabled.protocols": "TLSv1.2,TLSv1.3",
+        "kafka.ssl.protocol": "TLSv1.3",
+        "kafka.request.timeout.ms": "30000",
+        "kafka.fetch.max.wait.ms": "100",
+        "kafka.max.poll.records": "500",
+        "kafka.retry.backoff.ms": "200",
+        "kafka.reconnect.backoff.max.ms": "5000",
+        "kafka.acks": "all",  # sink settings in an options map shared with Spark's Kafka sink
+        "kafka.linger.ms": "5",
+        "kafka.partitioner.class": "org.apache.kafka.clients.producer.RoundRobinPartitioner",
+        "kafka.buffer.memory": "1000000",
+        "kafka.partition.assignment.strategy": "org.apache.kafka.clients.consumer.RangeAssignor",
+    }
+    with caplog.at_level(logging.INFO, logger="sources.kafka.options"):
+        conf = consumer_config(opts(subscribe="t", **java))
+    assert conf == {
+        "bootstrap.servers": "127.0.0.1:9",
+        "socket.receive.buffer.bytes": "65536",
+        "socket.send.buffer.bytes": "131072",
+        "socket.timeout.ms": "30000",
+        "fetch.wait.max.ms": "100",
+        "retry.backoff.ms": "200",
+        "reconnect.backoff.max.ms": "5000",
+    }
+    Consumer({**conf, "group.id": "g"}).close()  # every mapped name is one librdkafka knows
+    logged = " | ".join(r.getMessage() for r in caplog.records)
+    for key in ("ssl.enabled.protocols", "ssl.protocol", "max.poll.records", "acks", "partitioner.class"):
+        assert f"ignoring option kafka.{key}" in logged, key
+
+    # key stores: PKCS#12 passes (with its password), PEM maps to certificate + key, JKS says what replaces it
+    p12 = consumer_config(
+        opts(subscribe="t", **{"kafka.ssl.keystore.location": "/k/client.p12", "kafka.ssl.keystore.password": secret})
+    )
+    assert p12["ssl.keystore.location"] == "/k/client.p12" and p12["ssl.keystore.password"] == secret
+    pem = consumer_config(
+        opts(subscribe="t", **{"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": "/k/client.pem"})
+    )
+    assert pem == {
+        "bootstrap.servers": "127.0.0.1:9",
+        "ssl.certificate.location": "/k/client.pem",
+        "ssl.key.location": "/k/client.pem",
+    }
+    caplog.clear()
+    for extra, key in (
+        ({"kafka.ssl.keystore.type": "JKS", "kafka.ssl.keystore.location": "/k/ks"}, "kafka.ssl.keystore.location"),
+        ({"kafka.ssl.keystore.location": "/k/client.jks"}, "kafka.ssl.keystore.location"),
+        ({"kafka.ssl.keystore.type": "JKS"}, "kafka.ssl.keystore.type"),
+    ):
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(
+                ConfigError,
+                match=r"PKCS#12.*kafka\.ssl\.keystore\.location=keystore\.p12 with kafka\.ssl\.keystore\.password",
+            ) as info:
+                consumer_config(opts(subscribe="t", **{**extra, "kafka.ssl.keystore.password": secret}))
+        assert info.value.option == key and secret not in str(info.value)
+    for extra in (
+        {"kafka.ssl.truststore.type": "JKS", "kafka.ssl.truststore.location": "/k/trust"},
+        {"kafka.ssl.truststore.type": "JKS"},
+    ):
+        with pytest.raises(ConfigError, match=r"keytool -exportcert -rfc.*kafka\.ssl\.ca\.location=ca\.pem"):
+            consumer_config(opts(subscribe="t", **{**extra, "kafka.ssl.truststore.password": secret}))
+    with pytest.raises(ConfigError, match=r"openssl pkcs12 .*-nokeys.*kafka\.ssl\.ca\.location"):
+        consumer_config(opts(subscribe="t", **{"kafka.ssl.truststore.location": "/k/trust.p12"}))
+    assert consumer_config(
+        opts(subscribe="t", **{"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": "/k/ca.bundle"})
+    ) == {"bootstrap.servers": "127.0.0.1:9", "ssl.ca.location": "/k/ca.bundle"}
+    with pytest.raises(
+        ConfigError, match=r"cannot load Java classes; for OAUTHBEARER set kafka\.sasl\.oauthbearer\.method=oidc"
+    ):
+        consumer_config(opts(subscribe="t", **{"kafka.sasl.login.callback.handler.class": "com.x.Handler"}))
+    krb = consumer_config(
+        opts(
+            subscribe="t",
+            **{
+                "kafka.sasl.jaas.config": "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
+                'keyTab="/etc/k.keytab" principal="spark@EXAMPLE.COM";'
+            },
+        )
+    )
+    assert krb["sasl.kerberos.keytab"] == "/etc/k.keytab" and krb["sasl.kerberos.principal"] == "spark@EXAMPLE.COM"
+    assert all(secret not in r.getMessage() for r in caplog.records)  # no secret in any log line
