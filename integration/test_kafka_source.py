@@ -556,6 +556,50 @@ def test_latest_start_is_pinned_and_group_offsets(
     assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 7}}
 
 
+# ---- Python workers that cannot import the package ---------------------------------------------------
+
+WORKERS = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.argv[1]  # what `.venv/bin/python app.py` without an activated venv gets
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("OFF")
+    from sources.kafka import KafkaEosDataSource
+    try:
+        spark.dataSource.register(KafkaEosDataSource)
+        print("REGISTERED", flush=True)
+        spark.read.format("kafka-eos").option("kafka.bootstrap.servers", "127.0.0.1:1").option(
+            "subscribe", "t").load().collect()
+    except Exception as exc:
+        print("ERROR", type(exc).__name__, str(exc)[-2000:], flush=True)
+    """
+)
+
+
+def test_workers_that_cannot_import_the_package_fail_before_any_query(tmp_path: Path) -> None:
+    # On main the query failed inside a Python worker with "No module named 'confluent_kafka'" and nothing
+    # saying that the workers run another interpreter, nor how to fix it.
+    system = "/usr/bin/python3"
+    probe = subprocess.run([system, "-c", "import confluent_kafka"], capture_output=True, check=False)
+    assert probe.returncode != 0, f"{system} has confluent_kafka here: the test needs an interpreter without it"
+    script = tmp_path / "app.py"
+    script.write_text(WORKERS)
+    run = subprocess.run(
+        [sys.executable, str(script), system],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in run.stdout.splitlines() if line.startswith(("ERROR", "REGISTERED"))]
+    assert lines and lines[0].startswith("ERROR ConfigError"), run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"Spark's Python workers run {system} (PYSPARK_PYTHON)" in lines[0]
+    assert "No module named 'confluent_kafka'" in lines[0] and f"export PYSPARK_PYTHON={sys.executable}" in lines[0]
+
+
 # ---- exactly-once replay across crashes -------------------------------------------------------------
 
 QUERY = textwrap.dedent(

@@ -1021,3 +1021,34 @@ def test_java_client_settings_map_to_librdkafka_or_say_what_replaces_them(caplog
     )
     assert krb["sasl.kerberos.keytab"] == "/etc/k.keytab" and krb["sasl.kerberos.principal"] == "spark@EXAMPLE.COM"
     assert all(secret not in r.getMessage() for r in caplog.records)  # no secret in any log line
+
+
+# ---- Python workers that cannot import the package (issue 16 item 7) ---------------------------------------
+
+
+class _Context:
+    """The SparkContext attributes the worker check reads."""
+
+    def __init__(self, python: str, master: str = "local[2]") -> None:
+        self.pythonExec, self.master, self.environment, self._python_includes = python, master, {}, []
+
+
+def test_workers_without_confluent_kafka_fail_at_registration_naming_interpreter_and_fix() -> None:
+    import subprocess
+    import sys
+
+    from sources.kafka.workers import check_python_workers
+
+    system = "/usr/bin/python3"
+    lacks = subprocess.run([system, "-c", "import confluent_kafka"], capture_output=True, check=False).returncode
+    assert lacks != 0, f"{system} has confluent_kafka here: the test needs an interpreter without it"
+    with pytest.raises(ConfigError) as info:
+        check_python_workers(_Context(system))
+    text = str(info.value)
+    assert f"Spark's Python workers run {system}" in text and "No module named 'confluent_kafka'" in text
+    assert "set PYSPARK_PYTHON to the interpreter that has spark-eos installed" in text
+    assert f"export PYSPARK_PYTHON={sys.executable}" in text and "source .venv/bin/activate" in text
+    with pytest.raises(ConfigError, match=r"the interpreter '/no/such/python' does not exist"):
+        check_python_workers(_Context("/no/such/python"))
+    check_python_workers(_Context(sys.executable))  # this interpreter has everything: no error
+    check_python_workers(_Context(system, master="spark://elsewhere:7077"))  # remote workers: not probed here

@@ -35,6 +35,7 @@ from sources.kafka.options import KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
 from sources.kafka.reader import read_partition
 from sources.kafka.split import KafkaInputPartition
+from sources.kafka.workers import check_python_workers
 
 __all__ = ["FORMAT", "KafkaBatchReader", "KafkaEosDataSource", "KafkaStreamReader", "kafka_schema"]
 
@@ -68,6 +69,14 @@ class KafkaEosDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        # spark.dataSource.register() calls name() in the driver's Python, before any query: the one place
+        # to tell that Spark's Python workers cannot import kafka-eos (they run PYSPARK_PYTHON, not this
+        # interpreter). In a worker there is no active SparkContext and nothing is checked.
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is not None:
+            check_python_workers(sc, cls.__module__.rsplit(".", 1)[0])
         return FORMAT
 
     def _headers(self) -> bool:
