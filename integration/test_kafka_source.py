@@ -263,7 +263,9 @@ def test_unreachable_bootstrap_fails_bounded_with_clear_error(spark: Any) -> Non
         "fetchOffset.numRetries": "1",
         "fetchOffset.retryIntervalMs": "100",
     }
-    with pytest.raises(Exception, match=r"listing topics failed at 127\.0\.0\.1:1 after 2 attempt\(s\).*reachable"):
+    with pytest.raises(
+        Exception, match=r"describing topic\(s\) t failed at 127\.0\.0\.1:1 after 2 attempt\(s\).*reachable"
+    ):
         spark.read.format("kafka-eos").options(**opts).load().collect()
 
 

@@ -123,7 +123,7 @@ class KafkaMetadataClient:
             self._consumer = None
         self._admin = None
 
-    def _retry(self, what: str, fn: Callable[[], T], *, hint: str | None = None) -> T:
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
         attempt = 0
         while True:
             try:
@@ -136,7 +136,11 @@ class KafkaMetadataClient:
                     raise ServiceError(
                         f"kafka-eos: {what} failed at {self.bootstrap} after {attempt} attempt(s) of up to "
                         f"{self.timeout:g}s each (kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries): {exc}. "
-                        + (hint or "Check kafka.bootstrap.servers and that the brokers are reachable."),
+                        + (
+                            _METADATA_HINT
+                            if isinstance(exc, TopicMetadataError)
+                            else "Check kafka.bootstrap.servers and that the brokers are reachable."
+                        ),
                         bootstrap=self.bootstrap,
                     ) from None
                 log.warning("kafka-eos: %s failed (%s); retry %d of %d", what, exc, attempt, self.retries)
@@ -162,7 +166,7 @@ class KafkaMetadataClient:
                 out[name] = len(t.partitions)
             return out
 
-        return self._retry("listing topics", fetch, hint=_METADATA_HINT)
+        return self._retry("listing topics", fetch)
 
     def describe(self, names: Sequence[str], *, option: str) -> dict[str, int | None]:
         """Partition counts of the named topics only (None: the topic does not exist).
@@ -184,7 +188,7 @@ class KafkaMetadataClient:
                 out[name] = len(t.partitions)
             return out
 
-        return self._retry(f"describing topic(s) {', '.join(names)}", fetch, hint=_METADATA_HINT)
+        return self._retry(f"describing topic(s) {', '.join(names)}", fetch)
 
     def _topic_error(self, name: str, err: Any, option: str) -> None:
         if err.code() in DENIED:
