@@ -1052,3 +1052,34 @@ def test_workers_without_confluent_kafka_fail_at_registration_naming_interpreter
         check_python_workers(_Context("/no/such/python"))
     check_python_workers(_Context(sys.executable))  # this interpreter has everything: no error
     check_python_workers(_Context(system, master="spark://elsewhere:7077"))  # remote workers: not probed here
+
+
+# ---- per-trigger cost (issue 16 item 8) ---------------------------------------------------------------
+
+
+def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sources.kafka import client as client_mod
+
+    made: list[dict] = []
+    commits: list[list] = []
+
+    class _Committer:
+        def __init__(self, conf: dict) -> None:
+            made.append(conf)
+            self.closed = False
+
+        def commit(self, offsets: list, asynchronous: bool) -> None:
+            commits.append([(o.topic, o.partition, o.offset) for o in offsets])
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(client_mod, "Consumer", _Committer)
+    reader = KafkaStreamReader(opts(subscribe="t", commitOffsetsToGroup="true", **{"kafka.group.id": "g"}))
+    for end in ({"t": {"0": 5}}, {"t": {"0": 9}}, {"t": {"0": 12}}):
+        reader.commit(end)
+    assert commits == [[("t", 0, 5)], [("t", 0, 9)], [("t", 0, 12)]]
+    assert len(made) == 1 and made[0]["group.id"] == "g"  # one consumer for every batch (it used to be one each)
+    committer = reader.planner.client._committer[1]  # type: ignore[index]
+    reader.stop()
+    assert committer.closed and reader.planner.client._committer is None

@@ -76,11 +76,13 @@ class KafkaMetadataClient:
         self.read_committed = read_committed
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
+        self._committer: tuple[str, Consumer] | None = None  # (group, consumer) reused by every commit
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_consumer"] = None
         state["_admin"] = None
+        state["_committer"] = None
         return state
 
     @property
@@ -114,7 +116,16 @@ class KafkaMetadataClient:
                 ) from None
         return self._admin
 
+    def close_committer(self) -> None:
+        if self._committer is not None:
+            try:
+                self._committer[1].close()
+            except Exception:  # closing is best effort; nothing to lose
+                log.debug("closing the commit consumer failed", exc_info=True)
+            self._committer = None
+
     def close(self) -> None:
+        self.close_committer()
         if self._consumer is not None:
             try:
                 self._consumer.close()
@@ -277,15 +288,15 @@ class KafkaMetadataClient:
         if not offsets:
             return
         try:
-            c = Consumer({**self._conf(), "group.id": group})
-            try:
-                c.commit(
-                    offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
-                    asynchronous=False,
-                )
-            finally:
-                c.close()
+            if self._committer is None or self._committer[0] != group:
+                self.close_committer()
+                self._committer = (group, Consumer({**self._conf(), "group.id": group}))
+            self._committer[1].commit(
+                offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
+                asynchronous=False,
+            )
         except KafkaException as exc:
+            self.close_committer()  # the next commit starts from a fresh consumer
             log.warning("kafka-eos: committing offsets to group %r failed (monitoring only, ignored): %s", group, exc)
 
 
