@@ -241,6 +241,20 @@ def test_batch_read_bad_ranges_and_unknown_topic(spark: Any, kafka_service: Any,
         ).load().collect()
 
 
+def test_unknown_topic_fails_at_once_naming_topic_and_option(
+    spark: Any, kafka_service: Any, new_topic: Any, tmp_checkpoint: str
+) -> None:
+    # it used to read nothing (batch) or wait out kafkaConsumer.pollTimeoutMs retries (stream)
+    real = new_topic()
+    missing = "no-such-topic-" + uuid.uuid4().hex[:8]
+    opts = base_options(kafka_service.bootstrap, subscribe=f"{real},{missing}")
+    with pytest.raises(Exception, match=rf"option 'subscribe' names topic\(s\) that do not exist at .*'{missing}'"):
+        spark.read.format("kafka-eos").options(**opts).load().collect()
+    q = run_available_now(spark, opts, tmp_checkpoint, "unknown")
+    assert q.exception() is not None
+    assert "'subscribe' names topic(s) that do not exist" in str(q.exception()) and missing in str(q.exception())
+
+
 def test_unreachable_bootstrap_fails_bounded_with_clear_error(spark: Any) -> None:
     opts = {
         "kafka.bootstrap.servers": "127.0.0.1:1",
@@ -249,7 +263,9 @@ def test_unreachable_bootstrap_fails_bounded_with_clear_error(spark: Any) -> Non
         "fetchOffset.numRetries": "1",
         "fetchOffset.retryIntervalMs": "100",
     }
-    with pytest.raises(Exception, match=r"listing topics failed at 127\.0\.0\.1:1 after 2 attempt\(s\).*reachable"):
+    with pytest.raises(
+        Exception, match=r"describing topic\(s\) t failed at 127\.0\.0\.1:1 after 2 attempt\(s\).*reachable"
+    ):
         spark.read.format("kafka-eos").options(**opts).load().collect()
 
 
@@ -278,6 +294,8 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 6 and max(sizes) <= 10, sizes
+    first = q.recentProgress[0]
+    assert first["batchId"] == 0 and first["numInputRows"] == 9, first  # earliest: batch 0 reads (3 x 3), not empty
     assert memory_rows(spark, name, tmp_checkpoint) == truth
     # offsets/n holds the source state in Spark's JVM shape
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
@@ -538,6 +556,124 @@ def test_latest_start_is_pinned_and_group_offsets(
     q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), cp2, name2)
     assert q.exception() is None and memory_rows(spark, name2, cp2) == []
     assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 7}}
+
+
+# ---- checkpoint interchange with Spark's own Kafka source --------------------------------------------
+
+SPARK_OFFSET_METADATA = {
+    "batchWatermarkMs": 0,
+    "batchTimestampMs": 1_700_000_000_000,
+    "conf": {
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+        ),
+        "spark.sql.streaming.multipleWatermarkPolicy": "min",
+        "spark.sql.shuffle.partitions": "2",
+    },
+}
+
+
+def write_spark_kafka_checkpoint(checkpoint: str, batches: list[dict[str, dict[str, int]]], committed: int) -> None:
+    """The checkpoint Spark's ``format("kafka")`` writes: offsets/n = ``v1``, the batch metadata, then the
+    source's end offsets in its compact JSON; commits/n for the batches that completed; sources/0/0 with
+    the resolved startingOffsets (kafka-eos never reads it)."""
+    root = Path(checkpoint)
+    for sub in ("offsets", "commits", "sources/0"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+    first = {t: {p: 0 for p in parts} for t, parts in batches[0].items()}
+    (root / "sources" / "0" / "0").write_text("v1\n" + json.dumps(first, separators=(",", ":")))
+    for n, ends in enumerate(batches):
+        meta = json.dumps(SPARK_OFFSET_METADATA, separators=(",", ":"))
+        (root / "offsets" / str(n)).write_text(f"v1\n{meta}\n{json.dumps(ends, separators=(',', ':'))}")
+        if n <= committed:
+            (root / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+
+def test_checkpoint_of_sparks_kafka_source_continues_under_kafka_eos(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_path: Path
+) -> None:
+    # Spark's format("kafka") read batch 0 = [0, 4) of both partitions of topic a (its offsets/0 holds the END
+    # of batch 0; the start was the resolved startingOffsets=earliest), committed it, planned batch 1 = a up to 7
+    # plus b-0, a partition new in that batch that Spark reads from earliest ([0, 3)), and died before
+    # committing it. kafka-eos takes the checkpoint over: it replays batch 1 exactly and reads on.
+    a, b = new_topic(partitions=2), new_topic()
+    produce(a, [(None, b"a%d" % i, i % 2) for i in range(20)])
+    produce(b, [(None, b"b%d" % i) for i in range(6)])
+    truth = sorted(topic_content(kafka_service.bootstrap, a) + topic_content(kafka_service.bootstrap, b))
+    cp, out = str(tmp_path / "checkpoint"), tmp_path / "out"
+    write_spark_kafka_checkpoint(cp, [{a: {"0": 4, "1": 4}}, {a: {"0": 7, "1": 7}, b: {"0": 3}}], committed=0)
+    # what Spark's query wrote for batch 0, into the same idempotent by-batch sink
+    done = [t for t in topic_content(kafka_service.bootstrap, a) if t[1] < 4]
+    spark.createDataFrame(done, OUT_SCHEMA).write.mode("overwrite").parquet(str(out / "batch=0"))
+
+    def write(df: Any, batch_id: int) -> None:
+        df.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+
+    df = spark.readStream.format("kafka-eos").options(
+        **base_options(kafka_service.bootstrap, subscribe=f"{a},{b}", startingOffsets="earliest")
+    )
+    q = (
+        df.load()
+        .select("partition", "offset", "value")
+        .writeStream.foreachBatch(write)
+        .option("checkpointLocation", cp)
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(180)
+    assert q.exception() is None, q.exception()
+    replayed = q.recentProgress[0]
+    assert replayed["batchId"] == 1 and replayed["numInputRows"] == 3 + 3 + 3, replayed  # Spark's batch 1, exactly
+    got = rows_of(spark.read.parquet(str(out)).select("partition", "offset", "value"))
+    assert got == truth  # record by record: no gap, no duplicate
+    last = max(int(f) for f in os.listdir(os.path.join(cp, "offsets")) if f.isdigit())
+    state = json.loads(Path(cp, "offsets", str(last)).read_text().splitlines()[-1])
+    assert state == {a: {"0": 10, "1": 10}, b: {"0": 6}}  # what Spark's source would resume from (the other way)
+
+
+# ---- Python workers that cannot import the package ---------------------------------------------------
+
+WORKERS = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.argv[1]  # what `.venv/bin/python app.py` without an activated venv gets
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("OFF")
+    from sources.kafka import KafkaEosDataSource
+    try:
+        spark.dataSource.register(KafkaEosDataSource)
+        print("REGISTERED", flush=True)
+        spark.read.format("kafka-eos").option("kafka.bootstrap.servers", "127.0.0.1:1").option(
+            "subscribe", "t").load().collect()
+    except Exception as exc:
+        print("ERROR", type(exc).__name__, str(exc)[-2000:], flush=True)
+    """
+)
+
+
+def test_workers_that_cannot_import_the_package_fail_before_any_query(tmp_path: Path) -> None:
+    # On main the query failed inside a Python worker with "No module named 'confluent_kafka'" and nothing
+    # saying that the workers run another interpreter, nor how to fix it.
+    system = "/usr/bin/python3"
+    probe = subprocess.run([system, "-c", "import confluent_kafka"], capture_output=True, check=False)
+    assert probe.returncode != 0, f"{system} has confluent_kafka here: the test needs an interpreter without it"
+    script = tmp_path / "app.py"
+    script.write_text(WORKERS)
+    run = subprocess.run(
+        [sys.executable, str(script), system],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in run.stdout.splitlines() if line.startswith(("ERROR", "REGISTERED"))]
+    assert lines and lines[0].startswith("ERROR ConfigError"), run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"Spark's Python workers run {system} (PYSPARK_PYTHON)" in lines[0]
+    assert "No module named 'confluent_kafka'" in lines[0] and f"export PYSPARK_PYTHON={sys.executable}" in lines[0]
 
 
 # ---- exactly-once replay across crashes -------------------------------------------------------------

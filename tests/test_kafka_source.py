@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -606,3 +607,479 @@ def test_max_bytes_sampling_returns_as_soon_as_a_small_backlog_is_sampled(monkey
     began = clock[0]
     assert reader.planner._avg_record_bytes({tp: 0}, {tp: 3}) == 10
     assert fake.waits >= 1 and clock[0] - began <= reader.planner.SAMPLE_BUDGET_S + 0.1
+
+
+# ---- stale latest, metadata errors, unknown topics, authorization (issue 16 item 4) --------------------
+
+
+class _StaleClient(_FakeClient):
+    """latest() answers from ``answers`` (one map per call, the last one repeated): a broker that has just
+    become leader may report a stale end below what the query has already read (KAFKA-7703)."""
+
+    def __init__(self, ends: dict[TopicPartition, int], answers: list[dict[TopicPartition, int]]) -> None:
+        super().__init__(ends)
+        self.answers, self.calls = answers, 0
+
+    def latest(self, tps: object) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        answer = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        return {tp: answer[tp] for tp in tps}  # type: ignore[attr-defined]
+
+
+def _stale_reader(answers: list[dict[TopicPartition, int]], **kw: str) -> tuple[KafkaStreamReader, _StaleClient]:
+    reader = KafkaStreamReader(opts(subscribe="t", startingOffsets='{"t":{"0":100}}', **kw))
+    client = _StaleClient({TopicPartition("t", 0): 100}, answers)
+    reader.planner.client = client  # type: ignore[assignment]
+    return reader, client
+
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    from sources.kafka import planner as planner_mod
+
+    slept: list[float] = []
+    monkeypatch.setattr(planner_mod.time, "sleep", slept.append)
+    return slept
+
+
+def test_stale_latest_is_fetched_again_not_taken_for_data_loss(no_sleep: list[float]) -> None:
+    tp = TopicPartition("t", 0)
+    reader, client = _stale_reader([{tp: 90}, {tp: 120}])  # stale once, then the real end
+    start = _spark(reader.initialOffset())
+    assert start == {"t": {"0": 100}}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 120}}  # used to fail: "went back"
+    assert client.calls == 2 and no_sleep == [0.01]  # re-fetched once, fetchOffset.retryIntervalMs apart
+
+
+def test_stale_latest_that_stays_never_moves_the_checkpoint_back(no_sleep: list[float]) -> None:
+    tp = TopicPartition("t", 0)
+    reader, client = _stale_reader([{tp: 90}], failOnDataLoss="false", **{"fetchOffset.numRetries": "2"})
+    start = _spark(reader.initialOffset())
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 100}}  # used to be 90: offsets 90..99 would have been read twice
+    assert client.calls == 3 and len(no_sleep) == 2  # bounded: fetchOffset.numRetries re-fetches
+    reader, client = _stale_reader([{tp: 90}])
+    with pytest.raises(DataLossError, match=r"went back from 100 to 90 \(still so after 3 re-fetch"):
+        reader.latestOffset(_spark(reader.initialOffset()), ReadAllAvailable())
+    assert client.calls == 4
+
+
+class _Topic:
+    def __init__(self, partitions: int, error: object = None) -> None:
+        self.partitions = {p: object() for p in range(partitions)}
+        self.error = error
+
+
+class _Metadata:
+    def __init__(self, topics: dict[str, _Topic]) -> None:
+        self.topics = topics
+
+
+class _MetaConsumer:
+    """list_topics() of a cluster whose topics are given per call (the last state repeated)."""
+
+    def __init__(self, states: list[dict[str, _Topic]]) -> None:
+        self.states, self.calls = states, []  # type: list[dict[str, _Topic]], list[str | None]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+        state = self.states[min(len(self.calls), len(self.states) - 1)]
+        self.calls.append(topic)
+        if topic is None:
+            return _Metadata(dict(state))
+        from confluent_kafka import KafkaError
+
+        return _Metadata({topic: state.get(topic, _Topic(0, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))})
+
+
+def _meta_planner(states: list[dict[str, _Topic]], **kw: str):  # type: ignore[no-untyped-def]
+    from sources.kafka.planner import KafkaPlanner
+
+    planner = KafkaPlanner(opts(**{"fetchOffset.retryIntervalMs": "0", **kw}), streaming=True)
+    fake = _MetaConsumer(states)
+    planner.client._consumer = fake  # type: ignore[assignment]
+    return planner, fake
+
+
+def test_unknown_subscribed_topic_fails_at_once_naming_topic_and_option() -> None:
+    planner, fake = _meta_planner([{"t": _Topic(2)}], subscribe="t,nope")
+    with pytest.raises(
+        ConfigError, match=r"option 'subscribe' names topic\(s\) that do not exist at .*: 'nope'"
+    ) as info:
+        planner.discover()
+    assert info.value.option == "subscribe" and "Create them first" in str(info.value)
+    assert fake.calls == ["t", "nope"]  # only the subscribed topics are described, once each: no retry
+
+
+@pytest.mark.parametrize("option", ["subscribe", "assign", "subscribePattern"])
+def test_authorization_error_fails_at_once_naming_the_topic(option: str) -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.errors import FatalError
+
+    value = {"subscribe": "t", "assign": '{"t":[0]}', "subscribePattern": "^t$"}[option]
+    denied = _Topic(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    planner, fake = _meta_planner([{"t": denied}], **{option: value})
+    with pytest.raises(FatalError, match=r"access to topic 't' .*TOPIC_AUTHORIZATION_FAILED.*Grant the principal"):
+        planner.discover()
+    assert len(fake.calls) == 1  # not retried for fetchOffset.numRetries x pollTimeoutMs
+
+
+def test_metadata_error_is_not_a_deleted_topic(no_sleep: list[float]) -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.errors import ServiceError
+
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    sick = {"t": _Topic(2, KafkaError(KafkaError.LEADER_NOT_AVAILABLE))}
+    for option, value in (("subscribe", "t"), ("subscribePattern", "^t$")):
+        # a transient error is retried and the partitions stay (it used to drop them as "deleted")
+        planner, fake = _meta_planner([sick, {"t": _Topic(2)}], failOnDataLoss="false", **{option: value})
+        planner.client.latest = lambda got: {tp: 7 for tp in got}  # type: ignore[method-assign]
+        end, _ = planner.latest_end({tp: 5 for tp in tps})
+        assert end == {tp: 7 for tp in tps} and len(fake.calls) == 2, option
+        # one that persists fails clearly, never drops partitions nor re-reads them from earliest later
+        planner, fake = _meta_planner([sick], failOnDataLoss="false", **{option: value})
+        with pytest.raises(ServiceError, match=r"topic 't' has a metadata error: LEADER_NOT_AVAILABLE.*not a deleted"):
+            planner.latest_end({tp: 5 for tp in tps})
+        assert len(fake.calls) == 4  # 1 + fetchOffset.numRetries
+
+
+def test_deleted_topic_is_still_judged_by_fail_on_data_loss() -> None:
+    planner, _ = _meta_planner([{"other": _Topic(1)}], subscribe="t", failOnDataLoss="false")
+    planner.client.latest = lambda got: {}  # type: ignore[method-assign]
+    planner.client.earliest = lambda got: {}  # type: ignore[method-assign]
+    assert planner.latest_end({TopicPartition("t", 0): 5}) == ({}, {})  # gone: logged and dropped
+    planner, _ = _meta_planner([{"other": _Topic(1)}], subscribe="t")
+    planner.client.latest = lambda got: {}  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="is gone"):
+        planner.latest_end({TopicPartition("t", 0): 5})
+
+
+def test_earliest_start_reads_in_batch_zero() -> None:
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    reader, _ = _fake_reader({tp0: 30, tp1: 20}, startingOffsets="earliest")
+    start = _spark(reader.initialOffset())
+    assert start == {"t": {"0": -2, "1": -2}}
+    end = _spark(reader.latestOffset(start, reader.getDefaultReadLimit()))
+    assert end == {"t": {"0": 30, "1": 20}}  # batch 0 ends at the topic's end, not at the start
+    parts = reader.partitions(start, end)  # and reads: it used to be an empty pinning batch
+    assert sorted(p.value for p in parts) == [("t", 0, 0, 30), ("t", 1, 0, 20)]
+    reader, _ = _fake_reader({tp0: 30}, startingOffsets="latest")
+    start = _spark(reader.initialOffset())
+    assert reader.partitions(start, _spark(reader.latestOffset(start, ReadAllAvailable()))) == []  # latest: pinned
+
+
+def test_a_partition_new_in_a_batch_is_read_from_earliest_like_spark() -> None:
+    # Spark's own source reads a partition that first appears in a batch from its earliest offset in that
+    # batch; kafka-eos pins it there (end = earliest, nothing read). Replaying either reads [earliest, end).
+    reader, _ = _fake_reader({TopicPartition("t", 0): 10, TopicPartition("t", 1): 3})
+    parts = reader.partitions({"t": {"0": 5}}, {"t": {"0": 10, "1": 3}})
+    assert sorted(p.value for p in parts) == [("t", 0, 5, 10), ("t", 1, 0, 3)]
+    assert [p.value for p in reader.partitions({"t": {"0": 5}}, {"t": {"0": 5, "1": 0}})] == []
+
+
+class _ErrMsg:
+    def __init__(self, code: int, topic: str = "t", partition: int = 0) -> None:
+        from confluent_kafka import KafkaError
+
+        self._err, self._t, self._p = KafkaError(code), topic, partition
+
+    def error(self) -> object:
+        return self._err
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return 0
+
+
+class _ErrConsumer:
+    def __init__(self, code: int, exists: bool = True) -> None:
+        self.code, self.exists, self.consumes = code, exists, 0
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return 0, 10
+
+    def assign(self, parts: list) -> None:
+        pass
+
+    def unassign(self) -> None:
+        pass
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        self.consumes += 1
+        return [_ErrMsg(self.code)]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+        return _Metadata({"t": _Topic(1)} if self.exists else {})
+
+
+def _read_with(consumer: _ErrConsumer, monkeypatch: pytest.MonkeyPatch, **kw: object) -> list:
+    from sources.kafka import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "_consumer", lambda settings: consumer)
+    settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, **kw)  # type: ignore[arg-type]
+    return list(reader_mod.read_partition(KafkaInputPartition(r(0, 0, 10), settings)))
+
+
+def test_reader_fails_at_once_on_authorization_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from confluent_kafka import KafkaError
+
+    from connectors.errors import FatalError
+
+    consumer = _ErrConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(FatalError, match=r"access to topic 't' .*refused by b:9: TOPIC_AUTHORIZATION_FAILED"):
+        _read_with(consumer, monkeypatch)
+    assert consumer.consumes == 1  # it used to poll until kafkaConsumer.pollTimeoutMs: "no record arrived"
+
+
+def test_reader_tells_a_deleted_topic_from_a_transient_unknown_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    from confluent_kafka import KafkaError
+
+    gone = _ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=False)
+    with pytest.raises(DataLossError, match=r"t-0 is gone \(topic or partition deleted\) while reading \[0, 10\)"):
+        _read_with(gone, monkeypatch)
+    assert (
+        _read_with(_ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=False), monkeypatch, fail_on_data_loss=False)
+        == []
+    )
+    still_there = _ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=True)  # metadata not yet propagated
+    from connectors.errors import RetriableError
+
+    with pytest.raises(RetriableError, match="no record of t-0 arrived"):
+        _read_with(still_there, monkeypatch)  # retried until the poll timeout, never taken for data loss
+    assert still_there.consumes > 1
+
+
+# ---- drop-in options (issue 16 item 5) ------------------------------------------------------------
+
+SPARK_OPTIONS = Path(__file__).parent / "data" / "spark_kafka_source_options.html"
+# A valid value for each option Spark documents (keys lower-cased); a name Spark adds to its docs and that
+# is missing here fails the test below, so the list can never silently fall behind.
+_SAMPLES = {
+    "assign": '{"t":[0]}',
+    "subscribe": "t",
+    "subscribepattern": "t.*",
+    "kafka.bootstrap.servers": "127.0.0.1:9",
+    "startingtimestamp": "1000",
+    "startingoffsetsbytimestamp": '{"t":{"0":1000}}',
+    "startingoffsets": "earliest",
+    "endingtimestamp": "2000",
+    "endingoffsetsbytimestamp": '{"t":{"0":2000}}',
+    "endingoffsets": "latest",
+    "failondataloss": "false",
+    "kafkaconsumer.polltimeoutms": "5000",
+    "fetchoffset.numretries": "2",
+    "fetchoffset.retryintervalms": "20",
+    "maxoffsetspertrigger": "100",
+    "minoffsetspertrigger": "10",
+    "maxtriggerdelay": "30s",
+    "minpartitions": "4",
+    "maxrecordsperpartition": "1000",
+    "groupidprefix": "mine",
+    "kafka.group.id": "g",
+    "includeheaders": "true",
+    "startingoffsetsbytimestampstrategy": "latest",
+    "topic": "out",
+}
+
+
+def _spark_documented_options() -> list[tuple[str, str]]:
+    """(option, query type) of every row of the option tables copied from Spark's documentation."""
+    import re
+
+    text = SPARK_OPTIONS.read_text()
+    rows = re.findall(r"<tr>\s*<td>([^<]+)</td>(.*?)</tr>", text, re.S)
+    out = []
+    for name, rest in rows:
+        cells = re.findall(r"<td>(.*?)</td>", rest, re.S)
+        kind = next((c for c in cells if c in ("streaming and batch", "batch query", "streaming query")), "")
+        out.append((name.strip(), kind))
+    return out
+
+
+def test_every_option_spark_documents_is_accepted() -> None:
+    documented = _spark_documented_options()
+    names = {n for n, _ in documented}
+    assert len(names) == 24 and {"topic", "includeHeaders", "kafka.group.id", "groupIdPrefix"} <= names
+    for name, kind in documented:
+        assert name.lower() in _SAMPLES, f"Spark documents option {name!r}: add a sample value and support it"
+        selection = {} if name in ("assign", "subscribe", "subscribePattern") else {"subscribe": "t"}
+        raw = {**BS, **selection, name: _SAMPLES[name.lower()]}
+        for streaming in (False,) if kind == "batch query" else (True, False):
+            got = parse_options(raw, streaming=streaming)  # never "unknown option"
+            assert got.bootstrap == "127.0.0.1:9", name
+    bad("unknown option 'subscibe'; did you mean 'subscribe'", subscibe="t")  # truly unknown ones still fail
+
+
+def test_sink_topic_is_accepted_and_ignored_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sources.kafka.options"):
+        o = parse_options({**BS, "subscribe": "in", "topic": "out", "includeHeaders": "true"}, streaming=True)
+    assert o.subscribe == ("in",) and o.include_headers
+    assert any("ignoring option 'topic': it is a Kafka sink option" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sources.kafka.options"):
+        parse_options({**BS, "subscribe": "in", "maxOffsetsPerTrigger": "5"}, streaming=False)
+    assert any("'maxOffsetsPerTrigger': it has no meaning in a batch read" in r.getMessage() for r in caplog.records)
+
+
+def test_java_client_settings_map_to_librdkafka_or_say_what_replaces_them(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from confluent_kafka import Consumer
+
+    secret = "s3cr3t-Pw"
+    java = {
+        "kafka.receive.buffer.bytes": "65536",
+        "kafka.send.buffer.bytes": "131072",
+        "kafka.ssl.enabled.protocols": "TLSv1.2,TLSv1.3",
+        "kafka.ssl.protocol": "TLSv1.3",
+        "kafka.request.timeout.ms": "30000",
+        "kafka.fetch.max.wait.ms": "100",
+        "kafka.max.poll.records": "500",
+        "kafka.retry.backoff.ms": "200",
+        "kafka.reconnect.backoff.max.ms": "5000",
+        "kafka.acks": "all",  # sink settings in an options map shared with Spark's Kafka sink
+        "kafka.linger.ms": "5",
+        "kafka.partitioner.class": "org.apache.kafka.clients.producer.RoundRobinPartitioner",
+        "kafka.buffer.memory": "1000000",
+        "kafka.partition.assignment.strategy": "org.apache.kafka.clients.consumer.RangeAssignor",
+    }
+    with caplog.at_level(logging.INFO, logger="sources.kafka.options"):
+        conf = consumer_config(opts(subscribe="t", **java))
+    assert conf == {
+        "bootstrap.servers": "127.0.0.1:9",
+        "socket.receive.buffer.bytes": "65536",
+        "socket.send.buffer.bytes": "131072",
+        "socket.timeout.ms": "30000",
+        "fetch.wait.max.ms": "100",
+        "retry.backoff.ms": "200",
+        "reconnect.backoff.max.ms": "5000",
+    }
+    Consumer({**conf, "group.id": "g"}).close()  # every mapped name is one librdkafka knows
+    logged = " | ".join(r.getMessage() for r in caplog.records)
+    for key in ("ssl.enabled.protocols", "ssl.protocol", "max.poll.records", "acks", "partitioner.class"):
+        assert f"ignoring option kafka.{key}" in logged, key
+
+    # key stores: PKCS#12 passes (with its password), PEM maps to certificate + key, JKS says what replaces it
+    p12 = consumer_config(
+        opts(subscribe="t", **{"kafka.ssl.keystore.location": "/k/client.p12", "kafka.ssl.keystore.password": secret})
+    )
+    assert p12["ssl.keystore.location"] == "/k/client.p12" and p12["ssl.keystore.password"] == secret
+    pem = consumer_config(
+        opts(subscribe="t", **{"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": "/k/client.pem"})
+    )
+    assert pem == {
+        "bootstrap.servers": "127.0.0.1:9",
+        "ssl.certificate.location": "/k/client.pem",
+        "ssl.key.location": "/k/client.pem",
+    }
+    caplog.clear()
+    for extra, key in (
+        ({"kafka.ssl.keystore.type": "JKS", "kafka.ssl.keystore.location": "/k/ks"}, "kafka.ssl.keystore.location"),
+        ({"kafka.ssl.keystore.location": "/k/client.jks"}, "kafka.ssl.keystore.location"),
+        ({"kafka.ssl.keystore.type": "JKS"}, "kafka.ssl.keystore.type"),
+    ):
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(
+                ConfigError,
+                match=r"PKCS#12.*kafka\.ssl\.keystore\.location=keystore\.p12 with kafka\.ssl\.keystore\.password",
+            ) as info:
+                consumer_config(opts(subscribe="t", **{**extra, "kafka.ssl.keystore.password": secret}))
+        assert info.value.option == key and secret not in str(info.value)
+    for extra in (
+        {"kafka.ssl.truststore.type": "JKS", "kafka.ssl.truststore.location": "/k/trust"},
+        {"kafka.ssl.truststore.type": "JKS"},
+    ):
+        with pytest.raises(ConfigError, match=r"keytool -exportcert -rfc.*kafka\.ssl\.ca\.location=ca\.pem"):
+            consumer_config(opts(subscribe="t", **{**extra, "kafka.ssl.truststore.password": secret}))
+    with pytest.raises(ConfigError, match=r"openssl pkcs12 .*-nokeys.*kafka\.ssl\.ca\.location"):
+        consumer_config(opts(subscribe="t", **{"kafka.ssl.truststore.location": "/k/trust.p12"}))
+    assert consumer_config(
+        opts(subscribe="t", **{"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": "/k/ca.bundle"})
+    ) == {"bootstrap.servers": "127.0.0.1:9", "ssl.ca.location": "/k/ca.bundle"}
+    with pytest.raises(
+        ConfigError, match=r"cannot load Java classes; for OAUTHBEARER set kafka\.sasl\.oauthbearer\.method=oidc"
+    ):
+        consumer_config(opts(subscribe="t", **{"kafka.sasl.login.callback.handler.class": "com.x.Handler"}))
+    krb = consumer_config(
+        opts(
+            subscribe="t",
+            **{
+                "kafka.sasl.jaas.config": "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
+                'keyTab="/etc/k.keytab" principal="spark@EXAMPLE.COM";'
+            },
+        )
+    )
+    assert krb["sasl.kerberos.keytab"] == "/etc/k.keytab" and krb["sasl.kerberos.principal"] == "spark@EXAMPLE.COM"
+    assert all(secret not in r.getMessage() for r in caplog.records)  # no secret in any log line
+
+
+# ---- Python workers that cannot import the package (issue 16 item 7) ---------------------------------------
+
+
+class _Context:
+    """The SparkContext attributes the worker check reads."""
+
+    def __init__(self, python: str, master: str = "local[2]") -> None:
+        self.pythonExec, self.master, self.environment, self._python_includes = python, master, {}, []
+
+
+def test_workers_without_confluent_kafka_fail_at_registration_naming_interpreter_and_fix() -> None:
+    import subprocess
+    import sys
+
+    from sources.kafka.workers import check_python_workers
+
+    system = "/usr/bin/python3"
+    lacks = subprocess.run([system, "-c", "import confluent_kafka"], capture_output=True, check=False).returncode
+    assert lacks != 0, f"{system} has confluent_kafka here: the test needs an interpreter without it"
+    with pytest.raises(ConfigError) as info:
+        check_python_workers(_Context(system))
+    text = str(info.value)
+    assert f"Spark's Python workers run {system}" in text and "No module named 'confluent_kafka'" in text
+    assert "set PYSPARK_PYTHON to the interpreter that has spark-eos installed" in text
+    assert f"export PYSPARK_PYTHON={sys.executable}" in text and "source .venv/bin/activate" in text
+    with pytest.raises(ConfigError, match=r"the interpreter '/no/such/python' does not exist"):
+        check_python_workers(_Context("/no/such/python"))
+    check_python_workers(_Context(sys.executable))  # this interpreter has everything: no error
+    check_python_workers(_Context(system, master="spark://elsewhere:7077"))  # remote workers: not probed here
+
+
+# ---- per-trigger cost (issue 16 item 8) ---------------------------------------------------------------
+
+
+def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sources.kafka import client as client_mod
+
+    made: list[dict] = []
+    commits: list[list] = []
+
+    class _Committer:
+        def __init__(self, conf: dict) -> None:
+            made.append(conf)
+            self.closed = False
+
+        def commit(self, offsets: list, asynchronous: bool) -> None:
+            commits.append([(o.topic, o.partition, o.offset) for o in offsets])
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(client_mod, "Consumer", _Committer)
+    reader = KafkaStreamReader(opts(subscribe="t", commitOffsetsToGroup="true", **{"kafka.group.id": "g"}))
+    for end in ({"t": {"0": 5}}, {"t": {"0": 9}}, {"t": {"0": 12}}):
+        reader.commit(end)
+    assert commits == [[("t", 0, 5)], [("t", 0, 9)], [("t", 0, 12)]]
+    assert len(made) == 1 and made[0]["group.id"] == "g"  # one consumer for every batch (it used to be one each)
+    committer = reader.planner.client._committer[1]  # type: ignore[index]
+    reader.stop()
+    assert committer.closed and reader.planner.client._committer is None

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.errors import ConfigError, ServiceError
+from connectors.errors import ConfigError, FatalError, ServiceError
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
 
 __all__ = ["KafkaMetadataClient"]
@@ -21,6 +21,40 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _INTERNAL = ("__consumer_offsets", "__transaction_state")
+# A topic that does not exist (never created, or deleted); any other topic-level error is not deletion.
+UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+# Retrying cannot help: the principal may not describe/read the topic, or authentication failed.
+DENIED = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._AUTHENTICATION,
+    }
+)
+
+
+def access_denied(topic: str, err: Any, *, option: str, bootstrap: str) -> FatalError:
+    """The error for a topic the configured principal may not use (no retry helps)."""
+    return FatalError(
+        f"kafka-eos: access to topic {topic!r} (option '{option}') was refused by {bootstrap}: "
+        f"{_code_name(err)}. Grant the principal of the kafka.sasl.* / kafka.ssl.* options DESCRIBE and READ "
+        "on the topic (kafka-acls --add --operation Describe --operation Read --topic ...), or fix the credentials.",
+        topic=topic,
+        option=option,
+    )
+
+
+def _code_name(err: Any) -> str:
+    if isinstance(err, KafkaError):
+        return f"{err.name()} ({err.str()})"
+    return str(err)
+
+
+class TopicMetadataError(ServiceError):
+    """A topic-level metadata error that is not 'unknown topic' (e.g. LEADER_NOT_AVAILABLE): retried, never
+    taken for deletion."""
 
 
 class KafkaMetadataClient:
@@ -42,11 +76,13 @@ class KafkaMetadataClient:
         self.read_committed = read_committed
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
+        self._committer: tuple[str, Consumer] | None = None  # (group, consumer) reused by every commit
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_consumer"] = None
         state["_admin"] = None
+        state["_committer"] = None
         return state
 
     @property
@@ -80,7 +116,16 @@ class KafkaMetadataClient:
                 ) from None
         return self._admin
 
+    def close_committer(self) -> None:
+        if self._committer is not None:
+            try:
+                self._committer[1].close()
+            except Exception:  # closing is best effort; nothing to lose
+                log.debug("closing the commit consumer failed", exc_info=True)
+            self._committer = None
+
     def close(self) -> None:
+        self.close_committer()
         if self._consumer is not None:
             try:
                 self._consumer.close()
@@ -102,25 +147,67 @@ class KafkaMetadataClient:
                     raise ServiceError(
                         f"kafka-eos: {what} failed at {self.bootstrap} after {attempt} attempt(s) of up to "
                         f"{self.timeout:g}s each (kafkaConsumer.pollTimeoutMs, fetchOffset.numRetries): {exc}. "
-                        "Check kafka.bootstrap.servers and that the brokers are reachable.",
+                        + (
+                            _METADATA_HINT
+                            if isinstance(exc, TopicMetadataError)
+                            else "Check kafka.bootstrap.servers and that the brokers are reachable."
+                        ),
                         bootstrap=self.bootstrap,
                     ) from None
                 log.warning("kafka-eos: %s failed (%s); retry %d of %d", what, exc, attempt, self.retries)
                 time.sleep(self.retry_interval)
 
     def topics(self) -> dict[str, int]:
-        """Every topic with its partition count (internal topics left out)."""
+        """Every topic with its partition count (internal topics and topics that do not exist left out).
+
+        A topic listed with another error (leader election, a broker still loading it) is retried and
+        then fails: it is never taken for a deleted topic.
+        """
 
         def fetch() -> dict[str, int]:
             md = self.consumer().list_topics(timeout=self.timeout)
             out = {}
             for name, t in md.topics.items():
-                if t.error is not None or name in _INTERNAL:
+                if name in _INTERNAL:
                     continue
+                if t.error is not None:
+                    if t.error.code() in UNKNOWN_TOPIC:
+                        continue
+                    self._topic_error(name, t.error, "subscribePattern")
                 out[name] = len(t.partitions)
             return out
 
         return self._retry("listing topics", fetch)
+
+    def describe(self, names: Sequence[str], *, option: str) -> dict[str, int | None]:
+        """Partition counts of the named topics only (None: the topic does not exist).
+
+        Asks for these topics alone (never the whole cluster's metadata), so an unauthorized topic is
+        reported as such (Kafka leaves topics a principal may not describe out of a full listing).
+        """
+
+        def fetch() -> dict[str, int | None]:
+            out: dict[str, int | None] = {}
+            for name in dict.fromkeys(names):
+                md = self.consumer().list_topics(topic=name, timeout=self.timeout)
+                t = md.topics.get(name)
+                if t is None or (t.error is not None and t.error.code() in UNKNOWN_TOPIC):
+                    out[name] = None
+                    continue
+                if t.error is not None:
+                    self._topic_error(name, t.error, option)
+                out[name] = len(t.partitions)
+            return out
+
+        return self._retry(f"describing topic(s) {', '.join(names)}", fetch)
+
+    def _topic_error(self, name: str, err: Any, option: str) -> None:
+        if err.code() in DENIED:
+            raise access_denied(name, err, option=option, bootstrap=self.bootstrap)
+        raise TopicMetadataError(
+            f"topic {name!r} has a metadata error: {_code_name(err)} (not a deleted topic: nothing is dropped)",
+            topic=name,
+        )
 
     def partitions_for(
         self,
@@ -129,21 +216,29 @@ class KafkaMetadataClient:
         pattern: str | None = None,
         assign: dict[str, list[int]] | None = None,
     ) -> tuple[list[TopicPartition], list[TopicPartition]]:
-        """(partitions that exist now, assigned partitions that do not) for one topic selection."""
-        topics = self.topics()
-        if subscribe is not None:
-            tps = [TopicPartition(t, p) for t in subscribe if t in topics for p in range(topics[t])]
-            return sorted(tps), []
+        """(partitions that exist now, partitions of the selection that do not) for one topic selection.
+
+        Missing: each assigned partition that does not exist, and partition 0 of each subscribed topic
+        that does not exist (the caller decides whether that is an error or a deletion).
+        """
         if pattern is not None:
+            everything = self.topics()
             rx = re.compile(pattern)
-            tps = [TopicPartition(t, p) for t in topics if rx.search(t) for p in range(topics[t])]
+            tps = [TopicPartition(t, p) for t in everything if rx.search(t) for p in range(everything[t])]
             return sorted(tps), []
+        if subscribe is not None:
+            counts = self.describe(list(subscribe), option="subscribe")
+            tps = [TopicPartition(t, p) for t, n in counts.items() if n is not None for p in range(n)]
+            gone = [TopicPartition(t, 0) for t, n in counts.items() if n is None]
+            return sorted(tps), sorted(gone)
         assert assign is not None
+        topics = self.describe(list(assign), option="assign")
         have: list[TopicPartition] = []
         missing: list[TopicPartition] = []
         for t, ps in assign.items():
+            n = topics.get(t)
             for p in ps:
-                (have if t in topics and p < topics[t] else missing).append(TopicPartition(t, int(p)))
+                (have if n is not None and p < n else missing).append(TopicPartition(t, int(p)))
         return sorted(have), sorted(missing)
 
     def list_offsets(self, specs: dict[TopicPartition, Any]) -> PartitionOffsets:
@@ -193,16 +288,22 @@ class KafkaMetadataClient:
         if not offsets:
             return
         try:
-            c = Consumer({**self._conf(), "group.id": group})
-            try:
-                c.commit(
-                    offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
-                    asynchronous=False,
-                )
-            finally:
-                c.close()
+            if self._committer is None or self._committer[0] != group:
+                self.close_committer()
+                self._committer = (group, Consumer({**self._conf(), "group.id": group}))
+            self._committer[1].commit(
+                offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
+                asynchronous=False,
+            )
         except KafkaException as exc:
+            self.close_committer()  # the next commit starts from a fresh consumer
             log.warning("kafka-eos: committing offsets to group %r failed (monitoring only, ignored): %s", group, exc)
+
+
+_METADATA_HINT = (
+    "A topic with a metadata error (e.g. no leader) is not taken for a deleted one; check the brokers' health, "
+    "or raise fetchOffset.numRetries / fetchOffset.retryIntervalMs to wait longer."
+)
 
 
 def _consumer_only(key: str) -> bool:

@@ -30,11 +30,12 @@ from pyspark.sql.types import (
 from connectors import faults
 from connectors.errors import ConfigError
 from connectors.options import parse_bool
-from sources.kafka.offsets import PartitionOffsets, from_json, is_symbolic, to_json
+from sources.kafka.offsets import LATEST, PartitionOffsets, from_json, is_symbolic, to_json
 from sources.kafka.options import KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
 from sources.kafka.reader import read_partition
 from sources.kafka.split import KafkaInputPartition
+from sources.kafka.workers import check_python_workers
 
 __all__ = ["FORMAT", "KafkaBatchReader", "KafkaEosDataSource", "KafkaStreamReader", "kafka_schema"]
 
@@ -68,6 +69,14 @@ class KafkaEosDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        # spark.dataSource.register() calls name() in the driver's Python, before any query: the one place
+        # to tell that Spark's Python workers cannot import kafka-eos (they run PYSPARK_PYTHON, not this
+        # interpreter). In a worker there is no active SparkContext and nothing is checked.
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is not None:
+            check_python_workers(sc, cls.__module__.rsplit(".", 1)[0])
         return FORMAT
 
     def _headers(self) -> bool:
@@ -102,9 +111,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader; its offsets (Spark's offsets/n) are the source's operator state.
 
     The start of batch 0 is never written to the checkpoint by Spark and ``initialOffset`` is
-    called again on restart, so a start that depends on time (latest, timestamps, group, earliest
-    under retention) is resolved once: into ``startingOffsetsLocation`` when set, otherwise by an
-    empty batch 0 whose end pins the resolved start in ``offsets/0``.
+    called again on restart, so a start that depends on time (latest, timestamps, group) is resolved
+    once: into ``startingOffsetsLocation`` when set, otherwise by an empty batch 0 whose end pins the
+    resolved start in ``offsets/0``. Earliest needs no pin: batch 0 reads [earliest, end) and a
+    replay reads what retention left of the same range.
     """
 
     def __init__(self, opts: KafkaSourceOptions) -> None:
@@ -160,6 +170,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start, symbolic=True, what="start offset")
         end_json: dict[str, dict[str, int]]
+        if is_symbolic(begin) and not _needs_pin(begin):
+            # earliest (-2) is resolved again when batch 0 is planned or replayed (see partitions()): no
+            # empty batch 0; a replay reads what is still there of [earliest, end)
+            begin = self.planner.resolve_sentinels(begin)
         if is_symbolic(begin):
             key = repr(start)
             if key not in self._pinned:
@@ -206,7 +220,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = from_json(start, symbolic=True, what="start offset")
         if is_symbolic(begin):
-            return []  # the pinning batch 0 (see the class docstring)
+            if _needs_pin(begin):
+                return []  # the pinning batch 0 (see the class docstring)
+            begin = self.planner.resolve_sentinels(begin)
         return self.planner.input_partitions(begin, from_json(end, what="end offset"))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -220,6 +236,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self.planner.client.close()
+
+
+def _needs_pin(offsets: PartitionOffsets) -> bool:
+    """A start that only a pinning batch 0 can keep: latest (-1; also timestamps and group resolve through it).
+    Earliest (-2) needs none: replaying [earliest, end) reads the same records, less any retention removed."""
+    return any(off == LATEST for off in offsets.values())
 
 
 class KafkaBatchReader(DataSourceReader):

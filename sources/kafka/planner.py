@@ -91,6 +91,14 @@ class KafkaPlanner:
         have, missing = self.client.partitions_for(
             subscribe=self.opts.subscribe, pattern=self.opts.subscribe_pattern, assign=self.opts.assign
         )
+        if missing and self.opts.subscribe is not None:
+            shown = ", ".join(repr(tp.topic) for tp in missing)
+            raise ConfigError(
+                f"kafka-eos: option 'subscribe' names topic(s) that do not exist at {self.client.bootstrap}: {shown}. "
+                "Create them first (the source never creates topics; check the spelling), or use subscribePattern "
+                "to pick topics up as they appear.",
+                option="subscribe",
+            )
         if missing:
             shown = ", ".join(str(tp) for tp in missing)
             raise ConfigError(
@@ -152,7 +160,7 @@ class KafkaPlanner:
             earliest = self.client.earliest([tp for tp, off in committed.items() if off is None])
             return {tp: (off if off is not None else earliest[tp]) for tp, off in committed.items()}
         given = self._cover(json.loads(spec), tps, "startingOffsets")
-        return self._resolve_sentinels(given)
+        return self.resolve_sentinels(given)
 
     def _cover(
         self, spec: Mapping[str, Mapping[str, int]], tps: Sequence[TopicPartition], option: str
@@ -174,7 +182,7 @@ class KafkaPlanner:
             )
         return given
 
-    def _resolve_sentinels(self, given: PartitionOffsets) -> PartitionOffsets:
+    def resolve_sentinels(self, given: PartitionOffsets) -> PartitionOffsets:
         earliest = self.client.earliest([tp for tp, off in given.items() if off == EARLIEST])
         latest = self.client.latest([tp for tp, off in given.items() if off == LATEST])
         return {tp: earliest.get(tp, latest.get(tp, off)) if off < 0 else off for tp, off in given.items()}
@@ -234,13 +242,19 @@ class KafkaPlanner:
             latest = {tp: target.get(tp, start.get(tp, 0)) for tp in present}
         else:
             latest = self.client.latest(sorted(present))
+        self._retry_stale(start, latest, target)
         end: PartitionOffsets = {}
         for tp, s in start.items():
             if tp not in present:
                 self.data_loss(f"partition {tp} is gone (topic or partition deleted) with offsets from {s} unread", tp)
                 continue  # failOnDataLoss=false: stop tracking it
             if latest[tp] < s:
-                self.data_loss(f"the offsets of {tp} went back from {s} to {latest[tp]} (topic recreated?)", tp)
+                self.data_loss(
+                    f"the offsets of {tp} went back from {s} to {latest[tp]} (still so after "
+                    f"{self.opts.fetch_offset_num_retries} re-fetch(es), fetchOffset.numRetries; topic recreated?)",
+                    tp,
+                )
+                latest[tp] = s  # failOnDataLoss=false: never move the checkpoint back (no record is read twice)
             end[tp] = latest[tp]
         new = sorted(present - set(start))
         if new:
@@ -248,6 +262,29 @@ class KafkaPlanner:
             # so a replay never depends on when the partition was first seen.
             end.update(self.client.earliest(new))
         return end, latest
+
+    def _retry_stale(self, start: PartitionOffsets, latest: PartitionOffsets, target: PartitionOffsets | None) -> None:
+        """Re-fetch a latest offset below the known one, as Spark does for KAFKA-7703 (a broker that has just
+        become leader can answer with a stale end): up to fetchOffset.numRetries times, fetchOffset.retryIntervalMs
+        apart. ``latest`` (and an AvailableNow ``target``) are updated in place."""
+        stale = sorted(tp for tp, s in start.items() if tp in latest and latest[tp] < s)
+        attempt = 0
+        while stale and attempt < self.opts.fetch_offset_num_retries:
+            attempt += 1
+            shown = ", ".join(f"{tp} {latest[tp]} < {start[tp]}" for tp in stale)
+            log.warning(
+                "kafka-eos: latest offset below the known one (%s); re-fetching (%d of %d)",
+                shown,
+                attempt,
+                self.opts.fetch_offset_num_retries,
+            )
+            time.sleep(self.opts.fetch_offset_retry_interval_ms / 1000.0)
+            fresh = self.client.latest(stale)
+            for tp, off in fresh.items():
+                latest[tp] = off
+                if target is not None and tp in target:
+                    target[tp] = off
+            stale = [tp for tp in stale if latest[tp] < start[tp]]
 
     def cap(self, start: PartitionOffsets, end: PartitionOffsets, limits: Limits) -> PartitionOffsets:
         """``end`` (from latest_end) cut down to the read limits' maximum rows / bytes."""
@@ -329,10 +366,16 @@ class KafkaPlanner:
 
     def input_partitions(self, start: PartitionOffsets, end: PartitionOffsets) -> list[KafkaInputPartition]:
         ranges = []
+        # A partition in the end but not the start is new in this batch: kafka-eos pins it at its earliest
+        # offset (nothing to read), Spark's own source reads it from earliest; reading [earliest, end) does both.
+        new = [tp for tp in end if tp not in start and end[tp] > 0]
+        first = self.client.earliest(sorted(new)) if new else {}
         for tp, e in sorted(end.items()):
             s = start.get(tp)
             if s is None:
-                continue  # partition pinned by this batch (new, or start resolved): read from the next one
+                s = first.get(tp, e)
+                if s >= e:
+                    continue  # pinned by this batch (or retention passed the end: judged by the next batch)
             if s < 0 or e < 0:
                 raise FatalError(f"kafka-eos: unresolved offset for {tp} in a planned batch ({s}, {e})")
             if e < s:
@@ -359,7 +402,7 @@ class KafkaPlanner:
         spec = (o.ending_offsets or "latest").strip()
         if spec.lower() == "latest":
             return self.client.latest(tps)
-        return self._resolve_sentinels(self._cover(json.loads(spec), tps, "endingOffsets"))
+        return self.resolve_sentinels(self._cover(json.loads(spec), tps, "endingOffsets"))
 
     def plan_batch(self) -> list[KafkaInputPartition]:
         tps = self.discover()

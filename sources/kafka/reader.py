@@ -14,6 +14,7 @@ from confluent_kafka import TopicPartition as CkTopicPartition
 
 from connectors import faults
 from connectors.errors import ConfigError, DataLossError, RetriableError
+from sources.kafka.client import DENIED, UNKNOWN_TOPIC, access_denied
 from sources.kafka.split import KafkaInputPartition, ReadSettings
 
 __all__ = ["KafkaPartitionReader", "arrow_schema", "read_partition"]
@@ -30,6 +31,7 @@ _BASE = [
     pa.field("timestamp", pa.timestamp("us", tz="UTC")),
     pa.field("timestampType", pa.int32()),
 ]
+_GONE = UNKNOWN_TOPIC | {KafkaError._UNKNOWN_PARTITION}
 # confluent-kafka timestamp types -> Java's TimestampType ids that Spark exposes
 _TS_TYPE = {1: 0, 2: 1, 0: -1}
 
@@ -173,6 +175,17 @@ class KafkaPartitionReader:
                             position = self._out_of_range(consumer, ctp, position, timeout, err)
                             consumer.assign([CkTopicPartition(r.topic, r.partition, position)])
                             break
+                        if err.code() in DENIED:
+                            raise access_denied(
+                                r.topic, err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
+                            )
+                        if err.code() in _GONE and self._gone(consumer, ctp, timeout):
+                            self._loss(
+                                f"{r.topic}-{r.partition} is gone (topic or partition deleted) while reading "
+                                f"[{r.start}, {r.end}) at offset {position}: {err.name()}"
+                            )
+                            position = r.end  # failOnDataLoss=false: skip the rest of the range
+                            break
                         if err.retriable() or not err.fatal():
                             log.warning("kafka-eos: reading %s-%d: %s (retrying)", r.topic, r.partition, err)
                             continue
@@ -209,6 +222,11 @@ class KafkaPartitionReader:
         try:
             low, _high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
         except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in DENIED:
+                raise access_denied(
+                    ctp.topic, err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
+                ) from None
             raise RetriableError(
                 f"kafka-eos: cannot read the offsets of {ctp.topic}-{ctp.partition} from "
                 f"{self.settings.consumer_config.get('bootstrap.servers')} within {timeout:g}s: {exc}"
@@ -220,6 +238,22 @@ class KafkaPartitionReader:
             )
             return low
         return start
+
+    @property
+    def _bootstrap(self) -> str:
+        return str(self.settings.consumer_config.get("bootstrap.servers", ""))
+
+    def _gone(self, consumer: Consumer, ctp: CkTopicPartition, timeout: float) -> bool:
+        """Whether the topic-partition really does not exist (a fresh metadata look-up of this topic only);
+        any other answer, or none, is a transient error that the read loop retries."""
+        try:
+            md = consumer.list_topics(topic=ctp.topic, timeout=min(timeout, 10.0))
+        except KafkaException:
+            return False
+        t = md.topics.get(ctp.topic)
+        if t is None or (t.error is not None and t.error.code() in UNKNOWN_TOPIC):
+            return True
+        return t.error is None and ctp.partition not in t.partitions
 
     def _out_of_range(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float, err: Any) -> int:
         low, high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
