@@ -255,6 +255,7 @@ class Result:
     batches: list[dict[str, Any]] = field(default_factory=list)  # progress of batches with rows
     check: str = ""
     commit_ms: list[float] = field(default_factory=list)
+    commit_parts: list[dict[str, float]] = field(default_factory=list)  # 2pc commit() steps, cumulative s
     latency: list[float] = field(default_factory=list)
     latency_check: str = ""
 
@@ -402,7 +403,8 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
             r.seconds = time.perf_counter() - t
             r.batches = [{"rows": p.numInputRows, **p.durationMs} for p in q.recentProgress if p.numInputRows]
             with open(timings, encoding="utf-8") as fh:
-                r.commit_ms = [json.loads(line)["total"] * 1000 for line in fh if line.strip()]
+                r.commit_parts = [json.loads(line) for line in fh if line.strip()]
+            r.commit_ms = [t["total"] * 1000 for t in r.commit_parts]
             r.check = "exact" if name.startswith("noop") else _check(dsn, table, records)
             if name.startswith("noop"):
                 got = sum(b["rows"] for b in r.batches)
@@ -438,6 +440,9 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
                 finished = poller.complete.wait(max(60.0, 10 * interval))
                 poller.stop_event.set()
                 poller.join()
+                idle = time.perf_counter() + 30
+                while q.status["isTriggerActive"] and time.perf_counter() < idle:
+                    time.sleep(0.05)  # stop between triggers, not in the middle of an empty one
                 q.stop()
                 r = results[name]
                 if producer.error or poller.error or not finished:
@@ -502,12 +507,24 @@ def report(
             split = "(the other floor run is lower)"
         cm = f"{statistics.median(r.commit_ms):.0f} (p99 {percentile(r.commit_ms, 0.99):.0f})" if r.commit_ms else ""
         print(f"| {r.name} | {_med(r, 'triggerExecution'):.0f} | {add:.0f} | {split} | {cm} |")
+    for r in results.values():
+        if r.commit_parts:
+            steps = {"decide": "decide", "commit_prepared": "COMMIT PREPARED", "publish": "publish"}
+            prev = "decide"
+            parts = [f"decide {statistics.median(t['decide'] for t in r.commit_parts) * 1000:.0f}"]
+            for key in ("commit_prepared", "publish", "total"):
+                label = steps.get(key, "cleanup")
+                ms = statistics.median((t[key] - t[prev]) for t in r.commit_parts) * 1000
+                parts.append(f"{label} {ms:.0f}")
+                prev = key
+            print(f"({r.name}: driver commit() steps, medians in ms: {', '.join(parts)})")
     others = sorted(
         {k for r in results.values() for b in r.batches for k in b} - {"rows", "addBatch", "triggerExecution"}
     )
     if floor.batches:
         rest = ", ".join(f"{k} {_med(floor, k):.0f}" for k in others if _med(floor, k))
-        print(f"(the floor's other parts of a trigger, medians in ms: {rest})")
+        if rest:
+            print(f"(the floor's other parts of a trigger, medians in ms: {rest})")
 
     if skip_latency:
         return
