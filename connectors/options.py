@@ -321,7 +321,7 @@ class OptionSet:
         return f"{self.context}: unknown option '{key}'{hint} Known options: {', '.join(sorted(known))}{prefixes}"
 
     def markdown(self) -> str:
-        """A README table of the options."""
+        """A markdown table of the options (the docs pages embed it: scripts/docs_options.py)."""
         rows = ["| option | type | default | description |", "|---|---|---|---|"]
         for o in self.options:
             default = "required" if o.required else ("" if o.default is None else f"`{o.default}`")

@@ -16,7 +16,7 @@ Public API:
   the dedup), in 8 bytes per row up to ``MAX_TRACKED`` rows.
 - ``tombstone_sql(plan) -> str`` / ``ensure_tombstones(conn, plan)``: the tombstone table.
 
-Semantics (the README states them for users):
+Semantics (docs/postgres-upsert.md states them for users):
 
 - Within a batch, the rows of one key collapse to one: the highest version, ties (and no version
   column) broken by the last in input order (``ORDINAL``), deterministically.

@@ -458,7 +458,7 @@ class UpsertStreamWriter(_UpsertWriterMixin, DataSourceStreamArrowWriter):
 
 
 class PostgresUpsertDataSource(DataSource):
-    """Format ``postgres-upsert``: see the module docstring and the README for options."""
+    """Format ``postgres-upsert``: see the module docstring and docs/postgres-upsert.md for options."""
 
     @classmethod
     def name(cls) -> str:

@@ -72,7 +72,7 @@ OPTIONS = OptionSet(
         Option(
             "startingOffsetsLocation",
             "str",
-            description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see README).",
+            description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see docs/kafka-source.md).",
         ),
         Option(
             "endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'

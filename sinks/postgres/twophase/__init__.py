@@ -1,6 +1,6 @@
 """The ``postgres-2pc`` sink: tasks PREPARE their rows, the driver commits them with the batch.
 
-Protocol (README "two-phase sink" and "Lifecycle" have the diagram and the operator's view):
+Protocol (docs/postgres-2pc.md and docs/lifecycle.md have the diagram and the operator's view):
 
 - task ``write`` of batch n, partition p: refuse if another query owns the sink id; under the
   sink's advisory lock, meet the decision of batch n if there is one (skip it, refuse it, or take
