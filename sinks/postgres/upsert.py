@@ -14,7 +14,8 @@ Public API:
 - ``UpsertCommitMessage``: what each task reports (picklable).
 
 Each task, in ONE transaction: CREATE TEMP staging, binary COPY of its Arrow batches as Spark
-yields them (a copy kept for a retry: memory up to 64 MiB, then a local file), merge (dedup, INSERT ... ON CONFLICT ... WHERE version guard, deletes, tombstones), COMMIT.
+yields them (a copy kept for a retry: memory up to 64 MiB, then a local file), merge (dedup unless
+every key is distinct, INSERT ... ON CONFLICT ... WHERE version guard, deletes, tombstones), COMMIT.
 Retriable failures rerun the whole transaction with bounded backoff. A crash after COMMIT and
 before Spark's commit log replays the batch, which the version guard (or plain key equality)
 turns into a no-op: that is the exactly-once argument of this sink.
