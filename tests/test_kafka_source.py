@@ -1083,3 +1083,91 @@ def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyP
     committer = reader.planner.client._committer[1]  # type: ignore[index]
     reader.stop()
     assert committer.closed and reader.planner.client._committer is None
+
+
+# ---- the record loop's fast path (issue 16 item 8) --------------------------------------------------
+
+
+class _ChunkConsumer:
+    """Hands out scripted chunks of real confluent_kafka Messages, then EOF."""
+
+    def __init__(self, chunks: list[list]) -> None:
+        self.chunks = list(chunks)
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return 0, 10_000
+
+    def assign(self, parts: list) -> None:
+        pass
+
+    def unassign(self) -> None:
+        pass
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        return self.chunks.pop(0) if self.chunks else []
+
+
+def _msg(offset: int, size: int = 10) -> object:
+    from confluent_kafka import Message
+
+    return Message(
+        topic="t",
+        partition=0,
+        offset=offset,
+        key=b"k%d" % offset,
+        value=b"v" * size,
+        timestamp=(1, 1_700_000_000_000 + offset),
+    )
+
+
+def _eof(offset: int) -> object:
+    from confluent_kafka import KafkaError, Message
+
+    return Message(topic="t", partition=0, offset=offset, error=KafkaError(KafkaError._PARTITION_EOF))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_record_loop_fast_path_yields_the_per_record_loops_batches(monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+    from sources.kafka import reader as reader_mod
+
+    def script() -> list[list]:
+        return [
+            [_msg(o) for o in range(0, 700)],  # clean: fast path
+            [_msg(o) for o in range(650, 1200)],  # starts below the position: per-record loop skips 650..699
+            [_msg(o, size=5000) for o in range(1200, 2200)],  # big records: the bytes limit cuts inside the chunk
+            [*[_msg(o) for o in range(2200, 2300)], _eof(2300)],  # an EOF inside: per-record loop
+            [_msg(o) for o in range(2400, 3000)],  # a gap of 100 offsets (compaction), then clean
+        ]
+
+    def run(use_fast: bool) -> tuple[list, list]:
+        consumer = _ChunkConsumer(script())
+        monkeypatch.setattr(reader_mod, "_consumer", lambda settings: consumer)
+        if not use_fast:
+            monkeypatch.setattr(reader_mod, "_clean_run", lambda msgs, position, end: None)
+        marks: list = []
+        monkeypatch.setattr(reader_mod.faults, "point", lambda name, **kw: marks.append(name))
+        extend = reader_mod._Columns.extend
+
+        def counted(self: object, msgs: list, offsets: list) -> None:
+            marks.append("extend")
+            extend(self, msgs, offsets)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(reader_mod._Columns, "extend", counted)
+        settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, arrow_batch_rows=400,  # type: ignore[arg-type]
+                                arrow_batch_bytes=1_000_000)  # fmt: skip
+        batches = list(reader_mod.read_partition(KafkaInputPartition(r(0, 0, 3000), settings)))
+        return batches, marks
+
+    got, marks = run(fast)
+    monkeypatch.undo()
+    want, want_marks = run(False)
+    assert [b.num_rows for b in got] == [b.num_rows for b in want]  # the same flush boundaries
+    assert [b.to_pydict() for b in got] == [b.to_pydict() for b in want]
+    offsets = [o for b in got for o in b.column("offset").to_pylist()]
+    assert offsets == [*range(0, 2300), *range(2400, 3000)]  # each record once, in order, the gap skipped
+    assert max(b.nbytes for b in got) < 3_000_000  # 1000 records of 5 KB never went into one batch
+    assert ("extend" in marks) is fast and "extend" not in want_marks  # the fast path really ran (or not)
+    assert [m for m in marks if m != "extend"] == want_marks and marks.count("source.read.mid") == 1
+    first = got[0]
+    assert first.column("topic").to_pylist()[:2] == ["t", "t"] and first.column("partition").to_pylist()[0] == 0
+    assert first.column("timestampType").to_pylist()[0] == 0

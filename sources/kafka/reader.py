@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -101,6 +103,20 @@ class _Columns:
             h = m.headers()
             self.hdrs.append([(hk, hv) for hk, hv in h] if h else None)
 
+    def extend(self, msgs: Sequence[Any], offsets: Sequence[int]) -> None:
+        """``add`` for a run of clean records, one C-level pass per field instead of a Python loop."""
+        keys = [m.key() for m in msgs]
+        values = [m.value() for m in msgs]
+        stamps = [m.timestamp() for m in msgs]
+        self.keys += keys
+        self.values += values
+        self.offsets += offsets
+        self.stamps += [ts * 1000 if kind != 0 and ts >= 0 else None for kind, ts in stamps]
+        self.types += [_TS_TYPE.get(kind, -1) for kind, _ in stamps]
+        self.bytes += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values))) + 32 * len(msgs)
+        if self.headers:
+            self.hdrs += [[(hk, hv) for hk, hv in h] if h else None for h in (m.headers() for m in msgs)]
+
     def __len__(self) -> int:
         return len(self.offsets)
 
@@ -109,8 +125,8 @@ class _Columns:
         cols = [
             pa.array(self.keys, pa.binary()),
             pa.array(self.values, pa.binary()),
-            pa.array([self.topic] * n, pa.string()),
-            pa.array([self.partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(self.topic, pa.string()), n),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
             pa.array(self.offsets, pa.int64()),
             pa.array(self.stamps, pa.timestamp("us", tz="UTC")),
             pa.array(self.types, pa.int32()),
@@ -120,6 +136,28 @@ class _Columns:
         batch = pa.RecordBatch.from_arrays(cols, schema=self.schema)
         self.reset()
         return batch
+
+
+def _clean_run(msgs: Sequence[Any], position: int, end: int) -> list[int] | None:
+    """The offsets of ``msgs`` when every one is a record (no error, no EOF) in [position, end), else None
+    (then the per-record loop sorts out gaps, errors and records before the seek position)."""
+    if not msgs or any(m.error() is not None for m in msgs):
+        return None
+    offsets = [m.offset() for m in msgs]
+    if offsets[0] < position or offsets[-1] >= end:  # one partition: offsets come in order
+        return None
+    return offsets
+
+
+def _cut(msgs: Sequence[Any], offsets: Sequence[int], cols: _Columns, s: ReadSettings, half: int | None) -> int:
+    """How many of the next records go into the current Arrow batch: up to the one that fills it (by
+    rows or payload bytes, as the per-record loop flushes) or passes the range's middle."""
+    take = min(len(offsets), max(1, s.arrow_batch_rows - len(cols)))
+    sizes = list(itertools.accumulate(len(m.value() or b"") + len(m.key() or b"") + 32 for m in msgs[:take]))
+    take = min(take, bisect.bisect_left(sizes, s.arrow_batch_bytes - cols.bytes) + 1)
+    if half is not None and offsets[take - 1] >= half:
+        take = bisect.bisect_left(offsets, half, 0, take) + 1
+    return take
 
 
 def _batch_id() -> str | None:
@@ -163,6 +201,21 @@ class KafkaPartitionReader:
             while position < r.end:
                 msgs = consumer.consume(num_messages=min(1000, max(1, r.end - position)), timeout=min(1.0, timeout))
                 before = position
+                offsets = _clean_run(msgs, position, r.end)
+                if offsets is not None:  # the common case: records of this range only, in order
+                    while offsets:
+                        take = _cut(msgs, offsets, cols, s, None if mid_done else half)
+                        cols.extend(msgs[:take], offsets[:take])
+                        position = offsets[take - 1] + 1
+                        msgs, offsets = msgs[take:], offsets[take:]
+                        if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
+                            yield cols.flush()
+                        if not mid_done and position > half:
+                            mid_done = True
+                            if len(cols):
+                                yield cols.flush()
+                            faults.point("source.read.mid", spec=s.faults, **ctx)
+                    msgs = []
                 for m in msgs:
                     err = m.error()
                     if err is not None:
