@@ -8,8 +8,10 @@ Run: ``.venv/bin/python -m bench.kafka_source [--quick] [--records N] [--size B]
    - ``kafka-eos (Spark local[2], noop)``: ``spark.read.format("kafka-eos") ... .write.format("noop")``
      with warm Python workers (a small warm-up job runs first; session start-up is not timed);
    - ``plain consumer loop``: this process alone, one confluent-kafka Consumer assigned to every
-     partition, ``consume(1000)`` until the end offsets: the peer, with no Spark and no Arrow.
-   Printed: records/s of both and kafka-eos / plain.
+     partition, ``consume(1000)`` until the end offsets: the peer, with no Spark and no Arrow;
+   - ``plain loops, 2 processes``: the same loop in two processes, each with half the partitions:
+     the limit on two cores.
+   Printed: records/s of each, kafka-eos against both, and per core (kafka-eos / 2 against one loop).
 2. Memory: a partition of ``--big-mb`` MB (500) read by one kafka-eos read task (the same
    ``read()`` code path a Spark Python worker runs) in a fresh process: its peak RSS (VmHWM) above
    its RSS before the read, against the same figure for a 50 MB partition in the same run. The
@@ -31,6 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = ["main"]
 
@@ -118,8 +121,8 @@ def make_topic(bootstrap: str, partitions: int, records_per_partition: int, size
     return topic
 
 
-def plain_loop(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
-    """Drain the topic with one consumer in this process: (records, seconds)."""
+def plain_loop(bootstrap: str, topic: str, partitions: int, only: list[int] | None = None) -> tuple[int, float]:
+    """Drain the topic (or the partitions ``only``) with one consumer in this process: (records, seconds)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     c = Consumer(
@@ -131,12 +134,13 @@ def plain_loop(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]
             "auto.offset.reset": "error",
         }
     )
-    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    mine = list(range(partitions)) if only is None else only
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in mine}
+    c.assign([TopicPartition(topic, p, 0) for p in mine])
     done: set[int] = set()
     n = 0
     t0 = time.perf_counter()
-    while len(done) < partitions:
+    while len(done) < len(mine):
         for m in c.consume(1000, 1.0):
             err = m.error()
             if err is not None:
@@ -148,6 +152,39 @@ def plain_loop(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]
     elapsed = time.perf_counter() - t0
     c.close()
     return n, elapsed
+
+
+def _loop_child(bootstrap: str, topic: str, partitions: int, only: list[int], ready: Any, go: Any, out: Any) -> None:
+    ready.set()
+    go.wait()
+    out.put(plain_loop(bootstrap, topic, partitions, only)[0])
+
+
+def plain_loops(bootstrap: str, topic: str, partitions: int, procs: int = 2) -> tuple[int, float]:
+    """The same loop in ``procs`` processes, each draining its share of the partitions: the limit on
+    ``procs`` cores. (records, wall seconds from the common start to the last one done)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    go, out = ctx.Event(), ctx.Queue()
+    shares = [list(range(partitions))[i::procs] for i in range(procs)]
+    ready = [ctx.Event() for _ in shares]
+    kids = [
+        ctx.Process(target=_loop_child, args=(bootstrap, topic, partitions, share, r, go, out))
+        for share, r in zip(shares, ready, strict=True)
+    ]
+    for k in kids:
+        k.start()
+    for r in ready:
+        r.wait(120)
+    time.sleep(1.0)  # each child has its consumer up before the clock starts
+    t0 = time.perf_counter()
+    go.set()
+    total = sum(out.get(timeout=1800) for _ in kids)
+    elapsed = time.perf_counter() - t0
+    for k in kids:
+        k.join()
+    return total, elapsed
 
 
 def spark_read(spark: object, bootstrap: str, topic: str) -> tuple[int, float]:
@@ -246,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spark.stop()
         n_plain, t_plain = plain_loop(bootstrap, topic, args.partitions)
-        if n_spark != n_plain:
-            print(f"record counts differ: kafka-eos {n_spark}, plain {n_plain}")
+        n_two, t_two = plain_loops(bootstrap, topic, args.partitions, 2)
+        if not n_spark == n_plain == n_two:
+            print(f"record counts differ: kafka-eos {n_spark}, plain {n_plain}, two plain processes {n_two}")
             return 1
 
         # the big partition (values of 10 KB so that producing 500 MB stays quick) and, as the in-run
@@ -261,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         mem = worker_memory(bootstrap, big)
         mem_small = worker_memory(bootstrap, small)
 
-    rs, rp = n_spark / t_spark, n_plain / t_plain
+    rs, rp, r2 = n_spark / t_spark, n_plain / t_plain, n_two / t_two
     grown = mem["peak"] - mem["before"]
     grown_small = mem_small["peak"] - mem_small["before"]
     extra = mem["payload"] - mem_small["payload"]
@@ -269,12 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("kafka-eos (Spark local[2], noop sink)", f"{n_spark:,}", f"{t_spark:.2f}", f"{rs:,.0f}"),
         ("plain confluent-kafka loop (1 process)", f"{n_plain:,}", f"{t_plain:.2f}", f"{rp:,.0f}"),
+        ("plain loops, 2 processes (the limit)", f"{n_two:,}", f"{t_two:.2f}", f"{r2:,.0f}"),
     ]
     print()
     print(f"{'reader':42} {'records':>12} {'seconds':>9} {'records/s':>12}")
     for r in rows:
         print(f"{r[0]:42} {r[1]:>12} {r[2]:>9} {r[3]:>12}")
-    print(f"{'ratio kafka-eos / plain':42} {'':>12} {'':>9} {rs / rp:>12.2f}")
+    print(f"{'ratio kafka-eos / 1-process loop':42} {'':>12} {'':>9} {rs / rp:>12.2f}")
+    print(f"{'ratio kafka-eos / 2-process loops':42} {'':>12} {'':>9} {rs / r2:>12.2f}")
+    print(f"{'per core: kafka-eos / 2 vs one loop':42} {'':>12} {'':>9} {rs / 2 / rp:>12.2f}")
     print()
     print(f"read task on a {mem['payload'] / 1e6:,.0f} MB partition ({mem['rows']:,} records):")
     print(
