@@ -78,7 +78,8 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
     proxies: list[TcpProxy] = []
 
     def make(sink: str, *, records: int = RECORDS, proxy_pg: bool = False, topic: str | None = None,
-             bootstrap: str | None = None, produce: bool = True, aborted: int = 0) -> Pipeline:  # fmt: skip
+             bootstrap: str | None = None, produce: bool = True, aborted: int = 0,
+             options: tuple[str, ...] = ()) -> Pipeline:  # fmt: skip
         name = f"cm_{sink}_{uuid.uuid4().hex[:8]}"
         bootstrap = bootstrap or kafka_service.bootstrap
         topic = topic or name
@@ -96,7 +97,8 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
             proxy = TcpProxy("127.0.0.1", int(postgres_service.port)).start()
             proxies.append(proxy)
             dsn = _with_port(dsn, proxy.port)
-        pipe = Pipeline(sink, bootstrap, topic, dsn, postgres_service.dsn, name, str(tmp_path / name), PER_TRIGGER)
+        pipe = Pipeline(sink, bootstrap, topic, dsn, postgres_service.dsn, name, str(tmp_path / name), PER_TRIGGER,
+                        options=options)  # fmt: skip
         pipe.proxy = proxies[-1] if proxy_pg else None
         return pipe
 
@@ -138,9 +140,12 @@ def _prepared(dsn: str, sink_id: str) -> list[str]:
 # F1-F8 for each pipeline
 
 
-@pytest.mark.parametrize("sink", ["2pc", "upsert", "stateful"])
-def test_f1_to_f8(sink, make_pipeline, postgres_service):
-    pipe = make_pipeline(sink, proxy_pg=True)
+@pytest.mark.parametrize("variant", ["2pc", "2pc-partition", "upsert", "stateful"])
+def test_f1_to_f8(variant, make_pipeline, postgres_service):
+    # 2pc-partition: postgres-2pc with visibility=partition (tasks write the table in their prepared
+    # transactions; F3 leaves one task's rows visible, which the restart rolls forward)
+    sink = variant.removesuffix("-partition")
+    pipe = make_pipeline(sink, proxy_pg=True, options=("visibility=partition",) if variant != sink else ())
     proxy = pipe.proxy
 
     # F1-F4: the driver's whole process group killed at four protocol steps, restart after each
@@ -187,6 +192,10 @@ def test_f1_to_f8(sink, make_pipeline, postgres_service):
     assert proxy.stats.pattern_hits >= 1 and proxy.stats.resets >= 1, f"F8: no reset ({proxy.stats})"
     report = pipe.report(min_faults=7)
     _assert_ok(report, pipe)
+    if variant == "2pc-partition":  # the mode really was partition: every decision wrote the table directly
+        with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+            stages = conn.execute("SELECT DISTINCT stage FROM eos.sink_batches WHERE sink_id = %s", (pipe.sink_id,))
+            assert [r[0] for r in stages] == ["direct"]
 
 
 def _state(pid: int) -> str:

@@ -31,6 +31,7 @@ class Pipeline:
     master: str = "local[2,2]"
     outcomes: list[Outcome] = field(default_factory=list)
     proxy: Any = None  # a TcpProxy between the pipeline and Postgres, when the test needs one
+    options: tuple[str, ...] = ()  # sink options key=value of every run (e.g. visibility=partition)
 
     def __post_init__(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)
@@ -70,7 +71,7 @@ class Pipeline:
             "--trigger", trigger, "--master", master or self.master, "--fail-on-data-loss", fail_on_data_loss,
             "--timeout", "400",
         ]  # fmt: skip
-        for kv in extra:
+        for kv in (*self.options, *extra):
             args += ["--extra", kv]
         return args
 
