@@ -196,6 +196,18 @@ class KafkaPartitionReader:
         half = r.start + r.size // 2
         mid_done = False
         position = start
+
+        def ready(position: int) -> Iterator[pa.RecordBatch]:
+            """The batch that is full (rows or bytes); at the range's middle, the rest and the fault point."""
+            nonlocal mid_done
+            if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
+                yield cols.flush()
+            if not mid_done and position > half:
+                mid_done = True
+                if len(cols):
+                    yield cols.flush()
+                faults.point("source.read.mid", spec=s.faults, **ctx)
+
         deadline = time.monotonic() + timeout
         try:
             while position < r.end:
@@ -208,13 +220,7 @@ class KafkaPartitionReader:
                         cols.extend(msgs[:take], offsets[:take])
                         position = offsets[take - 1] + 1
                         msgs, offsets = msgs[take:], offsets[take:]
-                        if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
-                            yield cols.flush()
-                        if not mid_done and position > half:
-                            mid_done = True
-                            if len(cols):
-                                yield cols.flush()
-                            faults.point("source.read.mid", spec=s.faults, **ctx)
+                        yield from ready(position)
                     msgs = []
                 for m in msgs:
                     err = m.error()
@@ -251,13 +257,7 @@ class KafkaPartitionReader:
                         break
                     cols.add(m, off)
                     position = off + 1
-                    if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
-                        yield cols.flush()
-                    if not mid_done and position > half:
-                        mid_done = True
-                        if len(cols):
-                            yield cols.flush()
-                        faults.point("source.read.mid", spec=s.faults, **ctx)
+                    yield from ready(position)
                 # measured after the yields too, so a slow consumer of our batches is not a timeout
                 if position > before:
                     deadline = time.monotonic() + timeout
