@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from connectors.checkpoint import numbered
+
 __all__ = [
     "SHOW_IDS",
     "Check",
@@ -290,22 +292,15 @@ def compare_aggregates(
 # end state: checkpoint and the sink's protocol tables
 
 
-def _numbered(path: str) -> list[int]:
-    try:
-        return sorted(int(n) for n in os.listdir(path) if n.isdigit())
-    except FileNotFoundError:
-        return []
-
-
 def last_commit(checkpoint: str) -> int | None:
     """Spark's last completed batch: the highest ``commits/n`` in the checkpoint (None if none)."""
-    ns = _numbered(os.path.join(checkpoint, "commits"))
+    ns = numbered(os.path.join(checkpoint, "commits"))
     return ns[-1] if ns else None
 
 
 def last_offsets(checkpoint: str) -> int | None:
     """The highest planned batch: ``offsets/n`` (None if none)."""
-    ns = _numbered(os.path.join(checkpoint, "offsets"))
+    ns = numbered(os.path.join(checkpoint, "offsets"))
     return ns[-1] if ns else None
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from connectors.errors import ConfigError, FatalError
 
-__all__ = ["Lineage", "batch_lineage", "display", "last_planned", "query_id", "read_log_file"]
+__all__ = ["STATE_FILE", "Lineage", "batch_lineage", "display", "last_planned", "numbered", "query_id", "read_log_file"]
 
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 
@@ -118,8 +119,14 @@ def _names(location: str, directory: str) -> list[str]:
     return [i.base_name for i in infos]
 
 
-def _numbered(location: str, directory: str) -> list[int]:
+def numbered(location: str, directory: str = "") -> list[int]:
+    """The numbered entries (``offsets/<n>``, ``commits/<n>``, state versions) of a directory, sorted;
+    [] when it does not exist."""
     return sorted(int(n) for n in _names(location, directory) if n.isdigit())
+
+
+STATE_FILE = re.compile(r"^(\d+)\.(zip|changelog|delta|snapshot)$")
+"""A state store file of version n (HDFS-backed: delta/snapshot; RocksDB: zip/changelog)."""
 
 
 def _file_source_batch(location: str, source: int, log_offset: int) -> list[str]:
@@ -166,7 +173,7 @@ def _split_log(text: str, where: str) -> tuple[str, list[str]]:
 
 def last_planned(location: str) -> int | None:
     """The highest batch number in ``offsets/``, or None for a checkpoint that planned nothing yet."""
-    numbers = _numbered(location, "offsets")
+    numbers = numbered(location, "offsets")
     return numbers[-1] if numbers else None
 
 

@@ -14,32 +14,23 @@ import os
 import re
 from typing import Any
 
-from connectors.checkpoint import read_log_file
+from connectors.checkpoint import STATE_FILE, numbered, read_log_file
 
 __all__ = ["inspect", "read_log_file", "render"]
-
-_STATE_FILE = re.compile(r"^(\d+)\.(zip|changelog|delta|snapshot)$")
-
-
-def _numbered(path: str) -> list[int]:
-    try:
-        return sorted(int(n) for n in os.listdir(path) if n.isdigit())
-    except FileNotFoundError:
-        return []
 
 
 def _state(checkpoint: str) -> dict[str, Any]:
     root = os.path.join(checkpoint, "state")
     operators: list[dict[str, Any]] = []
-    for op in _numbered(root):
+    for op in numbered(root):
         op_dir = os.path.join(root, str(op))
-        parts = _numbered(op_dir)
+        parts = numbered(op_dir)
         versions: set[int] = set()
         kinds: set[str] = set()
         snapshots: set[int] = set()
         for p in parts:
             for name in os.listdir(os.path.join(op_dir, str(p))):
-                m = _STATE_FILE.match(name)
+                m = STATE_FILE.match(name)
                 if m:
                     versions.add(int(m.group(1)))
                     kinds.add(m.group(2))
@@ -69,11 +60,11 @@ def inspect(
     if os.path.exists(meta):
         with open(meta, encoding="utf-8") as fh:
             info["query_id"] = json.loads(fh.read().strip() or "{}").get("id")
-    commits = set(_numbered(os.path.join(checkpoint, "commits")))
+    commits = set(numbered(os.path.join(checkpoint, "commits")))
     batches = []
     provider = None
     conf: dict[str, Any] = {}
-    for n in _numbered(os.path.join(checkpoint, "offsets")):
+    for n in numbered(os.path.join(checkpoint, "offsets")):
         try:
             _, lines = read_log_file(os.path.join(checkpoint, "offsets", str(n)))
             head = json.loads(lines[0]) if lines else {}

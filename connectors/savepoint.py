@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from typing import Any
 
+from connectors.checkpoint import STATE_FILE, numbered
+
 __all__ = ["MANIFEST", "create", "moved_on", "restore"]
 
 MANIFEST = "_savepoint.json"
-_STATE_FILE = re.compile(r"^(\d+)\.(zip|changelog|delta|snapshot)$")
-
-
-def _numbered(path: str) -> list[int]:
-    try:
-        return sorted(int(n) for n in os.listdir(path) if n.isdigit())
-    except FileNotFoundError:
-        return []
 
 
 def _keep(rel: str, last_commit: int, last_planned: int) -> bool:
@@ -41,7 +34,7 @@ def _keep(rel: str, last_commit: int, last_planned: int) -> bool:
             return False
         return int(name) <= (last_commit if top == "commits" else last_planned)
     if top == "state":
-        m = _STATE_FILE.match(name)
+        m = STATE_FILE.match(name)
         return m is None or int(m.group(1)) <= last_planned + 1
     return True
 
@@ -50,8 +43,8 @@ def create(checkpoint: str, dest: str, *, force: bool = False) -> dict[str, Any]
     """Copy ``checkpoint`` to ``dest`` up to its last committed batch; returns the manifest."""
     if not os.path.isdir(os.path.join(checkpoint, "commits")):
         raise ValueError(f"{checkpoint!r} is not a streaming checkpoint with committed batches (no commits/)")
-    commits = _numbered(os.path.join(checkpoint, "commits"))
-    offsets = _numbered(os.path.join(checkpoint, "offsets"))
+    commits = numbered(os.path.join(checkpoint, "commits"))
+    offsets = numbered(os.path.join(checkpoint, "offsets"))
     if not commits:
         raise ValueError(f"{checkpoint!r} has no committed batch yet; run the query until one batch commits")
     last_commit = commits[-1]
@@ -124,7 +117,7 @@ def moved_on(manifest: dict[str, Any]) -> str | None:
     source = manifest.get("source")
     if not source or not os.path.isdir(os.path.join(source, "commits")):
         return None
-    commits = _numbered(os.path.join(source, "commits"))
+    commits = numbered(os.path.join(source, "commits"))
     last = manifest["last_commit"]
     if not commits or commits[-1] <= last:
         return None
