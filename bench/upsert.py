@@ -21,7 +21,6 @@ import argparse
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from contextlib import contextmanager
 
 import psycopg
 import pyarrow as pa
+
+from connectors.services._proc import free_port
 
 __all__ = ["main"]
 
@@ -49,18 +50,12 @@ def find_jdbc_jar() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def throwaway_postgres() -> Iterator[str]:
     """A temporary cluster (initdb/pg_ctl), run as user 'postgres' when we are root."""
     root = tempfile.mkdtemp(prefix="eos-bench-pg-")
     data = os.path.join(root, "data")
-    port = _free_port()
+    port = free_port()
     run_as: list[str] = []
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")

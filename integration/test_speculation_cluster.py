@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,18 +27,13 @@ import psycopg
 import pytest
 
 from connectors.faults import fired
+from connectors.services._proc import free_port
 from integration import test_twophase_support as support
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 
 twophase_pg = support.twophase_pg
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spark_home() -> str:
@@ -63,7 +57,7 @@ def two_host_cluster() -> Iterator[str]:
     home = _spark_home()
     root = Path(tempfile.mkdtemp(prefix="eos-standalone-"))
     env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(root))
-    port = _port()
+    port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     log = root / "master.log"
 
@@ -71,7 +65,7 @@ def two_host_cluster() -> Iterator[str]:
         with open(out, "wb") as fh:
             procs.append(
                 subprocess.Popen(
-                    [f"{home}/bin/spark-class", cls, "--host", host, "--webui-port", str(_port()), *args],
+                    [f"{home}/bin/spark-class", cls, "--host", host, "--webui-port", str(free_port()), *args],
                     env=dict(env, SPARK_LOCAL_IP=host, SPARK_PUBLIC_DNS=host),
                     stdout=fh,
                     stderr=subprocess.STDOUT,

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import psycopg
 import pytest
 
 from connectors.faults import fired
+from connectors.services._proc import free_port
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 
 __all__ = ["AppRun", "EmbeddedPg", "Scenario", "start_cluster", "twophase_pg"]
@@ -68,12 +68,6 @@ class EmbeddedPg:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_cluster(**settings: str) -> EmbeddedPg:
     base = tempfile.mkdtemp(prefix="eos-2pc-pg-")
     os.chmod(base, 0o755)
@@ -83,7 +77,7 @@ def start_cluster(**settings: str) -> EmbeddedPg:
         shutil.chown(base, "postgres")
         cmd = ["runuser", "-u", "postgres", "--", *cmd]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pg = EmbeddedPg(data, _free_port(), {"max_prepared_transactions": "64", "fsync": "off", **settings})
+    pg = EmbeddedPg(data, free_port(), {"max_prepared_transactions": "64", "fsync": "off", **settings})
     pg.start()
     return pg
 

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -14,7 +13,9 @@ from typing import Any
 
 from connectors.errors import ServiceError
 from connectors.services import docker as engines
+from connectors.services._proc import free_port
 from connectors.services.base import KafkaService, PostgresService
+from connectors.services.embedded_kafka import tansu_args
 
 __all__ = [
     "UPSTREAM_KAFKA",
@@ -72,13 +73,6 @@ def image_mode(engine: engines.Engine | None = None) -> str:
         raise ServiceError(f"EOS_DOCKER_IMAGES={mode!r} is not valid: use 'local' or 'upstream'")
     engine = engine or _engine()
     return "local" if engine.owned else "upstream"
-
-
-def _free_port() -> int:
-    # Host network: the server binds the port itself, so pick one that is free on 127.0.0.1 now.
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 class _Container:
@@ -210,25 +204,17 @@ class ContainerKafka(_Container, KafkaService):
     def __init__(self, engine: engines.Engine | None = None, *, mode: str | None = None) -> None:
         engine = engine or _engine()
         self.mode = mode or image_mode(engine)
-        self.port = _free_port()
+        self.port = free_port()
         self.bootstrap = f"{LOOPBACK}:{self.port}"
         self.is_tansu = self.mode == "local"
         url = f"tcp://{LOOPBACK}:{self.port}"
         if self.mode == "local":
             image = engines.ensure_image(engine, engines.kafka_recipe())
-            command = [
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ]
+            command = tansu_args(url)
             env: dict[str, str] = {}
         else:
             image = UPSTREAM_KAFKA
-            ctl = _free_port()
+            ctl = free_port()
             command = None
             env = {
                 "KAFKA_NODE_ID": "1",
@@ -297,7 +283,7 @@ class ContainerPostgres(_Container, PostgresService):
     ) -> None:
         engine = engine or _engine()
         self.mode = mode or image_mode(engine)
-        self.port = _free_port()
+        self.port = free_port()
         # trust authentication, and only on 127.0.0.1 inside the host's network namespace
         self.dsn = f"postgresql://postgres@{LOOPBACK}:{self.port}/postgres"
         self.volume = tempfile.mkdtemp(prefix="eos-pg-volume-")

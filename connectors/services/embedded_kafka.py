@@ -14,7 +14,7 @@ from connectors.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import KafkaService
 
-__all__ = ["EmbeddedKafka", "kafka_reachable", "tansu_binary"]
+__all__ = ["EmbeddedKafka", "kafka_reachable", "tansu_args", "tansu_binary"]
 
 START_TIMEOUT = 30.0
 _PORT_ATTEMPTS = 3
@@ -36,6 +36,13 @@ def tansu_binary() -> str:
             f"no tansu broker binary for the embedded Kafka: {e} "
             "Alternatively set EOS_KAFKA_BOOTSTRAP to a running broker."
         ) from e
+
+
+def tansu_args(listen: str, advertised: str | None = None) -> list[str]:
+    """tansu's arguments after its binary: a broker on ``listen`` (``tcp://host:port``), advertising
+    ``advertised`` (default the same), keeping everything in memory."""
+    return ["broker", "--listener-url", listen, "--advertised-listener-url", advertised or listen,
+            "--storage-engine", "memory://tansu/"]  # fmt: skip
 
 
 def kafka_reachable(bootstrap: str, timeout: float) -> tuple[bool, str, str | None]:
@@ -119,16 +126,7 @@ class EmbeddedKafka(KafkaService):
 
     def _launch(self, timeout: float, *, last_attempt: bool) -> bool:
         url = f"tcp://127.0.0.1:{self.port}"
-        argv = [
-            self.binary,
-            "broker",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            "memory://tansu/",
-        ]
+        argv = [self.binary, *tansu_args(url)]
         with open(self._log_path, "ab") as log:
             try:
                 self.proc = _proc.spawn(argv, log=log, tie_to_parent=not self._detached)

