@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -88,9 +88,8 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live (non-zombie) pids whose process group is ``pgid``, from /proc."""
-    out = []
+def _processes() -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live (non-zombie) process, from /proc."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -99,9 +98,13 @@ def group_pids(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in "ZX":
-            out.append(int(entry))
-    return sorted(out)
+        if fields[0] not in "ZX":
+            yield int(entry), int(fields[1]), int(fields[2])
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``, from /proc."""
+    return sorted(pid for pid, _, group in _processes() if group == pgid)
 
 
 OWNER_FILE = "owner.pid"
@@ -258,16 +261,8 @@ def run(
 def descendants(pid: int) -> list[int]:
     """Live descendants of ``pid`` (children, grandchildren, ...), from the /proc parent links."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] not in "ZX":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    for child, parent, _ in _processes():
+        children.setdefault(parent, []).append(child)
     out: list[int] = []
     todo = [pid]
     while todo:
