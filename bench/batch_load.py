@@ -7,7 +7,8 @@ v text`` (v is 100 bytes), a DataFrame cached in Spark with 2 partitions, each c
 fresh LOGGED table, every table checked afterwards to hold exactly the input ids:
 
 - ``limit: 2 processes binary COPY``: two Python processes, each COPYing its half (pgpq-encoded
-  Arrow, the same bytes the sinks send) in one transaction: the physical limit on 2 cores;
+  Arrow, the same bytes the sinks send) in one transaction: the physical limit on 2 cores; the same
+  into a table with a primary key is the limit of ``postgres-upsert`` (whose target has one);
 - ``spark jdbc``: ``df.write.jdbc(...)`` (at-least-once; needs the PostgreSQL JDBC jar:
   ``apt-get install libpostgresql-jdbc-java``; skipped with a message without it), into a heap and,
   as the peer of ``postgres-upsert`` (whose table has its key), into a table with a primary key;
@@ -166,6 +167,7 @@ def run(dsn: str, rows: int) -> int:
         ).save()
 
     timed("limit: 2 processes binary COPY", f"bl_limit_{suffix}", False, limit)
+    timed("limit into a keyed table", f"bl_limitk_{suffix}", True, limit)
     if jar:
         timed("spark jdbc (df.write.jdbc)", f"bl_jdbc_{suffix}", False, jdbc)
         timed("spark jdbc into a keyed table", f"bl_jdbck_{suffix}", True, jdbc)
