@@ -118,7 +118,8 @@ _OWNER = textwrap.dedent(
     print(" ".join(str(x) for x in _proc.process_tree(k.pid) + _proc.process_tree(p.pid)), flush=True)
     print(p.base, k.log_path.parent, flush=True)
     mode = sys.argv[1]
-    sys.stdin.readline()       # the test has looked at what we started: now end as told
+    if mode in ("exit", "raise"):
+        sys.stdin.readline()   # the test has looked at what we started: now end as told
     if mode == "exit":
         sys.exit(3)            # no stop(): atexit must clean up
     if mode == "raise":
@@ -144,8 +145,9 @@ def test_no_orphan_when_owner_ends(how: str) -> None:
     assert len(pids) >= 3, "the owner did not start both services"
     assert all(_proc.pid_alive(p) for p in pids)
     assert proc.stdin is not None
-    proc.stdin.write("go\n")  # only now may the owner end (it raced the checks above when it raised at once)
-    proc.stdin.flush()
+    if how in ("exit", "raise"):  # only now may the owner end (it raced the checks above when it ended at once)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     if how in ("sigterm", "sigkill"):
         proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
     rc = proc.wait(timeout=60)
