@@ -1148,9 +1148,9 @@ def test_record_loop_fast_path_yields_the_per_record_loops_batches(monkeypatch: 
         monkeypatch.setattr(reader_mod.faults, "point", lambda name, **kw: marks.append(name))
         extend = reader_mod._Columns.extend
 
-        def counted(self: object, msgs: list, offsets: list) -> None:
+        def counted(self: object, msgs: list, offsets: list, size: int) -> None:
             marks.append("extend")
-            extend(self, msgs, offsets)  # type: ignore[arg-type]
+            extend(self, msgs, offsets, size)  # type: ignore[arg-type]
 
         monkeypatch.setattr(reader_mod._Columns, "extend", counted)
         settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, arrow_batch_rows=400,  # type: ignore[arg-type]

@@ -103,17 +103,16 @@ class _Columns:
             h = m.headers()
             self.hdrs.append([(hk, hv) for hk, hv in h] if h else None)
 
-    def extend(self, msgs: Sequence[Any], offsets: Sequence[int]) -> None:
-        """``add`` for a run of clean records, one C-level pass per field instead of a Python loop."""
-        keys = [m.key() for m in msgs]
-        values = [m.value() for m in msgs]
+    def extend(self, msgs: Sequence[Any], offsets: Sequence[int], size: int) -> None:
+        """``add`` for a run of clean records, one C-level pass per field instead of a Python loop;
+        ``size``: their bytes as ``add`` counts them (``_cut`` has summed them already)."""
         stamps = [m.timestamp() for m in msgs]
-        self.keys += keys
-        self.values += values
+        self.keys += [m.key() for m in msgs]
+        self.values += [m.value() for m in msgs]
         self.offsets += offsets
         self.stamps += [ts * 1000 if kind != 0 and ts >= 0 else None for kind, ts in stamps]
         self.types += [_TS_TYPE.get(kind, -1) for kind, _ in stamps]
-        self.bytes += sum(map(len, filter(None, keys))) + sum(map(len, filter(None, values))) + 32 * len(msgs)
+        self.bytes += size
         if self.headers:
             self.hdrs += [[(hk, hv) for hk, hv in h] if h else None for h in (m.headers() for m in msgs)]
 
@@ -149,15 +148,17 @@ def _clean_run(msgs: Sequence[Any], position: int, end: int) -> list[int] | None
     return offsets
 
 
-def _cut(msgs: Sequence[Any], offsets: Sequence[int], cols: _Columns, s: ReadSettings, half: int | None) -> int:
-    """How many of the next records go into the current Arrow batch: up to the one that fills it (by
-    rows or payload bytes, as the per-record loop flushes) or passes the range's middle."""
+def _cut(
+    msgs: Sequence[Any], offsets: Sequence[int], cols: _Columns, s: ReadSettings, half: int | None
+) -> tuple[int, int]:
+    """How many of the next records go into the current Arrow batch (up to the one that fills it, by
+    rows or payload bytes as the per-record loop flushes, or passes the range's middle), and their bytes."""
     take = min(len(offsets), max(1, s.arrow_batch_rows - len(cols)))
     sizes = list(itertools.accumulate(len(m.value() or b"") + len(m.key() or b"") + 32 for m in msgs[:take]))
     take = min(take, bisect.bisect_left(sizes, s.arrow_batch_bytes - cols.bytes) + 1)
     if half is not None and offsets[take - 1] >= half:
         take = bisect.bisect_left(offsets, half, 0, take) + 1
-    return take
+    return take, sizes[take - 1]
 
 
 def _batch_id() -> str | None:
@@ -216,8 +217,8 @@ class KafkaPartitionReader:
                 offsets = _clean_run(msgs, position, r.end)
                 if offsets is not None:  # the common case: records of this range only, in order
                     while offsets:
-                        take = _cut(msgs, offsets, cols, s, None if mid_done else half)
-                        cols.extend(msgs[:take], offsets[:take])
+                        take, size = _cut(msgs, offsets, cols, s, None if mid_done else half)
+                        cols.extend(msgs[:take], offsets[:take], size)
                         position = offsets[take - 1] + 1
                         msgs, offsets = msgs[take:], offsets[take:]
                         yield from ready(position)
