@@ -90,6 +90,7 @@ class TwoPhaseWriter:
     plan: TwoPhasePlan
     nonce: str
     streaming: bool
+    _keys: KeyTracker | None = None  # set in a task by _stage_batches (upsert mode): are its keys distinct?
 
     def _setup(self, options: Mapping[str, str], schema: StructType, *, streaming: bool, overwrite: bool) -> None:
         self.opts = TwoPhaseOptions.from_options(options)
@@ -344,8 +345,7 @@ class TwoPhaseWriter:
             staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), plan.stage_columns, temporary=False)
             rows = copy_arrow(cur, staging, plan.stage_columns, batches)
             if plan.merge is not None:
-                keys: KeyTracker | None = getattr(self, "_keys", None)
-                merge_staged(cur, staging, plan.merge, unique=keys is not None and keys.unique)
+                merge_staged(cur, staging, plan.merge, unique=self._keys is not None and self._keys.unique)
             else:
                 targets = ", ".join(quote_ident(c.target) for c in plan.columns)
                 cur.execute(
