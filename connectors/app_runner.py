@@ -39,7 +39,7 @@ from typing import Any
 
 from connectors import faults
 
-__all__ = ["Job", "build_parser", "load_app", "main", "mark_process_group", "serve", "with_trigger"]
+__all__ = ["Job", "build_parser", "load_app", "main", "mark_process_group", "serve", "sink_id_of", "with_trigger"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,13 @@ class Job:
 
     @property
     def sink_id(self) -> str:
-        """A ``postgres-2pc`` sink id unique to this run (the table name, dots replaced)."""
-        return self.table.replace(".", "_")
+        """A ``postgres-2pc`` sink id unique to this run (see ``sink_id_of``)."""
+        return sink_id_of(self.table)
+
+
+def sink_id_of(table: str) -> str:
+    """The sink id a chaos run gives the job writing ``table`` (the table name, dots replaced)."""
+    return table.replace(".", "_")
 
 
 def load_app(spec: str) -> tuple[Callable[..., Any], Callable[[Job], Any] | None]:
@@ -158,7 +163,10 @@ def with_trigger(writer: Any, trigger: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     mark_process_group()
-    options = dict(kv.split("=", 1) for kv in args.option if "=" in kv)
+    bad = [kv for kv in args.option if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+    options = dict(kv.split("=", 1) for kv in args.option)
     job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options)
     build, setup = load_app(args.app)
 

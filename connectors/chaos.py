@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors import checker, faults
+from connectors.app_runner import sink_id_of
 from connectors.harness import PipelineProcess, describe_exit, python_argv
 
 __all__ = [
@@ -464,7 +465,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
         table="" if cfg.pipeline == "stateful" else table,
         id_field=cfg.id_field,
         payload_fields=cfg.payload_fields if cfg.app else ("key", "amount"),
-        sink_id=table.replace(".", "_") if is_2pc else None,
+        sink_id=sink_id_of(table) if is_2pc else None,
         checkpoint=checkpoint,
         decisions=is_2pc,
         aggregates={"table": table, "key": "key", "value": "amount"} if cfg.pipeline == "stateful" else None,

@@ -351,6 +351,9 @@ def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pyt
         chaos.main(["--app", "x:build", "--pipeline", "2pc", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
     with pytest.raises(SystemExit, match="expected key=value"):
         chaos.main(["--app", "x:build", "--option", "novalue", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
+    with pytest.raises(SystemExit, match="expected key=value"):
+        app_runner.main(["--app", "x:build", "--bootstrap", "b:1", "--topic", "t", "--dsn", "postgresql://h/d",
+                         "--table", "t", "--checkpoint", "/nonexistent", "--option", "novalue"])  # fmt: skip
     with pytest.raises(SystemExit, match="expected module:function"):
         app_runner.load_app("just_a_module")
     with pytest.raises(SystemExit, match=r"cannot import 'no_such_job_module'.*PYTHONPATH"):
