@@ -38,8 +38,8 @@ test-integration: $(STAMP) check-tools
 	$(PY) -m pytest integration $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check connectors sources sinks integration tests bench examples scripts
-	$(VENV)/bin/ruff format --check connectors sources sinks integration tests bench examples scripts
+	$(VENV)/bin/ruff check conftest.py connectors sources sinks integration tests bench examples scripts
+	$(VENV)/bin/ruff format --check conftest.py connectors sources sinks integration tests bench examples scripts
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) check-tools

@@ -162,11 +162,11 @@ def with_trigger(writer: Any, trigger: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    mark_process_group()
     bad = [kv for kv in args.option if "=" not in kv]
     if bad:
         raise SystemExit(f"--option {bad[0]!r}: expected key=value")
     options = dict(kv.split("=", 1) for kv in args.option)
+    mark_process_group()  # only once the job will run: a refusal leaves the caller's environment alone
     job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options)
     build, setup = load_app(args.app)
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from connectors import faults
 
 pytest_plugins = [
     "integration.fixtures.services",
@@ -44,12 +40,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for b in engines.build_log:
         tr.write_line(f"image    {b['image']}: {'built' if b['built'] else 'cached'} in {b['seconds']:.1f}s")
     tr.write_line(f"tests    -m docker: {sum(_container_test_seconds):.0f}s (setup, call, teardown)")
-
-
-@pytest.fixture(autouse=True)
-def _no_fault_group_aimed_at_pytest() -> Iterator[None]:
-    """A kill-group fault in a child that inherits EOS_FAULTS_PGID naming pytest's own group would
-    SIGKILL the whole test run (CI exit 137). Nothing may leave that behind."""
-    yield
-    leaked = os.environ.get(faults.ENV_PGID)
-    assert leaked is None or int(leaked) != os.getpgrp(), f"{faults.ENV_PGID}={leaked} names pytest's own process group"
