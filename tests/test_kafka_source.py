@@ -1171,3 +1171,72 @@ def test_record_loop_fast_path_yields_the_per_record_loops_batches(monkeypatch: 
     first = got[0]
     assert first.column("topic").to_pylist()[:2] == ["t", "t"] and first.column("partition").to_pylist()[0] == 0
     assert first.column("timestampType").to_pylist()[0] == 0
+
+
+class _LogConsumer:
+    """A partition whose records [low, high) exist: a fetch below ``low`` (retention) or at/after ``high``
+    (truncation) is out of range, as a broker answers with auto.offset.reset=error; counts watermark calls."""
+
+    def __init__(self, low: int, high: int, transient: int = 0) -> None:
+        self.low, self.high, self.transient = low, high, transient
+        self.at, self.watermark_calls, self.assigned = 0, 0, []
+
+    def get_watermark_offsets(self, tp: object, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        self.watermark_calls += 1
+        return self.low, self.high
+
+    def assign(self, parts: list) -> None:
+        self.at = parts[0].offset
+        self.assigned.append(self.at)
+
+    def unassign(self) -> None:
+        pass
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        from confluent_kafka import KafkaError, Message
+
+        if self.transient or not self.low <= self.at < self.high:
+            self.transient = max(0, self.transient - 1)
+            return [Message(topic="t", partition=0, offset=self.at, error=KafkaError(KafkaError._AUTO_OFFSET_RESET))]
+        got = [_msg(o) for o in range(self.at, min(self.at + num_messages, self.high))]
+        self.at += len(got)
+        return got
+
+
+def _read_log(consumer: _LogConsumer, monkeypatch: pytest.MonkeyPatch, end: int, **kw: object) -> list[int]:
+    from sources.kafka import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "_consumer", lambda settings: consumer)
+    settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, **kw)  # type: ignore[arg-type]
+    batches = reader_mod.read_partition(KafkaInputPartition(r(0, 0, end), settings))
+    return [o for b in batches for o in b.column("offset").to_pylist()]
+
+
+def test_reader_asks_for_no_watermarks_when_the_range_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16 item 8: no watermark round trip per task; the fetch itself reports a missing start."""
+    consumer = _LogConsumer(0, 1000)
+    assert _read_log(consumer, monkeypatch, 600) == list(range(600))
+    assert consumer.watermark_calls == 0 and consumer.assigned == [0]
+
+
+def test_reader_start_removed_by_retention_is_a_loss_named_by_its_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(DataLossError, match=r"records 0\.\.399 of t-0 are gone \(earliest offset is now 400\)"):
+        _read_log(_LogConsumer(400, 1000), monkeypatch, 600)
+    consumer = _LogConsumer(400, 1000)
+    assert _read_log(consumer, monkeypatch, 600, fail_on_data_loss=False) == list(range(400, 600))
+    assert consumer.assigned == [0, 400] and consumer.watermark_calls == 1
+    consumer = _LogConsumer(700, 1000)  # the whole range is gone
+    assert _read_log(consumer, monkeypatch, 600, fail_on_data_loss=False) == []
+    with pytest.raises(DataLossError, match=r"records 0\.\.599 of t-0 are gone \(earliest offset is now 700\)"):
+        _read_log(_LogConsumer(700, 1000), monkeypatch, 600)
+
+
+def test_reader_out_of_range_inside_the_log_is_retried_and_truncation_is_a_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    consumer = _LogConsumer(0, 1000, transient=2)  # e.g. a leader change: the offset is there after all
+    assert _read_log(consumer, monkeypatch, 600) == list(range(600))
+    assert consumer.assigned == [0, 0, 0] and consumer.watermark_calls == 2
+    with pytest.raises(DataLossError, match=r"records 300\.\.599 of t-0 are gone: the partition now ends at 300"):
+        _read_log(_LogConsumer(0, 300), monkeypatch, 600)
+    assert _read_log(_LogConsumer(0, 300), monkeypatch, 600, fail_on_data_loss=False) == list(range(300))

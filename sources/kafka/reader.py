@@ -189,14 +189,13 @@ class KafkaPartitionReader:
         consumer = _consumer(s)
         ctp = CkTopicPartition(r.topic, r.partition)
         timeout = s.poll_timeout_ms / 1000.0
-        start = self._check_start(consumer, ctp, r.start, timeout)
-        if start >= r.end:
-            return
-        consumer.assign([CkTopicPartition(r.topic, r.partition, start)])
+        # No watermark round trip first: a start below the log's start (retention) comes back from the
+        # fetch as out of range (auto.offset.reset=error) and is judged then, as Spark's consumer does.
+        consumer.assign([CkTopicPartition(r.topic, r.partition, r.start)])
         cols = _Columns(r.topic, r.partition, s.include_headers)
         half = r.start + r.size // 2
         mid_done = False
-        position = start
+        position = r.start
 
         def ready(position: int) -> Iterator[pa.RecordBatch]:
             """The batch that is full (rows or bytes); at the range's middle, the rest and the fault point."""
@@ -272,27 +271,6 @@ class KafkaPartitionReader:
             except KafkaException:
                 log.debug("unassign failed", exc_info=True)
 
-    def _check_start(self, consumer: Consumer, ctp: CkTopicPartition, start: int, timeout: float) -> int:
-        try:
-            low, _high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() in DENIED:
-                raise access_denied(
-                    ctp.topic, err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
-                ) from None
-            raise RetriableError(
-                f"kafka-eos: cannot read the offsets of {ctp.topic}-{ctp.partition} from "
-                f"{self.settings.consumer_config.get('bootstrap.servers')} within {timeout:g}s: {exc}"
-            ) from None
-        if low > start:
-            self._loss(
-                f"records {start}..{min(low, self.range.end) - 1} of {ctp.topic}-{ctp.partition} are gone "
-                f"(earliest offset is now {low})"
-            )
-            return low
-        return start
-
     @property
     def _bootstrap(self) -> str:
         return str(self.settings.consumer_config.get("bootstrap.servers", ""))
@@ -310,9 +288,37 @@ class KafkaPartitionReader:
         return t.error is None and ctp.partition not in t.partitions
 
     def _out_of_range(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float, err: Any) -> int:
-        low, high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
-        self._loss(f"offset {position} of {ctp.topic}-{ctp.partition} is out of range [{low}, {high}) ({err})")
-        return max(position, low) if low < self.range.end else self.range.end
+        """Where to read on after the broker said ``position`` is out of range: below the log's start the
+        records are gone (retention, deleted records); within it the error was transient (a leader change)
+        and the read seeks again; beyond its end the log was truncated. A loss fails the task unless
+        failOnDataLoss=false, which skips what is gone."""
+        try:
+            low, high = consumer.get_watermark_offsets(ctp, timeout=timeout, cached=False)
+        except KafkaException as exc:
+            exc_err = exc.args[0] if exc.args else None
+            if isinstance(exc_err, KafkaError) and exc_err.code() in DENIED:
+                raise access_denied(
+                    ctp.topic, exc_err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
+                ) from None
+            log.warning("kafka-eos: %s-%d offset %d out of range (%s); offsets unavailable: %s (retrying)",
+                        ctp.topic, ctp.partition, position, err, exc)  # fmt: skip
+            return position
+        end = self.range.end
+        if position < low:
+            self._loss(
+                f"records {position}..{min(low, end) - 1} of {ctp.topic}-{ctp.partition} are gone "
+                f"(earliest offset is now {low})"
+            )
+            return min(low, end)
+        if position < high:
+            log.warning("kafka-eos: %s-%d offset %d reported out of range [%d, %d) (%s); seeking again",
+                        ctp.topic, ctp.partition, position, low, high, err)  # fmt: skip
+            return position
+        self._loss(
+            f"records {position}..{end - 1} of {ctp.topic}-{ctp.partition} are gone: the partition now ends at "
+            f"{high} (the log was truncated, e.g. by an unclean leader election) ({err})"
+        )
+        return end
 
     def _loss(self, what: str) -> None:
         if self.settings.fail_on_data_loss:
