@@ -201,11 +201,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_savepoint(sub)
     _add_verify(sub)
+    p = sub.add_parser("submit-file", help="print the file to give spark-submit to run a spark-eos command",
+                       description="Print the path of the file spark-submit runs as the driver of a spark-eos "
+                       'command, e.g. spark-submit --master spark://h:7077 "$(spark-eos submit-file)" run ledger '
+                       "--config ledger.yaml (docs/deployment.md).")  # fmt: skip
+    p.set_defaults(func=_submit_file_cmd)
     # other engineers' commands; their modules import only light dependencies at module level
     _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")
     _wire(sub, "sinks.postgres.status", "sinks", "operate the two-phase sink")
     _wire(sub, "connectors.chaos", "chaos", "kill a pipeline N times and check exactly-once")
     return parser
+
+
+def _submit_file_cmd(args: argparse.Namespace) -> int:
+    from connectors.launch import spark_submit
+
+    print(spark_submit.__file__)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ pytest_plugins = [
     "integration.fixtures.kafka",
     "integration.fixtures.postgres",
     "integration.fixtures.spark",
+    "integration.fixtures.cluster",
 ]
 # The docker engineer's fixtures join when their module exists.
 if (Path(__file__).parent / "fixtures" / "docker.py").exists():

@@ -1,11 +1,12 @@
 """postgres-2pc with spark.speculation=true on a standalone cluster whose two workers are two hosts.
 
 Spark never runs a speculative copy on the host of the original attempt, and every executor of
-``local-cluster`` shares one host; so the fixture starts a standalone master on 127.0.0.1 and two
-one-core workers bound to 127.0.0.2 and 127.0.0.3 (loopback addresses, each its own "host" to
-Spark), from the pip-installed Spark. Attempt 0 of partition 0 sleeps right after its PREPARE in
-every batch; Spark launches a speculative attempt on the other worker, both hold a prepared
-transaction of the same partition, Spark accepts one. No batch may fail, and every row must be
+``local-cluster`` shares one host; so the test runs on ``standalone_cluster``
+(integration/fixtures/cluster.py): a standalone master and two one-core workers on 127.0.0.2 and
+127.0.0.3 (loopback addresses, each its own "host" to Spark), from the pip-installed Spark.
+Attempt 0 of partition 0 sleeps right after its PREPARE in every batch; Spark launches a
+speculative attempt on the other worker, both hold a prepared transaction of the same partition,
+Spark accepts one. No batch may fail, and every row must be
 there exactly once with no prepared transaction left.
 """
 
@@ -13,13 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,80 +24,13 @@ import psycopg
 import pytest
 
 from connectors.faults import fired
-from connectors.services._proc import free_port
 from integration import test_twophase_support as support
+from integration.fixtures.cluster import StandaloneCluster
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 
 twophase_pg = support.twophase_pg
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _spark_home() -> str:
-    import pyspark
-
-    return os.path.dirname(pyspark.__file__)
-
-
-def _wait_for(path: Path, text: str, count: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text(errors="replace").count(text) >= count:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{text!r} did not appear {count} time(s) in {path} within {timeout:.0f}s")
-
-
-@pytest.fixture(scope="module")
-def two_host_cluster() -> Iterator[str]:
-    """spark://127.0.0.1:<port> with workers on 127.0.0.2 and 127.0.0.3; every process killed after."""
-    home = _spark_home()
-    root = Path(tempfile.mkdtemp(prefix="eos-standalone-"))
-    env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(root))
-    port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-    log = root / "master.log"
-
-    def start(cls: str, host: str, out: Path, *args: str) -> None:
-        with open(out, "wb") as fh:
-            procs.append(
-                subprocess.Popen(
-                    [f"{home}/bin/spark-class", cls, "--host", host, "--webui-port", str(free_port()), *args],
-                    env=dict(env, SPARK_LOCAL_IP=host, SPARK_PUBLIC_DNS=host),
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-
-    try:
-        start("org.apache.spark.deploy.master.Master", "127.0.0.1", log, "--port", str(port))
-        _wait_for(log, "I have been elected leader", 1, 120)
-        for i, host in enumerate(("127.0.0.2", "127.0.0.3")):
-            work = root / f"work-{i}"
-            work.mkdir()
-            start(
-                "org.apache.spark.deploy.worker.Worker",
-                host,
-                root / f"worker-{i}.log",
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--work-dir",
-                str(work),
-                f"spark://127.0.0.1:{port}",
-            )
-        _wait_for(log, "Registering worker", 2, 120)
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _driver(master: str, dsn: str, table: str, sink_id: str, work: str) -> None:
@@ -165,7 +95,7 @@ def _driver(master: str, dsn: str, table: str, sink_id: str, work: str) -> None:
 
 
 def test_speculative_attempts_on_another_host_end_exactly_once(
-    two_host_cluster: str, twophase_pg: Any, tmp_path: Path
+    standalone_cluster: StandaloneCluster, twophase_pg: Any, tmp_path: Path
 ) -> None:
     marks = tmp_path / "attempts"
     marks.mkdir()
@@ -180,7 +110,7 @@ def test_speculative_attempts_on_another_host_end_exactly_once(
         conn.execute(f"DROP TABLE IF EXISTS {table}")  # type: ignore[arg-type]
         conn.execute(f"CREATE TABLE {table} (id bigint)")  # type: ignore[arg-type]
 
-    args = [two_host_cluster, twophase_pg.dsn, table, sink_id, str(tmp_path)]
+    args = [standalone_cluster.url, twophase_pg.dsn, table, sink_id, str(tmp_path)]
     driver = subprocess.run(
         [sys.executable, "-m", "integration.test_speculation_cluster", *args],
         cwd=Path(__file__).resolve().parent.parent,

@@ -99,6 +99,47 @@ def test_config_values_and_env_expansion(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.parametrize(
+    ("master", "submitted", "want_master", "same_python"),
+    [
+        ("", False, "local[*]", True),  # no master anywhere: this machine
+        ("", True, None, False),  # under spark-submit: its --master holds, its environment too
+        ("local-cluster[2,1,1024]", False, "local-cluster[2,1,1024]", True),
+        ("spark://h:7077", False, "spark://h:7077", False),  # a cluster: what the user ships
+        ("spark://h:7077", True, "spark://h:7077", False),  # the config's master wins
+    ],
+)
+def test_pipeline_session_on_this_machine_or_a_cluster(
+    monkeypatch: pytest.MonkeyPatch, master: str, submitted: bool, want_master: str | None, same_python: bool
+) -> None:
+    from connectors import pipelines
+    from connectors.services import spark as spark_services
+
+    seen: dict = {}
+    monkeypatch.setattr(spark_services, "local_session", lambda app, m, **kw: seen.update(master=m, **kw))
+    if submitted:
+        monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    else:
+        monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    cfg = parse_config({**GOOD, "spark": {**GOOD["spark"], "master": master, "conf": {"spark.archives": "e.zip#env"}}})
+    pipelines.session(cfg)
+    assert seen["master"] == want_master and seen["same_python"] is same_python
+    # executors of a cluster never get the driver's sys.path: they import what the archive holds
+    assert ("spark.executorEnv.PYTHONPATH" in seen) is same_python
+    assert seen["spark.archives"] == "e.zip#env"
+
+
+def test_submit_file_runs_a_command_as_spark_submit_would(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-m", "connectors.cli", "submit-file"], capture_output=True, text=True)
+    path = out.stdout.strip()
+    assert out.returncode == 0 and path.endswith("spark_submit.py") and os.path.isfile(path)
+    # spark-submit runs the file as a script: its directory first on sys.path must shadow nothing
+    assert sorted(os.listdir(os.path.dirname(path))) in (["__init__.py", "spark_submit.py"],
+                                                        ["__init__.py", "__pycache__", "spark_submit.py"])  # fmt: skip
+    ran = subprocess.run([sys.executable, path, "--version"], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.returncode == 0 and ran.stdout.startswith("spark-eos "), ran.stderr
+
+
+@pytest.mark.parametrize(
     ("change", "needle"),
     [
         ({"colour": 1}, "unknown key(s) 'colour'"),

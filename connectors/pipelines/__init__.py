@@ -61,26 +61,39 @@ def prepare(cfg: PipelineConfig) -> None:
 
 
 def session(cfg: PipelineConfig) -> Any:
-    """A SparkSession for ``cfg``: its master, the RocksDB state store with changelog checkpoints."""
+    """A SparkSession for ``cfg``: its master, the RocksDB state store with changelog checkpoints.
+
+    Under ``spark-submit`` with no ``spark.master`` in the config, submit's ``--master`` holds. On this
+    machine (``local``, ``local-cluster``) executors run the driver's interpreter and import the
+    package from where the driver does; on a cluster they run the environment the user ships
+    (``spark.archives`` with ``spark.pyspark.python``; docs/deployment.md), never the driver's paths.
+    """
     from connectors.pipelines.balances import STATE_CONF
     from connectors.services.spark import local_session
 
+    master = effective_master(cfg)
+    on_this_machine = master is not None and master.startswith("local")
     # Spark otherwise binds to the first non-loopback interface; spark-eos runs on loopback unless told
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    conf: dict[str, Any] = {
-        **STATE_CONF,
-        "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
-        # executors (local-cluster / a cluster) import this package from the same place as the driver
-        "spark.executorEnv.PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        **cfg.spark_conf,
-    }
+    if on_this_machine:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    conf: dict[str, Any] = {**STATE_CONF, "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions)}
+    if on_this_machine:  # executors (local-cluster) import this package from the same place as the driver
+        conf["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    conf.update(cfg.spark_conf)
     if cfg.pipeline == "balances":
         # transformWithState in ProcessingTime mode asks for a no-data batch after every batch, so an
         # available-now query never ends; TTL is still honoured (expired state reads as absent)
         conf.setdefault("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-    if cfg.master.startswith("local-cluster"):
+    if master is not None and master.startswith("local-cluster"):
         conf.setdefault("spark.executor.memory", "512m")
-    return local_session(cfg.app_name or f"spark-eos-{cfg.pipeline}", cfg.master, **conf)
+    return local_session(cfg.app_name or f"spark-eos-{cfg.pipeline}", master, same_python=on_this_machine, **conf)
+
+
+def effective_master(cfg: PipelineConfig) -> str | None:
+    """The config's master; else, under spark-submit, None (submit's ``--master``); else ``local[*]``."""
+    if cfg.master:
+        return cfg.master
+    return None if os.environ.get("PYSPARK_GATEWAY_PORT") else "local[*]"
 
 
 def start(spark: Any, cfg: PipelineConfig) -> Any:

@@ -78,7 +78,7 @@ class PipelineConfig:
     max_offsets_per_trigger: int | None = 1000
     source_options: Mapping[str, str] = field(default_factory=dict)
     sink_options: Mapping[str, str] = field(default_factory=dict)
-    master: str = "local[*]"
+    master: str = ""  # "": spark-submit's --master, else local[*] (pipelines.effective_master)
     trigger: str = "5s"
     shuffle_partitions: int = 2
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -229,7 +229,7 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
         table=str(snk.get("table", "")),
         sink_id=str(snk.get("sink_id", "")),
         sink_options=_str_map(snk.get("options"), "sink.options"),
-        master=str(spk.get("master", "local[*]")),
+        master=str(spk.get("master", "")),
         trigger=str(spk.get("trigger", "5s")),
         checkpoint=str(spk.get("checkpoint", "")),
         shuffle_partitions=typed("spark", "shuffle_partitions", int, 2),

@@ -147,6 +147,14 @@ def run(
             os.environ[faults.ENV_PGID] = previous
 
 
+def _master_of(spark: Any, cfg: PipelineConfig) -> str:
+    """The master the session runs on (spark-submit's when the config names none)."""
+    try:
+        return str(spark.sparkContext.master)
+    except AttributeError:  # a stand-in session
+        return cfg.master or "local[*]"
+
+
 def _run(
     cfg: PipelineConfig, *, log: Log | None, clock: Callable[[], float], sleep: Callable[[float], None], poll: float
 ) -> int:
@@ -156,7 +164,7 @@ def _run(
     spark = session(cfg)
     restarts = 0
     log.event("pipeline.start", pipeline=cfg.pipeline, topic=cfg.topic, table=cfg.table,
-              checkpoint=cfg.checkpoint, trigger=cfg.trigger, master=cfg.master, restart=str(strategy))  # fmt: skip
+              checkpoint=cfg.checkpoint, trigger=cfg.trigger, master=_master_of(spark, cfg), restart=str(strategy))  # fmt: skip
     while True:
         error: BaseException | None = None
         try:

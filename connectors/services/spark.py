@@ -1,4 +1,4 @@
-"""The local SparkSession spark-eos uses in tests, the CLI and the crash harness."""
+"""The SparkSession spark-eos uses in tests, the CLI and the crash harness (local, or a cluster for the CLI)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,31 @@ DEFAULT_CONF = {
 
 
 def local_session(
-    app: str = "spark-eos", master: str = "local[2,2]", *, log_level: str = "ERROR", register: bool = True, **conf: str
+    app: str = "spark-eos",
+    master: str | None = "local[2,2]",
+    *,
+    log_level: str = "ERROR",
+    register: bool = True,
+    same_python: bool = True,
+    **conf: str,
 ) -> Any:
     """A SparkSession on ``master`` with the UI off, 2 shuffle partitions, quiet logs and our formats registered.
 
     ``local[2,2]`` gives task retries (a failed task is tried twice), which exactly-once code must
-    survive. Python workers run this interpreter, so they see the same packages as the driver.
-    Extra ``conf`` keys use underscores for dots (``spark_sql_shuffle_partitions="4"``) or pass a
-    mapping through ``**{"spark.x.y": "v"}``.
+    survive. With ``same_python`` (this machine's masters) Python workers run this interpreter, so
+    they see the same packages as the driver; without it (a cluster) they run what the user set
+    (``PYSPARK_PYTHON``, ``spark.pyspark.python``: a shipped environment). ``master=None`` keeps the
+    master spark-submit was given. Extra ``conf`` keys use underscores for dots
+    (``spark_sql_shuffle_partitions="4"``) or pass a mapping through ``**{"spark.x.y": "v"}``.
     """
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if same_python:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(master).appName(app)
+    builder = SparkSession.builder.appName(app)
+    if master is not None:
+        builder = builder.master(master)
     settings = dict(DEFAULT_CONF)
     settings.update({(k.replace("_", ".") if "." not in k else k): str(v) for k, v in conf.items()})
     for key, value in settings.items():
