@@ -145,6 +145,7 @@ def test_f17_f18_f19_worker_lost_master_restarted_driver_killed_on_a_standalone_
                     cluster.start_worker(host)  # a replacement machine joins
                 elif str(event["batch"]) == "3":  # F18: the master goes down and comes back mid-batch
                     proof["old_master"] = cluster.kill_master()
+                    proof["master_down_after"] = time.time() - float(event["time"])  # type: ignore[arg-type]
                     cluster.start_master()
                     wait_for_text(cluster.log(f"master-{cluster.master_starts}"), "Recovery complete", 1, 120)
                 elif str(event["batch"]) == "5":  # F19: the driver is lost with the batch's tasks mid-write
@@ -167,6 +168,7 @@ def test_f17_f18_f19_worker_lost_master_restarted_driver_killed_on_a_standalone_
     assert int(seen[0]["pid"]) in proof["killed"] and len(proof["killed"]) >= 3, proof  # worker, executor, task
     restarted = cluster.log(f"master-{cluster.master_starts}").read_text()
     assert "Application has been re-registered" in restarted, "the running application never reached the new master"
+    assert proof["master_down_after"] < 25, proof  # the master went down while batch 3's task slept (25 s)
     assert proof["driver_exit"] == -9, proof
     events = [json.loads(line) for line in _driver_log(tmp_path, 0).splitlines() if line.startswith("{")]
     assert sum(e["event"] == "query.started" for e in events) == 1, (

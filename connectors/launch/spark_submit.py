@@ -1,6 +1,6 @@
 """The file to give ``spark-submit`` to run a spark-eos command as its driver (client mode)::
 
-    spark-submit --master spark://host:7077 --archives eos-env.tar.gz#environment \\
+    spark-submit --master spark://host:7077 --archives eos-env.zip#environment \\
         "$(spark-eos submit-file)" run ledger --config ledger.yaml
 
 ``spark-submit`` runs a file, not a module, and puts the file's directory first on ``sys.path``;

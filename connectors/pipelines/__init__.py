@@ -66,7 +66,7 @@ def session(cfg: PipelineConfig) -> Any:
     Under ``spark-submit`` with no ``spark.master`` in the config, submit's ``--master`` holds. On this
     machine (``local``, ``local-cluster``) executors run the driver's interpreter and import the
     package from where the driver does; on a cluster they run the environment the user ships
-    (``spark.archives`` with ``spark.pyspark.python``; docs/deployment.md), never the driver's paths.
+    (``spark.archives`` with ``PYSPARK_PYTHON``; docs/deployment.md), never the driver's paths.
     """
     from connectors.pipelines.balances import STATE_CONF
     from connectors.services.spark import local_session
