@@ -88,9 +88,9 @@ def _launch(how: str, cluster: StandaloneCluster, env_zip: Path, pipeline: str, 
     )
     if not (work / "environment").exists():  # the driver's Python data source planner runs it too
         unpack_env(env_zip, work / "environment")
-    out = open(work / f"driver-{len(list(work.glob('driver-*.log')))}.log", "w")  # closed by the OS at exit
-    return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=work)  # fmt: skip
+    with open(work / f"driver-{len(list(work.glob('driver-*.log')))}.log", "w") as out:  # the child keeps its copy
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, cwd=work)  # fmt: skip
 
 
 def _kill_group(p: subprocess.Popen[str]) -> None:
