@@ -309,7 +309,7 @@ def test_connection_killed_mid_task_converges(
         ("type_mismatch", "column 'n' has type integer, but DataFrame column 'n' is bigint"),
         ("unknown_option", "unknown option 'verison'; did you mean 'version'?"),
         ("no_table", "does not exist; create it (with a primary key on k) or set option table.create=true"),
-        ("missing_column", "has no column 'extra' for DataFrame column 'extra'"),
+        ("missing_column", "has no column for DataFrame column(s) 'extra' (string); add them (ALTER TABLE"),
         ("bad_delete_column", "it must be boolean"),
     ],
 )

@@ -76,6 +76,16 @@ CONNECTION_OPTIONS: tuple[Option, ...] = (
     Option("retry.max.backoff", "duration", 5.0, "upper bound of one backoff", min=0),
 )
 
+SCHEMA_EVOLUTION_OPTION = Option(
+    "schema.evolution",
+    "choice",
+    "none",
+    "none: DataFrame columns the table lacks are refused before anything is written, with the ALTER TABLE "
+    "that adds them; add-columns: the sink adds them as nullable columns (under its DDL lock). A type change, "
+    "drop or rename is never made: refused with the statement to run",
+    choices=("none", "add-columns"),
+)
+
 TABLE_OPTIONS: tuple[Option, ...] = (
     Option(
         "table", "str", REQUIRED, 'target table, optionally schema-qualified (schema.table; quote mixed case: "My"."T")'
@@ -108,6 +118,7 @@ TABLE_OPTIONS: tuple[Option, ...] = (
     Option(
         "columns", "json", None, 'JSON object renaming DataFrame columns to table columns, e.g. {"userId": "user_id"}'
     ),
+    SCHEMA_EVOLUTION_OPTION,
 )
 
 FAULTS_OPTION = Option("faults", "str", None, "fault spec for tests (see connectors.faults); EOS_FAULTS adds to it")
@@ -267,6 +278,7 @@ class UpsertOptions:
     table_create: bool = False
     columns: tuple[tuple[str, str], ...] = ()
     faults: str | None = None
+    schema_evolution: str = "none"
 
     @property
     def rename(self) -> dict[str, str]:
@@ -331,6 +343,7 @@ class UpsertOptions:
             table_create=bool(values.get("table_create", False)),
             columns=tuple(sorted(columns.items())),
             faults=values.get("faults"),
+            schema_evolution=values.get("schema_evolution") or "none",
             **extra,
         )
 

@@ -19,6 +19,7 @@ Public API:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -46,6 +47,8 @@ from pyspark.sql.types import (
 from connectors.errors import ConfigError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Column",
@@ -313,10 +316,15 @@ def check_table(
     require_unique_key: bool = True,
     version: str | None = None,
     skip: Iterable[str] = (),
+    evolution: str = "none",
 ) -> list[Column]:
     """Check (or create) ``table`` for writing ``df_schema``; return the planned columns.
 
     ``skip`` names DataFrame columns that are not written to the table (e.g. a delete flag).
+    ``evolution`` (option ``schema.evolution``): ``none`` refuses DataFrame columns the table lacks,
+    listing them all with the ``ALTER TABLE`` that would add them; ``add-columns`` adds them as
+    nullable columns under the DDL lock (``IF NOT EXISTS``: writers starting at once agree). A type
+    change is refused either way, with the statement to run; nothing is ever dropped or renamed.
     Runs on the driver before the first write; every failure is a ConfigError with the fix.
     """
     skip = set(skip)
@@ -358,24 +366,20 @@ def check_table(
         info = describe_table(conn, table)
         assert info is not None
     name = f"{info.schema}.{info.name}"
+    new_columns = [c for c in columns if _match_column(info, c.target) is None]
+    if new_columns:
+        info = _add_columns(conn, info, new_columns, columns, evolution)
     resolved: list[Column] = []
     for c in columns:
         found = _match_column(info, c.target)
-        if found is None:
-            raise ConfigError(
-                f"postgres: table {name} has no column {c.target!r} for DataFrame column {c.name!r} "
-                f"({c.spark_type}); add it (ALTER TABLE {info.table.sql} ADD COLUMN {quote_ident(c.target)} {c.pg_type}), "
-                "drop the column from the DataFrame, or rename it with option 'columns'",
-                option="columns",
-                table=name,
-                column=c.target,
-            )
+        assert found is not None  # added above, or refused
         type_name, kind, _notnull = info.columns[found]
         if not compatible(c.pg_type, type_name, kind):
             raise ConfigError(
                 f"postgres: table {name} column {found!r} has type {type_name}, but DataFrame column {c.name!r} is "
                 f"{c.spark_type} (staged as {c.pg_type}); alter the column (ALTER TABLE {info.table.sql} ALTER COLUMN "
-                f"{quote_ident(found)} TYPE {c.pg_type}) or cast the DataFrame column to a type that fits",
+                f"{quote_ident(found)} TYPE {c.pg_type}) or cast the DataFrame column to a type that fits "
+                "(option schema.evolution never changes a type)",
                 table=name,
                 column=found,
             )
@@ -407,6 +411,36 @@ def check_table(
                 column=",".join(key_targets),
             )
     return resolved
+
+
+def _add_columns(
+    conn: psycopg.Connection, info: TableInfo, new: Sequence[Column], planned: Sequence[Column], evolution: str
+) -> TableInfo:
+    """Add the DataFrame's columns the table lacks (schema.evolution=add-columns) or refuse them all."""
+    name = f"{info.schema}.{info.name}"
+    statements = [f"ALTER TABLE {info.table.sql} ADD COLUMN {quote_ident(c.target)} {c.pg_type}" for c in new]
+    listed = ", ".join(f"{c.target!r} ({c.spark_type})" for c in new)
+    if evolution != "add-columns":
+        written = {c.target.lower() for c in planned}
+        unwritten = sorted(c for c in info.columns if c.lower() not in written)
+        raise ConfigError(
+            f"postgres: table {name} has no column for DataFrame column(s) {listed}"
+            + (f" (table columns the DataFrame does not write: {', '.join(unwritten)})" if unwritten else "")
+            + f"; add them ({'; '.join(statements)}), set option schema.evolution=add-columns to have the sink add "
+            "them, drop them from the DataFrame, or rename them with option 'columns'",
+            option="schema.evolution",
+            table=name,
+            column=new[0].target,
+        )
+    with ddl_lock(conn), conn.cursor() as cur:  # IF NOT EXISTS: a writer starting at once may add it first
+        for c in new:
+            cur.execute(f"ALTER TABLE {info.table.sql} ADD COLUMN IF NOT EXISTS {quote_ident(c.target)} {c.pg_type}")  # type: ignore[arg-type]
+    if not conn.autocommit:
+        conn.commit()
+    log.info("postgres: schema.evolution=add-columns added %s to %s", listed, name)
+    added = describe_table(conn, info.table)
+    assert added is not None
+    return added
 
 
 def _has_default(conn: psycopg.Connection, info: TableInfo, column: str) -> bool:

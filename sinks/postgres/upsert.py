@@ -161,6 +161,7 @@ class UpsertPlanner:
                 create=opts.table_create,
                 version=opts.version,
                 skip=[opts.delete_column] if opts.delete_column else [],
+                evolution=opts.schema_evolution,
             )
             plan = MergePlan(opts.table, tuple(columns), opts.key, opts.version, opts.deletes)
             ensure_tombstones(conn, plan)

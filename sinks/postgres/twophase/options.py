@@ -16,6 +16,7 @@ from sinks.postgres.gid import check_sink_id
 from sinks.postgres.options import (
     CONNECTION_OPTIONS,
     FAULTS_OPTION,
+    SCHEMA_EVOLUTION_OPTION,
     ConnectionOptions,
     TableName,
     UpsertOptions,
@@ -58,6 +59,7 @@ TWOPC_OPTIONS = OptionSet(
             "delete.tombstones", "bool", False, "upsert mode: rows whose non-key columns are all null delete the key"
         ),
         Option("columns", "json", None, "JSON object renaming DataFrame columns to table columns"),
+        SCHEMA_EVOLUTION_OPTION,
         Option(
             "table.create",
             "bool",
@@ -152,6 +154,7 @@ class TwoPhaseOptions:
     prepared_timeout: float = 3600.0
     visibility: str = "batch"
     lock_timeout: float = 60.0
+    schema_evolution: str = "none"
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> TwoPhaseOptions:
@@ -208,5 +211,6 @@ class TwoPhaseOptions:
             retain=int(values["decisions_retain"]),
             prepared_timeout=float(values["prepared_timeout"]),
             visibility=values["visibility"],
+            schema_evolution=values["schema_evolution"],
             lock_timeout=float(values["lock_timeout"]),
         )

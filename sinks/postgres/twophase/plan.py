@@ -211,7 +211,14 @@ def _check_protocol_schema_off_path(conn: psycopg.Connection, opts: TwoPhaseOpti
 def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema: StructType) -> list[Column]:
     """Append mode: no key, so the table needs no unique constraint (created without one)."""
     return check_table(
-        conn, opts.table, schema, (), dict(opts.rename), create=opts.table_create, require_unique_key=False
+        conn,
+        opts.table,
+        schema,
+        (),
+        dict(opts.rename),
+        create=opts.table_create,
+        require_unique_key=False,
+        evolution=opts.schema_evolution,
     )
 
 
