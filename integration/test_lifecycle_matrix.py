@@ -393,21 +393,26 @@ def test_L3_bad_value_is_refused_then_the_fixed_query_writes_every_good_row_once
     ]
 
 
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
 def test_L4_unique_violation_against_an_existing_row_is_refused_then_the_fixed_query_gets_past(
-    twophase_spark: Any, twophase_pg: Any, tmp_path: Path
+    twophase_spark: Any, twophase_pg: Any, tmp_path: Path, visibility: str
 ) -> None:
     dsn, table = twophase_pg.dsn, _name("lc4")
     sink_id = f"s-{table}"
     _sql(dsn, f"CREATE TABLE {table} (id bigint PRIMARY KEY, batch bigint)", f"INSERT INTO {table} VALUES (5, -1)")
     feed = Feed(tmp_path / "in")
     feed.add([{"id": i, "batch": 0} for i in range(3)], [{"id": i, "batch": 1} for i in range(3, 8)], _file(2))
-    opts = {"dsn": dsn, "table": table, "sink.id": sink_id}
+    opts = {"dsn": dsn, "table": table, "sink.id": sink_id, "visibility": visibility}
     ckpt = tmp_path / "ckpt"
 
     failure = _run(_stream(twophase_spark, feed, "id long, batch long").repartition(2), "postgres-2pc", ckpt, opts)
     assert failure is not None, "the duplicate key was not refused"
     assert "DataRefused" in failure and "Key (id)=(5) already exists" in failure and "23505" in failure, failure
-    assert f"{table}_pkey" in failure and "batch 1" in failure, failure
+    assert f"{table}_pkey" in failure, failure
+    if visibility == "partition":  # the task met the refusal inside its own transaction: nothing prepared
+        assert "Nothing of the batch was written" in failure, failure
+    else:
+        assert "batch 1" in failure, failure
     assert _ids(dsn, table) == [0, 1, 2, 5] and _decision(dsn, sink_id, 1) is None
     assert _prepared(dsn, sink_id) == []
 
@@ -462,12 +467,55 @@ def test_L5_schema_change_with_a_batch_in_flight_rewrites_it_with_the_new_column
         assert _select(dsn, f"SELECT to_regclass('{task_table(_prefix(old.stage), g).sql}')") == [(None,)], g
 
 
+def test_L5_schema_change_with_a_direct_batch_in_flight_rolls_it_forward_with_its_columns(
+    twophase_spark: Any, twophase_pg: Any, tmp_path: Path
+) -> None:
+    """visibility=partition: the decided batch's rows are already in the table inside its prepared
+    transactions, which hold the table until they commit: an operator's ALTER TABLE would wait for
+    them. With schema.evolution=add-columns the restarted query rolls the decided batch forward
+    first, adds the column, and writes the later batches with it; batch 1 is committed as decided
+    (never rewritten)."""
+    dsn, table = twophase_pg.dsn, _name("lc5p")
+    sink_id = f"s-{table}"
+    _sql(dsn, f"CREATE TABLE {table} (id bigint, batch bigint)")
+    feed = Feed(tmp_path / "in")
+    feed.add(_file(0, 4), _file(1, 4), _file(2, 4))
+    ckpt = tmp_path / "ckpt"
+    opts = {"dsn": dsn, "table": table, "sink.id": sink_id, "visibility": "partition"}
+    crash = dict(opts, faults="sink.commit.after_k:batch=1:k=1:action=raise")
+
+    failure = _run(_stream(twophase_spark, feed, "id long, batch long").repartition(2), "postgres-2pc", ckpt, crash)
+    assert failure is not None and "fault injected at sink.commit.after_k" in failure, failure
+    old = _decision(dsn, sink_id, 1)
+    assert old is not None and len(old.gids) == 2
+    left = _prepared(dsn, sink_id)
+    assert len(left) == 1 and left[0] in old.gids  # one task's rows visible, the other's still prepared
+    visible = set(_ids(dsn, table)) - {r["id"] for r in _file(0, 4)}
+    assert 0 < len(visible) < 4
+
+    # a lock with no backend (pid NULL) is a prepared transaction's: it holds the table, so an ALTER
+    # TABLE now would wait for it
+    held = _select(dsn, f"SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass AND pid IS NULL")
+    assert held[0][0] >= 1
+
+    wider = _stream(twophase_spark, feed, "id long, batch long").withColumn("note", F.lit("v2")).repartition(2)
+    assert _run(wider, "postgres-2pc", ckpt, dict(opts, **{"schema.evolution": "add-columns"})) is None
+
+    _check_exactly_once(dsn, table, _expected(0, 1, 2, n=4), sink_id=sink_id, checkpoint=ckpt)
+    rows = sorted(_select(dsn, f"SELECT id, batch, note FROM {table}"))
+    assert rows == sorted(  # batch 1 rolled forward as decided (no note), batch 2 with the new column
+        [(r["id"], b, None) for b in (0, 1) for r in _file(b, 4)] + [(r["id"], 2, "v2") for r in _file(2, 4)]
+    )
+    assert _decision(dsn, sink_id, 1).gids == old.gids and _prepared(dsn, sink_id) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # L6: restart with another trigger and parallelism after a failure past the decision
 
 
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
 def test_L6_restart_with_processing_time_trigger_and_more_partitions_rolls_the_decision_forward(
-    twophase_spark: Any, twophase_pg: Any, tmp_path: Path
+    twophase_spark: Any, twophase_pg: Any, tmp_path: Path, visibility: str
 ) -> None:
     dsn, table = twophase_pg.dsn, _name("lc6")
     sink_id = f"s-{table}"
@@ -475,7 +523,7 @@ def test_L6_restart_with_processing_time_trigger_and_more_partitions_rolls_the_d
     feed = Feed(tmp_path / "in")
     feed.add(*(_file(b, 5) for b in range(4)))
     ckpt = tmp_path / "ckpt"
-    opts = {"dsn": dsn, "table": table, "sink.id": sink_id}
+    opts = {"dsn": dsn, "table": table, "sink.id": sink_id, "visibility": visibility}
     crash = dict(opts, faults="sink.commit.after_decision:batch=1:action=raise")
 
     failure = _run(_stream(twophase_spark, feed, "id long, batch long").repartition(2), "postgres-2pc", ckpt, crash)

@@ -102,3 +102,24 @@ def test_two_writers_adding_the_same_column_at_once_both_succeed(
         t.join(60)
     assert errors == [] and len(planned) == 4
     assert _table(pg_conn, table)[0] == ["k", "extra"]  # added once
+
+
+def test_add_columns_waits_for_a_held_table_only_so_long_and_says_why(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from connectors.errors import RetriableError
+    from sinks.postgres import types
+    from sinks.postgres.options import parse_table_name
+
+    table = new_table("evo3")
+    pg_conn.execute(f'CREATE TABLE "{table}" (k bigint PRIMARY KEY)')  # type: ignore[arg-type]
+    schema = spark.createDataFrame([(1, "a")], "k long, extra string").schema
+    monkeypatch.setattr(types, "ALTER_LOCK_TIMEOUT", 1.0)
+    with psycopg.connect(postgres_service.dsn) as holder:  # a writer's open transaction on the table
+        holder.execute(f'INSERT INTO "{table}" VALUES (1)')  # type: ignore[arg-type]
+        with psycopg.connect(postgres_service.dsn, autocommit=True) as conn:
+            with pytest.raises(RetriableError, match=r"could not add 'extra' \(string\).*held the table for 1s"):
+                types.check_table(conn, parse_table_name(table), schema, ("k",), evolution="add-columns")
+        holder.rollback()
+    assert _table(pg_conn, table) == (["k"], [])  # nothing altered

@@ -44,11 +44,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.errors import ConfigError
+from connectors.errors import ConfigError, RetriableError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
 
 log = logging.getLogger(__name__)
+
+ALTER_LOCK_TIMEOUT = 60.0  # seconds schema.evolution=add-columns waits for the table's lock
 
 __all__ = [
     "Column",
@@ -432,9 +434,21 @@ def _add_columns(
             table=name,
             column=new[0].target,
         )
-    with ddl_lock(conn), conn.cursor() as cur:  # IF NOT EXISTS: a writer starting at once may add it first
-        for c in new:
-            cur.execute(f"ALTER TABLE {info.table.sql} ADD COLUMN IF NOT EXISTS {quote_ident(c.target)} {c.pg_type}")  # type: ignore[arg-type]
+    try:
+        with ddl_lock(conn), conn.cursor() as cur:  # IF NOT EXISTS: a writer starting at once may add it first
+            # ALTER TABLE waits for every transaction using the table; never forever
+            cur.execute(f"SET LOCAL lock_timeout = '{int(ALTER_LOCK_TIMEOUT * 1000)}ms'")  # type: ignore[arg-type]
+            for c in new:
+                cur.execute(
+                    f"ALTER TABLE {info.table.sql} ADD COLUMN IF NOT EXISTS {quote_ident(c.target)} {c.pg_type}"
+                )  # type: ignore[arg-type]
+    except psycopg.errors.LockNotAvailable:
+        raise RetriableError(
+            f"postgres: schema.evolution=add-columns could not add {listed} to {name}: another transaction has "
+            f"held the table for {ALTER_LOCK_TIMEOUT:g}s (pg_locks shows it; prepared transactions of a "
+            "postgres-2pc sink with visibility=partition hold it until their batch commits: `spark-eos sinks "
+            "recover --sink-id ...` resolves them); nothing was written or altered, retry once it is released"
+        ) from None
     if not conn.autocommit:
         conn.commit()
     log.info("postgres: schema.evolution=add-columns added %s to %s", listed, name)

@@ -27,6 +27,7 @@ from sinks.postgres.merge import MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
 )
+from sinks.postgres.recovery import resolve
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
 from sinks.postgres.types import Column, base_type, check_table
 from sinks.postgres.upsert import UpsertPlanner
@@ -145,6 +146,11 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
         check_max_prepared(conn, where=f" (sink {opts.sink_id!r})")
         tables.ensure(conn)
         _check_protocol_schema_off_path(conn, opts)
+        if opts.visibility == "partition" and opts.schema_evolution == "add-columns":
+            # a decided batch's prepared transactions hold the table (their rows are in it) until they
+            # commit, and ALTER TABLE waits for them: roll decided batches forward first (a decision is
+            # final, so this is always right); undecided ones are left to the batch that owns them
+            resolve(conn, tables, opts.sink_id, keep_undecided=True)
         merge: MergePlan | None = None
         if opts.upsert is not None:
             merge = UpsertPlanner(opts.upsert, schema, temporary_staging=False).plan()
