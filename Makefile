@@ -4,6 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest workers for `make test` (pytest-xdist); 0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
+XDIST  := -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test test-unit test-integration lint bench check-tools venv clean
 
@@ -29,13 +32,13 @@ test test-integration: export EOS_START_DOCKERD ?= 1
 endif
 
 test: $(STAMP) check-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-integration: $(STAMP) check-tools
-	$(PY) -m pytest integration $(PYTEST_ARGS)
+	$(PY) -m pytest integration $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check conftest.py connectors sources sinks integration tests bench examples scripts

@@ -24,3 +24,49 @@ def _no_fault_group_aimed_at_pytest() -> Iterator[None]:
     yield
     leaked = os.environ.get(faults.ENV_PGID)
     assert leaked is None or int(leaked) != os.getpgrp(), f"{faults.ENV_PGID}={leaked} names pytest's own process group"
+
+
+# `make test` runs the suite on two pytest workers (pytest-xdist, --dist loadgroup). Tests that share
+# one machine-wide thing run on one worker, one after another: the private Docker engine and its
+# images (one engine per worker would double its start and image builds), and the standalone Spark
+# cluster tests (two clusters at once on 2 cores would starve each other's timed faults).
+_GROUPS = {
+    "test_docker_faults.py": "docker",
+    "test_docker_hygiene.py": "docker",
+    "test_cluster.py": "cluster",
+    "test_speculation_cluster.py": "cluster",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On two or more workers with no Docker engine of the user's, the general services run embedded.
+
+    A private dockerd (EOS_START_DOCKERD=1) exists for the container fault tests; its local images
+    hold the same tansu and Postgres 15 binaries as the embedded services. Started per worker for the
+    general services, it would run twice, and the second would rebuild its images on a throwaway data
+    root. So only the worker that runs the docker group starts it; a user's engine is still used by
+    every worker (their containers are told apart by a per-session label)."""
+    workers = getattr(config.option, "numprocesses", None)
+    if not workers or os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("EOS_SERVICES"):
+        return
+    from connectors.services import docker as engines
+
+    if engines.want_private_engine() and not engines.ping(os.environ.get("DOCKER_HOST") or engines.DEFAULT_SOCKET):
+        os.environ["EOS_SERVICES"] = "embedded"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group as above, and order the run: the slow integration tests first, the quick unit tests
+    last, so two workers finish together instead of one waiting on a long test started last."""
+    for item in items:
+        group = _GROUPS.get(item.path.name)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.parent.name != "integration":
+            return 2
+        return 0 if item.get_closest_marker("slow") or item.get_closest_marker("crash") else 1
+
+    items.sort(key=rank)  # stable: within a rank, the files' own order

@@ -45,6 +45,7 @@ __all__ = [
     "recipes_dir",
     "shutdown",
     "start_private_engine",
+    "want_private_engine",
 ]
 
 log = logging.getLogger(__name__)
@@ -428,7 +429,8 @@ engine_log: list[dict[str, Any]] = []  # {"host", "owned", "seconds"} per engine
 _engine_lock = threading.Lock()
 
 
-def _want_private() -> bool:
+def want_private_engine() -> bool:
+    """True when EOS_START_DOCKERD asks for a private dockerd (started only where no engine answers)."""
     return os.environ.get("EOS_START_DOCKERD", "").strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -446,7 +448,7 @@ def get_engine() -> Engine | None:
         host = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
         if ping(host):
             _engine = Engine(host=host, owned=False)
-        elif _want_private():
+        elif want_private_engine():
             _engine = start_private_engine()
         _engine_checked = True
         if _engine is not None:
