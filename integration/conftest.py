@@ -30,6 +30,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """What containers cost in this run: engine start, image builds, the container fault tests."""
     from connectors.services import docker as engines
+    from integration.harness import dockerd
 
     if not engines.engine_log and not _container_test_seconds:
         return
@@ -38,6 +39,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for e in engines.engine_log:
         what = "private dockerd started" if e["owned"] else "user's engine found"
         tr.write_line(f"engine   {e['host']}: {what} in {e['seconds']:.1f}s")
-    for b in engines.build_log:
+    for b in dockerd.build_log:
         tr.write_line(f"image    {b['image']}: {'built' if b['built'] else 'cached'} in {b['seconds']:.1f}s")
     tr.write_line(f"tests    -m docker: {sum(_container_test_seconds):.0f}s (setup, call, teardown)")

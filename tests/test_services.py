@@ -182,6 +182,7 @@ def test_process_table_helpers_and_stop_group() -> None:
     _proc.stop_group(proc, proc.pid, grace=1.0)  # the stray child ignores the group signal: SIGKILL after 1s
     assert proc.returncode is not None  # reaped, not a zombie
     assert not [p for p in tree if _proc.pid_alive(p)]
+    proc.stdout.close()
 
 
 def test_unknown_run_as_user() -> None:
@@ -204,3 +205,34 @@ def test_compose_uses_the_pinned_images() -> None:
     assert all(port.startswith("127.0.0.1:") for svc in (kafka, pg) for port in svc["ports"])
     for tag in (images.KAFKA_IMAGE, images.POSTGRES_IMAGE):
         assert ":" in tag and not tag.endswith(":latest"), "images are pinned"
+
+
+# ---- the wheel starts no Docker daemon: only the repo's suite plugs one in ----------------------
+def test_a_private_engine_needs_the_repos_machinery(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from connectors.services import docker as engines
+
+    monkeypatch.setattr(engines, "_engine", None)
+    monkeypatch.setattr(engines, "_engine_checked", False)
+    monkeypatch.setattr(engines, "_private", None)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")  # no engine answers there
+    monkeypatch.setenv("EOS_START_DOCKERD", "1")
+    monkeypatch.delenv("EOS_DOCKER", raising=False)
+    with pytest.raises(ServiceError, match=r"EOS_START_DOCKERD=1.*starts none itself.*set DOCKER_HOST"):
+        engines.get_engine()
+    with pytest.raises(ServiceError, match=r"no local 'kafka' image.*EOS_DOCKER_IMAGES=upstream"):
+        engines.local_image(engines.Engine(host="unix:///x"), "kafka")
+
+    started: list[str] = []
+
+    def start() -> engines.Engine:
+        started.append("dockerd")
+        return engines.Engine(host=f"unix://{tmp_path}/private.sock", owned=True)
+
+    monkeypatch.setattr(engines, "_engine_checked", False)
+    engines.use_private_engine(start, lambda engine, name: f"spark-eos/{name}:local")
+    engine = engines.get_engine()
+    assert engine is not None and engine.owned and started == ["dockerd"]
+    assert engines.local_image(engine, "postgres") == "spark-eos/postgres:local"
+    assert engines.get_engine() is engine and started == ["dockerd"]  # once per process
+    monkeypatch.setattr(engine, "stop", lambda: None)
+    engines.shutdown()

