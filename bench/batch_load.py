@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from bench.upsert import find_jdbc_jar, throwaway_postgres
+from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
 
 __all__ = ["main"]
 
@@ -100,23 +100,11 @@ def _check(conn: psycopg.Connection, name: str, rows: int) -> str:
 
 def run(dsn: str, rows: int) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    import connectors
 
     jar = find_jdbc_jar()
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-batch-load")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+    spark = bench_session(
+        "bench-batch-load", **{"spark.driver.memory": "4g", "spark.sql.execution.arrow.maxRecordsPerBatch": "65536"}
     )
-    if jar:
-        builder = builder.config("spark.jars", jar)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    connectors.register(spark)
     df = (
         spark.range(0, rows, 1, 2)
         .selectExpr(

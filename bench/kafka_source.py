@@ -250,20 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-        from pyspark.sql import SparkSession
+        from bench.upsert import bench_session
 
-        from sources.kafka import KafkaEosDataSource
-
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("bench-kafka-source")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        spark.dataSource.register(KafkaEosDataSource)
+        spark = bench_session("bench-kafka-source")
         try:
             spark_read(spark, bootstrap, warm)  # start the Python workers before timing
             n_spark, t_spark = spark_read(spark, bootstrap, topic)

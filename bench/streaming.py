@@ -62,7 +62,7 @@ from typing import Any
 import psycopg
 
 from bench.kafka_source import kafka
-from bench.upsert import find_jdbc_jar, throwaway_postgres
+from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
 
 __all__ = ["main"]
 
@@ -282,25 +282,15 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
     timings = os.path.join(root, "timings.jsonl")
     os.environ["EOS_2PC_TIMINGS"] = timings  # before the JVM starts: its Python processes inherit it
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    import connectors
 
     jar = find_jdbc_jar()
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-streaming")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "2g")
-        .config("spark.python.authenticate.socketTimeout", "120s")  # a loaded machine starts workers slowly
+    spark = bench_session(
+        "bench-streaming",
+        **{
+            "spark.driver.memory": "2g",
+            "spark.python.authenticate.socketTimeout": "120s",  # a loaded machine starts workers slowly
+        },
     )
-    if jar:
-        builder = builder.config("spark.jars", jar)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    connectors.register(spark)
     spark.dataSource.register(noop_source())
     suffix = uuid.uuid4().hex[:6]
 

@@ -34,7 +34,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.upsert import find_jdbc_jar, throwaway_postgres
+from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
 
 __all__ = ["main"]
 
@@ -114,27 +114,13 @@ def percentile(values: list[float], q: float) -> float:
 
 def run(dsn: str, rows: int, batches: int) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from sinks.postgres import Postgres2pcDataSource
 
     root = tempfile.mkdtemp(prefix="eos-bench-2pc-")
     timings_path = os.path.join(root, "timings.jsonl")
     os.environ["EOS_2PC_TIMINGS"] = timings_path  # before the JVM starts: its Python workers inherit it
     input_path = write_input(root, rows, batches)
     jar = find_jdbc_jar()
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-twophase")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-    )
-    if jar:
-        builder = builder.config("spark.jars", jar)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(Postgres2pcDataSource)
+    spark = bench_session("bench-twophase")
     spark.dataSource.register(plain_source())
     conn = psycopg.connect(dsn, autocommit=True)
     schema = "id long, v string, n double"

@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -48,6 +49,17 @@ def find_jdbc_jar() -> str | None:
         if hits:
             return hits[-1]
     return None
+
+
+def bench_session(app: str, **conf: str) -> Any:
+    """The benchmarks' SparkSession: ``local[2]`` (no task retries), quiet, every format registered,
+    the PostgreSQL JDBC jar on the classpath when the machine has one (for the JDBC peers)."""
+    from connectors.services.spark import local_session
+
+    jar = find_jdbc_jar()
+    if jar:
+        conf["spark.jars"] = jar
+    return local_session(app, "local[2]", **conf)
 
 
 @contextmanager
@@ -181,24 +193,10 @@ def jdbc_write(df, dsn: str, table: str) -> float:  # type: ignore[no-untyped-de
 
 def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from sinks.postgres import PostgresUpsertDataSource
 
     per_key = rows // keys
     jar = find_jdbc_jar()
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-upsert")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-    )
-    if jar:
-        builder = builder.config("spark.jars", jar)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(PostgresUpsertDataSource)
+    spark = bench_session("bench-upsert")
     conn = psycopg.connect(dsn, autocommit=True)
     df = spark_data(spark, rows, per_key).cache()
     df.count()  # materialize once: every contender reads the same cached rows
