@@ -1,5 +1,6 @@
 """Harness pieces without services: process-group kills, checkpoint tampering, the proxy, kill plans."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -95,11 +96,12 @@ def _echo_server():
                 return
 
             def echo(c=conn):
-                try:
-                    while data := c.recv(100):
-                        c.sendall(data)
-                except OSError:
-                    pass
+                with c:
+                    try:
+                        while data := c.recv(100):
+                            c.sendall(data)
+                    except OSError:
+                        pass
 
             threading.Thread(target=echo, daemon=True).start()
 
@@ -109,8 +111,9 @@ def _echo_server():
 
 def test_proxy_forwards_stalls_resets_and_cuts():
     srv = _echo_server()
-    with TcpProxy("127.0.0.1", srv.getsockname()[1]) as proxy:
-        c = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
+    with contextlib.ExitStack() as closing, TcpProxy("127.0.0.1", srv.getsockname()[1]) as proxy:
+        closing.callback(srv.close)
+        c = closing.enter_context(socket.create_connection(("127.0.0.1", proxy.port), timeout=3))
         c.sendall(b"hi")
         assert c.recv(10) == b"hi"
         proxy.stall()
@@ -128,14 +131,14 @@ def test_proxy_forwards_stalls_resets_and_cuts():
         assert proxy.stats.pattern_hits == 1
         proxy.cut()
         with pytest.raises(OSError):  # reset during or right after the connect, whichever comes first
-            c2 = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
+            c2 = closing.enter_context(socket.create_connection(("127.0.0.1", proxy.port), timeout=3))
             c2.sendall(b"y")
             time.sleep(0.2)
             if not c2.recv(10):
                 raise ConnectionResetError
         assert proxy.stats.refused >= 1
         proxy.heal()
-        c3 = socket.create_connection(("127.0.0.1", proxy.port), timeout=3)
+        c3 = closing.enter_context(socket.create_connection(("127.0.0.1", proxy.port), timeout=3))
         c3.sendall(b"ok")
         assert c3.recv(10) == b"ok"
         assert proxy.reset() >= 1
