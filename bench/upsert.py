@@ -7,6 +7,10 @@ default, two Spark partitions that do not share keys), each into a fresh LOGGED 
 
 - ``postgres-upsert``: ``df.write.format("postgres-upsert")`` with key and version (2 tasks);
 - ``postgres-upsert replay``: the same write again (every row a no-op under the version guard);
+- ``errors.tolerance=all, R refused``: the same write with a dead-letter table into a table whose
+  ``CHECK (n >= 0)`` refuses R of the rows (0 %, 0.1 %, 1 %; n set to -1 on the last version of
+  every 100th / 10th key, rows the merge would write): the cost of finding and diverting them
+  against the same load with none refused;
 - ``jdbc (foreachBatch)``: Spark's JDBC writer, what a foreachBatch sink does: plain INSERTs into a
   table without a key (at-least-once); skipped with a message when no PostgreSQL JDBC jar is found;
 - ``limit: 1 process COPY+merge``: this process alone, the same Arrow data, binary COPY into a
@@ -86,10 +90,11 @@ def throwaway_postgres() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def make_table(conn: psycopg.Connection, name: str, *, key: bool) -> None:
+def make_table(conn: psycopg.Connection, name: str, *, key: bool, check: bool = False) -> None:
     conn.execute(f'DROP TABLE IF EXISTS "{name}"')  # type: ignore[arg-type]
     pk = " PRIMARY KEY" if key else ""
-    conn.execute(f'CREATE TABLE "{name}" (k bigint{pk}, v text, n double precision, ver bigint)')  # type: ignore[arg-type]
+    n = " CHECK (n >= 0)" if check else ""
+    conn.execute(f'CREATE TABLE "{name}" (k bigint{pk}, v text, n double precision{n}, ver bigint)')  # type: ignore[arg-type]
 
 
 def arrow_data(rows: int, per_key: int) -> pa.RecordBatch:
@@ -168,6 +173,7 @@ UPSERT, REPLAY, JDBC, LIMIT = (
     "jdbc (foreachBatch)",
     "limit: 1 process COPY+merge",
 )
+REFUSED = {0: "errors=all, 0% refused", 1000: "errors=all, 0.1% refused", 100: "errors=all, 1% refused"}
 
 
 def jdbc_write(df, dsn: str, table: str) -> float:  # type: ignore[no-untyped-def]
@@ -193,6 +199,7 @@ def jdbc_write(df, dsn: str, table: str) -> float:  # type: ignore[no-untyped-de
 
 def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import functions as F
 
     per_key = rows // keys
     jar = find_jdbc_jar()
@@ -201,14 +208,22 @@ def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
     df = spark_data(spark, rows, per_key).cache()
     df.count()  # materialize once: every contender reads the same cached rows
 
-    def upsert(table: str) -> float:
+    def upsert(table: str, every: int | None = None) -> float:
+        """The write; with ``every``, errors.tolerance=all and n = -1 (refused) on every ``every``-th row,
+        each the highest version of its key (a superseded row never reaches the table to be refused)."""
+        data, extra = df, {}
+        if every is not None:
+            extra = {"errors.tolerance": "all", "errors.table": f"{table}_refused"}
+            if every:
+                data = df.withColumn("n", F.when(F.col("ver") % every == every - 1, F.lit(-1.0)).otherwise(F.col("n")))
         start = time.perf_counter()
         (
-            df.write.format("postgres-upsert")
+            data.write.format("postgres-upsert")
             .option("dsn", dsn)
             .option("table", table)
             .option("key", "k")
             .option("version", "ver")
+            .options(**extra)
             .mode("append")
             .save()
         )
@@ -229,6 +244,7 @@ def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
         if jar
         else "SKIPPED: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java)",
         LIMIT: "no Spark; same COPY and merge SQL",
+        **{name: "CHECK (n >= 0) table, dead-letter table" for name in REFUSED.values()},
     }
 
     def record(name: str, secs: float) -> None:
@@ -246,13 +262,22 @@ def run(dsn: str, rows: int, keys: int, repeat: int = 1) -> int:
         if jar:
             make_table(conn, "bench_jdbc", key=False)
             record(JDBC, jdbc_write(df, dsn, "bench_jdbc"))
+        for every, name in REFUSED.items():
+            make_table(conn, "bench_refused", key=True, check=True)
+            conn.execute('DROP TABLE IF EXISTS "bench_refused_refused"')
+            record(name, upsert("bench_refused", every))
+            refused = conn.execute('SELECT count(*) FROM "bench_refused_refused"').fetchone()
+            want_refused = len(range(every - 1, rows, every)) if every else 0
+            if conn.execute('SELECT count(*) FROM "bench_refused"').fetchone() != (keys,) or refused != (want_refused,):
+                print(f"WRONG RESULT in {name}: {refused} refused, want {want_refused}", file=sys.stderr)
+                return 1
         make_table(conn, "bench_limit", key=True)
         record(LIMIT, bench_limit(dsn, "bench_limit", batch))
         if conn.execute("SELECT count(*), sum(ver) FROM bench_limit").fetchone() != want:
             print("WRONG RESULT in bench_limit", file=sys.stderr)
             return 1
     spark.stop()
-    results = [(name, best.get(name), notes[name]) for name in (UPSERT, REPLAY, JDBC, LIMIT)]
+    results = [(name, best.get(name), notes[name]) for name in (UPSERT, REPLAY, *REFUSED.values(), JDBC, LIMIT)]
 
     limit, jdbc = best.get(LIMIT), best.get(JDBC)
     print(

@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_submit_file_cmd)
     # other engineers' commands; their modules import only light dependencies at module level
     _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")
-    _wire(sub, "sinks.postgres.status", "sinks", "operate the two-phase sink")
+    _wire(sub, "sinks.postgres.status", "sinks", "operate the Postgres sinks")
     _wire(sub, "connectors.chaos", "chaos", "kill a pipeline N times and check exactly-once")
     return parser
 

@@ -140,3 +140,54 @@ def test_derived_names_stay_within_63_bytes() -> None:
 def test_options_pickle() -> None:
     opts = UpsertOptions.from_options({**BASE, "version": "v"})
     assert pickle.loads(pickle.dumps(opts)) == opts
+
+
+@pytest.mark.parametrize(
+    ("extra", "count", "fraction"),
+    [
+        ({"errors.tolerance": "all", "errors.table": "bad"}, None, None),
+        ({"errors.tolerance": "ALL", "errors.table": "s.bad", "errors.max": "100"}, 100, None),
+        ({"errors.tolerance": "all", "errors.table": "bad", "errors.max": "0.01"}, None, 0.01),
+        ({"errors.tolerance": "all", "errors.table": "bad", "errors.max": " 1.5% "}, None, 0.015),
+    ],
+)
+def test_errors_options(extra: dict[str, str], count: int | None, fraction: float | None) -> None:
+    opts = UpsertOptions.from_options({**BASE, **extra})
+    assert opts.errors.divert and opts.errors.table is not None
+    assert (opts.errors.max_count, opts.errors.max_fraction) == (count, fraction)
+    assert not UpsertOptions.from_options(BASE).errors.divert  # none by default
+
+
+@pytest.mark.parametrize(
+    ("extra", "option", "needle"),
+    [
+        ({"errors.tolerance": "all"}, "errors.table", "needs option 'errors.table'"),
+        ({"errors.table": "bad"}, "errors.tolerance", "errors.table' is set but errors.tolerance is none"),
+        (
+            {"errors.tolerance": "all", "errors.table": "bad", "errors.max": "lots"},
+            "errors.max",
+            "invalid value 'lots'",
+        ),
+        ({"errors.tolerance": "all", "errors.table": "bad", "errors.max": "1.5"}, "errors.max", "fraction above 1"),
+        ({"errors.max": "3"}, "errors.max", "only applies with errors.tolerance=all"),
+        ({"errors.tolerance": "some"}, "errors.tolerance", "one of none, all"),
+    ],
+)
+def test_errors_options_refused(extra: dict[str, str], option: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle) as err:
+        UpsertOptions.from_options({**BASE, **extra})
+    assert err.value.fields.get("option") == option
+
+
+def test_errors_max_is_checked_per_task() -> None:
+    from connectors.errors import FatalError
+
+    by_count = UpsertOptions.from_options({**BASE, "errors.tolerance": "all", "errors.table": "b", "errors.max": "2"})
+    by_count.errors.check(2, 10, "t")  # at the limit: fine
+    with pytest.raises(FatalError, match=r"refused 3 of 10 rows, more than errors.max=2 rows") as err:
+        by_count.errors.check(3, 10, "t")
+    assert err.value.fields.get("option") == "errors.max"
+    by_share = UpsertOptions.from_options({**BASE, "errors.tolerance": "all", "errors.table": "b", "errors.max": "10%"})
+    by_share.errors.check(1, 10, "t")
+    with pytest.raises(FatalError, match=r"refused 2 of 10 rows, more than errors.max=10.0000% of the task's rows"):
+        by_share.errors.check(2, 10, "t")

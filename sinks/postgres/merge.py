@@ -67,12 +67,14 @@ TOMBSTONE_SUFFIX = "__eos_tombstones"
 
 @dataclass(frozen=True)
 class MergeCounts:
-    """What one merge did: rows inserted or updated, rows deleted, tombstones written."""
+    """What one merge did: rows inserted or updated, rows deleted, tombstones written, rows the
+    target refused (diverted to the dead-letter table with errors.tolerance=all)."""
 
     staged: int = 0
     upserted: int = 0
     deleted: int = 0
     tombstoned: int = 0
+    refused: int = 0
 
     def __add__(self, other: MergeCounts) -> MergeCounts:
         return MergeCounts(
@@ -80,6 +82,7 @@ class MergeCounts:
             self.upserted + other.upserted,
             self.deleted + other.deleted,
             self.tombstoned + other.tombstoned,
+            self.refused + other.refused,
         )
 
 

@@ -29,16 +29,18 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from connectors.errors import ConfigError
+from connectors.errors import ConfigError, FatalError
 from connectors.options import REQUIRED, Option, OptionSet, check_conninfo, conninfo_error, redact, redact_conninfo
 
 __all__ = [
     "CONNECTION_OPTIONS",
+    "ERRORS_OPTIONS",
     "FAULTS_OPTION",
     "SPARK_OPTIONS",
     "TABLE_OPTIONS",
     "UPSERT_OPTIONS",
     "ConnectionOptions",
+    "ErrorsPolicy",
     "TableName",
     "UpsertOptions",
     "connection_options",
@@ -123,11 +125,30 @@ TABLE_OPTIONS: tuple[Option, ...] = (
 
 FAULTS_OPTION = Option("faults", "str", None, "fault spec for tests (see connectors.faults); EOS_FAULTS adds to it")
 
+ERRORS_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "errors.tolerance",
+        "choice",
+        "none",
+        "none: a row the target refuses (type, length, NOT NULL, CHECK, unique, foreign key) fails the task, "
+        "naming it; all: it goes to errors.table in the same transaction as the good rows",
+        choices=("none", "all"),
+    ),
+    Option("errors.table", "str", None, "the dead-letter table for errors.tolerance=all (created when missing)"),
+    Option(
+        "errors.max",
+        "str",
+        None,
+        "with errors.tolerance=all: fail a task that diverts more rows than this, before it commits: a count "
+        "(100) or a share of the task's rows (0.01 or 1%); default no limit",
+    ),
+)
+
 SPARK_OPTIONS = ("path", "checkpointLocation")
 """Options Spark itself adds to a sink's option map; accepted and ignored."""
 
 UPSERT_OPTIONS = OptionSet(
-    "postgres-upsert", (*CONNECTION_OPTIONS, *TABLE_OPTIONS, FAULTS_OPTION), ignored=SPARK_OPTIONS
+    "postgres-upsert", (*CONNECTION_OPTIONS, *TABLE_OPTIONS, *ERRORS_OPTIONS, FAULTS_OPTION), ignored=SPARK_OPTIONS
 )
 
 _CONN_KEYS = {o.name for o in CONNECTION_OPTIONS}
@@ -265,6 +286,86 @@ def parse_table_name(text: str, option: str = "table") -> TableName:
     return TableName(_unquote_ident(first), _unquote_ident(second))
 
 
+_MAX_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+
+
+@dataclass(frozen=True)
+class ErrorsPolicy:
+    """``errors.tolerance`` / ``errors.table`` / ``errors.max`` of a sink."""
+
+    tolerance: str = "none"
+    table: TableName | None = None
+    max_count: int | None = None  # refused rows a task may divert; None: no limit
+    max_fraction: float | None = None  # or this share of the task's rows
+
+    @property
+    def divert(self) -> bool:
+        return self.tolerance == "all"
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], context: str) -> ErrorsPolicy:
+        tolerance = values.get("errors_tolerance") or "none"
+        table_text = values.get("errors_table")
+        table = parse_table_name(table_text, option="errors.table") if table_text else None
+        if tolerance == "all" and table is None:
+            raise ConfigError(
+                f"{context}: errors.tolerance=all needs option 'errors.table', the dead-letter table refused rows "
+                "go to (created when missing), e.g. errors.table=public.orders_refused",
+                option="errors.table",
+            )
+        if tolerance == "none" and table is not None:
+            raise ConfigError(
+                f"{context}: option 'errors.table' is set but errors.tolerance is none (refused rows fail the "
+                "query); set errors.tolerance=all to divert them, or drop errors.table",
+                option="errors.tolerance",
+            )
+        max_count, max_fraction = _parse_max(values.get("errors_max"), context)
+        if (max_count is not None or max_fraction is not None) and tolerance != "all":
+            raise ConfigError(
+                f"{context}: option 'errors.max' only applies with errors.tolerance=all", option="errors.max"
+            )
+        return cls(tolerance, table, max_count, max_fraction)
+
+    def check(self, refused: int, rows: int, where: str) -> None:
+        """FatalError when a task diverted more than ``errors.max`` allows (raised before its commit)."""
+        if self.max_count is not None and refused > self.max_count:
+            limit = f"errors.max={self.max_count} rows"
+        elif self.max_fraction is not None and rows and refused / rows > self.max_fraction:
+            limit = f"errors.max={self.max_fraction:.4%} of the task's rows"
+        else:
+            return
+        raise FatalError(
+            f"{where}: the target refused {refused} of {rows} rows, more than {limit}; nothing of this task was "
+            f"written. The first refusals are in the task's log; fix the data or the table, or raise errors.max",
+            option="errors.max",
+        )
+
+
+def _parse_max(text: object, context: str) -> tuple[int | None, float | None]:
+    if text is None or str(text).strip() == "":
+        return None, None
+    m = _MAX_RE.match(str(text))
+    if m is None:
+        raise ConfigError(
+            f"{context}: option 'errors.max' has an invalid value {text!r}; expected a row count per task "
+            "(e.g. 100) or a share of the task's rows (e.g. 0.01 or 1%)",
+            option="errors.max",
+        )
+    number, percent = m.group(1), m.group(2)
+    if percent:
+        return None, float(number) / 100
+    if "." in number:
+        value = float(number)
+        if value > 1:
+            raise ConfigError(
+                f"{context}: option 'errors.max' {text!r} is a fraction above 1; use a row count (e.g. 100) "
+                "or a share (0.01 or 1%)",
+                option="errors.max",
+            )
+        return None, value
+    return int(number), None
+
+
 @dataclass(frozen=True)
 class UpsertOptions:
     """Parsed options of the upsert sink (also the upsert mode of the two-phase sink)."""
@@ -279,6 +380,7 @@ class UpsertOptions:
     columns: tuple[tuple[str, str], ...] = ()
     faults: str | None = None
     schema_evolution: str = "none"
+    errors: ErrorsPolicy = ErrorsPolicy()
 
     @property
     def rename(self) -> dict[str, str]:
@@ -344,6 +446,7 @@ class UpsertOptions:
             columns=tuple(sorted(columns.items())),
             faults=values.get("faults"),
             schema_evolution=values.get("schema_evolution") or "none",
+            errors=ErrorsPolicy.from_values(values, context),
             **extra,
         )
 

@@ -1,13 +1,18 @@
-"""Operator commands of the two-phase sink: ``spark-eos sinks status | recover | release``.
+"""Operator commands of the sinks: ``spark-eos sinks status | recover | release | errors | replay-errors``.
 
     python -m sinks.postgres.status status  --dsn URL --sink-id ID [--eos-schema eos] [--json]
     python -m sinks.postgres.status recover --dsn URL --sink-id ID [--apply]
     python -m sinks.postgres.status release --dsn URL --sink-id ID --yes
+    python -m sinks.postgres.status errors  --dsn URL --errors-table T [--json]
+    python -m sinks.postgres.status replay-errors --dsn URL --errors-table T --target TABLE [--batch N]
 
 ``status`` shows the owner of the sink id, the last decided batches and every in-doubt (prepared)
 gid with its age and what recovery would do with it. ``recover`` resolves in-doubt gids by the
 decision log (commit what a decision names, roll back the rest); a dry run unless ``--apply``.
 ``release`` forgets which query owns the sink id (only when that query is gone for good).
+``errors`` counts the rows a sink diverted to its dead-letter table (``errors.tolerance=all``) per
+target, batch and error; ``replay-errors`` moves them back into the target once it was fixed, each row
+leaving the dead-letter table in the transaction in which it reaches the target.
 
 A failure (a bad ``--dsn``, a server that does not answer, a refused command) is one line on
 stderr and exit code 2, never a traceback; no part of the password is ever printed.
@@ -26,9 +31,10 @@ import psycopg
 
 from connectors.errors import ConfigError, EosError, FatalError
 from connectors.options import scrub
+from sinks.postgres import deadletter
 from sinks.postgres.connection import classify, connect
 from sinks.postgres.decisions import DEFAULT_SCHEMA, ProtocolTables, list_prepared, max_prepared_transactions, sink_lock
-from sinks.postgres.options import ConnectionOptions
+from sinks.postgres.options import ConnectionOptions, parse_table_name
 from sinks.postgres.recovery import resolve
 
 __all__ = ["add_subparser", "main", "recover", "release", "sink_status"]
@@ -185,6 +191,36 @@ def _cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+@_one_line_errors
+def _cmd_errors(args: argparse.Namespace) -> int:
+    with _connect(args.dsn) as conn:
+        rows = deadletter.summary(conn, parse_table_name(args.errors_table, option="--errors-table"))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"{args.errors_table}: no refused rows")
+    else:
+        print(f"  {'target':<24} {'batch':>8} {'rows':>7} {'again':>6}  {'sqlstate':<8} {'class':<9} where: message")
+    for r in rows:
+        batch = "-" if r["batch"] is None else r["batch"]
+        print(
+            f"  {r['target']:<24} {batch:>8} {r['rows']:>7} {r['refused_again']:>6}  {r['sqlstate']:<8} "
+            f"{r['class']:<9} {r['where'] or '-'}: {r['message']}"
+        )
+    return 0
+
+
+@_one_line_errors
+def _cmd_replay_errors(args: argparse.Namespace) -> int:
+    table = parse_table_name(args.errors_table, option="--errors-table")
+    target = parse_table_name(args.target, option="--target")
+    with _connect(args.dsn) as conn:
+        done = deadletter.replay(conn, table, target, args.batch)
+    print(f"{target}: {done.moved} row(s) moved from {table} into the target, {done.refused} refused again (kept)")
+    return 0 if done.refused == 0 else 1
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
     p.add_argument("--sink-id", required=True, help="the sink.id option of the query")
@@ -204,12 +240,23 @@ def _add_commands(sub: Any) -> None:
     _common(p)
     p.add_argument("--yes", action="store_true")
     p.set_defaults(func=_cmd_release)
+    p = sub.add_parser("errors", help="rows a sink diverted to its dead-letter table, per target, batch and error")
+    p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
+    p.add_argument("--errors-table", required=True, help="the errors.table option of the sink")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_errors)
+    p = sub.add_parser("replay-errors", help="move dead-letter rows back into the fixed target, exactly once")
+    p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
+    p.add_argument("--errors-table", required=True, help="the errors.table option of the sink")
+    p.add_argument("--target", required=True, help="the table option of the sink whose rows to replay")
+    p.add_argument("--batch", type=int, default=None, help="only this batch's rows (-1: a batch write's)")
+    p.set_defaults(func=_cmd_replay_errors)
 
 
 def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``sinks {status,recover,release}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
+    """Add ``sinks {status,recover,release,errors,replay-errors}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
-        "sinks", help="operate the two-phase Postgres sink (status, recover, release)"
+        "sinks", help="operate the Postgres sinks (status, recover, release, errors, replay-errors)"
     )
     _add_commands(p.add_subparsers(dest="sinks_command", required=True))
     return p

@@ -42,6 +42,7 @@ from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, Struc
 
 from connectors import faults
 from connectors.errors import ConfigError, FatalError
+from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging
 from sinks.postgres.merge import (
@@ -86,6 +87,7 @@ class UpsertCommitMessage(WriterCommitMessage):
     deleted: int
     tombstoned: int
     tries: int
+    refused: int = 0  # rows diverted to errors.table (errors.tolerance=all)
 
 
 class UpsertPlanner:
@@ -165,6 +167,8 @@ class UpsertPlanner:
             )
             plan = MergePlan(opts.table, tuple(columns), opts.key, opts.version, opts.deletes)
             ensure_tombstones(conn, plan)
+            if opts.errors.table is not None:
+                deadletter.ensure_table(conn, opts.errors.table)
             return plan
         finally:
             close_quietly(conn)
@@ -358,7 +362,9 @@ class _UpsertWriterMixin:
             tries += 1
             if batches is None:
                 return MergeCounts()
-            return write_transaction(self.opts, self.plan, batches, fault_context=ctx, keys=keys)
+            return write_transaction(
+                self.opts, self.plan, batches, fault_context=ctx, keys=keys, partition=partition, batch_id=batch_id
+            )
 
         counts = RetryPolicy.of(self.opts.connection).run(
             once, f"{FORMAT} into {self.plan.target} (partition {partition}, batch {batch_id})"
@@ -372,6 +378,7 @@ class _UpsertWriterMixin:
             deleted=counts.deleted,
             tombstoned=counts.tombstoned,
             tries=tries,
+            refused=counts.refused,
         )
 
 
@@ -382,16 +389,25 @@ def write_transaction(
     *,
     fault_context: Mapping[str, Any] | None = None,
     keys: KeyTracker | None = None,
+    partition: int = 0,
+    batch_id: int | None = None,
 ) -> MergeCounts:
     """One try: connect, stage (COPY as the batches come), merge, commit. Any failure rolls back and
     propagates unchanged; ``batches`` is iterated once per try (a ``Replayable`` for retries).
-    ``keys``, fed by ``prepared_rows``, lets the merge skip its dedup when every key is distinct."""
+    ``keys``, fed by ``prepared_rows``, lets the merge skip its dedup when every key is distinct.
+    With ``errors.tolerance=all`` refused rows go to ``errors.table`` in this transaction."""
     conn = connect(opts.connection, application_name=f"spark-eos {FORMAT}")
     try:
         with conn.cursor() as cur:
             staging = create_staging(cur, plan.target, plan.staging_columns())
             staged = copy_arrow(cur, staging, plan.staging_columns(), batches)
-            counts = merge_staged(cur, staging, plan, staged, unique=keys is not None and keys.unique)
+            unique = keys is not None and keys.unique
+            if opts.errors.table is None:
+                counts = merge_staged(cur, staging, plan, staged, unique=unique)
+            else:
+                letters = deadletter.DeadLetters(opts.errors.table, plan.target, batch_id, partition)
+                counts = deadletter.merge_diverting(cur, staging, plan, staged, letters, unique=unique)
+                opts.errors.check(counts.refused, staged, f"{FORMAT} into {plan.target} (partition {partition})")
         faults.point("sink.after_write", spec=opts.faults, **dict(fault_context or {}))
         conn.commit()
         return counts
@@ -406,9 +422,9 @@ def _log_commit(messages: Iterable[WriterCommitMessage | None], batch_id: int | 
     total = MergeCounts()
     for m in messages:
         if isinstance(m, UpsertCommitMessage):
-            total = total + MergeCounts(m.staged, m.upserted, m.deleted, m.tombstoned)
+            total = total + MergeCounts(m.staged, m.upserted, m.deleted, m.tombstoned, m.refused)
     log.info(
-        "%s %s batch %s: %d staged, %d upserted, %d deleted, %d tombstoned",
+        "%s %s batch %s: %d staged, %d upserted, %d deleted, %d tombstoned, %d refused",
         FORMAT,
         table,
         batch_id,
@@ -416,6 +432,7 @@ def _log_commit(messages: Iterable[WriterCommitMessage | None], batch_id: int | 
         total.upserted,
         total.deleted,
         total.tombstoned,
+        total.refused,
     )
     return total
 

@@ -1,0 +1,210 @@
+"""postgres-upsert with errors.tolerance=all: refused rows go to a dead-letter table, exactly once.
+
+Every kind of refusal in one batch (length, range, NOT NULL, CHECK, unique, foreign key); the same
+batch written again; a replay of a micro-batch after a crash between the sink's commit and Spark's
+commit log; errors.max; and the operator's replay of the dead letters into the fixed table.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.utils import StreamingQueryException
+
+from connectors.cli import main as cli
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = "id long, code string, qty int, email string, parent int, small int, ver long"
+GOOD = 300
+
+
+def _tables(conn: psycopg.Connection, table: str) -> None:
+    conn.execute(f"CREATE TABLE {table}_p (id int PRIMARY KEY)")  # type: ignore[arg-type]
+    conn.execute(f"INSERT INTO {table}_p VALUES (1), (2), (3)")  # type: ignore[arg-type]
+    conn.execute(
+        f"CREATE TABLE {table} (id bigint PRIMARY KEY, code varchar(4) NOT NULL, "  # type: ignore[arg-type]
+        f"qty int CONSTRAINT {table}_qty CHECK (qty >= 0), email text CONSTRAINT {table}_email UNIQUE, "
+        f"parent int CONSTRAINT {table}_parent REFERENCES {table}_p (id), small int, ver bigint)"
+    )
+    conn.execute(f"INSERT INTO {table} VALUES (99999, 'old', 0, 'taken@x', 1, 0, 0)")  # type: ignore[arg-type]
+
+
+# id -> (the bad row's values, the SQLSTATE it is refused with, the constraint or column Postgres names)
+BAD: dict[int, tuple[dict[str, Any], str, str | None]] = {
+    1001: ({"code": "toolong"}, "22001", None),  # varchar(4)
+    1003: ({"code": None}, "23502", "code"),  # NOT NULL
+    1004: ({"qty": -5}, "23514", "_qty"),  # CHECK
+    1005: ({"email": "taken@x"}, "23505", "_email"),  # unique, against a row already in the table
+    1006: ({"parent": 42}, "23503", "_parent"),  # foreign key
+}
+
+
+def _input(spark: SparkSession) -> DataFrame:
+    rows = []
+    for i in range(GOOD):
+        rows.append(
+            {"id": i, "code": f"c{i % 100}", "qty": i, "email": f"u{i}@x", "parent": 1 + i % 3, "small": i, "ver": 1}
+        )
+    for bad_id, (values, _, _) in BAD.items():
+        row = {"id": bad_id, "code": "ok", "qty": 1, "email": f"b{bad_id}@x", "parent": 2, "small": 1, "ver": 1}
+        row.update(values)
+        rows.append(row)
+    return spark.createDataFrame(
+        [tuple(r[c] for c in ("id", "code", "qty", "email", "parent", "small", "ver")) for r in rows], SCHEMA
+    )
+
+
+def _write(df: DataFrame, dsn: str, table: str, **options: str) -> None:
+    w = df.write.format("postgres-upsert").option("dsn", dsn).option("table", table).option("key", "id")
+    w.option("version", "ver").option("errors.tolerance", "all").option("errors.table", f"{table}_refused")
+    w.options(**options).mode("append").save()
+
+
+def _ids(conn: psycopg.Connection, table: str) -> list[int]:
+    return [r[0] for r in conn.execute(f"SELECT id FROM {table} ORDER BY id").fetchall()]  # type: ignore[arg-type]
+
+
+def _letters(conn: psycopg.Connection, table: str) -> dict[int, tuple[Any, ...]]:
+    rows = conn.execute(
+        f"SELECT (row->>'id')::bigint, sqlstate, error_class, constraint_name, column_name, row, batch_id, op "  # type: ignore[arg-type]
+        f"FROM {table}_refused WHERE target = %s",
+        (table,),
+    ).fetchall()
+    out: dict[int, tuple[Any, ...]] = {}
+    for r in rows:
+        assert r[0] not in out, f"row {r[0]} is in the dead-letter table twice"
+        out[r[0]] = r[1:]
+    return out
+
+
+def _check_letters(letters: dict[int, tuple[Any, ...]], batch: int) -> None:
+    assert sorted(letters) == sorted(BAD), letters
+    for bad_id, (values, state, where) in BAD.items():
+        sqlstate, cls, constraint, column, row, batch_id, op = letters[bad_id]
+        assert sqlstate == state, (bad_id, sqlstate)
+        assert cls == ("data" if state.startswith("22") else "integrity")
+        if where == "code":
+            assert column == "code", (bad_id, column)
+        elif where is not None:
+            assert constraint is not None and constraint.endswith(where), (bad_id, constraint)
+        for name, value in values.items():
+            assert row[name] == value, (bad_id, row)  # the row as it was sent, under the table's names
+        assert set(row) == {"id", "code", "qty", "email", "parent", "small", "ver"}
+        assert batch_id == batch and op == "upsert"
+
+
+def test_every_refused_kind_goes_to_the_dead_letter_table_once(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
+    table = new_table("dl")
+    _tables(pg_conn, table)
+    df = _input(spark).repartition(2)
+    _write(df, postgres_service.dsn, table)
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999]
+    _check_letters(_letters(pg_conn, table), -1)
+    xmins = pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall()  # type: ignore[arg-type]
+
+    _write(df, postgres_service.dsn, table)  # the same rows again (a re-run job): no new row anywhere
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999]
+    assert pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall() == xmins  # type: ignore[arg-type]
+    _check_letters(_letters(pg_conn, table), -1)
+
+    # the operator's view, then the fix: a wider code, no CHECK, parent 42 exists; the email stays taken
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli(["sinks", "errors", "--dsn", postgres_service.dsn, "--errors-table", f"{table}_refused"]) == 0
+    for _, state, _ in BAD.values():
+        assert state in out.getvalue(), out.getvalue()
+    pg_conn.execute(f"ALTER TABLE {table} ALTER code TYPE varchar(20), ALTER code DROP NOT NULL")  # type: ignore[arg-type]
+    pg_conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {table}_qty")  # type: ignore[arg-type]
+    pg_conn.execute(f"INSERT INTO {table}_p VALUES (42)")  # type: ignore[arg-type]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = cli(
+            [
+                "sinks",
+                "replay-errors",
+                "--dsn",
+                postgres_service.dsn,
+                "--errors-table",
+                f"{table}_refused",
+                "--target",
+                table,
+            ]
+        )
+    assert rc == 1 and "4 row(s) moved" in out.getvalue() and "1 refused again" in out.getvalue(), out.getvalue()
+    assert _ids(pg_conn, table) == sorted([*range(GOOD), 99999, *(i for i in BAD if i != 1005)])
+    left = pg_conn.execute(f"SELECT (row->>'id')::int, replay_error FROM {table}_refused").fetchall()  # type: ignore[arg-type]
+    assert [r[0] for r in left] == [1005] and "unique" in left[0][1], left
+    assert pg_conn.execute(f"SELECT code, qty FROM {table} WHERE id IN (1001, 1004) ORDER BY id").fetchall() == [  # type: ignore[arg-type]
+        ("toolong", 1),
+        ("ok", -5),
+    ]
+
+
+def test_errors_max_fails_the_task_before_anything_is_written(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
+    table = new_table("dlmax")
+    _tables(pg_conn, table)
+    with pytest.raises(Exception, match=r"refused 5 of 305 rows, more than errors.max=4 rows.*nothing of this task"):
+        _write(_input(spark).coalesce(1), postgres_service.dsn, table, **{"errors.max": "4", "retry.attempts": "1"})
+    assert _ids(pg_conn, table) == [99999]
+    assert _letters(pg_conn, table) == {}
+    _write(_input(spark).coalesce(1), postgres_service.dsn, table, **{"errors.max": "2%"})  # 5 of 305 < 2 %
+    assert len(_ids(pg_conn, table)) == GOOD + 1 and len(_letters(pg_conn, table)) == len(BAD)
+
+
+def test_a_replayed_micro_batch_diverts_its_refused_rows_once(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, tmp_path: Path
+) -> None:
+    """The crash window of the sink's idempotence: every task committed (good rows and dead letters),
+    Spark's commits/0 not written. The restarted query runs batch 0 again."""
+    table = new_table("dlstream")
+    _tables(pg_conn, table)
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    rows = _input(spark).collect()
+    (source / "0.json").write_text("".join(json.dumps(r.asDict()) + "\n" for r in rows))
+    faults = f"sink.after_commit:batch=0:action=raise:code={uuid.uuid4().int % 10**8}:once"
+
+    def run() -> None:
+        q = (
+            spark.readStream.schema(SCHEMA)
+            .json(str(source))
+            .repartition(2)
+            .writeStream.format("postgres-upsert")
+            .option("dsn", postgres_service.dsn)
+            .option("table", table)
+            .option("key", "id")
+            .option("version", "ver")
+            .option("errors.tolerance", "all")
+            .option("errors.table", f"{table}_refused")
+            .option("faults", faults)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+
+    with pytest.raises(StreamingQueryException, match=r"fault injected at sink\.after_commit"):
+        run()
+    assert (checkpoint / "offsets" / "0").exists() and not (checkpoint / "commits" / "0").exists()
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999]
+    _check_letters(_letters(pg_conn, table), 0)
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        run()  # batch 0 again (the fault is spent): nothing new in either table
+    assert (checkpoint / "commits" / "0").exists() and not (checkpoint / "offsets" / "1").exists()
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999]
+    _check_letters(_letters(pg_conn, table), 0)

@@ -1,0 +1,316 @@
+"""Rows the target refuses go to a dead-letter table, in the transaction that writes the good ones.
+
+Public API (``postgres-upsert`` with ``errors.tolerance=all``):
+
+- ``ErrorsPolicy`` (from ``sinks.postgres.options``): the parsed ``errors.*`` options.
+- ``ensure_table(conn, table)``: the dead-letter table (driver side, ``CREATE TABLE IF NOT EXISTS``
+  under the sink's DDL lock).
+- ``merge_diverting(cur, staging, plan, staged, letters, unique=...)``: merge the staged rows into the
+  target; a row the target refuses goes to the dead-letter table instead (``refused`` in the counts).
+- ``replay(conn, table, target, batch=None)``: move dead-letter rows of ``target`` back into it, each
+  in the transaction that deletes it from the dead-letter table; rows refused again stay, with the
+  new error.
+- ``summary(conn, table)``: refused rows per target and batch, for ``spark-eos sinks errors``.
+
+How the refused rows are found. The merge first runs as one statement set under a savepoint: with
+no refused row that is all it costs. When the target refuses (SQLSTATE class 22, a data exception:
+length, range, a value the column type cannot take; class 23, an integrity violation: NOT NULL,
+CHECK, unique, foreign key), it rolls back to the savepoint and merges the task's staged rows in
+ordinal ranges of ``CHUNK`` rows, each under its own savepoint; a range refused is split in halves
+until the refused row stands alone, and that row is written to the dead-letter table. Ranges are
+merged in ordinal order, so the version guard and "last row wins" give the target what one merge
+of the good rows would. The cost is one merge when nothing is refused, and grows with the number of
+refused rows (measured in ``bench/upsert.py``).
+
+Exactly once. The dead-letter rows are inserted in the task's transaction, so they commit with the
+good rows or not at all. A batch Spark replays (a crash after the task's commit, before Spark's
+commit log) inserts them again: the table's primary key (target, batch, row digest) turns that into
+a no-op, as the version guard does for the target. A row identical to another of the same batch is
+stored once (the upsert sink writes such rows once as well).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from sinks.postgres.connection import ddl_lock
+from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_staged
+from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
+
+__all__ = [
+    "CHUNK",
+    "DeadLetters",
+    "ErrorsPolicy",
+    "ReplayResult",
+    "ensure_table",
+    "merge_diverting",
+    "refusable",
+    "replay",
+    "summary",
+    "table_sql",
+]
+
+log = logging.getLogger(__name__)
+
+LOGGED = 5
+"""Refusals a task logs one by one (the rest are counted); all of them are in the dead-letter table."""
+
+CHUNK = 256
+"""Rows merged together once a task's merge was refused (a refused range is then halved)."""
+
+
+def table_sql(table: TableName) -> str:
+    """The dead-letter table: one row per refused input row."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table.sql} ("
+        "target text NOT NULL, "  # the table that refused the row (schema-qualified as the sink names it)
+        "batch_id bigint NOT NULL, "  # Spark's micro-batch id; -1 for a batch write (df.write)
+        "partition integer NOT NULL, "
+        "ordinal bigint NOT NULL, "  # the row's place in its task
+        "op text NOT NULL, "  # upsert | delete
+        "error_class text NOT NULL, "  # data (SQLSTATE class 22) | integrity (class 23)
+        "sqlstate text NOT NULL, "
+        "message text NOT NULL, "
+        "detail text, "
+        "constraint_name text, "
+        "column_name text, "
+        "key_columns text[] NOT NULL, "  # the target's key and version columns, for replay
+        "version_column text, "
+        "row jsonb NOT NULL, "  # the row as the sink staged it, under the target's column names
+        "row_digest text NOT NULL, "
+        "refused_at timestamptz NOT NULL DEFAULT now(), "
+        "replay_error text, "  # the last replay's refusal, when a replay was refused again
+        "PRIMARY KEY (target, batch_id, row_digest))"
+    )
+
+
+def ensure_table(conn: psycopg.Connection, table: TableName) -> None:
+    """Create the dead-letter table when missing (under the sink's DDL lock: writers may start at once)."""
+    with ddl_lock(conn), conn.cursor() as cur:
+        cur.execute(table_sql(table).encode())
+    if not conn.autocommit:
+        conn.commit()
+
+
+def refusable(exc: BaseException) -> bool:
+    """A refusal of the row's values (class 22 data exception, class 23 integrity violation)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return isinstance(exc, psycopg.Error) and state[:2] in ("22", "23")
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    """Where one task's refused rows go, and what they are tagged with."""
+
+    table: TableName
+    target: TableName
+    batch_id: int | None
+    partition: int
+
+
+def _range(staging: str, lo: int, hi: int) -> str:
+    return (
+        f"(SELECT * FROM {staging} WHERE {quote_ident(ORDINAL)} >= {int(lo)} AND {quote_ident(ORDINAL)} < {int(hi)}) r"
+    )
+
+
+def _try_merge(
+    cur: psycopg.Cursor, relation: str, plan: MergePlan, unique: bool
+) -> tuple[MergeCounts | None, psycopg.Error | None]:
+    cur.execute(b"SAVEPOINT eos_merge")
+    try:
+        counts = merge_staged(cur, relation, plan, unique=unique)
+    except psycopg.Error as exc:
+        if not refusable(exc):
+            raise
+        cur.execute(b"ROLLBACK TO SAVEPOINT eos_merge")
+        return None, exc
+    cur.execute(b"RELEASE SAVEPOINT eos_merge")
+    return counts, None
+
+
+def merge_diverting(
+    cur: psycopg.Cursor,
+    staging: str,
+    plan: MergePlan,
+    staged: int,
+    letters: DeadLetters,
+    *,
+    unique: bool = False,
+) -> MergeCounts:
+    """Merge ``staging`` into the target; rows it refuses go to the dead-letter table (see the module
+    docstring); ``refused`` in the counts says how many. Non-refusal errors propagate unchanged."""
+    counts, error = _try_merge(cur, staging, plan, unique)
+    if error is None:
+        assert counts is not None
+        return MergeCounts(staged, counts.upserted, counts.deleted, counts.tombstoned)
+    # The ranges below read the staging table by ordinal: an index makes each read as small as its range.
+    cur.execute(f"CREATE INDEX ON {staging} ({quote_ident(ORDINAL)})".encode())
+    cur.execute(f"ANALYZE {staging}".encode())
+    total = MergeCounts(staged=staged)
+    diverted = 0
+
+    def merge_range(lo: int, hi: int, known: psycopg.Error | None) -> None:
+        nonlocal total, diverted
+        if known is None:
+            done, known = _try_merge(cur, _range(staging, lo, hi), plan, unique)
+            if known is None:
+                assert done is not None
+                total = total + MergeCounts(0, done.upserted, done.deleted, done.tombstoned)
+                return
+        if hi - lo == 1:
+            _divert(cur, staging, plan, lo, known, letters)
+            diverted += 1
+            if diverted <= LOGGED:
+                log.warning(
+                    "%s refused row %d of partition %d (batch %s): %s (sqlstate %s); diverted to %s",
+                    letters.target,
+                    lo,
+                    letters.partition,
+                    letters.batch_id,
+                    (known.diag.message_primary or str(known)).strip(),
+                    known.sqlstate,
+                    letters.table,
+                )
+            return
+        mid = (lo + hi) // 2
+        merge_range(lo, mid, None)
+        merge_range(mid, hi, None)
+
+    for lo in range(0, staged, CHUNK):
+        merge_range(lo, min(lo + CHUNK, staged), None)
+    return MergeCounts(staged, total.upserted, total.deleted, total.tombstoned, diverted)
+
+
+def _divert(
+    cur: psycopg.Cursor, staging: str, plan: MergePlan, ordinal: int, exc: psycopg.Error, letters: DeadLetters
+) -> None:
+    """Insert the staged row ``ordinal`` into the dead-letter table (a no-op when a replayed batch
+    put it there before)."""
+    diag = exc.diag
+    state = exc.sqlstate or "?"
+    names = {c.name: c.target for c in plan.columns}
+    op = f"CASE WHEN s.{quote_ident(DELETE_FLAG)} THEN 'delete' ELSE 'upsert' END" if plan.deletes else "'upsert'"
+    row = (
+        "(SELECT jsonb_object_agg(coalesce(%(names)s::jsonb ->> e.key, e.key), e.value) "
+        f"FROM jsonb_each(to_jsonb(s) - '{ORDINAL}' - '{DELETE_FLAG}') e)"
+    )
+    cur.execute(
+        (
+            f"INSERT INTO {letters.table.sql} (target, batch_id, partition, ordinal, op, error_class, sqlstate, "
+            "message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
+            f"SELECT %(target)s, %(batch)s, %(partition)s, %(ordinal)s, {op}, %(cls)s, %(state)s, %(message)s, "
+            f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, md5(x.row::text) "
+            f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
+            f"WHERE s.{quote_ident(ORDINAL)} = %(ordinal)s ON CONFLICT DO NOTHING"
+        ).encode(),
+        {
+            "names": json.dumps(names),
+            "target": str(letters.target),
+            "batch": -1 if letters.batch_id is None else letters.batch_id,
+            "partition": letters.partition,
+            "ordinal": ordinal,
+            "cls": "data" if state.startswith("22") else "integrity",
+            "state": state,
+            "message": (diag.message_primary or str(exc)).strip(),
+            "detail": diag.message_detail,
+            "constraint": diag.constraint_name,
+            "column": diag.column_name,
+            "keys": [plan.column(k).target for k in plan.key],
+            "version": plan.column(plan.version).target if plan.version else None,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    moved: int  # rows now in the target (or superseded there by a newer version), gone from the dead letters
+    refused: int  # rows the target refused again; they stay, with replay_error set
+
+
+def replay(conn: psycopg.Connection, table: TableName, target: TableName, batch: int | None = None) -> ReplayResult:
+    """Move ``target``'s dead-letter rows (of ``batch``, or all) back into it, in one transaction: each
+    row leaves the dead-letter table in the transaction in which it reaches the target. A row the
+    target refuses again stays (its ``replay_error`` says why); the others move. Rows go in the order
+    they were refused, upserted under the version guard (a newer version in the target wins)."""
+    moved = refused = 0
+    with conn.transaction(), conn.cursor() as cur:
+        where = "target = %s" + ("" if batch is None else " AND batch_id = %s")
+        params: tuple[Any, ...] = (str(target),) if batch is None else (str(target), batch)
+        rows = cur.execute(
+            f"SELECT batch_id, row_digest, op, key_columns, version_column, row FROM {table.sql} WHERE {where} "
+            "ORDER BY batch_id, partition, ordinal FOR UPDATE".encode(),
+            params,
+        ).fetchall()
+        for batch_id, digest, op, keys, version, row in rows:
+            cur.execute(b"SAVEPOINT eos_replay")
+            try:
+                cur.execute(_replay_sql(target, op, list(keys), version, list(row)).encode(), {"row": json.dumps(row)})
+            except psycopg.Error as exc:
+                if not refusable(exc):
+                    raise
+                cur.execute(b"ROLLBACK TO SAVEPOINT eos_replay")
+                cur.execute(
+                    f"UPDATE {table.sql} SET replay_error = %s WHERE target = %s AND batch_id = %s "
+                    "AND row_digest = %s".encode(),
+                    ((exc.diag.message_primary or str(exc)).strip(), str(target), batch_id, digest),
+                )
+                refused += 1
+                continue
+            cur.execute(
+                f"DELETE FROM {table.sql} WHERE target = %s AND batch_id = %s AND row_digest = %s".encode(),
+                (str(target), batch_id, digest),
+            )
+            cur.execute(b"RELEASE SAVEPOINT eos_replay")
+            moved += 1
+    return ReplayResult(moved, refused)
+
+
+def _replay_sql(target: TableName, op: str, keys: list[str], version: str | None, columns: list[str]) -> str:
+    rec = f"jsonb_populate_record(NULL::{target.sql}, %(row)s::jsonb)"
+    match = " AND ".join(f"t.{quote_ident(k)} = r.{quote_ident(k)}" for k in keys)
+    guard = (
+        f" AND (t.{quote_ident(version)} IS NULL OR t.{quote_ident(version)} < r.{quote_ident(version)})"
+        if version
+        else ""
+    )
+    if op == "delete":
+        return f"DELETE FROM {target.sql} t USING (SELECT * FROM {rec}) r WHERE {match}{guard}"
+    cols = ", ".join(quote_ident(c) for c in columns)
+    updates = [c for c in columns if c not in keys]
+    sql = (
+        f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} "
+        f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) DO "
+    )
+    if not updates:
+        return sql + "NOTHING"
+    sql += "UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updates)
+    if version:
+        sql += f" WHERE t.{quote_ident(version)} IS NULL OR t.{quote_ident(version)} < EXCLUDED.{quote_ident(version)}"
+    return sql
+
+
+def summary(conn: psycopg.Connection, table: TableName) -> list[dict[str, Any]]:
+    """Refused rows per target, batch and error (newest batches first)."""
+    rows = conn.execute(
+        f"SELECT target, batch_id, error_class, sqlstate, coalesce(constraint_name, column_name, ''), count(*), "
+        f"count(replay_error), min(message) FROM {table.sql} GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2 DESC, 6 DESC".encode()
+    ).fetchall()
+    return [
+        {
+            "target": r[0],
+            "batch": None if r[1] == -1 else r[1],
+            "class": r[2],
+            "sqlstate": r[3],
+            "where": r[4] or None,
+            "rows": r[5],
+            "refused_again": r[6],
+            "message": r[7],
+        }
+        for r in rows
+    ]
