@@ -208,3 +208,32 @@ def test_a_replayed_micro_batch_diverts_its_refused_rows_once(
     assert (checkpoint / "commits" / "0").exists() and not (checkpoint / "offsets" / "1").exists()
     assert _ids(pg_conn, table) == [*range(GOOD), 99999]
     _check_letters(_letters(pg_conn, table), 0)
+
+
+def test_length_not_null_and_check_refusals_are_found_by_one_query_each(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
+    """Refusals whose rows one query can find (a NULL in a NOT NULL column, a string too long, a
+    failing CHECK) are taken out together, not row by row: the length refusal names its column,
+    which only that screen knows (Postgres' own error names none)."""
+    table = new_table("dlscreen")
+    pg_conn.execute(
+        f"CREATE TABLE {table} (id bigint PRIMARY KEY, code varchar(4) NOT NULL, "  # type: ignore[arg-type]
+        f"qty int CONSTRAINT {table}_qty CHECK (qty >= 0), email text, parent int, small int, ver bigint)"
+    )
+    rows = [(i, "ok", 1, None, None, None, 1) for i in range(2000)]
+    bad = {7: ("toolong", 1), 70: (None, 1), 700: ("ok", -1), 1700: ("waytoolong", -3)}
+    for i, (code, qty) in bad.items():
+        rows[i] = (i, code, qty, None, None, None, 1)
+    df = spark.createDataFrame(rows, SCHEMA).coalesce(1)
+    _write(df, postgres_service.dsn, table)
+    assert _ids(pg_conn, table) == [i for i in range(2000) if i not in bad]
+    got = {
+        r[0]: r[1:]
+        for r in pg_conn.execute(
+            f"SELECT (row->>'id')::int, sqlstate, column_name, constraint_name FROM {table}_refused"  # type: ignore[arg-type]
+        ).fetchall()
+    }
+    assert got[7] == ("22001", "code", None) and got[1700][:2] == ("22001", "code"), got
+    assert got[70] == ("23502", "code", None) and got[700] == ("23514", None, f"{table}_qty"), got
+    assert sorted(got) == sorted(bad)

@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from sinks.postgres.connection import ddl_lock
-from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_staged
+from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
 
 __all__ = [
@@ -134,6 +135,28 @@ def _try_merge(
     return counts, None
 
 
+@dataclass(frozen=True)
+class _Refusal:
+    """What the target said about a refused row (one per row in the dead-letter table)."""
+
+    sqlstate: str
+    message: str
+    detail: str | None = None
+    constraint: str | None = None
+    column: str | None = None
+
+    @classmethod
+    def of(cls, exc: psycopg.Error) -> _Refusal:
+        diag = exc.diag
+        return cls(
+            exc.sqlstate or "?",
+            (diag.message_primary or str(exc)).strip(),
+            diag.message_detail,
+            diag.constraint_name,
+            diag.column_name,
+        )
+
+
 def merge_diverting(
     cur: psycopg.Cursor,
     staging: str,
@@ -149,11 +172,22 @@ def merge_diverting(
     if error is None:
         assert counts is not None
         return MergeCounts(staged, counts.upserted, counts.deleted, counts.tombstoned)
-    # The ranges below read the staging table by ordinal: an index makes each read as small as its range.
+    # The reads below pick rows by ordinal: an index keeps each read as small as what it picks.
     cur.execute(f"CREATE INDEX ON {staging} ({quote_ident(ORDINAL)})".encode())
     cur.execute(f"ANALYZE {staging}".encode())
-    total = MergeCounts(staged=staged)
     diverted = 0
+    for _ in range(SCREENS):
+        assert error is not None
+        found = _screen(cur, staging, plan, error, unique)
+        if not found:
+            break
+        for ordinals, refusal in found:
+            diverted += _divert(cur, staging, plan, ordinals, refusal, letters, logged=diverted)
+        counts, error = _try_merge(cur, staging, plan, unique)
+        if error is None:
+            assert counts is not None
+            return MergeCounts(staged, counts.upserted, counts.deleted, counts.tombstoned, diverted)
+    total = MergeCounts(staged=staged)
 
     def merge_range(lo: int, hi: int, known: psycopg.Error | None) -> None:
         nonlocal total, diverted
@@ -164,19 +198,7 @@ def merge_diverting(
                 total = total + MergeCounts(0, done.upserted, done.deleted, done.tombstoned)
                 return
         if hi - lo == 1:
-            _divert(cur, staging, plan, lo, known, letters)
-            diverted += 1
-            if diverted <= LOGGED:
-                log.warning(
-                    "%s refused row %d of partition %d (batch %s): %s (sqlstate %s); diverted to %s",
-                    letters.target,
-                    lo,
-                    letters.partition,
-                    letters.batch_id,
-                    (known.diag.message_primary or str(known)).strip(),
-                    known.sqlstate,
-                    letters.table,
-                )
+            diverted += _divert(cur, staging, plan, [lo], _Refusal.of(known), letters, logged=diverted)
             return
         mid = (lo + hi) // 2
         merge_range(lo, mid, None)
@@ -187,44 +209,121 @@ def merge_diverting(
     return MergeCounts(staged, total.upserted, total.deleted, total.tombstoned, diverted)
 
 
+SCREENS = 8
+"""Set-based screens tried before the ranges (each removes every row refused for one reason)."""
+
+_LENGTH = re.compile(r"^(?:character varying|character|varchar|char|bpchar)\((\d+)\)$")
+
+
+def _screen(
+    cur: psycopg.Cursor, staging: str, plan: MergePlan, exc: psycopg.Error, unique: bool
+) -> list[tuple[list[int], _Refusal]]:
+    """The rows refused for the reason ``exc`` names, found in one query each: a NULL in a NOT NULL
+    column (23502), a string longer than its column (22001), a failing CHECK (23514). Only rows the
+    merge would write are looked at (the newest of each key, not deletes). [] when the reason is
+    another, or the query cannot be built or run (the ranges then find the rows one by one)."""
+    state = exc.sqlstate or ""
+    refusal = _Refusal.of(exc)
+    preds: list[tuple[str, _Refusal]] = []
+    by_target = {c.target: c for c in plan.columns}
+    if state == "23502" and refusal.column in by_target:
+        preds.append((f"x.{quote_ident(str(refusal.column))} IS NULL", refusal))
+    elif state == "22001":
+        for c in plan.columns:
+            m = _LENGTH.match((c.target_type or "").strip())
+            if m:
+                why = _Refusal(state, f"value too long for type {c.target_type}", column=c.target)
+                preds.append((f"length(rtrim(x.{quote_ident(c.target)}::text, ' ')) > {int(m.group(1))}", why))
+    elif state == "23514" and refusal.constraint:
+        row = cur.execute(
+            b"SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass "
+            b"AND conname = %s AND contype = 'c'",
+            (plan.target.sql, refusal.constraint),
+        ).fetchone()
+        text = str(row[0]) if row else ""
+        if text.startswith("CHECK "):
+            expr = text[len("CHECK ") :].removesuffix(" NOT VALID")
+            preds.append((f"({expr}) IS FALSE", _Refusal(state, refusal.message, None, refusal.constraint)))
+    if not preds:
+        return []
+    cols = ", ".join(f"s.{quote_ident(c.name)} AS {quote_ident(c.target)}" for c in plan.columns)
+    rows = f"(SELECT s.{quote_ident(ORDINAL)} AS eos_ord, {cols} FROM ({merge_dedup(plan, staging, unique)}) s"
+    rows += f" WHERE NOT s.{quote_ident(DELETE_FLAG)}) x" if plan.deletes else ") x"
+    found: list[tuple[list[int], _Refusal]] = []
+    seen: set[int] = set()
+    cur.execute(b"SAVEPOINT eos_screen")
+    try:
+        for pred, why in preds:
+            ords = [int(r[0]) for r in cur.execute(f"SELECT eos_ord FROM {rows} WHERE {pred}".encode()).fetchall()]
+            ords = [o for o in ords if o not in seen]
+            seen.update(ords)
+            if ords:
+                found.append((ords, why))
+    except psycopg.Error:  # an expression that does not apply to the staged types: leave it to the ranges
+        cur.execute(b"ROLLBACK TO SAVEPOINT eos_screen")
+        return []
+    cur.execute(b"RELEASE SAVEPOINT eos_screen")
+    return found
+
+
 def _divert(
-    cur: psycopg.Cursor, staging: str, plan: MergePlan, ordinal: int, exc: psycopg.Error, letters: DeadLetters
-) -> None:
-    """Insert the staged row ``ordinal`` into the dead-letter table (a no-op when a replayed batch
-    put it there before)."""
-    diag = exc.diag
-    state = exc.sqlstate or "?"
+    cur: psycopg.Cursor,
+    staging: str,
+    plan: MergePlan,
+    ordinals: list[int],
+    why: _Refusal,
+    letters: DeadLetters,
+    *,
+    logged: int = 0,
+) -> int:
+    """Move the staged rows ``ordinals`` into the dead-letter table (a row a replayed batch put there
+    before stays as it is) and out of the staging table; returns how many."""
     names = {c.name: c.target for c in plan.columns}
     op = f"CASE WHEN s.{quote_ident(DELETE_FLAG)} THEN 'delete' ELSE 'upsert' END" if plan.deletes else "'upsert'"
     row = (
         "(SELECT jsonb_object_agg(coalesce(%(names)s::jsonb ->> e.key, e.key), e.value) "
         f"FROM jsonb_each(to_jsonb(s) - '{ORDINAL}' - '{DELETE_FLAG}') e)"
     )
+    ord_col = quote_ident(ORDINAL)
+    params = {
+        "names": json.dumps(names),
+        "target": str(letters.target),
+        "batch": -1 if letters.batch_id is None else letters.batch_id,
+        "partition": letters.partition,
+        "ords": ordinals,
+        "cls": "data" if why.sqlstate.startswith("22") else "integrity",
+        "state": why.sqlstate,
+        "message": why.message,
+        "detail": why.detail,
+        "constraint": why.constraint,
+        "column": why.column,
+        "keys": [plan.column(k).target for k in plan.key],
+        "version": plan.column(plan.version).target if plan.version else None,
+    }
     cur.execute(
         (
             f"INSERT INTO {letters.table.sql} (target, batch_id, partition, ordinal, op, error_class, sqlstate, "
             "message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
-            f"SELECT %(target)s, %(batch)s, %(partition)s, %(ordinal)s, {op}, %(cls)s, %(state)s, %(message)s, "
+            f"SELECT %(target)s, %(batch)s, %(partition)s, s.{ord_col}, {op}, %(cls)s, %(state)s, %(message)s, "
             f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, md5(x.row::text) "
             f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
-            f"WHERE s.{quote_ident(ORDINAL)} = %(ordinal)s ON CONFLICT DO NOTHING"
+            f"WHERE s.{ord_col} = ANY(%(ords)s) ON CONFLICT DO NOTHING"
         ).encode(),
-        {
-            "names": json.dumps(names),
-            "target": str(letters.target),
-            "batch": -1 if letters.batch_id is None else letters.batch_id,
-            "partition": letters.partition,
-            "ordinal": ordinal,
-            "cls": "data" if state.startswith("22") else "integrity",
-            "state": state,
-            "message": (diag.message_primary or str(exc)).strip(),
-            "detail": diag.message_detail,
-            "constraint": diag.constraint_name,
-            "column": diag.column_name,
-            "keys": [plan.column(k).target for k in plan.key],
-            "version": plan.column(plan.version).target if plan.version else None,
-        },
+        params,
     )
+    cur.execute(f"DELETE FROM {staging} WHERE {ord_col} = ANY(%s)".encode(), (ordinals,))
+    for ordinal in ordinals[: max(0, LOGGED - logged)]:
+        log.warning(
+            "%s refused row %d of partition %d (batch %s): %s (sqlstate %s); diverted to %s",
+            letters.target,
+            ordinal,
+            letters.partition,
+            letters.batch_id,
+            why.message,
+            why.sqlstate,
+            letters.table,
+        )
+    return len(ordinals)
 
 
 @dataclass(frozen=True)

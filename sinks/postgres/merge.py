@@ -55,6 +55,7 @@ __all__ = [
     "MergeCounts",
     "MergePlan",
     "ensure_tombstones",
+    "merge_dedup",
     "merge_staged",
     "merge_statements",
     "tombstone_sql",
@@ -182,6 +183,11 @@ def _dedup(plan: MergePlan, staging: str, unique: bool = False) -> str:
         order.append(f"{_q(plan.version)} DESC NULLS LAST")
     order.append(f"{_q(ORDINAL)} DESC")
     return f"SELECT DISTINCT ON ({keys}) * FROM {staging} ORDER BY {', '.join(order)}"
+
+
+def merge_dedup(plan: MergePlan, staging: str, unique: bool = False) -> str:
+    """The SELECT of the staged rows a merge writes: the newest row of each key (all rows when unique)."""
+    return _dedup(plan, staging, unique)
 
 
 def _key_match(plan: MergePlan, left: str, right: str = "d") -> str:
