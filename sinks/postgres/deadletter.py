@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 
 from sinks.postgres.connection import ddl_lock
-from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged
+from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged, on_conflict
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
 
 __all__ = [
@@ -381,17 +381,7 @@ def _replay_sql(target: TableName, op: str, keys: list[str], version: str | None
     if op == "delete":
         return f"DELETE FROM {target.sql} t USING (SELECT * FROM {rec}) r WHERE {match}{guard}"
     cols = ", ".join(quote_ident(c) for c in columns)
-    updates = [c for c in columns if c not in keys]
-    sql = (
-        f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} "
-        f"ON CONFLICT ({', '.join(quote_ident(k) for k in keys)}) DO "
-    )
-    if not updates:
-        return sql + "NOTHING"
-    sql += "UPDATE SET " + ", ".join(f"{quote_ident(c)} = EXCLUDED.{quote_ident(c)}" for c in updates)
-    if version:
-        sql += f" WHERE t.{quote_ident(version)} IS NULL OR t.{quote_ident(version)} < EXCLUDED.{quote_ident(version)}"
-    return sql
+    return f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} {on_conflict(keys, columns, version)}"
 
 
 def summary(conn: psycopg.Connection, table: TableName) -> list[dict[str, Any]]:

@@ -58,6 +58,7 @@ __all__ = [
     "merge_dedup",
     "merge_staged",
     "merge_statements",
+    "on_conflict",
     "tombstone_sql",
 ]
 
@@ -194,22 +195,32 @@ def _key_match(plan: MergePlan, left: str, right: str = "d") -> str:
     return " AND ".join(f"{left}.{_q(plan.column(k).target)} = {_expr(plan.column(k), right)}" for k in plan.key)
 
 
+def on_conflict(keys: list[str], columns: list[str], version: str | None) -> str:
+    """``ON CONFLICT (keys) DO UPDATE`` of the other columns under the version guard (table column
+    names; the target is aliased ``t``), or ``DO NOTHING`` when only keys are written."""
+    sql = f"ON CONFLICT ({', '.join(_q(k) for k in keys)}) DO "
+    updates = [c for c in columns if c not in keys]
+    if not updates:
+        return sql + "NOTHING"
+    sql += "UPDATE SET " + ", ".join(f"{_q(c)} = EXCLUDED.{_q(c)}" for c in updates)
+    if version:
+        v = _q(version)
+        sql += f" WHERE t.{v} IS NULL OR t.{v} < EXCLUDED.{v}"
+    return sql
+
+
 def _upsert(plan: MergePlan, staging: str, where: str = "", join: str = "", unique: bool = False) -> str:
     targets = ", ".join(_q(c.target) for c in plan.columns)
     values = ", ".join(_expr(c) for c in plan.columns)
-    conflict = ", ".join(_q(plan.column(k).target) for k in plan.key)
-    updates = [c for c in plan.columns if c.name not in plan.key]
-    sql = (
-        f"INSERT INTO {plan.target.sql} AS t ({targets}) SELECT {values} FROM ({_dedup(plan, staging, unique)}) d{join}"
-        f"{(' WHERE ' + where) if where else ''} ON CONFLICT ({conflict}) DO "
+    conflict = on_conflict(
+        [plan.column(k).target for k in plan.key],
+        [c.target for c in plan.columns],
+        plan.column(plan.version).target if plan.version else None,
     )
-    if not updates:
-        return sql + "NOTHING"
-    sql += "UPDATE SET " + ", ".join(f"{_q(c.target)} = EXCLUDED.{_q(c.target)}" for c in updates)
-    if plan.version:
-        v = _q(plan.column(plan.version).target)
-        sql += f" WHERE t.{v} IS NULL OR t.{v} < EXCLUDED.{v}"
-    return sql
+    return (
+        f"INSERT INTO {plan.target.sql} AS t ({targets}) SELECT {values} FROM ({_dedup(plan, staging, unique)}) d{join}"
+        f"{(' WHERE ' + where) if where else ''} {conflict}"
+    )
 
 
 def merge_statements(plan: MergePlan, staging: str, unique: bool = False) -> list[tuple[str, str]]:
