@@ -171,7 +171,7 @@ def test_no_daemon_or_container_left_when_the_session_is_killed(tmp_path: Path) 
     assert Path(f"/proc/{report['pid']}").exists(), "the child's dockerd was not running"
     assert _listeners(int(str(report["port"]))) == [LOOPBACK_HEX], "the child's broker was not listening"
     proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    proc.communicate(timeout=30)  # reaps it and closes its output pipe
     assert proc.returncode == -signal.SIGKILL
     left = _wait_clean(report, timeout=60)
     assert not any(left.values()), f"left after the killed session: {left}"

@@ -739,7 +739,7 @@ def test_exactly_once_replay_after_kills(
         time.sleep(0.5)
     assert len(faults.fired(str(log))) == 2, "the second run never reached batch 4"
     os.killpg(run.pid, signal.SIGKILL)
-    run.wait(60)
+    run.communicate(timeout=60)  # reaps it and closes its output pipe
     assert run.returncode == -signal.SIGKILL
 
     # 3) restart from the checkpoint and finish

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import time
+from typing import Any
 
 from connectors.services._proc import free_port
 from connectors.services.embedded_kafka import tansu_args, tansu_binary
@@ -22,13 +23,16 @@ class Broker:
         self.advertised = advertised or self.port
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.advertised}"
 
     def start(self, timeout: float = 30.0) -> Broker:
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()  # a restart after the broker died on its own
+        self._log = out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [tansu_binary(), *tansu_args(f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised}")],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -53,6 +57,9 @@ class Broker:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        if self._log is not None and self._log is not subprocess.DEVNULL:
+            self._log.close()
+        self._log = None
 
     def __enter__(self) -> Broker:
         return self.start()
