@@ -513,6 +513,14 @@ def read_table(conn: Any, table: str, columns: Sequence[str] | None = None) -> l
         return [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
 
 
+def read_dead_letters(conn: Any, table: str, target: str) -> list[dict[str, Any]]:
+    """The dead-letter rows (``errors.tolerance=all``) a sink wrote for ``target``, with the row as a dict."""
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {_ident(table)} WHERE target = %s", (target,))
+        names = [d.name for d in cur.description]
+        return [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
+
+
 def verify(
     *,
     bootstrap: str,
@@ -529,8 +537,12 @@ def verify(
     fault_log: str | None = None,
     expect_faults: Sequence[str] | None = None,
     min_faults: int = 0,
+    dead_letters: str | None = None,
 ) -> Report:
     """Run every applicable check for a topic and a table and return the report.
+
+    ``dead_letters``: the sink's ``errors.table``; its rows for ``table`` count as delivered, so each
+    source record must be in exactly one of the two (``info["dead_letters"]`` says how many went there).
 
     ``aggregates``: ``{"table": ..., "key": ..., "value": ..., "columns": {...}}`` for a stateful
     pipeline's per-key table (checked instead of / in addition to ``table``'s records). Poison
@@ -545,6 +557,10 @@ def verify(
         if table:
             rows = read_table(conn, table)
             report.info["sink_rows"] = len(rows)
+            if dead_letters:
+                letters = [r["row"] for r in read_dead_letters(conn, dead_letters, table)]
+                report.info["dead_letters"] = len(letters)
+                rows += letters
             report.add(*compare_records(source, rows, id_field=id_field, payload_fields=payload_fields))
         if aggregates:
             agg_rows = read_table(conn, aggregates["table"])

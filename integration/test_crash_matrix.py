@@ -79,8 +79,15 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
 
     def make(sink: str, *, records: int = RECORDS, proxy_pg: bool = False, topic: str | None = None,
              bootstrap: str | None = None, produce: bool = True, aborted: int = 0,
-             options: tuple[str, ...] = ()) -> Pipeline:  # fmt: skip
+             options: tuple[str, ...] = (), dead_letters: bool = False) -> Pipeline:  # fmt: skip
         name = f"cm_{sink}_{uuid.uuid4().hex[:8]}"
+        if dead_letters:  # the table refuses every record whose amount is a multiple of 97 (about 1 %)
+            with psycopg.connect(postgres_service.dsn, autocommit=True) as conn:
+                conn.execute(
+                    f"CREATE TABLE {name} (id text PRIMARY KEY, key text, amount bigint CHECK (amount % 97 <> 0), "
+                    "src_partition integer, src_offset bigint)"
+                )
+            options = (*options, "errors.tolerance=all", f"errors.table={name}_refused")
         bootstrap = bootstrap or kafka_service.bootstrap
         topic = topic or name
         if produce:
@@ -98,7 +105,7 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
             proxies.append(proxy)
             dsn = _with_port(dsn, proxy.port)
         pipe = Pipeline(sink, bootstrap, topic, dsn, postgres_service.dsn, name, str(tmp_path / name), PER_TRIGGER,
-                        options=options)  # fmt: skip
+                        options=options, dead_letters=f"{name}_refused" if dead_letters else None)  # fmt: skip
         pipe.proxy = proxies[-1] if proxy_pg else None
         return pipe
 
@@ -140,12 +147,15 @@ def _prepared(dsn: str, sink_id: str) -> list[str]:
 # F1-F8 for each pipeline
 
 
-@pytest.mark.parametrize("variant", ["2pc", "2pc-partition", "upsert", "stateful"])
+@pytest.mark.parametrize("variant", ["2pc", "2pc-partition", "upsert", "upsert-deadletter", "stateful"])
 def test_f1_to_f8(variant, make_pipeline, postgres_service):
     # 2pc-partition: postgres-2pc with visibility=partition (tasks write the table in their prepared
-    # transactions; F3 leaves one task's rows visible, which the restart rolls forward)
-    sink = variant.removesuffix("-partition")
-    pipe = make_pipeline(sink, proxy_pg=True, options=("visibility=partition",) if variant != sink else ())
+    # transactions; F3 leaves one task's rows visible, which the restart rolls forward).
+    # upsert-deadletter: the table refuses about 1 % of the records (a CHECK); errors.tolerance=all
+    # diverts them to the dead-letter table: the checker counts both tables together
+    sink = variant.removesuffix("-partition").removesuffix("-deadletter")
+    options = ("visibility=partition",) if variant == "2pc-partition" else ()
+    pipe = make_pipeline(sink, proxy_pg=True, options=options, dead_letters=variant == "upsert-deadletter")
     proxy = pipe.proxy
 
     # F1-F4: the driver's whole process group killed at four protocol steps, restart after each
@@ -192,6 +202,13 @@ def test_f1_to_f8(variant, make_pipeline, postgres_service):
     assert proxy.stats.pattern_hits >= 1 and proxy.stats.resets >= 1, f"F8: no reset ({proxy.stats})"
     report = pipe.report(min_faults=7)
     _assert_ok(report, pipe)
+    if variant == "upsert-deadletter":  # refusals really happened, and only the refused records went there
+        source = checker.read_topic(pipe.bootstrap, pipe.topic)
+        refused = sorted(r["id"] for r in source if int(r["amount"]) % 97 == 0)
+        with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+            letters = checker.read_dead_letters(conn, f"{pipe.table}_refused", pipe.table)
+        assert refused and sorted(r["row"]["id"] for r in letters) == refused, (len(refused), len(letters))
+        assert {r["constraint_name"] for r in letters} == {f"{pipe.table}_amount_check"}
     if variant == "2pc-partition":  # the mode really was partition: every decision wrote the table directly
         with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
             stages = conn.execute("SELECT DISTINCT stage FROM eos.sink_batches WHERE sink_id = %s", (pipe.sink_id,))

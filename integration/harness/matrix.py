@@ -32,6 +32,7 @@ class Pipeline:
     outcomes: list[Outcome] = field(default_factory=list)
     proxy: Any = None  # a TcpProxy between the pipeline and Postgres, when the test needs one
     options: tuple[str, ...] = ()  # sink options key=value of every run (e.g. visibility=partition)
+    dead_letters: str | None = None  # the errors.table of the sink, when it diverts refused rows
 
     def __post_init__(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)
@@ -131,6 +132,7 @@ class Pipeline:
             fault_log=self.fault_log,
             expect_faults=expect_faults,
             min_faults=min_faults,
+            dead_letters=self.dead_letters,
         )
 
     def describe(self) -> str:
