@@ -215,6 +215,11 @@ def test_f1_to_f8(variant, make_pipeline, postgres_service):
             assert [r[0] for r in stages] == ["direct"]
 
 
+def _visibility(mode: str) -> tuple[str, ...]:
+    """postgres-2pc's options for ``mode``: batch is the default, partition writes the table from the tasks."""
+    return ("visibility=partition",) if mode == "partition" else ()
+
+
 def _state(pid: int) -> str:
     from connectors.harness import _state as state
 
@@ -233,14 +238,15 @@ def _cut_for(proxy: TcpProxy, seconds: float) -> int:
     return proxy.stats.resets + proxy.stats.refused - before
 
 
-def test_f9_f10_network_cuts(make_pipeline, postgres_service, tmp_path):
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
+def test_f9_f10_network_cuts(visibility, make_pipeline, postgres_service, tmp_path):
     broker_port = free_port()
     with (
         TcpProxy("127.0.0.1", broker_port) as kafka_proxy,
         Broker(port=broker_port, advertised=kafka_proxy.port, log_path=str(tmp_path / "tansu.log")) as broker,
     ):
         # a broker of our own that advertises the proxy, so every client connection goes through it
-        pipe = make_pipeline("2pc", bootstrap=broker.bootstrap, proxy_pg=True)
+        pipe = make_pipeline("2pc", bootstrap=broker.bootstrap, proxy_pg=True, options=_visibility(visibility))
         # a short stall per batch keeps the query busy long enough to cut it mid-stream
         proc = pipe.process("sink.before_write:partition=0:action=sleep:seconds=1", state="F9").start()
         try:
@@ -273,8 +279,9 @@ def _rows(dsn: str, table: str) -> int:
         return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
-def test_f11_f12_f14_damaged_checkpoint_and_lost_input_fail_loudly(make_pipeline, kafka_service):
-    pipe = make_pipeline("2pc")
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
+def test_f11_f12_f14_damaged_checkpoint_and_lost_input_fail_loudly(visibility, make_pipeline, kafka_service):
+    pipe = make_pipeline("2pc", options=_visibility(visibility))
     commits = os.path.join(pipe.checkpoint, "commits")
     proc = pipe.process("sink.before_write:batch=2:action=sleep:seconds=4:once", state="F11").start()
     try:
@@ -367,8 +374,9 @@ def test_f13_poison_record_stops_the_query(make_pipeline, kafka_service):
 # second query (another checkpoint) on the same sink id
 
 
-def test_f15_f16_aborted_input_and_second_query(make_pipeline, kafka_service):
-    pipe = make_pipeline("2pc", aborted=50)
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
+def test_f15_f16_aborted_input_and_second_query(visibility, make_pipeline, kafka_service):
+    pipe = make_pipeline("2pc", aborted=50, options=_visibility(visibility))
     hold = "sink.before_write:partition=0:action=sleep:seconds=2"
     a = pipe.process(hold, state="F16-a", own_log=True).start()
     b = pipe.process(hold, state="F16-b", own_log=True).start()
