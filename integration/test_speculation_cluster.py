@@ -33,7 +33,7 @@ twophase_pg = support.twophase_pg
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _driver(master: str, dsn: str, table: str, sink_id: str, work: str) -> None:
+def _driver(master: str, dsn: str, table: str, sink_id: str, work: str, visibility: str) -> None:
     """The query, run in a process of its own (``python -m integration.test_speculation_cluster``).
 
     In the test process ``getOrCreate`` would hand back the suite's shared local session (its master
@@ -83,6 +83,7 @@ def _driver(master: str, dsn: str, table: str, sink_id: str, work: str) -> None:
             .option("dsn", dsn)
             .option("table", table)
             .option("sink.id", sink_id)
+            .option("visibility", visibility)
             .option("checkpointLocation", str(Path(work, "checkpoint")))
             # attempt 0 of partition 0 is slow right after its PREPARE: its twin prepares too
             .option("faults", "sink.after_prepare:partition=0:attempt=0:action=sleep:seconds=15")
@@ -94,9 +95,12 @@ def _driver(master: str, dsn: str, table: str, sink_id: str, work: str) -> None:
         spark.stop()
 
 
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
 def test_speculative_attempts_on_another_host_end_exactly_once(
-    standalone_cluster: StandaloneCluster, twophase_pg: Any, tmp_path: Path
+    visibility: str, standalone_cluster: StandaloneCluster, twophase_pg: Any, tmp_path: Path
 ) -> None:
+    """Both visibility modes: with partition, both attempts of partition 0 write the table inside their
+    prepared transactions; only the accepted one's commit makes its rows visible."""
     marks = tmp_path / "attempts"
     marks.mkdir()
     src = tmp_path / "in"
@@ -105,12 +109,12 @@ def test_speculative_attempts_on_another_host_end_exactly_once(
         part = src / f"part-{b}.json"
         part.write_text("".join(json.dumps({"id": b * 10 + i}) + "\n" for i in range(10)))
         os.utime(part, (time.time() - 100 + b, time.time() - 100 + b))
-    table, sink_id = f"spec_{os.getpid()}", f"spec-{os.getpid()}"
+    table, sink_id = f"spec_{visibility}_{os.getpid()}", f"spec-{visibility}-{os.getpid()}"
     with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {table}")  # type: ignore[arg-type]
         conn.execute(f"CREATE TABLE {table} (id bigint)")  # type: ignore[arg-type]
 
-    args = [standalone_cluster.url, twophase_pg.dsn, table, sink_id, str(tmp_path)]
+    args = [standalone_cluster.url, twophase_pg.dsn, table, sink_id, str(tmp_path), visibility]
     driver = subprocess.run(
         [sys.executable, "-m", "integration.test_speculation_cluster", *args],
         cwd=Path(__file__).resolve().parent.parent,
@@ -132,4 +136,4 @@ def test_speculative_attempts_on_another_host_end_exactly_once(
 
 
 if __name__ == "__main__":
-    _driver(*sys.argv[1:6])
+    _driver(*sys.argv[1:7])
