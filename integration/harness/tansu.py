@@ -30,8 +30,7 @@ class Broker:
         return f"127.0.0.1:{self.advertised}"
 
     def start(self, timeout: float = 30.0) -> Broker:
-        if self._log not in (None, subprocess.DEVNULL):
-            self._log.close()  # a restart after the broker died on its own
+        self._close_log()  # a restart after the broker died on its own
         self._log = out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [tansu_binary(), *tansu_args(f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.advertised}")],
@@ -57,7 +56,10 @@ class Broker:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        if self._log is not None and self._log is not subprocess.DEVNULL:
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log not in (None, subprocess.DEVNULL):
             self._log.close()
         self._log = None
 

@@ -15,12 +15,15 @@ Public API (``postgres-upsert`` with ``errors.tolerance=all``):
 How the refused rows are found. The merge first runs as one statement set under a savepoint: with
 no refused row that is all it costs. When the target refuses (SQLSTATE class 22, a data exception:
 length, range, a value the column type cannot take; class 23, an integrity violation: NOT NULL,
-CHECK, unique, foreign key), it rolls back to the savepoint and merges the task's staged rows in
-ordinal ranges of ``CHUNK`` rows, each under its own savepoint; a range refused is split in halves
-until the refused row stands alone, and that row is written to the dead-letter table. Ranges are
-merged in ordinal order, so the version guard and "last row wins" give the target what one merge
-of the good rows would. The cost is one merge when nothing is refused, and grows with the number of
-refused rows (measured in ``bench/upsert.py``).
+CHECK, unique, foreign key), it rolls back to the savepoint. Refusals one query can find (a NULL in
+a NOT NULL column, a string longer than its column, a failing CHECK) are then taken out together,
+one query per reason (``_screen``), and the merge is tried again. What is still refused (unique and
+foreign keys, other data exceptions) is found by merging the staged rows in ordinal ranges of
+``CHUNK`` rows, each under its own savepoint; a range refused is split in halves until the refused
+row stands alone, and that row is written to the dead-letter table. Ranges are merged in ordinal
+order, so the version guard and "last row wins" give the target what one merge of the good rows
+would. The cost is one merge when nothing is refused, and grows with the number of refused rows
+(measured in ``bench/upsert.py``).
 
 Exactly once. The dead-letter rows are inserted in the task's transaction, so they commit with the
 good rows or not at all. A batch Spark replays (a crash after the task's commit, before Spark's
@@ -42,6 +45,7 @@ import psycopg
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged, on_conflict
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
+from sinks.postgres.refusal import REFUSED_CLASSES
 
 __all__ = [
     "CHUNK",
@@ -101,7 +105,7 @@ def ensure_table(conn: psycopg.Connection, table: TableName) -> None:
 def refusable(exc: BaseException) -> bool:
     """A refusal of the row's values (class 22 data exception, class 23 integrity violation)."""
     state = getattr(exc, "sqlstate", None) or ""
-    return isinstance(exc, psycopg.Error) and state[:2] in ("22", "23")
+    return isinstance(exc, psycopg.Error) and state.startswith(REFUSED_CLASSES)
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,12 @@ from psycopg import sql
 from connectors.errors import FatalError
 from sinks.postgres.options import TableName, quote_ident
 
-__all__ = ["DataRefused", "copy_value", "describe", "shorten"]
+__all__ = ["REFUSED_CLASSES", "DataRefused", "copy_value", "describe", "shorten"]
 
 log = logging.getLogger(__name__)
+
+REFUSED_CLASSES = ("22", "23")
+"""SQLSTATE classes of a refusal of the row's values: 22 data exceptions, 23 integrity violations."""
 
 _VALUE_CHARS = 80
 _DETAIL_CHARS = 300

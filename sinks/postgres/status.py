@@ -221,8 +221,17 @@ def _cmd_replay_errors(args: argparse.Namespace) -> int:
     return 0 if done.refused == 0 else 1
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _dsn(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
+
+
+def _errors_common(p: argparse.ArgumentParser) -> None:
+    _dsn(p)
+    p.add_argument("--errors-table", required=True, help="the errors.table option of the sink")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    _dsn(p)
     p.add_argument("--sink-id", required=True, help="the sink.id option of the query")
     p.add_argument("--eos-schema", default=DEFAULT_SCHEMA, help="the eos.schema option (default eos)")
 
@@ -241,13 +250,11 @@ def _add_commands(sub: Any) -> None:
     p.add_argument("--yes", action="store_true")
     p.set_defaults(func=_cmd_release)
     p = sub.add_parser("errors", help="rows a sink diverted to its dead-letter table, per target, batch and error")
-    p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
-    p.add_argument("--errors-table", required=True, help="the errors.table option of the sink")
+    _errors_common(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_errors)
     p = sub.add_parser("replay-errors", help="move dead-letter rows back into the fixed target, exactly once")
-    p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
-    p.add_argument("--errors-table", required=True, help="the errors.table option of the sink")
+    _errors_common(p)
     p.add_argument("--target", required=True, help="the table option of the sink whose rows to replay")
     p.add_argument("--batch", type=int, default=None, help="only this batch's rows (-1: a batch write's)")
     p.set_defaults(func=_cmd_replay_errors)

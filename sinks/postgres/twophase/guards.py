@@ -17,6 +17,7 @@ from sinks.postgres.decisions import (
 from sinks.postgres.options import (
     quote_ident,
 )
+from sinks.postgres.refusal import REFUSED_CLASSES
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     DIRECT,
@@ -113,7 +114,7 @@ class Superseded(FatalError):
 # 57014 a statement canceled (statement_timeout). Only these take a decided batch back; other
 # failures (a dropped table, revoked rights, a full disk, a read-only standby) keep the decision,
 # and the next run publishes it once the environment is fixed.
-TAKE_BACK_CLASSES = ("22", "23")
+TAKE_BACK_CLASSES = REFUSED_CLASSES
 TAKE_BACK_STATES = ("57014",)
 
 
