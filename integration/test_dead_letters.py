@@ -86,7 +86,7 @@ def _letters(conn: psycopg.Connection, table: str) -> dict[int, tuple[Any, ...]]
     return out
 
 
-def _check_letters(letters: dict[int, tuple[Any, ...]], batch: int) -> None:
+def _check_letters(letters: dict[int, tuple[Any, ...]], batch: int, op_name: str = "upsert") -> None:
     assert sorted(letters) == sorted(BAD), letters
     for bad_id, (values, state, where) in BAD.items():
         sqlstate, cls, constraint, column, row, batch_id, op = letters[bad_id]
@@ -99,7 +99,7 @@ def _check_letters(letters: dict[int, tuple[Any, ...]], batch: int) -> None:
         for name, value in values.items():
             assert row[name] == value, (bad_id, row)  # the row as it was sent, under the table's names
         assert set(row) == {"id", "code", "qty", "email", "parent", "small", "ver"}
-        assert batch_id == batch and op == "upsert"
+        assert batch_id == batch and op == op_name
 
 
 def test_every_refused_kind_goes_to_the_dead_letter_table_once(
@@ -237,3 +237,112 @@ def test_length_not_null_and_check_refusals_are_found_by_one_query_each(
     assert got[7] == ("22001", "code", None) and got[1700][:2] == ("22001", "code"), got
     assert got[70] == ("23502", "code", None) and got[700] == ("23514", None, f"{table}_qty"), got
     assert sorted(got) == sorted(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# postgres-2pc: the dead letters commit with the batch (visibility=batch: in the driver's publish;
+# visibility=partition: in each task's prepared transaction)
+
+TWOPC = [
+    pytest.param("batch", "upsert", id="batch-upsert"),
+    pytest.param("batch", "append", id="batch-append"),
+    pytest.param("partition", "upsert", id="partition-upsert"),
+    pytest.param("partition", "append", id="partition-append"),
+]
+
+
+def _write_2pc(df: DataFrame, dsn: str, table: str, visibility: str, mode: str, batch: int, **options: str) -> None:
+    w = df.write.format("postgres-2pc").option("dsn", dsn).option("table", table).option("sink.id", table)
+    w = w.option("batch.id", str(batch)).option("visibility", visibility).option("mode", mode)
+    if mode == "upsert":
+        w = w.option("key", "id").option("version", "ver")
+    w.option("errors.tolerance", "all").option("errors.table", f"{table}_refused").options(**options).mode(
+        "append"
+    ).save()
+
+
+def _letter_rows(conn: psycopg.Connection, table: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        f"SELECT (row->>'id')::bigint, sqlstate, error_class, constraint_name, column_name, row, batch_id, op, "  # type: ignore[arg-type]
+        f"partition, ordinal FROM {table}_refused WHERE target = %s ORDER BY 1",
+        (table,),
+    ).fetchall()
+
+
+@pytest.mark.parametrize(("visibility", "mode"), TWOPC)
+def test_twophase_diverts_every_refused_kind_with_the_batch(
+    spark: SparkSession,
+    postgres_service: Any,
+    pg_conn: psycopg.Connection,
+    new_table: Any,
+    visibility: str,
+    mode: str,
+) -> None:
+    """Every refused kind, over two tasks, into postgres-2pc: good rows in the target, each refused
+    row once in the dead-letter table (an append's two equal rows twice: they are two input rows),
+    in the batch's one commit; the same batch id again changes nothing."""
+    table = new_table("dl2pc")
+    _tables(pg_conn, table)
+    df = _input(spark)
+    if mode == "append":  # a second, equal copy of a refused row: an append refuses both
+        df = df.union(df.where("id = 1001"))
+    df = df.repartition(2, "id")
+    _write_2pc(df, postgres_service.dsn, table, visibility, mode, 7)
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999]
+    letters = _letter_rows(pg_conn, table)
+    by_id: dict[int, list[tuple[Any, ...]]] = {}
+    for r in letters:
+        by_id.setdefault(r[0], []).append(r[1:])
+    assert sorted(by_id) == sorted(BAD), by_id
+    assert len(by_id[1001]) == (2 if mode == "append" else 1), by_id[1001]
+    _check_letters({i: rows[0][:7] for i, rows in by_id.items()}, 7, "insert" if mode == "append" else "upsert")
+    assert {r[8] for r in letters} <= {0, 1} and len({(r[8], r[9]) for r in letters}) == len(letters), letters
+    stages = pg_conn.execute("SELECT stage FROM eos.sink_batches WHERE sink_id = %s", (table,)).fetchall()
+    assert (stages[0][0] == "direct") == (visibility == "partition"), stages  # the mode really was the one named
+    xmins = pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall()  # type: ignore[arg-type]
+
+    _write_2pc(df, postgres_service.dsn, table, visibility, mode, 7)  # the batch again: decided, a no-op
+    assert pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall() == xmins  # type: ignore[arg-type]
+    assert _letter_rows(pg_conn, table) == letters
+
+    # the operator fixes four causes and replays: four rows move; 1005's email stays taken, and so is
+    # the email of an append's second copy of 1001 once the first copy moved
+    pg_conn.execute(f"ALTER TABLE {table} ALTER code TYPE varchar(20), ALTER code DROP NOT NULL")  # type: ignore[arg-type]
+    pg_conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {table}_qty")  # type: ignore[arg-type]
+    pg_conn.execute(f"INSERT INTO {table}_p VALUES (42)")  # type: ignore[arg-type]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        args = ["sinks", "replay-errors", "--dsn", postgres_service.dsn, "--errors-table", f"{table}_refused"]
+        rc = cli([*args, "--target", table])
+    again = 2 if mode == "append" else 1
+    assert rc == 1 and "4 row(s) moved" in out.getvalue() and f"{again} refused again" in out.getvalue(), out.getvalue()
+    assert _ids(pg_conn, table) == sorted([*range(GOOD), 99999, *(i for i in BAD if i != 1005)])
+    left = sorted(r[0] for r in pg_conn.execute(f"SELECT (row->>'id')::int FROM {table}_refused").fetchall())  # type: ignore[arg-type]
+    assert left == ([1001, 1005] if mode == "append" else [1005]), left
+
+
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
+def test_twophase_errors_max_refuses_the_batch_with_nothing_written(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, visibility: str
+) -> None:
+    """Too many refused rows: the batch fails with nothing of it in either table (visibility=batch: the
+    publish takes the decided batch back); the same batch id with a higher errors.max then goes in."""
+    table = new_table("dl2pcmax")
+    _tables(pg_conn, table)
+    df = _input(spark).coalesce(1)
+    what = "batch" if visibility == "batch" else "task"
+    with pytest.raises(Exception, match=rf"refused 5 of 305 rows, more than errors.max=4 rows.*nothing of this {what}"):
+        _write_2pc(
+            df, postgres_service.dsn, table, visibility, "upsert", 3, **{"errors.max": "4", "retry.attempts": "1"}
+        )
+    assert _ids(pg_conn, table) == [99999]
+    assert _letter_rows(pg_conn, table) == []
+    assert checker_prepared(pg_conn, table) == []
+    _write_2pc(df, postgres_service.dsn, table, visibility, "upsert", 3, **{"errors.max": "2%"})
+    assert len(_ids(pg_conn, table)) == GOOD + 1 and len(_letter_rows(pg_conn, table)) == len(BAD)
+
+
+def checker_prepared(conn: psycopg.Connection, sink_id: str) -> list[str]:
+    from connectors import checker
+
+    return checker.prepared_gids(conn, sink_id)

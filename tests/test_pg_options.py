@@ -14,6 +14,7 @@ from sinks.postgres.options import (
     parse_table_name,
     redact_conninfo,
 )
+from sinks.postgres.twophase.options import TwoPhaseOptions
 
 BASE = {"dsn": "postgresql://app:s3cret@127.0.0.1:5433/shop", "table": "orders", "key": "id"}
 
@@ -151,11 +152,18 @@ def test_options_pickle() -> None:
         ({"errors.tolerance": "all", "errors.table": "bad", "errors.max": " 1.5% "}, None, 0.015),
     ],
 )
-def test_errors_options(extra: dict[str, str], count: int | None, fraction: float | None) -> None:
-    opts = UpsertOptions.from_options({**BASE, **extra})
+@pytest.mark.parametrize("sink", ["postgres-upsert", "postgres-2pc"])
+def test_errors_options(sink: str, extra: dict[str, str], count: int | None, fraction: float | None) -> None:
+    opts = _parse(sink, extra)
     assert opts.errors.divert and opts.errors.table is not None
     assert (opts.errors.max_count, opts.errors.max_fraction) == (count, fraction)
-    assert not UpsertOptions.from_options(BASE).errors.divert  # none by default
+    assert not _parse(sink, {}).errors.divert  # none by default
+
+
+def _parse(sink: str, extra: dict[str, str]) -> UpsertOptions | TwoPhaseOptions:
+    if sink == "postgres-upsert":
+        return UpsertOptions.from_options({**BASE, **extra})
+    return TwoPhaseOptions.from_options({"dsn": "postgresql://x@h/db", "table": "t", "sink.id": "s", **extra})
 
 
 @pytest.mark.parametrize(
@@ -173,9 +181,10 @@ def test_errors_options(extra: dict[str, str], count: int | None, fraction: floa
         ({"errors.tolerance": "some"}, "errors.tolerance", "one of none, all"),
     ],
 )
-def test_errors_options_refused(extra: dict[str, str], option: str, needle: str) -> None:
+@pytest.mark.parametrize("sink", ["postgres-upsert", "postgres-2pc"])
+def test_errors_options_refused(sink: str, extra: dict[str, str], option: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as err:
-        UpsertOptions.from_options({**BASE, **extra})
+        _parse(sink, extra)
     assert err.value.fields.get("option") == option
 
 

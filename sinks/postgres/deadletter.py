@@ -110,12 +110,25 @@ def refusable(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class DeadLetters:
-    """Where one task's refused rows go, and what they are tagged with."""
+    """Where one task's refused rows go, and what they are tagged with.
+
+    ``partition`` None: the rows come from many partitions (a ``postgres-2pc`` publish) and each
+    row's partition and ordinal are read from its ``SOURCE`` column, ``(partition << 40) + ordinal``.
+    ``attempt`` set: the rows are one write attempt's (a ``postgres-2pc`` gid, or a publish), which
+    commits at most once per batch; it goes into ``row_digest`` with the row's place, so two equal
+    rows (an append) are two dead letters, and a losing twin attempt never waits on the winner's."""
 
     table: TableName
     target: TableName
     batch_id: int | None
-    partition: int
+    partition: int | None
+    attempt: str | None = None
+
+
+SOURCE = "__eos_src"
+"""A materialized publish's column with each row's ``(partition << 40) + ordinal``."""
+
+PART_SHIFT = 40
 
 
 def _range(staging: str, lo: int, hi: int) -> str:
@@ -169,13 +182,20 @@ def merge_diverting(
     letters: DeadLetters,
     *,
     unique: bool = False,
+    materialize: bool = False,
 ) -> MergeCounts:
     """Merge ``staging`` into the target; rows it refuses go to the dead-letter table (see the module
-    docstring); ``refused`` in the counts says how many. Non-refusal errors propagate unchanged."""
+    docstring); ``refused`` in the counts says how many. Non-refusal errors propagate unchanged.
+
+    ``materialize``: ``staging`` is a view whose ``ORDINAL`` is ``(partition << 40) + ordinal`` (a
+    ``postgres-2pc`` publish); once refused, its rows are copied into a temporary table numbered
+    0..n-1 in that order (the original in ``SOURCE``), which the search below then works on."""
     counts, error = _try_merge(cur, staging, plan, unique)
     if error is None:
         assert counts is not None
         return MergeCounts(staged, counts.upserted, counts.deleted, counts.tombstoned)
+    if materialize:
+        staging, staged = _materialize(cur, staging, plan)
     # The reads below pick rows by ordinal: an index keeps each read as small as what it picks.
     cur.execute(f"CREATE INDEX ON {staging} ({quote_ident(ORDINAL)})".encode())
     cur.execute(f"ANALYZE {staging}".encode())
@@ -211,6 +231,16 @@ def merge_diverting(
     for lo in range(0, staged, CHUNK):
         merge_range(lo, min(lo + CHUNK, staged), None)
     return MergeCounts(staged, total.upserted, total.deleted, total.tombstoned, diverted)
+
+
+def _materialize(cur: psycopg.Cursor, view: str, plan: MergePlan) -> tuple[str, int]:
+    cols = ", ".join(quote_ident(n) for n, _ in plan.staging_columns() if n != ORDINAL)
+    o = quote_ident(ORDINAL)
+    cur.execute(
+        f"CREATE TEMP TABLE eos_refusing ON COMMIT DROP AS SELECT {cols}, "
+        f"(row_number() OVER (ORDER BY {o}) - 1) AS {o}, {o} AS {quote_ident(SOURCE)} FROM {view}".encode()
+    )
+    return "pg_temp.eos_refusing", max(cur.rowcount, 0)
 
 
 SCREENS = 8
@@ -284,16 +314,29 @@ def _divert(
     before stays as it is) and out of the staging table; returns how many."""
     names = {c.name: c.target for c in plan.columns}
     op = f"CASE WHEN s.{quote_ident(DELETE_FLAG)} THEN 'delete' ELSE 'upsert' END" if plan.deletes else "'upsert'"
+    if not plan.key:
+        op = "'insert'"
     row = (
         "(SELECT jsonb_object_agg(coalesce(%(names)s::jsonb ->> e.key, e.key), e.value) "
-        f"FROM jsonb_each(to_jsonb(s) - '{ORDINAL}' - '{DELETE_FLAG}') e)"
+        f"FROM jsonb_each(to_jsonb(s) - '{ORDINAL}' - '{DELETE_FLAG}' - '{SOURCE}') e)"
     )
     ord_col = quote_ident(ORDINAL)
+    if letters.partition is None:
+        src = quote_ident(SOURCE)
+        part, place = f"(s.{src} >> {PART_SHIFT})::int", f"(s.{src} & {(1 << PART_SHIFT) - 1})"
+    else:
+        part, place = "%(partition)s", f"s.{ord_col}"
+    digest = (
+        "md5(x.row::text)"
+        if letters.attempt is None
+        else f"md5(%(attempt)s || ':' || {part} || ':' || {place} || ':' || x.row::text)"
+    )
     params = {
         "names": json.dumps(names),
         "target": str(letters.target),
         "batch": -1 if letters.batch_id is None else letters.batch_id,
         "partition": letters.partition,
+        "attempt": letters.attempt,
         "ords": ordinals,
         "cls": "data" if why.sqlstate.startswith("22") else "integrity",
         "state": why.sqlstate,
@@ -308,8 +351,8 @@ def _divert(
         (
             f"INSERT INTO {letters.table.sql} (target, batch_id, partition, ordinal, op, error_class, sqlstate, "
             "message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
-            f"SELECT %(target)s, %(batch)s, %(partition)s, s.{ord_col}, {op}, %(cls)s, %(state)s, %(message)s, "
-            f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, md5(x.row::text) "
+            f"SELECT %(target)s, %(batch)s, {part}, {place}, {op}, %(cls)s, %(state)s, %(message)s, "
+            f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, {digest} "
             f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
             f"WHERE s.{ord_col} = ANY(%(ords)s) ON CONFLICT DO NOTHING"
         ).encode(),
@@ -318,10 +361,10 @@ def _divert(
     cur.execute(f"DELETE FROM {staging} WHERE {ord_col} = ANY(%s)".encode(), (ordinals,))
     for ordinal in ordinals[: max(0, LOGGED - logged)]:
         log.warning(
-            "%s refused row %d of partition %d (batch %s): %s (sqlstate %s); diverted to %s",
+            "%s refused row %d of %s (batch %s): %s (sqlstate %s); diverted to %s",
             letters.target,
             ordinal,
-            letters.partition,
+            "the publish" if letters.partition is None else f"partition {letters.partition}",
             letters.batch_id,
             why.message,
             why.sqlstate,
@@ -385,6 +428,8 @@ def _replay_sql(target: TableName, op: str, keys: list[str], version: str | None
     if op == "delete":
         return f"DELETE FROM {target.sql} t USING (SELECT * FROM {rec}) r WHERE {match}{guard}"
     cols = ", ".join(quote_ident(c) for c in columns)
+    if op == "insert":  # an append's row (postgres-2pc mode=append)
+        return f"INSERT INTO {target.sql} ({cols}) SELECT {cols} FROM {rec}"
     return f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} {on_conflict(keys, columns, version)}"
 
 

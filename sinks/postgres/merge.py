@@ -2,7 +2,9 @@
 
 Public API:
 
-- ``MergePlan`` (frozen, picklable): target table, written columns, key, version, deletes.
+- ``MergePlan`` (frozen, picklable): target table, written columns, key, version, deletes. A plan
+  without a key is an append: every staged row is inserted (``postgres-2pc`` mode=append routes its
+  dead-letter path through it).
 - ``MergePlan.staging_columns()``: the (name, pg type) columns a staging table needs: the written
   columns under their DataFrame names, then ``ORDINAL`` (bigint, input order within the task) and,
   when deletes are on, ``DELETE_FLAG`` (boolean).
@@ -99,6 +101,8 @@ class MergePlan:
     deletes: bool = False
 
     def __post_init__(self) -> None:
+        if not self.key and (self.version or self.deletes):
+            raise ValueError("merge plan: a version or deletes need a key")
         names = {c.name for c in self.columns}
         missing = [k for k in (*self.key, *([self.version] if self.version else [])) if k not in names]
         if missing:
@@ -176,7 +180,7 @@ def _expr(c: Column, alias: str = "d") -> str:
 
 
 def _dedup(plan: MergePlan, staging: str, unique: bool = False) -> str:
-    if unique:  # every key once: nothing to collapse
+    if unique or not plan.key:  # every key once, or an append: nothing to collapse
         return f"SELECT * FROM {staging}"
     keys = ", ".join(_q(k) for k in plan.key)
     order = [keys]
@@ -212,6 +216,8 @@ def on_conflict(keys: list[str], columns: list[str], version: str | None) -> str
 def _upsert(plan: MergePlan, staging: str, where: str = "", join: str = "", unique: bool = False) -> str:
     targets = ", ".join(_q(c.target) for c in plan.columns)
     values = ", ".join(_expr(c) for c in plan.columns)
+    if not plan.key:  # an append
+        return f"INSERT INTO {plan.target.sql} ({targets}) SELECT {values} FROM ({_dedup(plan, staging)}) d"
     conflict = on_conflict(
         [plan.column(k).target for k in plan.key],
         [c.target for c in plan.columns],

@@ -140,7 +140,8 @@ ERRORS_OPTIONS: tuple[Option, ...] = (
         "str",
         None,
         "with errors.tolerance=all: fail a task that diverts more rows than this, before it commits: a count "
-        "(100) or a share of the task's rows (0.01 or 1%); default no limit",
+        "(100) or a share of the task's rows (0.01 or 1%); postgres-2pc visibility=batch: of the batch's rows, "
+        "checked as it is published (the batch is then taken back); default no limit",
     ),
 )
 
@@ -326,17 +327,18 @@ class ErrorsPolicy:
             )
         return cls(tolerance, table, max_count, max_fraction)
 
-    def check(self, refused: int, rows: int, where: str) -> None:
-        """FatalError when a task diverted more than ``errors.max`` allows (raised before its commit)."""
+    def check(self, refused: int, rows: int, where: str, unit: str = "task") -> None:
+        """FatalError when a task (or a ``unit``: a batch) diverted more than ``errors.max`` allows
+        (raised before its commit)."""
         if self.max_count is not None and refused > self.max_count:
             limit = f"errors.max={self.max_count} rows"
         elif self.max_fraction is not None and rows and refused / rows > self.max_fraction:
-            limit = f"errors.max={self.max_fraction:.4%} of the task's rows"
+            limit = f"errors.max={self.max_fraction:.4%} of the {unit}'s rows"
         else:
             return
         raise FatalError(
-            f"{where}: the target refused {refused} of {rows} rows, more than {limit}; nothing of this task was "
-            f"written. The first refusals are in the task's log; fix the data or the table, or raise errors.max",
+            f"{where}: the target refused {refused} of {rows} rows, more than {limit}; nothing of this {unit} was "
+            f"written. The first refusals are in the {unit}'s log; fix the data or the table, or raise errors.max",
             option="errors.max",
         )
 
@@ -380,7 +382,7 @@ class UpsertOptions:
     columns: tuple[tuple[str, str], ...] = ()
     faults: str | None = None
     schema_evolution: str = "none"
-    errors: ErrorsPolicy = ErrorsPolicy()
+    errors: ErrorsPolicy = field(default_factory=ErrorsPolicy)
 
     @property
     def rename(self) -> dict[str, str]:

@@ -19,6 +19,7 @@ from connectors import faults
 from connectors.checkpoint import Lineage, display
 from connectors.errors import FatalError, RetriableError
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect
+from sinks.postgres.deadletter import PART_SHIFT, DeadLetters, merge_diverting
 from sinks.postgres.decisions import (
     Decision,
     ProtocolTables,
@@ -245,15 +246,19 @@ class Committer:
                 with conn.cursor() as cur:
                     if plan.replace:
                         cur.execute(f"DELETE FROM {plan.target.sql}".encode())
-                    if staged is not None and plan.merge is not None:
+                    merge = plan.divert or plan.merge
+                    if staged is not None and merge is not None:
                         cols = ", ".join(quote_ident(n) for n, _ in plan.stage_columns if n != ORDINAL)
                         # Input order across partitions: partition first, then the task's ordinal.
                         cur.execute(
                             f"CREATE TEMP VIEW eos_publish AS SELECT {cols}, "
-                            f"(({TAG_PART}::bigint << 40) + {quote_ident(ORDINAL)}) AS {quote_ident(ORDINAL)} "
-                            f"FROM {staged} s".encode()
+                            f"(({TAG_PART}::bigint << {PART_SHIFT}) + {quote_ident(ORDINAL)}) AS "
+                            f"{quote_ident(ORDINAL)} FROM {staged} s".encode()
                         )
-                        merge_staged(cur, "pg_temp.eos_publish", plan.merge)
+                        if plan.divert is not None:
+                            self._publish_diverting(cur, decision)
+                        else:
+                            merge_staged(cur, "pg_temp.eos_publish", merge)
                         cur.execute(b"DROP VIEW pg_temp.eos_publish")
                     elif staged is not None:
                         targets = ", ".join(quote_ident(c.target) for c in plan.columns)
@@ -267,6 +272,8 @@ class Committer:
             self._retrying(once, f"{FORMAT} publish batch {batch_id}")
         except (RetriableError, Superseded):
             raise  # out of reach (the decision stays, the next run publishes), or not ours any more
+        except TooManyRefused as exc:
+            raise self._refused(batch_id, gids, stage, exc) from exc
         except Exception as exc:
             cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
             state = getattr(cause, "sqlstate", None) or ""
@@ -281,6 +288,28 @@ class Committer:
                 ) from exc
             raise self._refused(batch_id, gids, stage, cause) from exc
         return conn
+
+    def _publish_diverting(self, cur: psycopg.Cursor, decision: Decision) -> None:
+        """errors.tolerance=all: publish ``pg_temp.eos_publish``; rows the target refuses go to the
+        dead-letter table in this (the publish's) transaction. More than errors.max: TooManyRefused."""
+        plan, errors = self.plan, self.opts.errors
+        assert plan.divert is not None and errors.table is not None
+        letters = DeadLetters(errors.table, plan.target, decision.batch_id, None, attempt=f"publish:{decision.nonce}")
+        counts = merge_diverting(cur, "pg_temp.eos_publish", plan.divert, decision.rows, letters, materialize=True)
+        if counts.refused:
+            log.warning(
+                "%s %s: batch %d: the target refused %d of %d rows; they are in %s",
+                FORMAT,
+                plan.sink_id,
+                decision.batch_id,
+                counts.refused,
+                decision.rows,
+                errors.table,
+            )
+        try:
+            errors.check(counts.refused, decision.rows, f"batch {decision.batch_id} into {plan.target}", unit="batch")
+        except FatalError as exc:
+            raise TooManyRefused(str(exc), option="errors.max") from None
 
     def _superseded(self, batch_id: int, decision: Decision | None) -> Superseded:
         now = "no decision any more" if decision is None else f"a decision of attempt {decision.nonce}"
@@ -313,6 +342,8 @@ class Committer:
                 staged=sql.SQL(f"{staged_relation(stage, gids) or '(SELECT 1 WHERE false)'} s"),  # type: ignore[arg-type]
                 where=sql.SQL("true"),
             )
+        elif isinstance(cause, TooManyRefused):
+            what = str(cause).removesuffix(".")
         else:
             what = f"publishing into {plan.target.sql} failed: {cause}"
         conn = self._retrying(self._connect, f"{FORMAT} take back batch {batch_id}")
@@ -360,6 +391,10 @@ class Committer:
             log.warning("%s %s: abort of batch %d could not finish (recovery will): %s", FORMAT, sink_id, batch_id, exc)
         finally:
             close_quietly(conn)
+
+
+class TooManyRefused(FatalError):
+    """A publish diverted more rows than errors.max allows: the batch is taken back, nothing visible."""
 
 
 def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id: str) -> list[str]:

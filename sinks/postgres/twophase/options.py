@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.errors import ConfigError
@@ -15,9 +15,11 @@ from sinks.postgres.decisions import (
 from sinks.postgres.gid import check_sink_id
 from sinks.postgres.options import (
     CONNECTION_OPTIONS,
+    ERRORS_OPTIONS,
     FAULTS_OPTION,
     SCHEMA_EVOLUTION_OPTION,
     ConnectionOptions,
+    ErrorsPolicy,
     TableName,
     UpsertOptions,
     parse_table_name,
@@ -127,6 +129,7 @@ TWOPC_OPTIONS = OptionSet(
             min=1,
             max=100,
         ),
+        *ERRORS_OPTIONS,
         FAULTS_OPTION,
     ),
     ignored=("path", "queryName"),  # Spark passes the writer's own options along
@@ -155,6 +158,7 @@ class TwoPhaseOptions:
     visibility: str = "batch"
     lock_timeout: float = 60.0
     schema_evolution: str = "none"
+    errors: ErrorsPolicy = field(default_factory=ErrorsPolicy)
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> TwoPhaseOptions:
@@ -213,4 +217,5 @@ class TwoPhaseOptions:
             visibility=values["visibility"],
             schema_evolution=values["schema_evolution"],
             lock_timeout=float(values["lock_timeout"]),
+            errors=ErrorsPolicy.from_values(values, FORMAT),
         )

@@ -17,13 +17,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from connectors.errors import ConfigError, FatalError
+from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, connect
 from sinks.postgres.decisions import (
     ProtocolTables,
     check_max_prepared,
 )
 from sinks.postgres.gid import parse_gid
-from sinks.postgres.merge import MergePlan, ensure_tombstones
+from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
 )
@@ -46,6 +47,7 @@ class TwoPhasePlan:
     replace: bool  # complete mode: each batch replaces the table's contents
     direct: bool = False  # visibility=partition: tasks write into the table, no staging, no publish
     copy_direct: bool = False  # direct append whose staged types are the table's: COPY into the table
+    divert: MergePlan | None = None  # errors.tolerance=all: the merge that diverts refused rows (append: no key)
 
     @property
     def stage_token(self) -> str:
@@ -159,10 +161,16 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
         else:
             columns = tuple(_check_append_table(conn, opts, schema))
             stage_columns = tuple((c.name, c.pg_type) for c in columns)
+            if opts.errors.divert:  # each row's place: what the dead-letter search ranges over
+                stage_columns += ((ORDINAL, "bigint"),)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
         direct = opts.visibility == "partition"  # tasks create their own staging tables
         if merge is not None:
             ensure_tombstones(conn, merge)
+        divert = None
+        if opts.errors.table is not None:
+            deadletter.ensure_table(conn, opts.errors.table)
+            divert = merge if merge is not None else MergePlan(opts.table, columns, ())
     finally:
         close_quietly(conn)
     if direct and replace:
@@ -173,7 +181,16 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
         )
     copy_direct = direct and merge is None and all(_same_binary(c) for c in columns)
     plan = TwoPhasePlan(
-        opts.sink_id, opts.table, columns, stage, stage_columns, merge, replace, direct=direct, copy_direct=copy_direct
+        opts.sink_id,
+        opts.table,
+        columns,
+        stage,
+        stage_columns,
+        merge,
+        replace,
+        direct=direct,
+        copy_direct=copy_direct,
+        divert=divert,
     )
     _SETUP_CACHE[key] = plan
     return plan

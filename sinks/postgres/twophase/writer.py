@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import sql
@@ -17,6 +18,7 @@ from pyspark.sql.types import StructType
 from connectors import faults
 from connectors.checkpoint import Lineage, batch_lineage, display, last_planned
 from connectors.errors import ConfigError, FatalError
+from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging, drop_staging
 from sinks.postgres.decisions import (
@@ -24,7 +26,7 @@ from sinks.postgres.decisions import (
     sink_lock,
 )
 from sinks.postgres.gid import Gid, new_nonce
-from sinks.postgres.merge import KeyTracker, merge_staged
+from sinks.postgres.merge import ORDINAL, KeyTracker, merge_staged
 from sinks.postgres.options import (
     TableName,
     quote_ident,
@@ -274,6 +276,8 @@ class TwoPhaseWriter:
             assert self.opts.upsert is not None
             self._keys = KeyTracker(plan.merge.key)
             prepared: Iterator[pa.RecordBatch] = prepared_rows(iterator, plan.merge, self.opts.upsert, self._keys)
+        elif plan.divert is not None:  # an append diverting refused rows: each row carries its place
+            prepared = _with_ordinals(iterator, [c.name for c in plan.columns])
         else:
             names = [c.name for c in plan.columns]
             prepared = (b.select(names) for b in iterator if b.num_rows)
@@ -298,7 +302,7 @@ class TwoPhaseWriter:
                 return sum(b.num_rows for b in batches)
             with conn.cursor() as cur:
                 if self.plan.direct:
-                    rows = self._write_direct(cur, batches)
+                    rows = self._write_direct(cur, batches, gid)
                 else:
                     table = task_table(self.plan.stage, text).sql
                     defs = ", ".join(f"{quote_ident(n)} {t}" for n, t in self.plan.stage_columns)
@@ -324,28 +328,50 @@ class TwoPhaseWriter:
             close_quietly(conn)
         return rows
 
-    def _write_direct(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch]) -> int:
-        """visibility=partition: the rows go into the table inside this (to be prepared) transaction.
+    def _write_direct(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch], gid: Gid) -> int:
+        """visibility=partition: the rows go into the table inside this (to be prepared) transaction;
+        returns how many went in.
 
-        Refusals by the table surface here, before PREPARE and so before any decision (I2)."""
+        Refusals by the table surface here, before PREPARE and so before any decision (I2). With
+        errors.tolerance=all the rows refused go to the dead-letter table in this transaction instead."""
         plan = self.plan
         cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(self.opts.lock_timeout * 1000))}ms",))
         try:
             if plan.copy_direct:
-                return copy_arrow(
-                    cur,
-                    plan.target.sql,
-                    [(c.name, c.pg_type) for c in plan.columns],
-                    batches,
-                    targets=[c.target for c in plan.columns],
-                )
-            # Widening, casts or the merge: through a staging table of this transaction only
-            # (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
+                if plan.divert is not None:
+                    cur.execute(b"SAVEPOINT eos_copy")
+                try:
+                    return copy_arrow(
+                        cur,
+                        plan.target.sql,
+                        [(c.name, c.pg_type) for c in plan.columns],
+                        batches,
+                        targets=[c.target for c in plan.columns],
+                    )
+                except psycopg.Error as exc:
+                    if plan.divert is None or not deadletter.refusable(exc):
+                        raise
+                    cur.execute(b"ROLLBACK TO SAVEPOINT eos_copy")  # the refused rows are found below
+            # Widening, casts, the merge or refused rows: through a staging table of this transaction
+            # only (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
             # dropped before PREPARE).
             staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), plan.stage_columns, temporary=False)
             rows = copy_arrow(cur, staging, plan.stage_columns, batches)
-            if plan.merge is not None:
-                merge_staged(cur, staging, plan.merge, unique=self._keys is not None and self._keys.unique)
+            unique = self._keys is not None and self._keys.unique
+            if plan.divert is not None:
+                letters = deadletter.DeadLetters(
+                    self.opts.errors.table,  # type: ignore[arg-type]  # set whenever divert is
+                    plan.target,
+                    gid.batch,
+                    gid.partition,
+                    attempt=str(gid),
+                )
+                counts = deadletter.merge_diverting(cur, staging, plan.divert, rows, letters, unique=unique)
+                where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
+                self.opts.errors.check(counts.refused, rows, where)
+                rows -= counts.refused
+            elif plan.merge is not None:
+                merge_staged(cur, staging, plan.merge, unique=unique)
             else:
                 targets = ", ".join(quote_ident(c.target) for c in plan.columns)
                 cur.execute(
@@ -380,6 +406,16 @@ class TwoPhaseWriter:
 
     def _committer(self) -> Committer:
         return Committer(self)
+
+
+def _with_ordinals(batches: Iterable[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
+    """The written columns and each row's place in the task (``ORDINAL``), batch by batch."""
+    ordinal = 0
+    for batch in batches:
+        if batch.num_rows:
+            arrays = [*batch.select(names).columns, pa.array(np.arange(ordinal, ordinal + batch.num_rows))]
+            ordinal += batch.num_rows
+            yield pa.RecordBatch.from_arrays(arrays, names=[*names, ORDINAL])
 
 
 def _explain_prepare_failure(exc: psycopg.Error, conn: psycopg.Connection) -> None:
