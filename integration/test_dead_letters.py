@@ -300,6 +300,12 @@ def test_twophase_diverts_every_refused_kind_with_the_batch(
     stages = pg_conn.execute("SELECT stage FROM eos.sink_batches WHERE sink_id = %s", (table,)).fetchall()
     assert (stages[0][0] == "direct") == (visibility == "partition"), stages  # the mode really was the one named
     xmins = pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall()  # type: ignore[arg-type]
+    out = io.StringIO()
+    with redirect_stdout(out):  # the operator's view of the sink: the batch with its dead letters
+        status = ["sinks", "status", "--dsn", postgres_service.dsn, "--sink-id", table, "--json"]
+        assert cli([*status, "--errors-table", f"{table}_refused"]) == 0
+    decided = json.loads(out.getvalue())["decisions"]
+    assert [(d["batch"], d["dead_letters"]) for d in decided] == [(7, len(letters))], decided
 
     _write_2pc(df, postgres_service.dsn, table, visibility, mode, 7)  # the batch again: decided, a no-op
     assert pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall() == xmins  # type: ignore[arg-type]

@@ -10,7 +10,8 @@ Public API (``postgres-upsert`` with ``errors.tolerance=all``):
 - ``replay(conn, table, target, batch=None)``: move dead-letter rows of ``target`` back into it, each
   in the transaction that deletes it from the dead-letter table; rows refused again stay, with the
   new error.
-- ``summary(conn, table)``: refused rows per target and batch, for ``spark-eos sinks errors``.
+- ``summary(conn, table)``: refused rows per target and batch, for ``spark-eos sinks errors``;
+  ``per_batch(conn, table, batches)``: counts for ``spark-eos sinks status --errors-table``.
 
 How the refused rows are found. The merge first runs as one statement set under a savepoint: with
 no refused row that is all it costs. When the target refuses (SQLSTATE class 22, a data exception:
@@ -54,6 +55,7 @@ __all__ = [
     "ReplayResult",
     "ensure_table",
     "merge_diverting",
+    "per_batch",
     "refusable",
     "replay",
     "summary",
@@ -431,6 +433,16 @@ def _replay_sql(target: TableName, op: str, keys: list[str], version: str | None
     if op == "insert":  # an append's row (postgres-2pc mode=append)
         return f"INSERT INTO {target.sql} ({cols}) SELECT {cols} FROM {rec}"
     return f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} {on_conflict(keys, columns, version)}"
+
+
+def per_batch(
+    conn: psycopg.Connection, table: TableName, batches: list[int], target: str | None = None
+) -> dict[int, int]:
+    """Dead-letter rows per batch id among ``batches`` (of ``target`` only, when given)."""
+    where = "batch_id = ANY(%s)" + ("" if target is None else " AND target = %s")
+    params: tuple[Any, ...] = (batches,) if target is None else (batches, target)
+    rows = conn.execute(f"SELECT batch_id, count(*) FROM {table.sql} WHERE {where} GROUP BY 1".encode(), params)
+    return {int(b): int(n) for b, n in rows.fetchall()}
 
 
 def summary(conn: psycopg.Connection, table: TableName) -> list[dict[str, Any]]:

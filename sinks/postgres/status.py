@@ -1,13 +1,14 @@
 """Operator commands of the sinks: ``spark-eos sinks status | recover | release | errors | replay-errors``.
 
-    python -m sinks.postgres.status status  --dsn URL --sink-id ID [--eos-schema eos] [--json]
+    python -m sinks.postgres.status status  --dsn URL --sink-id ID [--eos-schema eos] [--errors-table T] [--json]
     python -m sinks.postgres.status recover --dsn URL --sink-id ID [--apply]
     python -m sinks.postgres.status release --dsn URL --sink-id ID --yes
     python -m sinks.postgres.status errors  --dsn URL --errors-table T [--json]
     python -m sinks.postgres.status replay-errors --dsn URL --errors-table T --target TABLE [--batch N]
 
 ``status`` shows the owner of the sink id, the last decided batches and every in-doubt (prepared)
-gid with its age and what recovery would do with it. ``recover`` resolves in-doubt gids by the
+gid with its age and what recovery would do with it; with ``--errors-table`` each batch's
+dead-letter rows. ``recover`` resolves in-doubt gids by the
 decision log (commit what a decision names, roll back the rest); a dry run unless ``--apply``.
 ``release`` forgets which query owns the sink id (only when that query is gone for good).
 ``errors`` counts the rows a sink diverted to its dead-letter table (``errors.tolerance=all``) per
@@ -45,13 +46,27 @@ def _connect(dsn: str) -> psycopg.Connection:
     return connect(ConnectionOptions(dsn=dsn), autocommit=True, application_name="spark-eos sinks")
 
 
-def sink_status(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, limit: int = 10) -> dict[str, Any]:
-    """The sink's owner, last decisions and in-doubt gids (with the action recovery would take)."""
+def sink_status(
+    dsn: str,
+    sink_id: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    limit: int = 10,
+    errors_table: str | None = None,
+    target: str | None = None,
+) -> dict[str, Any]:
+    """The sink's owner, last decisions and in-doubt gids (with the action recovery would take);
+    with ``errors_table`` (the sink's errors.table) each decided batch's dead-letter rows (of
+    ``target`` only, when the table is shared by several sinks)."""
     tables = ProtocolTables(schema)
     with _connect(dsn) as conn:
         tables.ensure(conn)
         owner = tables.owner(conn, sink_id)
         decisions = tables.recent(conn, sink_id, limit)
+        refused: dict[int, int] | None = None
+        if errors_table is not None:
+            letters = parse_table_name(errors_table, option="--errors-table")
+            refused = deadletter.per_batch(conn, letters, [d.batch_id for d in decisions], target)
         prepared = {str(p.gid): p for p in list_prepared(conn, sink_id)}
         plan = resolve(conn, tables, sink_id, dry_run=True)
         return {
@@ -71,6 +86,7 @@ def sink_status(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA, limit: 
                     "lineage": d.lineage,
                     "checkpoint": d.checkpoint,
                     "staged_in": d.stage,
+                    **({} if refused is None else {"dead_letters": refused.get(d.batch_id, 0)}),
                 }
                 for d in decisions
             ],
@@ -121,10 +137,13 @@ def _print_status(info: dict[str, Any]) -> None:
         f"max_prepared_transactions {info['max_prepared_transactions']}"
     )
     print("decided batches (newest first):")
-    print(f"  {'batch':>8} {'gids':>5} {'rows':>10} {'published':>9}  {'lineage':<12}  decided at  (checkpoint)")
+    letters = any("dead_letters" in d for d in info["decisions"])
+    head = f" {'refused':>8}" if letters else ""
+    print(f"  {'batch':>8} {'gids':>5} {'rows':>10}{head} {'published':>9}  {'lineage':<12}  decided at  (checkpoint)")
     for d in info["decisions"]:
+        refused = f" {d['dead_letters']:>8}" if letters else ""
         print(
-            f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10} {('yes' if d['published'] else 'NO'):>9}  "
+            f"  {d['batch']:>8} {d['gids']:>5} {d['rows']:>10}{refused} {('yes' if d['published'] else 'NO'):>9}  "
             f"{(d['lineage'] or '-')[:12]:<12}  {d['decided_at']}  ({d['checkpoint'] or '-'})"
         )
     if not info["in_doubt"]:
@@ -155,7 +174,9 @@ def _one_line_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argp
 
 @_one_line_errors
 def _cmd_status(args: argparse.Namespace) -> int:
-    info = sink_status(args.dsn, args.sink_id, schema=args.eos_schema)
+    info = sink_status(
+        args.dsn, args.sink_id, schema=args.eos_schema, errors_table=args.errors_table, target=args.target
+    )
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -239,6 +260,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _add_commands(sub: Any) -> None:
     p = sub.add_parser("status", help="decided batches and in-doubt prepared transactions of a two-phase sink")
     _common(p)
+    p.add_argument("--errors-table", help="the sink's errors.table: show each batch's dead-letter rows")
+    p.add_argument("--target", help="with --errors-table shared by several sinks: count this target's rows only")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_status)
     p = sub.add_parser("recover", help="resolve in-doubt transactions by the decision log (dry run by default)")
