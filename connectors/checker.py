@@ -6,7 +6,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -504,6 +504,31 @@ def _parse(value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
     return obj
 
 
+def compare_poison(
+    poison: Iterable[Mapping[str, Any]],
+    letters: Iterable[Mapping[str, Any]],
+    position: Callable[[Mapping[str, Any]], tuple[int, int] | None],
+    *,
+    name: str = "poison",
+) -> Check:
+    """Each poison record (``read_topic``'s ``_raw`` records: values that are not JSON objects) in the
+    dead-letter rows exactly once, found by its Kafka position: ``position(row)`` gives a dead-letter
+    row's (partition, offset), or None when the row does not say."""
+    want = Counter((int(r["_partition"]), int(r["_offset"])) for r in poison)
+    got = Counter(p for p in (position(r) for r in letters) if p is not None and p in want)
+    missing = [p for p in want if p not in got]
+    extra = {p: n - 1 for p, n in got.items() if n > 1}
+    n_want, n_extra = sum(want.values()), sum(extra.values())
+    return Check(
+        f"{name}.dead_letters",
+        not missing and not extra,
+        f"{n_want} poison records: {n_want - len(missing)} in the dead-letter table, {len(missing)} missing, "
+        f"{n_extra} extra copies",
+        {"poison": n_want, "missing": len(missing), "extra": n_extra},
+        {"missing": _sample(missing), "extra": _sample(extra)},
+    )
+
+
 def read_table(conn: Any, table: str, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Every row of ``table`` as dicts (``columns`` or all)."""
     cols = ", ".join(_ident(c) for c in columns) if columns else "*"
@@ -538,11 +563,15 @@ def verify(
     expect_faults: Sequence[str] | None = None,
     min_faults: int = 0,
     dead_letters: str | None = None,
+    poison_position: Callable[[Mapping[str, Any]], tuple[int, int] | None] | None = None,
 ) -> Report:
     """Run every applicable check for a topic and a table and return the report.
 
     ``dead_letters``: the sink's ``errors.table``; its rows for ``table`` count as delivered, so each
     source record must be in exactly one of the two (``info["dead_letters"]`` says how many went there).
+    ``poison_position``: the pipeline puts poison records in the dead-letter table too; it reads a
+    dead-letter row's Kafka (partition, offset), and each poison record must be there exactly once
+    (``compare_poison``). The dead-letter rows of ``aggregates["table"]`` are read when ``table`` is "".
 
     ``aggregates``: ``{"table": ..., "key": ..., "value": ..., "columns": {...}}`` for a stateful
     pipeline's per-key table (checked instead of / in addition to ``table``'s records). Poison
@@ -554,13 +583,20 @@ def verify(
     source = [r for r in raw if "_raw" not in r]
     report = Report(info={"source_records": len(source), "poison_records": len(raw) - len(source)})
     with psycopg.connect(dsn, autocommit=True) as conn:
+        letters: list[dict[str, Any]] = []
+        target = table or (aggregates or {}).get("table")
+        if dead_letters and target:
+            letters = [r["row"] for r in read_dead_letters(conn, dead_letters, target)]
+            report.info["dead_letters"] = len(letters)
+            if poison_position is not None:
+                poison = [r for r in raw if "_raw" in r]
+                report.add(compare_poison(poison, letters, poison_position))
+                at = {(int(r["_partition"]), int(r["_offset"])) for r in poison}
+                letters = [r for r in letters if poison_position(r) not in at]
         if table:
             rows = read_table(conn, table)
             report.info["sink_rows"] = len(rows)
-            if dead_letters:
-                letters = [r["row"] for r in read_dead_letters(conn, dead_letters, table)]
-                report.info["dead_letters"] = len(letters)
-                rows += letters
+            rows += letters
             report.add(*compare_records(source, rows, id_field=id_field, payload_fields=payload_fields))
         if aggregates:
             agg_rows = read_table(conn, aggregates["table"])

@@ -101,6 +101,12 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=7, help="seed of the events and the kill schedule (default 7)")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
     p.add_argument(
+        "--poison",
+        type=int,
+        default=5,
+        help="malformed records mixed into the topic; both pipelines put each in their dead-letter table (default 5)",
+    )
+    p.add_argument(
         "--workdir", default=None, help="checkpoints, configs and logs (default: a temp dir, removed on success)"
     )
     p.add_argument("--keep", action="store_true", help="keep the work dir even when the demo passes")

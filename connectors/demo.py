@@ -98,6 +98,10 @@ class Bar:
             sys.stderr.write("\n")
 
 
+POISON = (b"{not json", b"\x00\xffbinary", b"[1, 2]", b"", b'"a string"')
+"""Malformed records the demo mixes into the topic: none is a JSON object."""
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
@@ -217,6 +221,7 @@ def _row(label: str, value: Any, ok: bool | None = None) -> str:
 def main(args: argparse.Namespace) -> int:
     from connectors import checker
     from connectors.chaos import create_topic
+    from connectors.pipelines import balances, ledger
     from connectors.pipelines.events import generate, produce
 
     for opt in ("records", "partitions"):
@@ -224,6 +229,8 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"spark-eos demo: --{opt} must be at least 1, got {getattr(args, opt)}")
     if args.kills < 0:
         raise SystemExit(f"spark-eos demo: --kills must be >= 0, got {args.kills}")
+    if args.poison < 0:
+        raise SystemExit(f"spark-eos demo: --poison must be >= 0, got {args.poison}")
     wall = time.monotonic()
     workdir = args.workdir or tempfile.mkdtemp(prefix="spark-eos-demo-")
     os.makedirs(workdir, exist_ok=True)
@@ -237,9 +244,14 @@ def main(args: argparse.Namespace) -> int:
         create_topic(bootstrap, topic, args.partitions)
         events = generate(args.records, seed=args.seed)
         bar = Bar(len(events), "producing")
-        produce(bootstrap, topic, events, partitions=args.partitions, progress=bar.show)
+        # poison records in the middle of the stream, where the kills land too
+        poison = [(i % args.partitions, POISON[i % len(POISON)]) for i in range(args.poison)]
+        half = len(events) // 2
+        produce(bootstrap, topic, events[:half], partitions=args.partitions, raw=poison, progress=bar.show)
+        produce(bootstrap, topic, events[half:], partitions=args.partitions, progress=lambda n: bar.show(half + n))
         bar.end()
-        say(f"[2/4] topic {topic}: {len(events)} events over {args.partitions} partitions, keyed by account")
+        say(f"[2/4] topic {topic}: {len(events)} events over {args.partitions} partitions, keyed by account, and "
+            f"{len(poison)} malformed records (the pipelines divert them to dead-letter tables)")  # fmt: skip
         schedule = plan(args.kills, args.seed)
         tracks, threads = [], []
         for name, table in (("ledger", ledger_table), ("balances", balances_table)):
@@ -269,10 +281,13 @@ def main(args: argparse.Namespace) -> int:
         say("[4/4] checking exactly-once")
         ledger_ckpt = tracks[0][1]
         rep_l = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table=ledger_table,
-                               payload_fields=("account", "amount"), sink_id=ledger_table, checkpoint=ledger_ckpt)  # fmt: skip
+                               payload_fields=("account", "amount"), sink_id=ledger_table, checkpoint=ledger_ckpt,
+                               dead_letters=f"{ledger_table}_dead_letters", poison_position=ledger.poison_position)  # fmt: skip
         rep_b = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table="", decisions=False,
                                aggregates={"table": balances_table, "key": "account", "value": "amount",
-                                           "columns": {"balance": "sum", "events": "count"}})  # fmt: skip
+                                           "columns": {"balance": "sum", "events": "count"}},
+                               dead_letters=f"{balances_table}_dead_letters",
+                               poison_position=balances.poison_position)  # fmt: skip
         from connectors import faults
 
         fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
@@ -283,6 +298,7 @@ def main(args: argparse.Namespace) -> int:
         dup, lost = rep_l.get("records.duplicates"), rep_l.get("records.losses")
         ph, pay = rep_l.get("records.phantoms"), rep_l.get("records.payload")
         prepared = rep_l.get("end.prepared")
+        poison_l, poison_b = rep_l.get("poison.dead_letters"), rep_b.get("poison.dead_letters")
         decision = rep_l.get("end.decision_vs_commit")
         ok = rep_l.ok and rep_b.ok and runs_ok and crashes == planned
         elapsed = time.monotonic() - wall
@@ -292,6 +308,10 @@ def main(args: argparse.Namespace) -> int:
             "duplicates": dup.counts["duplicates"], "missing": lost.counts["losses"], "phantoms": ph.counts["phantoms"],
             "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],
             "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
+            "poison": len(poison), "poison_dead_letters": {
+                "ledger": poison_l.counts["poison"] - poison_l.counts["missing"],
+                "balances": poison_b.counts["poison"] - poison_b.counts["missing"],
+            }, "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"],
             "crashes_injected": crashes, "kills_planned": planned, "fault_points_fired": len(fired),
             "restarts": sum(len(tr.kills) for tr, _ in tracks),
             "recoveries": sum(tr.recoveries for tr, _ in tracks), "prepared_left": prepared.counts["prepared"],
@@ -313,6 +333,9 @@ def main(args: argparse.Namespace) -> int:
                 _row("missing", report["missing"], report["missing"] == 0),
                 _row("phantoms / altered", f"{report['phantoms']} / {report['payload_mismatches']}",
                      report["phantoms"] == 0 and report["payload_mismatches"] == 0),
+                _row("poison records", f"{report['poison']} produced; in the dead-letter tables once each: ledger "
+                     f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']}",
+                     poison_l.ok and poison_b.ok),
                 _row("balances matching", f"{report['accounts'] - report['balances_wrong']}/{report['accounts']} accounts",
                      bal_ok),
                 _row("crashes injected", f"{crashes} of {planned} planned ({len(fired)} at fault points, "

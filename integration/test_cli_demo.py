@@ -29,3 +29,6 @@ def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_p
     assert report["crashes_injected"] == report["kills_planned"] == 2
     assert all(k["killed"] for kills in report["kills"].values() for k in kills)
     assert report["prepared_left"] == 0
+    # the malformed records mixed into the topic: each in both pipelines' dead-letter tables, once
+    assert report["poison"] == 5 and report["poison_dead_letters"] == {"ledger": 5, "balances": 5}, report
+    assert report["poison_extra_copies"] == 0

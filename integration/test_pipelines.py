@@ -154,7 +154,7 @@ def test_ledger_malformed_event_stops_the_query_naming_it(
         partitions=1,
         raw=[(0, b'{"id": "bad-1", "account": "acct-1", "amount": "lots", "ts": "2026-01-01T00:00:00Z"}')],
     )
-    cfg = _cfg(kafka_service, postgres_service, "ledger", topic, table, str(tmp_path / "ck"))
+    cfg = _cfg(kafka_service, postgres_service, "ledger", topic, table, str(tmp_path / "ck"), malformed="fail")
     prepare(cfg)
     query = start(pipeline_spark, cfg)
     with pytest.raises(StreamingQueryException) as raised:  # awaitTermination re-raises the query's failure
@@ -165,6 +165,94 @@ def test_ledger_malformed_event_stops_the_query_naming_it(
     # nothing of the failed batch is visible: the poison record's batch was never committed
     assert pg_conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0
     assert checker.prepared_gids(pg_conn, cfg.effective_sink_id) == []
+
+
+POISON = [b"{this is not json", b"\xff\xfe\x00binary", b"[1, 2, 3]"]  # none is a JSON object
+
+
+def test_poison_events_go_to_each_pipelines_dead_letter_table_once(
+    pipeline_spark, kafka_service, postgres_service, new_topic, new_table, pg_conn, tmp_path
+) -> None:
+    """malformed = "dead-letter" (the default): the ledger and the balances pipeline read a topic with
+    poison records and an event whose amount is not a number; both finish, every good event is
+    counted once, and each bad record is in the pipeline's dead-letter table once, found by its
+    Kafka position, with what is wrong with it."""
+    topic = new_topic(partitions=2, prefix="poison")
+    events = generate(120, seed=4)
+    bad_amount = b'{"id": "bad-1", "account": "acct-001", "amount": "lots", "ts": "2026-01-01T00:00:00Z"}'
+    produce(kafka_service.bootstrap, topic, events, partitions=2, raw=[(i % 2, v) for i, v in enumerate(POISON)])
+    ledger_topic = new_topic(partitions=2, prefix="poisonl")
+    poison = [(i % 2, v) for i, v in enumerate(POISON)]
+    produce(kafka_service.bootstrap, ledger_topic, events, partitions=2, raw=[*poison, (1, bad_amount)])
+
+    from connectors.pipelines import balances, ledger
+
+    cfg = _cfg(kafka_service, postgres_service, "ledger", ledger_topic, new_table("ledger"), str(tmp_path / "l"))
+    _run(pipeline_spark, cfg)
+    assert cfg.dead_letter_table == f"{cfg.table}_dead_letters"
+    report = checker.verify(
+        bootstrap=kafka_service.bootstrap,
+        topic=ledger_topic,
+        dsn=postgres_service.dsn,
+        table=cfg.table,
+        payload_fields=("account",),
+        sink_id=cfg.effective_sink_id,
+        checkpoint=cfg.checkpoint,
+        dead_letters=cfg.dead_letter_table,
+        poison_position=ledger.poison_position,
+    )
+    assert report.ok, report.table()
+    assert report.info["sink_rows"] == 120 and report.info["dead_letters"] == len(POISON) + 1, report.info
+    notes = sorted(
+        r[0]
+        for r in pg_conn.execute(f"SELECT row->>'malformed' FROM {cfg.dead_letter_table}").fetchall()  # type: ignore[arg-type]
+    )
+    assert notes[0].startswith("'amount' missing or not a whole number at ") and '"lots"' in notes[0], notes
+    assert sorted(n.split(": ", 1)[1] for n in notes[1:]) == sorted(
+        ["{this is not json", "base64://4AYmluYXJ5", "[1, 2, 3]"]
+    )
+    assert all(n.startswith(f"not a JSON object at {ledger_topic}/") for n in notes[1:]), notes
+
+    bal = _cfg(kafka_service, postgres_service, "balances", topic, new_table("balances"), str(tmp_path / "b"))
+    _run(pipeline_spark, bal)
+    report = checker.verify(
+        bootstrap=kafka_service.bootstrap,
+        topic=topic,
+        dsn=postgres_service.dsn,
+        table="",
+        decisions=False,
+        aggregates={
+            "table": bal.table,
+            "key": "account",
+            "value": "amount",
+            "columns": {"balance": "sum", "events": "count"},
+        },
+        dead_letters=bal.dead_letter_table,
+        poison_position=balances.poison_position,
+    )
+    assert report.ok, report.table()
+    assert report.info["dead_letters"] == len(POISON), report.info
+    accounts = [r[0] for r in pg_conn.execute(f"SELECT account FROM {bal.table}").fetchall()]  # type: ignore[arg-type]
+    assert accounts and not [a for a in accounts if a.startswith("malformed:")], accounts
+
+
+def test_a_table_that_would_take_malformed_rows_is_refused(
+    kafka_service, postgres_service, new_topic, new_table, pg_conn, tmp_path
+) -> None:
+    """A ledger table whose 'malformed' column lacks the CHECK (say, added by hand) would store the
+    malformed events' rows: prepare() refuses it with the statement that fixes it; with the fix it passes."""
+    from connectors.errors import ConfigError
+
+    table = new_table("ledger")
+    pg_conn.execute(f"CREATE TABLE {table} (id text, account text, counterparty text, amount bigint, ts timestamptz, "  # type: ignore[arg-type]
+                    "src_partition integer, src_offset bigint, malformed text)")  # fmt: skip
+    cfg = _cfg(kafka_service, postgres_service, "ledger", new_topic(prefix="guard"), table, str(tmp_path / "ck"))
+    with pytest.raises(ConfigError, match=rf"ALTER TABLE {table} ADD CHECK \(malformed IS NULL\)") as err:
+        prepare(cfg)
+    assert err.value.fields.get("option") == "ledger.malformed"
+    pg_conn.execute(f"ALTER TABLE {table} ADD CHECK (malformed IS NULL)")  # type: ignore[arg-type]
+    prepare(cfg)
+    prepare(cfg.replace(malformed="fail"))  # no dead letters: no such demand
 
 
 # long enough that a slow restart between the two runs (CI: ~10 s) never expires acct-000, which both

@@ -51,13 +51,31 @@ def table_ddl(cfg: PipelineConfig) -> str:
 
 
 def prepare(cfg: PipelineConfig) -> None:
-    """Create the pipeline's target table when it does not exist (idempotent)."""
+    """Create the pipeline's target table when it does not exist (idempotent); with malformed =
+    "dead-letter", check that it refuses malformed events' rows (else they would land in it)."""
     import psycopg
 
+    from connectors.errors import ConfigError
+    from connectors.pipelines.ledger import MALFORMED_COLUMN
     from sinks.postgres.connection import ddl_lock
 
     with psycopg.connect(cfg.dsn, autocommit=True, connect_timeout=15) as conn, ddl_lock(conn):
-        conn.execute(table_ddl(cfg))
+        conn.execute(table_ddl(cfg))  # type: ignore[arg-type]
+        if cfg.dead_letter_table is None:
+            return
+        guarded = conn.execute(
+            "SELECT 1 FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c' "
+            "AND pg_get_constraintdef(oid) = 'CHECK ((malformed IS NULL))'",
+            (cfg.table,),
+        ).fetchone()
+        if guarded is None:
+            check = MALFORMED_COLUMN.split(" ", 2)[2]
+            raise ConfigError(
+                f"{cfg.pipeline}: table {cfg.table} has a 'malformed' column without {check}, so malformed events "
+                f"would land in it instead of the dead-letter table ({cfg.pipeline}.malformed = 'dead-letter'); add "
+                f"it: ALTER TABLE {cfg.table} ADD {check}",
+                option=f"{cfg.pipeline}.malformed",
+            )
 
 
 def session(cfg: PipelineConfig) -> Any:

@@ -12,6 +12,10 @@ each with a processing-time TTL, so an account idle for longer than the TTL star
 the RocksDB state store with changelog checkpointing. Every batch upserts one row per touched
 account through the upsert sink's ``foreachBatch`` adapter (update semantics, version-guarded, so a
 replayed batch is a no-op and never moves a balance backwards).
+
+A malformed event (``malformed = "dead-letter"``, the default) is keyed on its own position, never
+touches an account's state, and its output row, refused by the table, lands in the dead-letter
+table; with ``"fail"`` it stops the query (``events.parse_events``).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import Any
 
 from connectors.pipelines.config import PipelineConfig
 from connectors.pipelines.events import parse_events
+from connectors.pipelines.ledger import MALFORMED_COLUMN, dead_letter_options
 from connectors.pipelines.source import kafka_stream
 
-__all__ = ["OUTPUT_SCHEMA", "STATE_CONF", "BalanceProcessor", "build", "ddl", "write_batch"]
+__all__ = ["OUTPUT_SCHEMA", "STATE_CONF", "BalanceProcessor", "build", "ddl", "poison_position", "write_batch"]
 
 OUTPUT_SCHEMA = (
     "account string, balance long, events long, version long, last_event_id string, "
@@ -40,10 +45,17 @@ STATE_CONF = {
 
 
 def ddl(table: str) -> str:
+    """The balances table; like the ledger's, it refuses the row of a malformed event (``malformed`` set)."""
     return (
         f"CREATE TABLE IF NOT EXISTS {table} (account text PRIMARY KEY, balance bigint NOT NULL, "
-        "events bigint NOT NULL, version bigint NOT NULL, last_event_id text NOT NULL, recent text, counterparties text)"
+        "events bigint NOT NULL, version bigint NOT NULL, last_event_id text NOT NULL, recent text, counterparties text, "
+        f"{MALFORMED_COLUMN}); ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {MALFORMED_COLUMN}"
     )
+
+
+MALFORMED_KEY = "malformed:"
+"""With malformed=dead-letter a malformed event is keyed ``malformed:<partition>/<offset>``: its own
+group, which touches no account's state and whose one output row the table refuses."""
 
 
 def _processor_base() -> type:
@@ -55,9 +67,10 @@ def _processor_base() -> type:
 class BalanceProcessor(_processor_base()):  # type: ignore[misc]
     """Per-account balance, recent events and per-counterparty totals, with TTL on idle accounts."""
 
-    def __init__(self, ttl_ms: int, last_n: int) -> None:
+    def __init__(self, ttl_ms: int, last_n: int, malformed: bool = False) -> None:
         self.ttl_ms = int(ttl_ms)
         self.last_n = int(last_n)
+        self.malformed = malformed  # input and output carry the malformed column (malformed=dead-letter)
 
     def init(self, handle: Any) -> None:
         self.balance = handle.getValueState("balance", "balance long, events long, version long", self.ttl_ms)
@@ -68,6 +81,21 @@ class BalanceProcessor(_processor_base()):  # type: ignore[misc]
         import pandas as pd
 
         batch = pd.concat(list(rows), ignore_index=True).sort_values(["src_offset", "id"], kind="stable")
+        if self.malformed and str(key[0]).startswith(MALFORMED_KEY):  # one malformed event: no state at all
+            ev = batch.iloc[0]
+            yield pd.DataFrame(
+                {
+                    "account": [str(key[0])],
+                    "balance": [0],
+                    "events": [0],
+                    "version": [int(ev["src_offset"])],
+                    "last_event_id": ["" if pd.isna(ev["id"]) else str(ev["id"])],
+                    "recent": ["[]"],
+                    "counterparties": ["{}"],
+                    "malformed": [str(ev["malformed"])],
+                }
+            )
+            return
         current = self.balance.get() if self.balance.exists() else None
         if current is None:
             # a new account, or one idle past the TTL: the TTL expires each state variable (and each map
@@ -97,17 +125,18 @@ class BalanceProcessor(_processor_base()):  # type: ignore[misc]
         recent = recent[-self.last_n :]
         self.recent.put(recent)
         self.balance.update((balance, events, version))
-        yield pd.DataFrame(
-            {
-                "account": [str(key[0])],
-                "balance": [balance],
-                "events": [events],
-                "version": [version],
-                "last_event_id": [last_id],
-                "recent": [json.dumps([{"id": i, "amount": a, "counterparty": c} for i, a, c in recent])],
-                "counterparties": [json.dumps(dict(sorted(all_totals.items())))],
-            }
-        )
+        out = {
+            "account": [str(key[0])],
+            "balance": [balance],
+            "events": [events],
+            "version": [version],
+            "last_event_id": [last_id],
+            "recent": [json.dumps([{"id": i, "amount": a, "counterparty": c} for i, a, c in recent])],
+            "counterparties": [json.dumps(dict(sorted(all_totals.items())))],
+        }
+        if self.malformed:
+            out["malformed"] = [None]
+        yield pd.DataFrame(out)
 
     def close(self) -> None:
         pass
@@ -118,7 +147,8 @@ def write_batch(cfg: PipelineConfig) -> Any:
     import connectors
     from connectors import faults
 
-    upsert = connectors.upsert_batch(dsn=cfg.dsn, table=cfg.table, key="account", version="version", **cfg.sink_options)
+    options = {**dead_letter_options(cfg), **cfg.sink_options}
+    upsert = connectors.upsert_batch(dsn=cfg.dsn, table=cfg.table, key="account", version="version", **options)
 
     def write(df: Any, batch_id: int) -> None:
         faults.point("pipeline.batch", batch=batch_id)
@@ -141,11 +171,30 @@ def build(spark: Any, cfg: PipelineConfig) -> Any:
             f"(got {provider or 'the default HDFS-backed store'})",
             option="spark.sql.streaming.stateStore.providerClass",
         )
-    events = parse_events(kafka_stream(spark, cfg))
+    from pyspark.sql import functions as F
+
+    events = parse_events(kafka_stream(spark, cfg), cfg.malformed)
+    malformed = cfg.malformed == "dead-letter"
+    if malformed:
+        own_key = F.concat(F.lit(MALFORMED_KEY), F.col("src_partition").cast("string"), F.lit("/"),
+                           F.col("src_offset").cast("string"))  # fmt: skip
+        events = events.withColumn("account", F.when(F.col("malformed").isNull(), F.col("account")).otherwise(own_key))
     out = events.groupBy("account").transformWithStateInPandas(
-        statefulProcessor=BalanceProcessor(int(cfg.ttl_seconds * 1000), cfg.last_n),
-        outputStructType=OUTPUT_SCHEMA,
+        statefulProcessor=BalanceProcessor(int(cfg.ttl_seconds * 1000), cfg.last_n, malformed),
+        outputStructType=OUTPUT_SCHEMA + (", malformed string" if malformed else ""),
         outputMode="Update",
         timeMode="ProcessingTime",  # state TTL runs on processing time
     )
     return out.writeStream.outputMode("update").foreachBatch(write_batch(cfg))
+
+
+def poison_position(row: Any) -> tuple[int, int] | None:
+    """The Kafka (partition, offset) of a malformed event's balances row (``malformed:<p>/<o>``), for the checker."""
+    account = str(row.get("account") or "")
+    if not account.startswith(MALFORMED_KEY):
+        return None
+    part, _, offset = account[len(MALFORMED_KEY) :].partition("/")
+    try:
+        return int(part), int(offset)
+    except ValueError:
+        return None

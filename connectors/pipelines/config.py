@@ -25,8 +25,9 @@ Example (TOML; YAML takes the same keys)::
     [restart]
     strategy = "fixed-delay:3:10s"
 
-    [ledger]
-    malformed = "fail"                 # the only policy: stop with an error naming the record
+    [ledger]                           # (the same two keys under [balances])
+    malformed = "dead-letter"          # or "fail": stop with an error naming the record
+    dead_letters = "ledger_dead_letters"  # the dead-letter table (default: <sink.table>_dead_letters)
 
     [balances]
     ttl = "7d"                         # idle accounts' state expires (processing time)
@@ -49,14 +50,15 @@ from connectors.restart import parse_strategy
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
 
 PIPELINE_NAMES = ("ledger", "balances")
+MALFORMED = ("dead-letter", "fail")
 
 _SECTIONS: dict[str, set[str]] = {
     "source": {"bootstrap", "topic", "starting_offsets", "max_offsets_per_trigger", "options"},
     "sink": {"dsn", "table", "sink_id", "options"},
     "spark": {"master", "trigger", "checkpoint", "shuffle_partitions", "conf", "app_name"},
     "restart": {"strategy"},
-    "ledger": {"malformed"},
-    "balances": {"ttl", "last_n"},
+    "ledger": {"malformed", "dead_letters"},
+    "balances": {"ttl", "last_n", "malformed", "dead_letters"},
     "log": {"format", "progress"},
 }
 _TOP = {"pipeline", *_SECTIONS}
@@ -84,7 +86,8 @@ class PipelineConfig:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     app_name: str = ""
     restart: str = "none"
-    malformed: str = "fail"
+    malformed: str = "dead-letter"  # a malformed event: "dead-letter" (to dead_letter_table) or "fail" (stop)
+    dead_letters: str = ""  # "": <table>_dead_letters
     ttl_seconds: float = 7 * 24 * 3600.0
     last_n: int = 10
     log_format: str = "text"
@@ -101,11 +104,12 @@ class PipelineConfig:
                 raise ConfigError(f"config: '{where}' is required and empty", option=where)
         parse_trigger(self.trigger)
         parse_strategy(self.restart)
-        if self.malformed != "fail":
+        if self.malformed not in MALFORMED:
             raise ConfigError(
-                f"config: ledger.malformed = {self.malformed!r}; the only policy is 'fail' (the query stops "
-                "with an error naming the record's topic, partition and offset; nothing is dropped)",
-                option="ledger.malformed",
+                f"config: {self.pipeline}.malformed = {self.malformed!r}; expected 'dead-letter' (the event goes to "
+                "the dead-letter table, in the batch's transaction, with its topic, partition, offset and value) or "
+                "'fail' (the query stops with an error naming the record); nothing is ever dropped",
+                option=f"{self.pipeline}.malformed",
             )
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
             raise ConfigError(
@@ -119,6 +123,13 @@ class PipelineConfig:
             raise ConfigError("config: balances.last_n must be >= 1", option="balances.last_n")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"config: log.format {self.log_format!r}; expected text or json", option="log.format")
+
+    @property
+    def dead_letter_table(self) -> str | None:
+        """Where malformed events go (None: malformed=fail)."""
+        if self.malformed != "dead-letter":
+            return None
+        return self.dead_letters or f"{self.table}_dead_letters"
 
     @property
     def effective_sink_id(self) -> str:
@@ -236,7 +247,8 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
         spark_conf=_str_map(spk.get("conf"), "spark.conf"),
         app_name=str(spk.get("app_name", "")),
         restart=str(sections["restart"].get("strategy", "none")),
-        malformed=str(sections["ledger"].get("malformed", "fail")),
+        malformed=str(sections.get(str(name), {}).get("malformed", "dead-letter")),
+        dead_letters=str(sections.get(str(name), {}).get("dead_letters", "")),
         ttl_seconds=ttl,
         last_n=typed("balances", "last_n", int, 10),
         log_format=str(log.get("format", "text")),

@@ -26,24 +26,50 @@ __all__ = [
 EVENT_SCHEMA = "id string, account string, counterparty string, amount long, ts timestamp"
 
 
-def parse_events(raw: Any) -> Any:
-    """Kafka rows -> typed events plus the source position; a malformed event fails the query.
+def parse_events(raw: Any, malformed: str = "fail") -> Any:
+    """Kafka rows -> typed events plus the source position; what a malformed event does is ``malformed``.
 
-    The policy for malformed events is *stop*, never drop: the task fails with an error naming the
-    topic, partition and offset of the record and what is wrong with it. Fix or remove the record
-    (or move the starting offset past it) and restart; the checkpoint replays from the last batch.
+    ``fail`` (stop, never drop): the task fails with an error naming the topic, partition and offset
+    of the record and what is wrong with it. Fix or remove the record (or move the starting offset
+    past it) and restart; the checkpoint replays from the last batch.
+
+    ``dead-letter``: every event passes, with a ``malformed`` column: NULL for a good event, for a
+    malformed one what is wrong, where it is (topic/partition/offset) and its value. The pipelines'
+    tables refuse a row whose ``malformed`` is set (``CHECK (malformed IS NULL)``), so the sink's
+    ``errors.tolerance=all`` puts it in the dead-letter table, in the batch's transaction: once.
     """
     from pyspark.sql import functions as F
 
-    rec = F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
+    text = F.col("value").cast("string")
+    rec = F.from_json(text, EVENT_SCHEMA)
+    # from_json reads '{not json' as an object of nulls: ask the JSON parser itself
+    not_object = F.get_json_object(text, "$").isNull() | ~F.ltrim(text).startswith("{")
     problem = (
         F.when(F.col("value").isNull(), F.lit("null value"))
-        .when(rec.isNull(), F.lit("not a JSON object"))
+        .when(rec.isNull() | not_object, F.lit("not a JSON object"))
         .when(rec["id"].isNull() | (F.length(rec["id"]) == 0), F.lit("missing or empty 'id'"))
         .when(rec["account"].isNull() | (F.length(rec["account"]) == 0), F.lit("missing or empty 'account'"))
         .when(rec["amount"].isNull(), F.lit("'amount' missing or not a whole number"))
         .when(rec["ts"].isNull(), F.lit("'ts' missing or not a timestamp"))
     )
+    position = F.concat(F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("/"),
+                        F.col("offset").cast("string"))  # fmt: skip
+    columns = [
+        rec["account"].alias("account"),
+        F.coalesce(rec["counterparty"], F.lit("")).alias("counterparty"),
+        rec["amount"].alias("amount"),
+        rec["ts"].alias("ts"),
+        F.col("partition").alias("src_partition"),
+        F.col("offset").alias("src_offset"),
+    ]
+    if malformed == "dead-letter":
+        # the value as text when it is printable UTF-8, else its bytes in base64 (Postgres text and
+        # jsonb take no NUL, and a replacement character would lose the bytes)
+        binary = text.rlike("[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f\\ufffd]")
+        shown = F.when(binary, F.concat(F.lit("base64:"), F.base64(F.col("value")))).otherwise(text)
+        value = F.coalesce(F.substring(shown, 1, MAX_VALUE_CHARS), F.lit("null"))
+        note = F.concat(problem, F.lit(" at "), position, F.lit(": "), value)
+        return raw.select(rec["id"].alias("id"), *columns, F.when(problem.isNotNull(), note).alias("malformed"))
     where = F.concat(
         F.lit("malformed payment event at topic "), F.col("topic"),
         F.lit(" partition "), F.col("partition").cast("string"),
@@ -52,15 +78,11 @@ def parse_events(raw: Any) -> Any:
               "starting offset past it, then restart (the checkpoint replays this batch)."),
     )  # fmt: skip
     checked_id = F.when(problem.isNotNull(), F.raise_error(where)).otherwise(rec["id"])
-    return raw.select(
-        checked_id.alias("id"),
-        rec["account"].alias("account"),
-        F.coalesce(rec["counterparty"], F.lit("")).alias("counterparty"),
-        rec["amount"].alias("amount"),
-        rec["ts"].alias("ts"),
-        F.col("partition").alias("src_partition"),
-        F.col("offset").alias("src_offset"),
-    )
+    return raw.select(checked_id.alias("id"), *columns)
+
+
+MAX_VALUE_CHARS = 4096
+"""How much of a malformed event's value its ``malformed`` note keeps."""
 
 
 def generate(n: int, *, seed: int, accounts: int = 40, counterparties: int = 8, start: int = 0) -> list[dict[str, Any]]:
