@@ -352,3 +352,52 @@ def checker_prepared(conn: psycopg.Connection, sink_id: str) -> list[str]:
     from connectors import checker
 
     return checker.prepared_gids(conn, sink_id)
+
+
+def test_twophase_batch_decided_without_the_option_is_rewritten_with_it(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, tmp_path: Path
+) -> None:
+    """An operator action on a failed query: batch 0 was decided (its rows staged, visibility=batch)
+    when the driver failed before publishing it; the operator restarts the query with
+    errors.tolerance=all added. The staged rows carry no row numbers, so the decision is taken back
+    (nothing of it was visible) and the batch written anew, refused rows diverted: each row once."""
+    table = new_table("dl2pclife")
+    _tables(pg_conn, table)
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    rows = _input(spark).collect()
+    (source / "0.json").write_text("".join(json.dumps(r.asDict()) + "\n" for r in rows))
+
+    def run(**options: str) -> None:
+        q = (
+            spark.readStream.schema(SCHEMA)
+            .json(str(source))
+            .repartition(2)
+            .writeStream.format("postgres-2pc")
+            .option("dsn", postgres_service.dsn)
+            .option("table", table)
+            .option("sink.id", table)
+            .options(**options)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+
+    fault = f"sink.commit.after_decision:batch=0:action=raise:code={uuid.uuid4().int % 10**8}:once"
+    with pytest.raises(StreamingQueryException, match=r"fault injected at sink\.commit\.after_decision"):
+        run(faults=fault)
+    decided = pg_conn.execute(
+        "SELECT stage, published_at FROM eos.sink_batches WHERE sink_id = %s AND batch_id = 0", (table,)
+    ).fetchone()
+    assert decided is not None and decided[1] is None, decided  # decided, not published
+    assert _ids(pg_conn, table) == [99999]
+
+    run(**{"errors.tolerance": "all", "errors.table": f"{table}_refused"})
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999]
+    _check_letters({i: r[:7] for i, *r in _letter_rows(pg_conn, table)}, 0, "insert")
+    now = pg_conn.execute(
+        "SELECT stage, published_at FROM eos.sink_batches WHERE sink_id = %s AND batch_id = 0", (table,)
+    ).fetchone()
+    # taken back and written anew: the decision now names the staging of the new columns
+    assert now is not None and now[1] is not None and now[0] != decided[0], (decided, now)
