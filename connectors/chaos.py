@@ -239,6 +239,7 @@ class ChaosConfig:
     sink_kind: str = "2pc"  # the job's sink: 2pc (decisions checked) | upsert | other
     id_field: str = "id"  # the record field and table column that identify a record
     payload_fields: tuple[str, ...] = ()  # fields the table must hold unchanged
+    dead_letters: str | None = None  # the job sink's errors.table ({table}: the run's table): rows count as delivered
     options: dict[str, str] = field(default_factory=dict)  # handed to the job (Job.options)
 
     @property
@@ -469,6 +470,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
         checkpoint=checkpoint,
         decisions=is_2pc,
         aggregates={"table": table, "key": "key", "value": "amount"} if cfg.pipeline == "stateful" else None,
+        dead_letters=cfg.dead_letters.replace("{table}", table) if cfg.dead_letters else None,
     )
     fault_kills = sum(1 for e in faults.fired(fault_log) if e.get("action") == "kill-group")
     report.add(
@@ -554,6 +556,12 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
     p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
     p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
+    p.add_argument(
+        "--dead-letters",
+        default=None,
+        help="with --app: the job sink's errors.table ('{table}' stands for the run's table, e.g. {table}_refused); "
+        "a record there counts as delivered (each record once in the table or the dead-letter table)",
+    )
     p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
@@ -589,7 +597,7 @@ def _command(args: argparse.Namespace) -> int:
             bootstrap=args.bootstrap, dsn=args.dsn, workdir=workdir, partitions=args.partitions,
             max_offsets=args.max_offsets, progress=not args.quiet, app=args.app, sink_kind=args.sink_kind,
             id_field=args.id_field, payload_fields=tuple(f for f in args.payload.split(",") if f),
-            options=dict(kv.split("=", 1) for kv in args.option),
+            options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
         )  # fmt: skip
         report = run(cfg)
         write_results(report, cfg)

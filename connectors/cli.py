@@ -73,9 +73,27 @@ def _verify_cmd(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap, topic=args.topic, dsn=args.dsn, table=args.table or "",
         payload_fields=tuple(args.payload) if args.payload else None, sink_id=args.sink_id,
         checkpoint=args.checkpoint, decisions=bool(args.sink_id and args.checkpoint), aggregates=aggregates,
+        dead_letters=args.dead_letters, poison_position=_poison_at(args.poison_at),
     )  # fmt: skip
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1
+
+
+def _poison_at(spec: str | None) -> Callable[[Any], tuple[int, int] | None] | None:
+    """``--poison-at PART_COL,OFFSET_COL``: where a dead-letter row holds its record's Kafka position."""
+    if not spec:
+        return None
+    cols = [c.strip() for c in spec.split(",")]
+    if len(cols) != 2 or not all(cols):
+        raise _usage(f"--poison-at {spec!r}: expected two column names, PARTITION_COLUMN,OFFSET_COLUMN")
+
+    def position(row: Any) -> tuple[int, int] | None:
+        try:
+            return int(row[cols[0]]), int(row[cols[1]])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    return position
 
 
 def _demo_cmd(args: argparse.Namespace) -> int:
@@ -174,6 +192,11 @@ def _add_verify(sub: Any) -> None:
     p.add_argument("--payload", nargs="*", default=None, help="columns compared with the record (default: all shared)")
     p.add_argument("--sink-id", default=None, help="postgres-2pc sink id: check prepared transactions and decisions")
     p.add_argument("--checkpoint", default=None, help="with --sink-id: last decision must equal the last commits/n")
+    p.add_argument("--dead-letters", default=None, help="the sink's errors.table: each record must be in exactly one "
+                   "of --table and this dead-letter table")  # fmt: skip
+    p.add_argument("--poison-at", default=None, metavar="PART_COL,OFFSET_COL",
+                   help="with --dead-letters: the dead-letter rows' columns holding the Kafka partition and offset; "
+                   "each record that is not a JSON object must be there exactly once")  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_verify_cmd)
 

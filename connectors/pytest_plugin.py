@@ -77,6 +77,7 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
         partitions: int = 2,
         options: Mapping[str, str] | None = None,
         timeout: float = 300.0,
+        dead_letters: str | None = None,
     ) -> Any:
         workdir = tmp_path / f"chaos-{next(runs)}"
         cfg = chaos.ChaosConfig(
@@ -96,6 +97,7 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
             id_field=id_field,
             payload_fields=tuple(payload),
             options=dict(options or {}),
+            dead_letters=dead_letters,
         )
         report = chaos.run(cfg)
         chaos.write_results(report, cfg)

@@ -70,16 +70,18 @@ def test_example_job_is_chaos_tested_from_the_wheel_by_plugin_and_cli(
                   timeout=1500)  # fmt: skip
     assert "1 passed" in plugin.stdout, plugin.stdout[-2000:]
 
-    # 2. the command line, on the same job
+    # 2. the command line, on the same job, whose table now refuses orders above 900 (dead letters)
     cli = _run(
         [str(wheel_venv / "bin" / "spark-eos"), "chaos", "--app", "orders_job:build", "--kills", "1", "--seed", "5",
          "--records", "300", "--max-offsets", "100", "--payload", "key,amount", "--workdir", str(tmp_path / "cli"),
-         "--json", "--quiet"],
+         "--option", "max_amount=900", "--dead-letters", "{table}_refused", "--json", "--quiet"],
         cwd=work, env=env, timeout=1200,
     )  # fmt: skip
     report = json.loads(cli.stdout)
     assert report["ok"] is True, json.dumps(report["checks"], indent=1)
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["chaos.kills"]["counts"]["sigkilled"] == 1
-    assert report["info"]["app"] == "orders_job:build" and report["info"]["sink_rows"] == 300, report["info"]
+    info = report["info"]
+    assert info["app"] == "orders_job:build" and info["dead_letters"] > 0, info  # ~10 % of amounts are above 900
+    assert info["sink_rows"] + info["dead_letters"] == 300, info
     assert {"end.prepared", "end.decision_vs_commit"} <= set(checks), sorted(checks)

@@ -10,6 +10,11 @@ Chaos-test it from this directory:
 
     spark-eos chaos --app orders_job:build --kills 3 --payload key,amount
     pytest test_orders_chaos.py
+
+With ``--option max_amount=900`` the table refuses orders above 900 (a CHECK) and the sink diverts
+them to ``<table>_refused`` with the batch (``errors.tolerance=all``); tell the checker where they go:
+
+    spark-eos chaos --app orders_job:build --option max_amount=900 --dead-letters '{table}_refused'
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ def setup(job: Job) -> None:
     """The table, created before the first start (idempotent)."""
     import psycopg
 
+    limit = job.options.get("max_amount")
+    check = f" CHECK (amount <= {int(limit)})" if limit else ""
     with psycopg.connect(job.dsn, autocommit=True) as conn:
         conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {job.table} (id text NOT NULL, key text NOT NULL, amount bigint NOT NULL, "  # type: ignore[arg-type]
-            "band text NOT NULL, kafka_partition integer, kafka_offset bigint)"
+            f"CREATE TABLE IF NOT EXISTS {job.table} (id text NOT NULL, key text NOT NULL, amount bigint NOT NULL"  # type: ignore[arg-type]
+            f"{check}, band text NOT NULL, kafka_partition integer, kafka_offset bigint)"
         )
 
 
@@ -43,7 +50,7 @@ def build(spark: Any, job: Job) -> Any:
     )
     order = F.from_json(F.col("value").cast("string"), "id string, key string, amount long")
     bad = F.concat(F.lit("malformed order at offset "), F.col("offset").cast("string"))
-    return (
+    writer = (
         orders.select(
             F.when(order["id"].isNull(), F.raise_error(bad)).otherwise(order["id"]).alias("id"),
             order["key"].alias("key"),
@@ -57,3 +64,6 @@ def build(spark: Any, job: Job) -> Any:
         .option("table", job.table)
         .option("sink.id", job.sink_id)
     )
+    if job.options.get("max_amount"):  # the table refuses big orders: they go to the dead-letter table
+        writer = writer.option("errors.tolerance", "all").option("errors.table", f"{job.table}_refused")
+    return writer
