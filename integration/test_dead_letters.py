@@ -69,6 +69,29 @@ def _write(df: DataFrame, dsn: str, table: str, **options: str) -> None:
     w.options(**options).mode("append").save()
 
 
+def _stream(spark: SparkSession, work: Path, fmt: str, dsn: str, table: str, **options: str) -> None:
+    """One availableNow run of a query from ``work/in`` (written with ``_input``'s rows on the first
+    call) into ``table`` through ``fmt``, checkpoint ``work/checkpoint``; its failure is raised."""
+    source = work / "in"
+    if not source.exists():
+        source.mkdir()
+        rows = _input(spark).collect()
+        (source / "0.json").write_text("".join(json.dumps(r.asDict()) + "\n" for r in rows))
+    q = (
+        spark.readStream.schema(SCHEMA)
+        .json(str(source))
+        .repartition(2)
+        .writeStream.format(fmt)
+        .option("dsn", dsn)
+        .option("table", table)
+        .options(**options)
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+
+
 def _ids(conn: psycopg.Connection, table: str) -> list[int]:
     return [r[0] for r in conn.execute(f"SELECT id FROM {table} ORDER BY id").fetchall()]  # type: ignore[arg-type]
 
@@ -171,30 +194,12 @@ def test_a_replayed_micro_batch_diverts_its_refused_rows_once(
     Spark's commits/0 not written. The restarted query runs batch 0 again."""
     table = new_table("dlstream")
     _tables(pg_conn, table)
-    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
-    source.mkdir()
-    rows = _input(spark).collect()
-    (source / "0.json").write_text("".join(json.dumps(r.asDict()) + "\n" for r in rows))
+    checkpoint = tmp_path / "checkpoint"
     faults = f"sink.after_commit:batch=0:action=raise:code={uuid.uuid4().int % 10**8}:once"
+    options = {"key": "id", "version": "ver", "errors.tolerance": "all", "errors.table": f"{table}_refused"}
 
     def run() -> None:
-        q = (
-            spark.readStream.schema(SCHEMA)
-            .json(str(source))
-            .repartition(2)
-            .writeStream.format("postgres-upsert")
-            .option("dsn", postgres_service.dsn)
-            .option("table", table)
-            .option("key", "id")
-            .option("version", "ver")
-            .option("errors.tolerance", "all")
-            .option("errors.table", f"{table}_refused")
-            .option("faults", faults)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
+        _stream(spark, tmp_path, "postgres-upsert", postgres_service.dsn, table, faults=faults, **options)
 
     with pytest.raises(StreamingQueryException, match=r"fault injected at sink\.after_commit"):
         run()
@@ -363,26 +368,9 @@ def test_twophase_batch_decided_without_the_option_is_rewritten_with_it(
     (nothing of it was visible) and the batch written anew, refused rows diverted: each row once."""
     table = new_table("dl2pclife")
     _tables(pg_conn, table)
-    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
-    source.mkdir()
-    rows = _input(spark).collect()
-    (source / "0.json").write_text("".join(json.dumps(r.asDict()) + "\n" for r in rows))
 
     def run(**options: str) -> None:
-        q = (
-            spark.readStream.schema(SCHEMA)
-            .json(str(source))
-            .repartition(2)
-            .writeStream.format("postgres-2pc")
-            .option("dsn", postgres_service.dsn)
-            .option("table", table)
-            .option("sink.id", table)
-            .options(**options)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
+        _stream(spark, tmp_path, "postgres-2pc", postgres_service.dsn, table, **{"sink.id": table, **options})
 
     fault = f"sink.commit.after_decision:batch=0:action=raise:code={uuid.uuid4().int % 10**8}:once"
     with pytest.raises(StreamingQueryException, match=r"fault injected at sink\.commit\.after_decision"):
