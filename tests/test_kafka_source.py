@@ -310,26 +310,10 @@ def test_pickle_round_trips() -> None:
 # ---- schema ------------------------------------------------------------------------------------
 
 
-class _Msg:
-    def __init__(
-        self, off: int, key: bytes | None, value: bytes | None, ts: tuple[int, int], headers: list | None
-    ) -> None:
-        self._off, self._k, self._v, self._ts, self._h = off, key, value, ts, headers
+def _record(off: int, key: bytes | None, value: bytes | None, ts: tuple[int, int], headers: list | None) -> object:
+    from confluent_kafka import Message
 
-    def offset(self) -> int:
-        return self._off
-
-    def key(self) -> bytes | None:
-        return self._k
-
-    def value(self) -> bytes | None:
-        return self._v
-
-    def timestamp(self) -> tuple[int, int]:
-        return self._ts
-
-    def headers(self) -> list | None:
-        return self._h
+    return Message(topic="t", partition=3, offset=off, key=key, value=value, timestamp=ts, headers=headers)
 
 
 @pytest.mark.parametrize("headers", [False, True])
@@ -353,8 +337,10 @@ def test_arrow_schema_matches_spark(headers: bool) -> None:
 
 def test_columns_build_spark_rows() -> None:
     cols = _Columns("t", 3, True)
-    cols.add(_Msg(7, b"k", b"v", (1, 1_700_000_000_123), [("h", b"x"), ("n", None)]), 7)
-    cols.add(_Msg(9, None, None, (2, 5), None), 9)
+    cols.add(_record(7, b"k", b"v", (1, 1_700_000_000_123), [("h", b"x"), ("n", None)]), 7)
+    cols.add(_record(9, None, None, (2, 5), None), 9)
+    cols.add(_record(11, b"k", None, (0, 0), None), 11)  # no timestamp
+    cols.add(_record(12, b"k", None, (1, -1), None), 12)  # CreateTime unknown
     batch = cols.flush()
     assert batch.schema == arrow_schema(True)
     rows = batch.to_pylist()
@@ -362,6 +348,9 @@ def test_columns_build_spark_rows() -> None:
     assert rows[0]["timestamp"].timestamp() == pytest.approx(1_700_000_000.123)
     assert rows[0]["headers"] == [{"key": "h", "value": b"x"}, {"key": "n", "value": None}]
     assert rows[1]["key"] is None and rows[1]["timestampType"] == 1 and rows[1]["headers"] is None
+    assert rows[1]["timestamp"].timestamp() == pytest.approx(0.005)
+    assert (rows[2]["timestamp"], rows[2]["timestampType"]) == (None, -1)
+    assert (rows[3]["timestamp"], rows[3]["timestampType"]) == (None, 0)
     assert len(cols) == 0 and isinstance(batch, pa.RecordBatch)
 
 
@@ -780,23 +769,10 @@ def test_a_partition_new_in_a_batch_is_read_from_earliest_like_spark() -> None:
     assert [p.value for p in reader.partitions({"t": {"0": 5}}, {"t": {"0": 5, "1": 0}})] == []
 
 
-class _ErrMsg:
-    def __init__(self, code: int, topic: str = "t", partition: int = 0) -> None:
-        from confluent_kafka import KafkaError
+def _err_msg(code: int, topic: str = "t", partition: int = 0) -> object:
+    from confluent_kafka import KafkaError, Message
 
-        self._err, self._t, self._p = KafkaError(code), topic, partition
-
-    def error(self) -> object:
-        return self._err
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return 0
+    return Message(topic=topic, partition=partition, offset=0, error=KafkaError(code))
 
 
 class _ErrConsumer:
@@ -814,7 +790,7 @@ class _ErrConsumer:
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
         self.consumes += 1
-        return [_ErrMsg(self.code)]
+        return [_err_msg(self.code)]
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
         return _Metadata({"t": _Topic(1)} if self.exists else {})
@@ -1148,9 +1124,9 @@ def test_record_loop_fast_path_yields_the_per_record_loops_batches(monkeypatch: 
         monkeypatch.setattr(reader_mod.faults, "point", lambda name, **kw: marks.append(name))
         extend = reader_mod._Columns.extend
 
-        def counted(self: object, msgs: list, offsets: list, size: int) -> None:
+        def counted(self: object, run: object, lo: int, hi: int, size: int) -> None:
             marks.append("extend")
-            extend(self, msgs, offsets, size)  # type: ignore[arg-type]
+            extend(self, run, lo, hi, size)  # type: ignore[arg-type]
 
         monkeypatch.setattr(reader_mod._Columns, "extend", counted)
         settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, arrow_batch_rows=400,  # type: ignore[arg-type]
@@ -1240,3 +1216,23 @@ def test_reader_out_of_range_inside_the_log_is_retried_and_truncation_is_a_loss(
     with pytest.raises(DataLossError, match=r"records 300\.\.599 of t-0 are gone: the partition now ends at 300"):
         _read_log(_LogConsumer(0, 300), monkeypatch, 600)
     assert _read_log(_LogConsumer(0, 300), monkeypatch, 600, fail_on_data_loss=False) == list(range(300))
+
+
+def test_read_consumer_settings_bound_the_prefetch_and_never_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read task's consumer: bounded prefetch, no 1 s wait when its queue fills (librdkafka's default
+    fetch.queue.backoff.ms), never a silent offset jump; a user's kafka.* value wins where it may."""
+    from sources.kafka import reader as reader_mod
+
+    made: list[dict] = []
+    monkeypatch.setattr(reader_mod, "_CONSUMERS", {})
+    monkeypatch.setattr(reader_mod, "Consumer", lambda conf: made.append(conf) or object())
+    reader_mod._consumer(ReadSettings({"bootstrap.servers": "b:9"}))
+    reader_mod._consumer(
+        ReadSettings({"bootstrap.servers": "b:9", "fetch.queue.backoff.ms": "500", "auto.offset.reset": "earliest"})
+    )
+    default, user = made
+    assert default["fetch.queue.backoff.ms"] == 10 and default["queued.max.messages.kbytes"] == 16384
+    assert default["auto.offset.reset"] == "error" and default["enable.auto.commit"] is False
+    assert user["fetch.queue.backoff.ms"] == "500" and user["auto.offset.reset"] == "error"
+    reader_mod._consumer(ReadSettings({"bootstrap.servers": "b:9"}))
+    assert len(made) == 2  # one consumer per configuration, reused

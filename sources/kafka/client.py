@@ -324,6 +324,7 @@ def _consumer_only(key: str) -> bool:
         "check.crcs",
         "queued.min.messages",
         "queued.max.messages.kbytes",
+        "fetch.queue.backoff.ms",
         "partition.assignment.strategy",
         "group.instance.id",
         "enable.auto.offset.store",
