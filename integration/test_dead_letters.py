@@ -179,12 +179,29 @@ def test_errors_max_fails_the_task_before_anything_is_written(
 ) -> None:
     table = new_table("dlmax")
     _tables(pg_conn, table)
-    with pytest.raises(Exception, match=r"refused 5 of 305 rows, more than errors.max=4 rows.*nothing of this task"):
+    with pytest.raises(
+        Exception, match=r"refused at least 5 of 305 rows, more than errors.max=4 rows.*nothing of this task"
+    ):
         _write(_input(spark).coalesce(1), postgres_service.dsn, table, **{"errors.max": "4", "retry.attempts": "1"})
     assert _ids(pg_conn, table) == [99999]
     assert _letters(pg_conn, table) == {}
     _write(_input(spark).coalesce(1), postgres_service.dsn, table, **{"errors.max": "2%"})  # 5 of 305 < 2 %
     assert len(_ids(pg_conn, table)) == GOOD + 1 and len(_letters(pg_conn, table)) == len(BAD)
+
+
+def test_errors_max_stops_the_search_for_refused_rows_at_the_limit(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
+) -> None:
+    """A mass refusal of a kind only the range search finds (unique against existing rows): the task
+    fails as soon as its count passes errors.max, not after searching every row (the count says so)."""
+    table = new_table("dlstop")
+    _tables(pg_conn, table)
+    pg_conn.execute(f"INSERT INTO {table} SELECT 50000 + i, 'old', 0, 'e' || i, 1, 0, 0 FROM generate_series(0, 59) i")  # type: ignore[arg-type]
+    rows = [(i, "ok", 1, f"e{i}" if i % 5 == 0 else f"n{i}", 2, 1, 1) for i in range(300)]  # 60 emails taken
+    with pytest.raises(Exception, match=r"refused at least 3 of 300 rows, more than errors.max=2 rows"):
+        _write(spark.createDataFrame(rows, SCHEMA).coalesce(1), postgres_service.dsn, table,
+               **{"errors.max": "2", "retry.attempts": "1"})  # fmt: skip
+    assert len(_ids(pg_conn, table)) == 61 and _letters(pg_conn, table) == {}  # nothing of the task written
 
 
 def test_a_replayed_micro_batch_diverts_its_refused_rows_once(
@@ -310,7 +327,8 @@ def test_twophase_diverts_every_refused_kind_with_the_batch(
         status = ["sinks", "status", "--dsn", postgres_service.dsn, "--sink-id", table, "--json"]
         assert cli([*status, "--errors-table", f"{table}_refused"]) == 0
     decided = json.loads(out.getvalue())["decisions"]
-    assert [(d["batch"], d["dead_letters"]) for d in decided] == [(7, len(letters))], decided
+    # rows: the batch's input rows in both modes (written and refused), the refused ones beside them
+    assert [(d["batch"], d["rows"], d["dead_letters"]) for d in decided] == [(7, df.count(), len(letters))], decided
 
     _write_2pc(df, postgres_service.dsn, table, visibility, mode, 7)  # the batch again: decided, a no-op
     assert pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall() == xmins  # type: ignore[arg-type]
@@ -342,7 +360,9 @@ def test_twophase_errors_max_refuses_the_batch_with_nothing_written(
     _tables(pg_conn, table)
     df = _input(spark).coalesce(1)
     what = "batch" if visibility == "batch" else "task"
-    with pytest.raises(Exception, match=rf"refused 5 of 305 rows, more than errors.max=4 rows.*nothing of this {what}"):
+    with pytest.raises(
+        Exception, match=rf"refused at least 5 of 305 rows, more than errors.max=4 rows.*nothing of this {what}"
+    ):
         _write_2pc(
             df, postgres_service.dsn, table, visibility, "upsert", 3, **{"errors.max": "4", "retry.attempts": "1"}
         )

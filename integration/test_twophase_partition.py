@@ -118,6 +118,24 @@ def test_the_same_key_in_two_partitions_fails_clearly_after_lock_timeout(sink: d
     assert "lock.timeout" in str(err.value)
 
 
+def test_a_unique_value_in_two_partitions_is_not_diverted_and_fails_saying_so(sink: dict[str, Any]) -> None:
+    """errors.tolerance=all cannot divert a row whose unique value a sibling task holds in its prepared
+    transaction: the lock wait ends at lock.timeout with an error naming both ways out, nothing diverted."""
+    refused = sink["table"] + "_refused"
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {sink['table']} ADD UNIQUE (name)")  # type: ignore[arg-type]
+    opts = _opts(sink, **{"lock.timeout": "300ms", "errors.tolerance": "all", "errors.table": refused})
+    w = TwoPhaseStreamWriter(opts, SCHEMA)
+    _task(sink, w, 0, range(0, 3), batch=0)  # names x0, x1, x2, prepared
+    sink["state"]["ctx"] = (1, 0, 1, 0, "q1", "run1")
+    twin = pa.RecordBatch.from_pydict({"id": pa.array([7], pa.int64()), "name": pa.array(["x1"], pa.string())})
+    with pytest.raises(FatalError, match=r"errors.tolerance cannot divert such a row") as err:
+        w.write(iter([twin]))
+    assert "visibility=batch" in str(err.value) and "repartition" in str(err.value)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {refused}").fetchone() == (0,)  # type: ignore[arg-type]
+
+
 def test_speculative_twins_in_partition_mode_end_exactly_once(sink: dict[str, Any]) -> None:
     table = sink["table"] + "_nokey"
     with psycopg.connect(sink["dsn"], autocommit=True) as conn:

@@ -196,6 +196,8 @@ def test_errors_max_is_checked_per_task() -> None:
     with pytest.raises(FatalError, match=r"refused 3 of 10 rows, more than errors.max=2 rows") as err:
         by_count.errors.check(3, 10, "t")
     assert err.value.fields.get("option") == "errors.max"
+    with pytest.raises(FatalError, match=r"refused at least 3 of 10 rows"):  # the search stopped there
+        by_count.errors.check(3, 10, "t", partial=True)
     by_share = UpsertOptions.from_options({**BASE, "errors.tolerance": "all", "errors.table": "b", "errors.max": "10%"})
     by_share.errors.check(1, 10, "t")
     with pytest.raises(FatalError, match=r"refused 2 of 10 rows, more than errors.max=10.0000% of the task's rows"):

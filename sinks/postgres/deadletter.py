@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,13 +186,17 @@ def merge_diverting(
     *,
     unique: bool = False,
     materialize: bool = False,
+    limit: Callable[[int], None] | None = None,
 ) -> MergeCounts:
     """Merge ``staging`` into the target; rows it refuses go to the dead-letter table (see the module
     docstring); ``refused`` in the counts says how many. Non-refusal errors propagate unchanged.
 
     ``materialize``: ``staging`` is a view whose ``ORDINAL`` is ``(partition << 40) + ordinal`` (a
     ``postgres-2pc`` publish); once refused, its rows are copied into a temporary table numbered
-    0..n-1 in that order (the original in ``SOURCE``), which the search below then works on."""
+    0..n-1 in that order (the original in ``SOURCE``), which the search below then works on.
+
+    ``limit``: called with the count diverted so far after each diversion; it raises to stop the search
+    at once (errors.max), so a mass refusal does not search the whole batch first."""
     counts, error = _try_merge(cur, staging, plan, unique)
     if error is None:
         assert counts is not None
@@ -209,6 +214,8 @@ def merge_diverting(
             break
         for ordinals, refusal in found:
             diverted += _divert(cur, staging, plan, ordinals, refusal, letters, logged=diverted)
+            if limit is not None:
+                limit(diverted)
         counts, error = _try_merge(cur, staging, plan, unique)
         if error is None:
             assert counts is not None
@@ -225,6 +232,8 @@ def merge_diverting(
                 return
         if hi - lo == 1:
             diverted += _divert(cur, staging, plan, [lo], _Refusal.of(known), letters, logged=diverted)
+            if limit is not None:
+                limit(diverted)
             return
         mid = (lo + hi) // 2
         merge_range(lo, mid, None)

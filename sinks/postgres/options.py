@@ -327,9 +327,10 @@ class ErrorsPolicy:
             )
         return cls(tolerance, table, max_count, max_fraction)
 
-    def check(self, refused: int, rows: int, where: str, unit: str = "task") -> None:
+    def check(self, refused: int, rows: int, where: str, unit: str = "task", *, partial: bool = False) -> None:
         """FatalError when a task (or a ``unit``: a batch) diverted more than ``errors.max`` allows
-        (raised before its commit)."""
+        (raised before its commit). ``partial``: ``refused`` is the count so far, the search for more
+        stops here (both limits only grow with it)."""
         if self.max_count is not None and refused > self.max_count:
             limit = f"errors.max={self.max_count} rows"
         elif self.max_fraction is not None and rows and refused / rows > self.max_fraction:
@@ -337,7 +338,8 @@ class ErrorsPolicy:
         else:
             return
         raise FatalError(
-            f"{where}: the target refused {refused} of {rows} rows, more than {limit}; nothing of this {unit} was "
+            f"{where}: the target refused {'at least ' if partial else ''}{refused} of {rows} rows, more than {limit}; "
+            f"nothing of this {unit} was "
             f"written. The first refusals are in the {unit}'s log; fix the data or the table, or raise errors.max",
             option="errors.max",
         )

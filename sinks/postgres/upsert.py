@@ -406,8 +406,17 @@ def write_transaction(
                 counts = merge_staged(cur, staging, plan, staged, unique=unique)
             else:
                 letters = deadletter.DeadLetters(opts.errors.table, plan.target, batch_id, partition)
-                counts = deadletter.merge_diverting(cur, staging, plan, staged, letters, unique=unique)
-                opts.errors.check(counts.refused, staged, f"{FORMAT} into {plan.target} (partition {partition})")
+                where = f"{FORMAT} into {plan.target} (partition {partition})"
+                counts = deadletter.merge_diverting(
+                    cur,
+                    staging,
+                    plan,
+                    staged,
+                    letters,
+                    unique=unique,
+                    limit=lambda n: opts.errors.check(n, staged, where, partial=True),
+                )
+                opts.errors.check(counts.refused, staged, where)
         faults.point("sink.after_write", spec=opts.faults, **dict(fault_context or {}))
         conn.commit()
         return counts

@@ -295,7 +295,19 @@ class Committer:
         plan, errors = self.plan, self.opts.errors
         assert plan.divert is not None and errors.table is not None
         letters = DeadLetters(errors.table, plan.target, decision.batch_id, None, attempt=f"publish:{decision.nonce}")
-        counts = merge_diverting(cur, "pg_temp.eos_publish", plan.divert, decision.rows, letters, materialize=True)
+        where = f"batch {decision.batch_id} into {plan.target}"
+        try:
+            counts = merge_diverting(
+                cur,
+                "pg_temp.eos_publish",
+                plan.divert,
+                decision.rows,
+                letters,
+                materialize=True,
+                limit=lambda n: errors.check(n, decision.rows, where, unit="batch", partial=True),
+            )
+        except FatalError as exc:
+            raise TooManyRefused(str(exc), option="errors.max") from None
         if counts.refused:
             log.warning(
                 "%s %s: batch %d: the target refused %d of %d rows; they are in %s",
@@ -307,7 +319,7 @@ class Committer:
                 errors.table,
             )
         try:
-            errors.check(counts.refused, decision.rows, f"batch {decision.batch_id} into {plan.target}", unit="batch")
+            errors.check(counts.refused, decision.rows, where, unit="batch")
         except FatalError as exc:
             raise TooManyRefused(str(exc), option="errors.max") from None
 

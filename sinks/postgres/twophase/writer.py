@@ -330,7 +330,8 @@ class TwoPhaseWriter:
 
     def _write_direct(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch], gid: Gid) -> int:
         """visibility=partition: the rows go into the table inside this (to be prepared) transaction;
-        returns how many went in.
+        returns how many the task was given (the written ones and any refused, as visibility=batch counts
+        them: ``sinks status`` shows the refused ones beside them).
 
         Refusals by the table surface here, before PREPARE and so before any decision (I2). With
         errors.tolerance=all the rows refused go to the dead-letter table in this transaction instead."""
@@ -366,10 +367,18 @@ class TwoPhaseWriter:
                     gid.partition,
                     attempt=str(gid),
                 )
-                counts = deadletter.merge_diverting(cur, staging, plan.divert, rows, letters, unique=unique)
                 where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
-                self.opts.errors.check(counts.refused, rows, where)
-                rows -= counts.refused
+                errors = self.opts.errors
+                counts = deadletter.merge_diverting(
+                    cur,
+                    staging,
+                    plan.divert,
+                    rows,
+                    letters,
+                    unique=unique,
+                    limit=lambda n: errors.check(n, rows, where, partial=True),
+                )
+                errors.check(counts.refused, rows, where)
             elif plan.merge is not None:
                 merge_staged(cur, staging, plan.merge, unique=unique)
             else:
@@ -385,8 +394,9 @@ class TwoPhaseWriter:
                 raise FatalError(
                     f"{FORMAT} {plan.sink_id}: rows of {plan.target.sql} stayed locked for lock.timeout "
                     f"({self.opts.lock_timeout:g}s) with visibility=partition. A sibling task of this batch holds the "
-                    "same key in its prepared transaction (it lets go only when the batch commits): partition the "
-                    "DataFrame by the key (df.repartition(*key)) so each key is written by one task, or use "
+                    "same key, or the same value of another unique column, in its prepared transaction (it lets go "
+                    "only when the batch commits; errors.tolerance cannot divert such a row): partition the "
+                    "DataFrame by that column (df.repartition(*key)) so each value is written by one task, or use "
                     "visibility=batch; otherwise another session holds the rows",
                     sqlstate=state,
                 ) from exc
