@@ -409,3 +409,40 @@ def test_twophase_batch_decided_without_the_option_is_rewritten_with_it(
     ).fetchone()
     # taken back and written anew: the decision now names the staging of the new columns
     assert now is not None and now[1] is not None and now[0] != decided[0], (decided, now)
+
+
+@pytest.mark.parametrize("sink", ["upsert", "2pc-batch", "2pc-partition"])
+def test_a_dead_letter_table_that_refuses_rows_is_named_and_keeps_the_batch(
+    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any, sink: str
+) -> None:
+    """A dead-letter table with a constraint of its own refusing the letters: the error names
+    errors.table, not the target, and nothing of the failed task is written (postgres-2pc: nothing of
+    the batch, whose unpublished decision Spark's abort of the failed write withdraws); once the table
+    is fixed the same write ends with every row in one of the two tables."""
+    from sinks.postgres.deadletter import table_sql
+    from sinks.postgres.options import parse_table_name
+
+    table = new_table("dlown")
+    _tables(pg_conn, table)
+    pg_conn.execute(table_sql(parse_table_name(f"{table}_refused")))  # type: ignore[arg-type]
+    pg_conn.execute(f"ALTER TABLE {table}_refused ADD CONSTRAINT {table}_nocheck CHECK (sqlstate <> '23514')")  # type: ignore[arg-type]
+    df = _input(spark).repartition(2, "id")
+
+    def write() -> None:
+        if sink == "upsert":
+            _write(df, postgres_service.dsn, table, **{"retry.attempts": "1"})
+        else:
+            _write_2pc(df, postgres_service.dsn, table, sink.split("-")[1], "upsert", 3)
+
+    with pytest.raises(Exception, match=rf"dead-letter table {table}_refused \(errors.table\) refused the rows") as err:
+        write()
+    assert f"{table}_nocheck" in str(err.value) or "sqlstate 23514" in str(err.value)
+    if sink == "upsert":  # the other task committed its rows and letters; the failed one wrote none
+        assert 1 < len(_ids(pg_conn, table)) < GOOD + 1
+        assert 1004 not in {r[0] for r in _letter_rows(pg_conn, table)}  # the CHECK's row: the failed task's
+    else:
+        assert _ids(pg_conn, table) == [99999] and _letter_rows(pg_conn, table) == []
+        assert pg_conn.execute("SELECT count(*) FROM eos.sink_batches WHERE sink_id = %s", (table,)).fetchone() == (0,)
+    pg_conn.execute(f"ALTER TABLE {table}_refused DROP CONSTRAINT {table}_nocheck")  # type: ignore[arg-type]
+    write()
+    assert _ids(pg_conn, table) == [*range(GOOD), 99999] and len(_letter_rows(pg_conn, table)) == len(BAD)

@@ -44,6 +44,7 @@ from typing import Any
 
 import psycopg
 
+from connectors.errors import FatalError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged, on_conflict
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
@@ -358,24 +359,36 @@ def _divert(
         "keys": [plan.column(k).target for k in plan.key],
         "version": plan.column(plan.version).target if plan.version else None,
     }
-    cur.execute(
-        (
-            f"INSERT INTO {letters.table.sql} (target, batch_id, partition, ordinal, op, error_class, sqlstate, "
-            "message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
-            f"SELECT %(target)s, %(batch)s, {part}, {place}, {op}, %(cls)s, %(state)s, %(message)s, "
-            f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, {digest} "
-            f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
-            f"WHERE s.{ord_col} = ANY(%(ords)s) ON CONFLICT DO NOTHING"
-        ).encode(),
-        params,
+    sql = (
+        f"INSERT INTO {letters.table.sql} (target, batch_id, partition, ordinal, op, error_class, sqlstate, "
+        "message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
+        f"SELECT %(target)s, %(batch)s, {part}, {place}, {op}, %(cls)s, %(state)s, %(message)s, "
+        f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, {digest} "
+        f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
+        f"WHERE s.{ord_col} = ANY(%(ords)s) ON CONFLICT DO NOTHING RETURNING partition, ordinal"
     )
+    try:
+        cur.execute(sql.encode(), params)
+        placed = cur.fetchall()  # each row's place in its task, as the dead-letter table names it
+    except psycopg.Error as exc:
+        state = exc.sqlstate or ""
+        if not state.startswith(("22", "23", "42")):
+            raise  # not about the table's shape (a lost connection, a timeout): as any other error
+        # the dead-letter table's own refusal must not read as the target's (nor take a batch back)
+        raise FatalError(
+            f"the dead-letter table {letters.table} (errors.table) refused the rows {letters.target} refused: "
+            f"{exc.diag.message_primary or type(exc).__name__} (sqlstate {state}). It must have the columns "
+            "spark-eos creates (docs/bad-rows.md) and no constraint of its own: fix it, or name a new table",
+            option="errors.table",
+            sqlstate=state,
+        ) from None
     cur.execute(f"DELETE FROM {staging} WHERE {ord_col} = ANY(%s)".encode(), (ordinals,))
-    for ordinal in ordinals[: max(0, LOGGED - logged)]:
+    for partition, ordinal in sorted(placed)[: max(0, LOGGED - logged)]:
         log.warning(
-            "%s refused row %d of %s (batch %s): %s (sqlstate %s); diverted to %s",
+            "%s refused row %d of partition %d (batch %s): %s (sqlstate %s); diverted to %s",
             letters.target,
             ordinal,
-            "the publish" if letters.partition is None else f"partition {letters.partition}",
+            partition,
             letters.batch_id,
             why.message,
             why.sqlstate,

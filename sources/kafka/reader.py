@@ -9,7 +9,7 @@ import operator
 import os
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -186,7 +186,7 @@ def _clean_run(msgs: Sequence[Any], position: int, end: int) -> _Run | None:
     # a KafkaError is always truthy (no __bool__; its == raises on None, so no count(None))
     if not msgs or any(map(_ERROR, msgs)):
         return None
-    offsets = list(map(_OFFSET, msgs))
+    offsets = cast(list[int], list(map(_OFFSET, msgs)))  # a record (no error) always has its offset
     if offsets[0] < position or offsets[-1] >= end:  # one partition: offsets come in order
         return None
     return _Run(msgs, offsets)
