@@ -128,12 +128,20 @@ def _check_letters(letters: dict[int, tuple[Any, ...]], batch: int, op_name: str
 def test_every_refused_kind_goes_to_the_dead_letter_table_once(
     spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any
 ) -> None:
+    from sinks.postgres.deadletter import table_sql
+    from sinks.postgres.options import parse_table_name
+
     table = new_table("dl")
     _tables(pg_conn, table)
+    # a dead-letter table of 0.1, without sink_id: the sink adds the column at start
+    pg_conn.execute(table_sql(parse_table_name(f"{table}_refused")))  # type: ignore[arg-type]
+    pg_conn.execute(f"ALTER TABLE {table}_refused DROP COLUMN sink_id")  # type: ignore[arg-type]
     df = _input(spark).repartition(2)
     _write(df, postgres_service.dsn, table)
     assert _ids(pg_conn, table) == [*range(GOOD), 99999]
     _check_letters(_letters(pg_conn, table), -1)
+    sinks = pg_conn.execute(f"SELECT DISTINCT sink_id FROM {table}_refused").fetchall()  # type: ignore[arg-type]
+    assert sinks == [(None,)]  # postgres-upsert has no sink id: the target names it
     xmins = pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall()  # type: ignore[arg-type]
 
     _write(df, postgres_service.dsn, table)  # the same rows again (a re-run job): no new row anywhere
@@ -319,6 +327,8 @@ def test_twophase_diverts_every_refused_kind_with_the_batch(
     assert len(by_id[1001]) == (2 if mode == "append" else 1), by_id[1001]
     _check_letters({i: rows[0][:7] for i, rows in by_id.items()}, 7, "insert" if mode == "append" else "upsert")
     assert {r[8] for r in letters} <= {0, 1} and len({(r[8], r[9]) for r in letters}) == len(letters), letters
+    sinks = pg_conn.execute(f"SELECT DISTINCT sink_id FROM {table}_refused").fetchall()  # type: ignore[arg-type]
+    assert sinks == [(table,)]  # the sink.id (_write_2pc names the sink after its table)
     stages = pg_conn.execute("SELECT stage FROM eos.sink_batches WHERE sink_id = %s", (table,)).fetchall()
     assert (stages[0][0] == "direct") == (visibility == "partition"), stages  # the mode really was the one named
     xmins = pg_conn.execute(f"SELECT xmin::text FROM {table} ORDER BY id").fetchall()  # type: ignore[arg-type]

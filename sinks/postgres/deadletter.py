@@ -78,6 +78,7 @@ def table_sql(table: TableName) -> str:
     return (
         f"CREATE TABLE IF NOT EXISTS {table.sql} ("
         "target text NOT NULL, "  # the table that refused the row (schema-qualified as the sink names it)
+        "sink_id text, "  # postgres-2pc: the sink.id; postgres-upsert: NULL (the target names the sink)
         "batch_id bigint NOT NULL, "  # Spark's micro-batch id; -1 for a batch write (df.write)
         "partition integer NOT NULL, "
         "ordinal bigint NOT NULL, "  # the row's place in its task
@@ -102,6 +103,16 @@ def ensure_table(conn: psycopg.Connection, table: TableName) -> None:
     """Create the dead-letter table when missing (under the sink's DDL lock: writers may start at once)."""
     with ddl_lock(conn), conn.cursor() as cur:
         cur.execute(table_sql(table).encode())
+        # a table of 0.1 has no sink_id: added once (ALTER TABLE takes an exclusive lock even when the
+        # column exists, which would wait for prepared transactions holding the table)
+        cur.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'sink_id' "
+            "AND NOT attisdropped)",
+            (table.sql,),
+        )
+        row = cur.fetchone()
+        if row is not None and row[0]:
+            cur.execute(f"ALTER TABLE {table.sql} ADD COLUMN sink_id text".encode())
     if not conn.autocommit:
         conn.commit()
 
@@ -127,6 +138,7 @@ class DeadLetters:
     batch_id: int | None
     partition: int | None
     attempt: str | None = None
+    sink_id: str | None = None
 
 
 SOURCE = "__eos_src"
@@ -346,6 +358,7 @@ def _divert(
     params = {
         "names": json.dumps(names),
         "target": str(letters.target),
+        "sink": letters.sink_id,
         "batch": -1 if letters.batch_id is None else letters.batch_id,
         "partition": letters.partition,
         "attempt": letters.attempt,
@@ -360,9 +373,9 @@ def _divert(
         "version": plan.column(plan.version).target if plan.version else None,
     }
     sql = (
-        f"INSERT INTO {letters.table.sql} (target, batch_id, partition, ordinal, op, error_class, sqlstate, "
-        "message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
-        f"SELECT %(target)s, %(batch)s, {part}, {place}, {op}, %(cls)s, %(state)s, %(message)s, "
+        f"INSERT INTO {letters.table.sql} (target, sink_id, batch_id, partition, ordinal, op, error_class, "
+        "sqlstate, message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
+        f"SELECT %(target)s, %(sink)s, %(batch)s, {part}, {place}, {op}, %(cls)s, %(state)s, %(message)s, "
         f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, {digest} "
         f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
         f"WHERE s.{ord_col} = ANY(%(ords)s) ON CONFLICT DO NOTHING RETURNING partition, ordinal"

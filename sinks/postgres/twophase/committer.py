@@ -294,7 +294,14 @@ class Committer:
         dead-letter table in this (the publish's) transaction. More than errors.max: TooManyRefused."""
         plan, errors = self.plan, self.opts.errors
         assert plan.divert is not None and errors.table is not None
-        letters = DeadLetters(errors.table, plan.target, decision.batch_id, None, attempt=f"publish:{decision.nonce}")
+        letters = DeadLetters(
+            errors.table,
+            plan.target,
+            decision.batch_id,
+            None,
+            attempt=f"publish:{decision.nonce}",
+            sink_id=plan.sink_id,
+        )
         where = f"batch {decision.batch_id} into {plan.target}"
         try:
             counts = merge_diverting(

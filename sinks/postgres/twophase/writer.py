@@ -366,6 +366,7 @@ class TwoPhaseWriter:
                     gid.batch,
                     gid.partition,
                     attempt=str(gid),
+                    sink_id=plan.sink_id,
                 )
                 where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
                 errors = self.opts.errors
