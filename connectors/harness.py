@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ __all__ = [
     "kill_executor",
     "latest_file",
     "make_unwritable",
+    "marked_processes",
     "python_argv",
     "restore_writable",
     "truncate_file",
@@ -67,8 +69,11 @@ def describe_exit(returncode: int | None) -> str:
 class PipelineProcess:
     """A pipeline run as a child process in its own session (and so its own process group).
 
-    The group holds the Python driver, the JVM it spawns and every Python worker, so
-    ``kill_group()`` takes them all at once, like a machine losing power: nothing runs cleanup.
+    The group holds the Python driver and the JVM it spawns, so ``kill_group()`` takes them at once,
+    like a machine losing power: nothing runs cleanup. PySpark's worker daemon leads a group of its
+    own; it and its workers are found by the job's ``EOS_FAULTS_PGID`` (``app_runner`` names the group
+    before the JVM starts) and killed with the group when the run ends, so no task of a killed run
+    writes on after it (the daemon alone would notice the JVM's death only within a second).
     """
 
     argv: Sequence[str]
@@ -136,13 +141,20 @@ class PipelineProcess:
         return self.wait(timeout)
 
     def _reap_group(self) -> None:
-        # A leader that died by a fault point's ``kill`` (not kill-group) can leave the JVM behind.
+        # A leader that died by a fault point's ``kill`` (not kill-group) can leave the JVM behind; a
+        # kill-group leaves PySpark's daemon and its workers (their own group) running for a moment.
         deadline = time.monotonic() + 10
-        while _group_alive(self.pid) and time.monotonic() < deadline:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
+        while time.monotonic() < deadline:
+            strays = marked_processes(self.pid)
+            group = _group_alive(self.pid)
+            if not group and not strays:
                 return
+            if group:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -160,6 +172,23 @@ class PipelineProcess:
         except subprocess.TimeoutExpired:
             out = self.stop()
             raise TimeoutError(f"pipeline did not finish in {timeout}s ({out}); log tail:\n{out.log_tail}") from None
+
+
+def marked_processes(pgid: int) -> list[int]:
+    """Live processes that carry ``EOS_FAULTS_PGID=pgid``: a job's processes outside its group
+    (PySpark's worker daemon and its workers)."""
+    mark = f"{faults.ENV_PGID}={pgid}".encode()
+    found = []
+    for pid in _pids():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark in fh.read().split(b"\0") and _state(pid) != "Z":
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def _group_alive(pgid: int) -> bool:

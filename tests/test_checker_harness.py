@@ -39,6 +39,28 @@ def test_kill_group_takes_children_too(tmp_path):
     )
 
 
+STRAY = """
+import os, subprocess, sys, time
+env = dict(os.environ, EOS_FAULTS_PGID=str(os.getpgrp()))  # as app_runner names the job's group
+# a grandchild in a group of its own, as PySpark's worker daemon is
+subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(60)"], env=env)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_run_takes_its_processes_outside_the_group_too(tmp_path):
+    proc = harness.PipelineProcess([sys.executable, "-c", STRAY], log_path=str(tmp_path / "log")).start()
+    harness.wait_until(lambda: "ready" in proc.log_tail() and harness.marked_processes(proc.pid), timeout=20,
+                       what="the stray ready")  # fmt: skip
+    stray = harness.marked_processes(proc.pid)
+    harness.wait_until(lambda: os.getpgid(stray[0]) == stray[0], timeout=10, what="the stray in its own group")
+    proc.kill_group()
+    assert proc.wait(10).killed
+    assert harness.marked_processes(proc.pid) == []
+    assert not os.path.exists(f"/proc/{stray[0]}") or harness._state(stray[0]) == "Z"
+
+
 def test_exit_code_reported(tmp_path):
     out = harness.PipelineProcess(
         [sys.executable, "-c", "import sys; print('bye'); sys.exit(17)"], log_path=str(tmp_path / "l")
