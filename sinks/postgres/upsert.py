@@ -414,9 +414,8 @@ def write_transaction(
                     staged,
                     letters,
                     unique=unique,
-                    limit=lambda n: opts.errors.check(n, staged, where, partial=True),
+                    limit=lambda n: opts.errors.check(n, staged, where, partial=True),  # after each diversion
                 )
-                opts.errors.check(counts.refused, staged, where)
         faults.point("sink.after_write", spec=opts.faults, **dict(fault_context or {}))
         conn.commit()
         return counts

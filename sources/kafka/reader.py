@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import operator
@@ -124,7 +125,7 @@ class _Columns:
         self.stamps += run.stamps[lo:hi]
         self.bytes += size
         if self.headers:
-            self.hdrs += [_header_list(h) for h in run.headers()[lo:hi]]
+            self.hdrs += [_header_list(h) for h in run.headers[lo:hi]]
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -168,7 +169,9 @@ class _Run:
         self.values: list[bytes | None] = list(map(_VALUE, msgs))
         self.stamps: list[tuple[int, int]] = list(map(_STAMP, msgs))
 
+    @functools.cached_property
     def headers(self) -> list[Any]:
+        """Fetched once per run, when the query reads headers (a run can be cut into several batches)."""
         return list(map(_HEADERS, self.msgs))
 
     def size(self, lo: int, hi: int) -> int:

@@ -303,18 +303,16 @@ class Committer:
             sink_id=plan.sink_id,
         )
         where = f"batch {decision.batch_id} into {plan.target}"
-        try:
-            counts = merge_diverting(
-                cur,
-                "pg_temp.eos_publish",
-                plan.divert,
-                decision.rows,
-                letters,
-                materialize=True,
-                limit=lambda n: errors.check(n, decision.rows, where, unit="batch", partial=True),
-            )
-        except FatalError as exc:
-            raise TooManyRefused(str(exc), option="errors.max") from None
+
+        def too_many(refused: int) -> None:  # checked after each diversion: the search stops at the limit
+            try:
+                errors.check(refused, decision.rows, where, unit="batch", partial=True)
+            except FatalError as exc:
+                raise TooManyRefused(str(exc), option="errors.max") from None
+
+        counts = merge_diverting(
+            cur, "pg_temp.eos_publish", plan.divert, decision.rows, letters, materialize=True, limit=too_many
+        )
         if counts.refused:
             log.warning(
                 "%s %s: batch %d: the target refused %d of %d rows; they are in %s",
@@ -325,10 +323,6 @@ class Committer:
                 decision.rows,
                 errors.table,
             )
-        try:
-            errors.check(counts.refused, decision.rows, where, unit="batch")
-        except FatalError as exc:
-            raise TooManyRefused(str(exc), option="errors.max") from None
 
     def _superseded(self, batch_id: int, decision: Decision | None) -> Superseded:
         now = "no decision any more" if decision is None else f"a decision of attempt {decision.nonce}"

@@ -370,16 +370,15 @@ class TwoPhaseWriter:
                 )
                 where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
                 errors = self.opts.errors
-                counts = deadletter.merge_diverting(
+                deadletter.merge_diverting(
                     cur,
                     staging,
                     plan.divert,
                     rows,
                     letters,
                     unique=unique,
-                    limit=lambda n: errors.check(n, rows, where, partial=True),
+                    limit=lambda n: errors.check(n, rows, where, partial=True),  # after each diversion
                 )
-                errors.check(counts.refused, rows, where)
             elif plan.merge is not None:
                 merge_staged(cur, staging, plan.merge, unique=unique)
             else:
