@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from connectors.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError
+from connectors.core.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError
 
 __all__ = [
     "FORMATS",

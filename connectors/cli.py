@@ -63,7 +63,7 @@ def _savepoint_restore(args: argparse.Namespace) -> int:
 
 
 def _verify_cmd(args: argparse.Namespace) -> int:
-    from connectors import checker
+    from connectors.toolkit import checker
 
     aggregates = None
     if args.balances_table:
@@ -238,22 +238,25 @@ def build_parser() -> argparse.ArgumentParser:
     # other engineers' commands; their modules import only light dependencies at module level
     _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")
     _wire(sub, "sinks.postgres.status", "sinks", "operate the Postgres sinks")
-    _wire(sub, "connectors.chaos", "chaos", "kill a pipeline N times and check exactly-once")
+    _wire(sub, "connectors.toolkit.chaos", "chaos", "kill a pipeline N times and check exactly-once")
     return parser
 
 
 def _submit_file_cmd(args: argparse.Namespace) -> int:
-    from connectors.launch import spark_submit
+    import importlib.util
 
-    print(spark_submit.__file__)
+    # Found, not imported: spark_submit imports this module to run it.
+    spec = importlib.util.find_spec("connectors.launch.spark_submit")
+    assert spec is not None and spec.origin is not None
+    print(spec.origin)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
-    from connectors.errors import ConfigError, EosError
-    from connectors.options import conninfo_error, conninfo_problem, conninfo_secrets, scrub
+    from connectors.core.conninfo import conninfo_error, conninfo_problem, conninfo_secrets, scrub
+    from connectors.core.errors import ConfigError, EosError
 
     # Second line of defence: whatever the error, its one line on stderr is scrubbed of the password
     # of a --dsn (read leniently: a malformed one too). Commands that own their errors (``sinks``)

@@ -139,8 +139,8 @@ last_n = 5
 
 
 def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, workdir: str, timeout: float) -> None:
-    from connectors import checker
-    from connectors.harness import PipelineProcess, describe_exit, python_argv
+    from connectors.toolkit import checker
+    from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 
     name = track.name
     log_path = os.path.join(workdir, f"{name}.log")
@@ -219,10 +219,10 @@ def _row(label: str, value: Any, ok: bool | None = None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from connectors import checker
-    from connectors.chaos import create_topic
     from connectors.pipelines import balances, ledger
     from connectors.pipelines.events import generate, produce
+    from connectors.toolkit import checker
+    from connectors.toolkit.chaos import create_topic
 
     for opt in ("records", "partitions"):
         if getattr(args, opt) < 1:
@@ -288,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
                                            "columns": {"balance": "sum", "events": "count"}},
                                dead_letters=f"{balances_table}_dead_letters",
                                poison_position=balances.poison_position)  # fmt: skip
-        from connectors import faults
+        from connectors.core import faults
 
         fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
         crashes = sum(1 for tr, _ in tracks for k in tr.kills if k["killed"])

@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from connectors.checkpoint import STATE_FILE, numbered, read_log_file
+from connectors.core.checkpoint import STATE_FILE, numbered, read_log_file
 
 __all__ = ["inspect", "read_log_file", "render"]
 

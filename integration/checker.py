@@ -1,4 +1,4 @@
-"""The exactly-once checker for integration tests: re-exports ``connectors.checker``."""
+"""The exactly-once checker for integration tests: re-exports ``connectors.toolkit.checker``."""
 
-from connectors.checker import *  # noqa: F403
-from connectors.checker import __all__  # noqa: F401
+from connectors.toolkit.checker import *  # noqa: F403
+from connectors.toolkit.checker import __all__  # noqa: F401

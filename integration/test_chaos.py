@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from connectors import chaos
+from connectors.toolkit import chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 def test_short_chaos_run_from_the_command_line_holds_exactly_once(kafka_service, postgres_service, tmp_path):
     work = tmp_path / "chaos"
     out = subprocess.run(
-        [sys.executable, "-m", "connectors.chaos", "--pipeline", "2pc", "--kills", "3", "--seed", "11",
+        [sys.executable, "-m", "connectors.toolkit.chaos", "--pipeline", "2pc", "--kills", "3", "--seed", "11",
          "--records", "3000", "--max-offsets", "300", "--bootstrap", kafka_service.bootstrap,
          "--dsn", postgres_service.dsn, "--workdir", str(work), "--json", "--quiet"],
         capture_output=True, text=True, timeout=1200,

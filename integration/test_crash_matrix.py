@@ -24,9 +24,9 @@ import uuid
 import psycopg
 import pytest
 
-from connectors import checker
-from connectors.chaos import create_topic, make_records, produce_records
-from connectors.harness import (
+from connectors.toolkit import checker
+from connectors.toolkit.chaos import create_topic, make_records, produce_records
+from connectors.toolkit.harness import (
     executor_pids,
     latest_file,
     make_unwritable,
@@ -129,7 +129,7 @@ def _assert_ok(report: checker.Report, pipe: Pipeline) -> None:
 
 def _executor_of(pid: int) -> int:
     """The executor JVM (CoarseGrainedExecutorBackend) that is an ancestor of a Python worker."""
-    from connectors.harness import _cmdline, _ppid
+    from connectors.toolkit.harness import _cmdline, _ppid
 
     p = pid
     while p > 1:
@@ -225,7 +225,7 @@ def _visibility(mode: str) -> tuple[str, ...]:
 
 
 def _state(pid: int) -> str:
-    from connectors.harness import _state as state
+    from connectors.toolkit.harness import _state as state
 
     return state(pid)
 

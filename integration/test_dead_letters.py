@@ -384,7 +384,7 @@ def test_twophase_errors_max_refuses_the_batch_with_nothing_written(
 
 
 def checker_prepared(conn: psycopg.Connection, sink_id: str) -> list[str]:
-    from connectors import checker
+    from connectors.toolkit import checker
 
     return checker.prepared_gids(conn, sink_id)
 

@@ -2,7 +2,7 @@
 
 Each test gets its own Kafka and Postgres containers (host network, 127.0.0.1) so that killing or
 freezing them disturbs no other test. The pipeline is the crash matrix's runner (``kafka-eos`` ->
-``postgres-2pc``) and every pipeline test ends with the exact checker (``connectors.checker``):
+``postgres-2pc``) and every pipeline test ends with the exact checker (``connectors.toolkit.checker``):
 the table equals the topic as a multiset, no prepared transaction of the sink is left, the sink's
 last decision equals Spark's last ``commits/n``, and the injected fault really fired.
 """
@@ -20,10 +20,10 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from connectors import checker
-from connectors.chaos import create_topic, make_records, produce_records
-from connectors.harness import wait_until
 from connectors.services.containers import ContainerKafka, ContainerPostgres
+from connectors.toolkit import checker
+from connectors.toolkit.chaos import create_topic, make_records, produce_records
+from connectors.toolkit.harness import wait_until
 from integration.harness.matrix import Pipeline
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.crash]

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from connectors import checker, cli
+from connectors import cli
 from connectors.pipelines import PipelineConfig, prepare, start
 from connectors.pipelines.balances import STATE_CONF
 from connectors.pipelines.events import generate, produce
 from connectors.savepoint import restore
+from connectors.toolkit import checker
 
 pytestmark = pytest.mark.integration
 
@@ -246,7 +247,7 @@ def test_a_table_that_would_take_malformed_rows_is_refused(
 ) -> None:
     """A ledger table whose 'malformed' column lacks the CHECK (say, added by hand) would store the
     malformed events' rows: prepare() refuses it with the statement that fixes it; with the fix it passes."""
-    from connectors.errors import ConfigError
+    from connectors.core.errors import ConfigError
 
     table = new_table("ledger")
     pg_conn.execute(f"CREATE TABLE {table} (id text, account text, counterparty text, amount bigint, ts timestamptz, "  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from connectors import services
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services import _proc, embedded_postgres
 from connectors.services.base import KafkaService, PostgresService
 from connectors.services.embedded_kafka import EmbeddedKafka

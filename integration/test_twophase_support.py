@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors.faults import fired
+from connectors.core.faults import fired
 from connectors.services._proc import free_port
 from sinks.postgres.decisions import ProtocolTables, list_prepared
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors import chaos
+from connectors.toolkit import chaos
 
 
 @pytest.fixture

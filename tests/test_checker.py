@@ -7,8 +7,9 @@ import signal
 
 import pytest
 
-from connectors import checker, faults
-from connectors.checker import Check, Report, compare_aggregates, compare_records
+from connectors.core import faults
+from connectors.toolkit import checker
+from connectors.toolkit.checker import Check, Report, compare_aggregates, compare_records
 
 
 def _src(n=10):

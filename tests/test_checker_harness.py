@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from connectors import chaos, harness
+from connectors.toolkit import chaos, harness
 from integration.harness.proxy import TcpProxy
 
 CHILD = """
@@ -181,7 +181,7 @@ def test_kill_plan_is_seeded_and_mixed():
 
 
 def test_fault_points_of_chaos_exist():
-    from connectors import faults
+    from connectors.core import faults
 
     for points in chaos.FAULT_POINTS.values():
         for p in points:

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from connectors import cli
-from connectors.errors import ConfigError
+from connectors.core.errors import ConfigError
 from connectors.inspect import inspect, render
 from connectors.pipelines.config import load_config, parse_config, parse_trigger
-from connectors.restart import ExponentialBackoff, FailureRate, FixedDelay, NoRestart, parse_strategy
+from connectors.pipelines.restart import ExponentialBackoff, FailureRate, FixedDelay, NoRestart, parse_strategy
 from connectors.savepoint import create, restore
 
 # ---------------------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ def test_supervisor_names_the_fault_group_only_while_it_runs(monkeypatch: pytest
     kill-group faults at this process's group (it once SIGKILLed the whole test run)."""
     import os
 
-    from connectors import faults
+    from connectors.core import faults
     from connectors.pipelines import supervisor
 
     monkeypatch.delenv(faults.ENV_PGID, raising=False)
@@ -386,7 +386,8 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
 
 
 def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from connectors import app_runner, chaos, faults
+    from connectors.core import faults
+    from connectors.toolkit import app_runner, chaos
 
     monkeypatch.delenv(faults.ENV_PGID, raising=False)
     with pytest.raises(SystemExit, match="pick one"):
@@ -414,12 +415,12 @@ def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pyt
 
 
 def test_chaos_app_runs_the_users_module_with_the_runs_topic_table_and_checkpoint() -> None:
-    from connectors import chaos
+    from connectors.toolkit import chaos
 
     cfg = chaos.ChaosConfig(pipeline="app", kills=1, seed=1, records=10, bootstrap="b:1", dsn="postgresql://h/d",
                             workdir="/tmp/w", app="orders_job:build", options={"region": "eu"})  # fmt: skip
     argv = chaos._runner_argv(cfg, "topic1", "table1", "/tmp/w/checkpoint", "available-now")
-    assert argv[1:3] == ["-m", "connectors.app_runner"]
+    assert argv[1:3] == ["-m", "connectors.toolkit.app_runner"]
     for flag, value in [("--app", "orders_job:build"), ("--topic", "topic1"), ("--table", "table1"),
                         ("--checkpoint", "/tmp/w/checkpoint"), ("--option", "region=eu")]:  # fmt: skip
         assert argv[argv.index(flag) + 1] == value

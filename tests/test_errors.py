@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from connectors.errors import (
+from connectors.core.errors import (
     CommitUnknown,
     ConfigError,
     DataLossError,

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from connectors import faults
-from connectors.errors import ConfigError
+from connectors.core import faults
+from connectors.core.errors import ConfigError
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from connectors.errors import ConfigError
+from connectors.core.errors import ConfigError
 from sinks.postgres.gid import (
     MAX_GID_BYTES,
     MAX_SINK_ID_BYTES,

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from connectors.errors import ConfigError
-from connectors.options import REQUIRED, Option, OptionSet, parse_duration
+from connectors.core.errors import ConfigError
+from connectors.core.options import REQUIRED, Option, OptionSet, parse_duration
 
 SPECS = OptionSet(
     "test-source",

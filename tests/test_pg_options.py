@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from connectors.errors import ConfigError
+from connectors.core.errors import ConfigError
 from sinks.postgres.options import (
     ConnectionOptions,
     TableName,
@@ -189,7 +189,7 @@ def test_errors_options_refused(sink: str, extra: dict[str, str], option: str, n
 
 
 def test_errors_max_is_checked_per_task() -> None:
-    from connectors.errors import FatalError
+    from connectors.core.errors import FatalError
 
     by_count = UpsertOptions.from_options({**BASE, "errors.tolerance": "all", "errors.table": "b", "errors.max": "2"})
     by_count.errors.check(2, 10, "t")  # at the limit: fine

@@ -23,8 +23,9 @@ import connectors.services
 import connectors.services.base
 import sinks.postgres.options
 from connectors import cli
-from connectors import options as core
-from connectors.errors import ConfigError, EosError, RetriableError
+from connectors.core import conninfo as core
+from connectors.core import options as core_options
+from connectors.core.errors import ConfigError, EosError, RetriableError
 from sinks.postgres import status
 from sinks.postgres.connection import connect
 from sinks.postgres.options import ConnectionOptions, UpsertOptions
@@ -262,7 +263,7 @@ def test_redaction_of_malformed_dsns(dsn: str, password: str, form: str) -> None
 
 def test_one_redaction_behind_every_public_name() -> None:
     assert sinks.postgres.options.redact_conninfo is core.redact_conninfo
-    assert sinks.postgres.options.redact is core.redact
+    assert sinks.postgres.options.redact is core_options.redact
     assert connectors.services.base.redact_dsn is core.redact_dsn
     assert connectors.services.redact_dsn is core.redact_dsn
     assert core.redact_dsn("postgresql://u:Zq9%20x@h/d") == "postgresql://u:***@h/d"

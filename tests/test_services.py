@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services import _proc, choose, manage
 from connectors.services.base import PostgresService, redact_dsn
 from connectors.services.env import env_timeout

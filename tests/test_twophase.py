@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from connectors.errors import CommitUnknown, ConfigError
+from connectors.core.errors import CommitUnknown, ConfigError
 from sinks.postgres import recovery
 from sinks.postgres.decisions import Decision, Prepared, ProtocolTables, sink_lock_key
 from sinks.postgres.gid import Gid

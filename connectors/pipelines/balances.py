@@ -145,7 +145,7 @@ class BalanceProcessor(_processor_base()):  # type: ignore[misc]
 def write_batch(cfg: PipelineConfig) -> Any:
     """The foreachBatch function: fault points around the upsert sink's adapter (version-guarded)."""
     import connectors
-    from connectors import faults
+    from connectors.core import faults
 
     options = {**dead_letter_options(cfg), **cfg.sink_options}
     upsert = connectors.upsert_batch(dsn=cfg.dsn, table=cfg.table, key="account", version="version", **options)
@@ -163,7 +163,7 @@ def build(spark: Any, cfg: PipelineConfig) -> Any:
     """The balances query's DataStreamWriter (not started)."""
     provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", "")
     if "RocksDB" not in provider:
-        from connectors.errors import ConfigError
+        from connectors.core.errors import ConfigError
 
         raise ConfigError(
             "balances: transformWithStateInPandas needs the RocksDB state store; start the session with "

@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.errors import ConfigError
-from connectors.options import parse_duration
-from connectors.restart import parse_strategy
+from connectors.core.errors import ConfigError
+from connectors.core.options import parse_duration
+from connectors.pipelines.restart import parse_strategy
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
 

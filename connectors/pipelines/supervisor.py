@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from connectors import faults
+from connectors.core import faults
 from connectors.pipelines import PipelineConfig, prepare, session, start
-from connectors.restart import parse_strategy
+from connectors.pipelines.restart import parse_strategy
 
 __all__ = ["Log", "kafka_lag", "prepared_pending", "run"]
 

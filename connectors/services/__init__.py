@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Literal
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services.base import KafkaService, Kind, PostgresService, redact_dsn
 from connectors.services.env import KAFKA_ENV, POSTGRES_ENV, EnvKafka, EnvPostgres
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services import docker as engines
 from connectors.services._proc import free_port
 from connectors.services.base import KafkaService, PostgresService

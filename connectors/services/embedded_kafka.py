@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import KafkaService
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import PostgresService
 

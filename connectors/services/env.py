@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from connectors.errors import ServiceError
-from connectors.options import conninfo_error
+from connectors.core.conninfo import conninfo_error
+from connectors.core.errors import ServiceError
 from connectors.services.base import KafkaService, PostgresService, redact_dsn
 
 __all__ = ["KAFKA_ENV", "POSTGRES_ENV", "EnvKafka", "EnvPostgres", "check_postgres", "env_timeout"]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import redact_dsn
 

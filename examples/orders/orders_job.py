@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.app_runner import Job
+from connectors.toolkit.app_runner import Job
 
 
 def setup(job: Job) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors.errors import ServiceError
+from connectors.core.errors import ServiceError
 from connectors.services.docker import LABEL, Engine, get_engine, ping, shutdown, use_private_engine
 
 __all__ = [

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import checker, faults
-from connectors.harness import Outcome, PipelineProcess
+from connectors.core import faults
+from connectors.toolkit import checker
+from connectors.toolkit.harness import Outcome, PipelineProcess
 
 __all__ = ["REPO", "Pipeline"]
 

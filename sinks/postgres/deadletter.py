@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.errors import FatalError
+from connectors.core.errors import FatalError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged, on_conflict
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident

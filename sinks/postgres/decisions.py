@@ -11,7 +11,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from connectors.errors import ConfigError, FatalError
+from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.gid import Gid, parse_gid, sink_prefix
 

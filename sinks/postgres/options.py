@@ -7,11 +7,11 @@ Public API (shared by ``postgres-upsert`` and ``postgres-2pc``):
   ``retry.max.backoff``.
 - ``TABLE_OPTIONS``: ``table`` (schema-qualified ok), ``key`` (list), ``version``,
   ``delete.column``, ``delete.tombstones``, ``table.create``, ``columns`` (JSON rename map).
-- ``FAULTS_OPTION``: ``faults`` (a fault spec, see ``connectors.faults``).
+- ``FAULTS_OPTION``: ``faults`` (a fault spec, see ``connectors.core.faults``).
 - ``ConnectionOptions.from_options(raw)`` / ``UpsertOptions.from_options(raw)``: frozen dataclasses;
   ``ConnectionOptions.conninfo()`` is the libpq conninfo; its repr/str never show the password.
 - ``parse_table_name(text) -> (schema | None, name)`` and ``quote_ident``/``qualified``.
-- ``redact_conninfo`` / ``redact``: re-exported from ``connectors.options``, the one place of redaction.
+- ``redact_conninfo`` / ``redact``: re-exported from ``connectors.core.options``, the one place of redaction.
 
 A ``dsn`` that libpq would reject (or misread) is a ``ConfigError`` naming the option, the form and
 the fix; libpq's own message is never passed on, since it quotes pieces of the string (the password).
@@ -29,8 +29,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from connectors.errors import ConfigError, FatalError
-from connectors.options import REQUIRED, Option, OptionSet, check_conninfo, conninfo_error, redact, redact_conninfo
+from connectors.core.conninfo import check_conninfo, conninfo_error, redact_conninfo
+from connectors.core.errors import ConfigError, FatalError
+from connectors.core.options import REQUIRED, Option, OptionSet, redact
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -123,7 +124,9 @@ TABLE_OPTIONS: tuple[Option, ...] = (
     SCHEMA_EVOLUTION_OPTION,
 )
 
-FAULTS_OPTION = Option("faults", "str", None, "fault spec for tests (see connectors.faults); EOS_FAULTS adds to it")
+FAULTS_OPTION = Option(
+    "faults", "str", None, "fault spec for tests (see connectors.core.faults); EOS_FAULTS adds to it"
+)
 
 ERRORS_OPTIONS: tuple[Option, ...] = (
     Option(

@@ -17,7 +17,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from connectors.errors import FatalError
+from connectors.core.errors import FatalError
 from sinks.postgres.options import TableName, quote_ident
 
 __all__ = ["REFUSED_CLASSES", "DataRefused", "copy_value", "describe", "shorten"]

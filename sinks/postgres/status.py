@@ -30,8 +30,8 @@ from typing import Any
 
 import psycopg
 
-from connectors.errors import ConfigError, EosError, FatalError
-from connectors.options import scrub
+from connectors.core.conninfo import scrub
+from connectors.core.errors import ConfigError, EosError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import classify, connect
 from sinks.postgres.decisions import DEFAULT_SCHEMA, ProtocolTables, list_prepared, max_prepared_transactions, sink_lock

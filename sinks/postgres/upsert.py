@@ -40,8 +40,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, StructType
 
-from connectors import faults
-from connectors.errors import ConfigError, FatalError
+from connectors.core import faults
+from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging

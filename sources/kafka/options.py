@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.errors import ConfigError
-from connectors.options import Option, OptionSet
+from connectors.core.errors import ConfigError
+from connectors.core.options import Option, OptionSet
 
 __all__ = [
     "CONTEXT",
@@ -193,7 +193,7 @@ OPTIONS = OptionSet(
         Option(
             "faults",
             "str",
-            description="Fault-injection spec for tests (see connectors.faults); EOS_FAULTS adds to it.",
+            description="Fault-injection spec for tests (see connectors.core.faults); EOS_FAULTS adds to it.",
         ),
         Option(
             "topic",
@@ -385,7 +385,7 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSourceOpti
         which = "commitOffsetsToGroup" if opts.commit_offsets_to_group else "startingOffsets"
         raise _fail(f"option '{which}' needs the consumer group named by option 'kafka.group.id'; set it", which)
     if opts.faults:
-        from connectors.faults import parse_spec
+        from connectors.core.faults import parse_spec
 
         parse_spec(opts.faults)
     _log_ignored(raw, opts, streaming=streaming)

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as CkTopicPartition
 
-from connectors import faults
-from connectors.errors import ConfigError, DataLossError, RetriableError
+from connectors.core import faults
+from connectors.core.errors import ConfigError, DataLossError, RetriableError
 from sources.kafka.client import DENIED, UNKNOWN_TOPIC, access_denied
 from sources.kafka.split import KafkaInputPartition, ReadSettings
 

@@ -8,8 +8,8 @@ import logging
 
 import psycopg
 
-from connectors.checkpoint import Lineage, display
-from connectors.errors import FatalError
+from connectors.core.checkpoint import Lineage, display
+from connectors.core.errors import FatalError
 from sinks.postgres.decisions import (
     Decision,
     ProtocolTables,

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.errors import ConfigError
-from connectors.options import REQUIRED, Option, OptionSet
+from connectors.core.errors import ConfigError
+from connectors.core.options import REQUIRED, Option, OptionSet
 from sinks.postgres.decisions import (
     DEFAULT_SCHEMA,
 )

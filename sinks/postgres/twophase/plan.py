@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connectors.errors import ConfigError, FatalError
+from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, connect
 from sinks.postgres.decisions import (

@@ -15,7 +15,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connectors.errors import ConfigError
+from connectors.core.errors import ConfigError
 from sinks.postgres.connection import close_quietly, connect
 from sinks.postgres.decisions import (
     check_max_prepared,

@@ -15,9 +15,9 @@ import pyarrow as pa
 from psycopg import sql
 from pyspark.sql.types import StructType
 
-from connectors import faults
-from connectors.checkpoint import Lineage, batch_lineage, display, last_planned
-from connectors.errors import ConfigError, FatalError
+from connectors.core import faults
+from connectors.core.checkpoint import Lineage, batch_lineage, display, last_planned
+from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging, drop_staging

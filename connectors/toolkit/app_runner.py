@@ -1,11 +1,11 @@
 """Run a user's streaming job under the chaos toolkit: one process, one query, killed from outside.
 
-    python -m connectors.app_runner --app mymodule:build --bootstrap HOST:PORT --topic T --dsn URL \
+    python -m connectors.toolkit.app_runner --app mymodule:build --bootstrap HOST:PORT --topic T --dsn URL \
         --table TBL --checkpoint DIR [--trigger available-now|processing:SECONDS] [--max-offsets N]
 
 The user's module names a function that builds the query, not started::
 
-    from connectors.app_runner import Job
+    from connectors.toolkit.app_runner import Job
 
     def build(spark, job: Job):
         return (spark.readStream.format("kafka-eos")
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import faults
+from connectors.core import faults
 
 __all__ = ["Job", "build_parser", "load_app", "main", "mark_process_group", "serve", "sink_id_of", "with_trigger"]
 
@@ -84,7 +84,7 @@ def load_app(spec: str) -> tuple[Callable[..., Any], Callable[[Job], Any] | None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m connectors.app_runner", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m connectors.toolkit.app_runner", description=__doc__.split("\n")[0])
     p.add_argument("--app", required=True, help="module:function that builds the query (not started)")
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)

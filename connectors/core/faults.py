@@ -1,0 +1,226 @@
+"""Named fault points: off unless EOS_FAULTS or a connector's ``faults`` option enables them.
+
+A spec is one or more rules separated by ``;``, each ``point[:key=value]...[:once]``, e.g.::
+
+    sink.after_prepare:batch=3:partition=0:action=kill-group:once
+
+Keys other than the reserved ones below are conditions, compared as strings with the context the
+code passes at the point (``batch``, ``partition``, ``attempt``, ``k`` ...). Reserved keys:
+
+- ``action``: ``raise`` (default; raises FaultInjected), ``kill`` (SIGKILL this process),
+  ``kill-group`` (SIGKILL the process group named by EOS_FAULTS_PGID, else this process's group:
+  the driver JVM, its Python workers and the query process all go at once), ``exit`` (``os._exit(code)``, code from ``code=``, default 17),
+  ``sleep`` (``seconds=``, default 5; a stall).
+- ``once``: fire on the first match only, across processes; ``times=N``: at most N times.
+
+Every firing is first appended (and fsynced) to the JSON-lines file named by EOS_FAULTS_LOG, so
+a test can prove that the fault it asked for really happened, even when the action kills the
+process. ``once``/``times`` state lives in EOS_FAULTS_STATE (default: a directory under the
+system temp dir keyed by the spec), because the process that fires is often the one it kills.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from connectors.core.errors import ConfigError, EosError
+
+__all__ = [
+    "ENV_LOG",
+    "ENV_PGID",
+    "ENV_SPEC",
+    "ENV_STATE",
+    "POINTS",
+    "FaultInjected",
+    "FaultRule",
+    "fired",
+    "parse_spec",
+    "point",
+]
+
+ENV_SPEC = "EOS_FAULTS"
+ENV_LOG = "EOS_FAULTS_LOG"
+ENV_STATE = "EOS_FAULTS_STATE"
+ENV_PGID = "EOS_FAULTS_PGID"
+
+POINTS: dict[str, str] = {
+    "source.plan": "driver, after the source computed a batch's end offsets (latestOffset)",
+    "source.read.start": "executor, before a Kafka read task polls its first record",
+    "source.read.mid": "executor, after a Kafka read task yielded half of its range",
+    "sink.before_write": "executor, before a sink task writes its first row",
+    "sink.after_write": "executor, rows written, before PREPARE / COMMIT of the task transaction",
+    "sink.after_prepare": "executor, after PREPARE TRANSACTION, before the task returns",
+    "sink.commit.before_decision": "driver, in commit(), before the decision row is written",
+    "sink.commit.after_decision": "driver, decision durable, before any COMMIT PREPARED",
+    "sink.commit.after_k": "driver, after k of the batch's COMMIT PREPAREDs (condition k=)",
+    "sink.after_commit": "driver, every gid committed, before Spark writes commits/n",
+    "pipeline.batch": "driver, in a foreachBatch pipeline before the batch is written",
+}
+ACTIONS = ("raise", "kill", "kill-group", "exit", "sleep")
+_RESERVED = {"action", "once", "times", "code", "seconds"}
+
+
+class FaultInjected(EosError):
+    """Raised by a fault point whose action is ``raise``."""
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    point: str
+    conditions: tuple[tuple[str, str], ...] = ()
+    action: str = "raise"
+    times: int | None = None  # None: every match
+    code: int = 17
+    seconds: float = 5.0
+    text: str = field(default="", compare=False)
+
+    def matches(self, name: str, context: dict[str, object]) -> bool:
+        if name != self.point:
+            return False
+        return all(k in context and str(context[k]) == v for k, v in self.conditions)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha1(self.text.encode()).hexdigest()[:16]
+
+
+def parse_spec(spec: str) -> tuple[FaultRule, ...]:
+    """Parse a fault spec; unknown points, actions or malformed parts are ConfigErrors."""
+    rules = []
+    for text in (part.strip() for part in spec.replace("\n", ";").split(";")):
+        if not text:
+            continue
+        name, *parts = text.split(":")
+        name = name.strip()
+        if name not in POINTS:
+            raise ConfigError(
+                f"fault spec {text!r}: unknown fault point {name!r}; known points: {', '.join(sorted(POINTS))}",
+                option="faults",
+            )
+        conditions: list[tuple[str, str]] = []
+        kwargs: dict[str, object] = {}
+        for part in parts:
+            part = part.strip()
+            if part == "once":
+                kwargs["times"] = 1
+                continue
+            if "=" not in part:
+                raise ConfigError(
+                    f"fault spec {text!r}: part {part!r} is neither 'once' nor key=value", option="faults"
+                )
+            k, v = (s.strip() for s in part.split("=", 1))
+            if k == "action":
+                if v not in ACTIONS:
+                    raise ConfigError(
+                        f"fault spec {text!r}: unknown action {v!r}; expected one of {', '.join(ACTIONS)}",
+                        option="faults",
+                    )
+                kwargs["action"] = v
+            elif k in ("times", "code"):
+                if not v.isdigit():
+                    raise ConfigError(f"fault spec {text!r}: {k} must be a whole number, got {v!r}", option="faults")
+                kwargs[k] = int(v)
+            elif k == "seconds":
+                try:
+                    kwargs[k] = float(v)
+                except ValueError:
+                    raise ConfigError(
+                        f"fault spec {text!r}: seconds must be a number, got {v!r}", option="faults"
+                    ) from None
+            else:
+                conditions.append((k, v))
+        rules.append(FaultRule(point=name, conditions=tuple(conditions), text=text, **kwargs))  # type: ignore[arg-type]
+    return tuple(rules)
+
+
+@lru_cache(maxsize=32)
+def _rules(spec: str) -> tuple[FaultRule, ...]:
+    return parse_spec(spec)
+
+
+def _state_dir(spec: str) -> str:
+    path = os.environ.get(ENV_STATE) or os.path.join(
+        tempfile.gettempdir(), "eos-faults-" + hashlib.sha1(spec.encode()).hexdigest()[:12]
+    )
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _claim(rule: FaultRule, spec: str) -> bool:
+    """Take one of the rule's firings; False when all are used. Safe across processes (O_EXCL)."""
+    if rule.times is None:
+        return True
+    state = _state_dir(spec)
+    for i in range(rule.times):
+        try:
+            fd = os.open(os.path.join(state, f"{rule.key}.{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return True
+    return False
+
+
+def _log(rule: FaultRule, name: str, context: dict[str, object]) -> None:
+    path = os.environ.get(ENV_LOG)
+    if not path:
+        return
+    entry = {"point": name, "rule": rule.text, "action": rule.action, "pid": os.getpid(), "time": time.time()}
+    entry.update({k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v) for k, v in context.items()})
+    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def point(name: str, *, spec: str | None = None, **context: object) -> None:
+    """Fire the first enabled rule for ``name`` that matches ``context``; a no-op when none is set.
+
+    ``spec`` is a connector's ``faults`` option; the EOS_FAULTS environment variable adds to it.
+    """
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}")  # a programming error, not user input
+    specs = [s for s in (spec, os.environ.get(ENV_SPEC)) if s]
+    for one in specs:
+        for rule in _rules(one):
+            if rule.matches(name, context) and _claim(rule, one):
+                _log(rule, name, context)
+                _act(rule, name, context)
+                return
+
+
+def _act(rule: FaultRule, name: str, context: dict[str, object]) -> None:
+    if rule.action == "raise":
+        raise FaultInjected(f"fault injected at {name} ({rule.text})", point=name)
+    if rule.action == "sleep":
+        time.sleep(rule.seconds)
+        return
+    if rule.action == "exit":
+        os._exit(rule.code)
+    if rule.action == "kill-group":
+        # PySpark's daemon moves executor Python workers into a process group of their own, so a
+        # pipeline names its group in EOS_FAULTS_PGID: a fault in a worker then takes the whole
+        # query (driver, JVM, every worker) down, as the action promises.
+        target = os.environ.get(ENV_PGID)
+        os.killpg(int(target) if target else os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # SIGKILL is asynchronous: never run past the point
+
+
+def fired(log_path: str) -> list[dict[str, object]]:
+    """The firings recorded in a fault log (empty when the file does not exist)."""
+    try:
+        with open(log_path, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,322 @@
+"""Typed option specs, parsed once into frozen dataclasses, with errors that name the option."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from connectors.core.errors import ConfigError
+
+__all__ = [
+    "REQUIRED",
+    "Option",
+    "OptionSet",
+    "parse_bool",
+    "parse_duration",
+    "parse_spark_time_ms",
+    "redact",
+]
+
+T = TypeVar("T")
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""Default of an option that has none: leaving it out is an error."""
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+_DURATION = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|millis|milliseconds|seconds?|minutes?|hours?|days?)?\s*$", re.I
+)
+_UNIT_SECONDS = {
+    "ms": 0.001,
+    "millis": 0.001,
+    "milliseconds": 0.001,
+    "s": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
+}
+
+
+def parse_bool(text: str) -> bool:
+    """Parse true/false (also 1/0, yes/no, on/off), case-insensitively."""
+    low = str(text).strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_duration(text: str, default_unit: str = "s") -> float:
+    """Parse '500ms', '10s', '5m', '1h', '2d' (or a bare number in ``default_unit``) to seconds."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError("expected a duration such as 500ms, 10s, 5m or 1h")
+    unit = (m.group(2) or default_unit).lower()
+    return float(m.group(1)) * _UNIT_SECONDS[unit]
+
+
+_SPARK_TIME = re.compile(r"(-?[0-9]+)([a-z]+)?")
+_SPARK_TIME_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_spark_time_ms(text: str) -> int:
+    """Milliseconds of a Spark time string, parsed as Spark's ``JavaUtils.timeStringAsMs`` parses it.
+
+    Trimmed and lower-cased, a whole number with an optional unit (us, ms, s, m, min, h, d); a bare
+    number is milliseconds. Anything else (fractions, spaces inside, long unit names) is refused,
+    as Spark refuses it.
+    """
+    m = _SPARK_TIME.fullmatch(str(text).strip().lower())
+    if not m:
+        raise ValueError("expected a whole number with an optional unit (us, ms, s, m, min, h, d)")
+    unit = m.group(2) or "ms"
+    if unit not in _SPARK_TIME_MS:
+        raise ValueError(f"unknown time unit {unit!r}; use us, ms, s, m, min, h or d")
+    return int(int(m.group(1)) * _SPARK_TIME_MS[unit])
+
+
+def redact(value: object) -> str:
+    """What a secret looks like in logs, errors and repr."""
+    return "***" if value not in (None, "") else repr(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its documented name, type, default and description.
+
+    ``kind`` is one of str, int, float, bool, duration (seconds, float), time_ms (Spark's time
+    string as whole milliseconds: a bare number is milliseconds), json, list (comma
+    separated, stripped, empties dropped) or choice (one of ``choices``, compared
+    case-insensitively and returned in the spelling of ``choices``).
+    """
+
+    name: str
+    kind: str = "str"
+    default: Any = None
+    description: str = ""
+    secret: bool = False
+    choices: tuple[str, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    attr: str = ""
+    check: Callable[[Any], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in _PARSERS:
+            raise TypeError(f"option {self.name}: unknown kind {self.kind!r}")
+        if self.kind == "choice" and not self.choices:
+            raise TypeError(f"option {self.name}: kind choice needs choices")
+        if not self.attr:
+            object.__setattr__(self, "attr", _snake(self.name))
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def shown(self, value: object) -> str:
+        return redact(value) if self.secret else repr(value)
+
+    def valid_values(self) -> str:
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        hint = _HINTS[self.kind]
+        bounds = []
+        if self.min is not None:
+            bounds.append(f">= {_num(self.min)}")
+        if self.max is not None:
+            bounds.append(f"<= {_num(self.max)}")
+        return hint + (f" ({' and '.join(bounds)})" if bounds else "")
+
+    def parse(self, raw: str, context: str) -> Any:
+        try:
+            value = _PARSERS[self.kind](self, raw)
+        except (ValueError, TypeError, json.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"{context}: option '{self.name}' has an invalid value {self.shown(raw)}: {exc}; "
+                f"expected {self.valid_values()}",
+                option=self.name,
+            ) from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+                raise ConfigError(
+                    f"{context}: option '{self.name}' is {self.shown(raw)}, out of range; "
+                    f"expected {self.valid_values()}",
+                    option=self.name,
+                )
+        if self.check is not None:
+            try:
+                self.check(value)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{context}: option '{self.name}' has an invalid value {self.shown(raw)}: {exc}",
+                    option=self.name,
+                ) from None
+        return value
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _snake(name: str) -> str:
+    s = re.sub(r"[.\-]", "_", name)
+    s = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", s)
+    return s.lower()
+
+
+def _parse_int(opt: Option, raw: str) -> int:
+    text = str(raw).strip()
+    if not re.fullmatch(r"[-+]?\d+", text):
+        raise ValueError("not a whole number")
+    return int(text)
+
+
+def _parse_float(opt: Option, raw: str) -> float:
+    return float(str(raw).strip())
+
+
+def _parse_choice(opt: Option, raw: str) -> str:
+    low = str(raw).strip().lower()
+    for choice in opt.choices:
+        if choice.lower() == low:
+            return choice
+    raise ValueError("not a known value")
+
+
+def _parse_list(opt: Option, raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in str(raw).split(",") if p.strip())
+
+
+_PARSERS: dict[str, Callable[[Option, str], Any]] = {
+    "str": lambda opt, raw: str(raw),
+    "int": _parse_int,
+    "float": _parse_float,
+    "bool": lambda opt, raw: parse_bool(raw),
+    "duration": lambda opt, raw: parse_duration(raw),
+    "time_ms": lambda opt, raw: parse_spark_time_ms(raw),
+    "json": lambda opt, raw: json.loads(raw),
+    "list": _parse_list,
+    "choice": _parse_choice,
+}
+_HINTS = {
+    "str": "a string",
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "duration": "a duration such as 500ms, 10s, 5m or 1h",
+    "time_ms": "a whole number of milliseconds or one with a unit (us, ms, s, m, min, h, d), e.g. 500, 30s, 15m",
+    "json": "JSON",
+    "list": "a comma-separated list",
+}
+
+
+class OptionSet:
+    """The options of one connector: parse a raw string map into a frozen dataclass.
+
+    Keys are matched case-insensitively. Keys under ``passthrough`` prefixes (e.g. ``kafka.``) are
+    collected, prefix kept, into the field named ``passthrough_attr``. ``ignored`` keys (options
+    Spark itself adds, like ``path``) are accepted and dropped. Anything else is an error that
+    suggests the closest known option.
+    """
+
+    def __init__(
+        self,
+        context: str,
+        options: Sequence[Option],
+        *,
+        passthrough: Iterable[str] = (),
+        passthrough_attr: str = "passthrough",
+        ignored: Iterable[str] = ("path",),
+    ) -> None:
+        self.context = context
+        self.options = tuple(options)
+        self.by_key = {o.name.lower(): o for o in self.options}
+        if len(self.by_key) != len(self.options):
+            raise TypeError(f"{context}: duplicate option names")
+        self.passthrough = tuple(p.lower() for p in passthrough)
+        self.passthrough_attr = passthrough_attr
+        self.ignored = {k.lower() for k in ignored}
+
+    def parse(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Return {attr: value} for every option (defaults filled), plus the passthrough map."""
+        values: dict[str, Any] = {}
+        extra: dict[str, str] = {}
+        seen: dict[str, str] = {}
+        for key, value in raw.items():
+            low = str(key).lower()
+            if low in seen and seen[low] != key:
+                raise ConfigError(
+                    f"{self.context}: option '{key}' is given twice (also as '{seen[low]}'); keep one",
+                    option=key,
+                )
+            seen[low] = str(key)
+            opt = self.by_key.get(low)
+            if opt is not None:
+                if value is None:
+                    continue
+                values[opt.attr] = opt.parse(value, self.context)
+            elif any(low.startswith(p) for p in self.passthrough):
+                extra[str(key)] = "" if value is None else str(value)
+            elif low in self.ignored:
+                continue
+            else:
+                raise ConfigError(self._unknown(str(key)), option=str(key))
+        for opt in self.options:
+            if opt.attr not in values:
+                if opt.required:
+                    raise ConfigError(
+                        f"{self.context}: option '{opt.name}' is required ({opt.description or opt.valid_values()})",
+                        option=opt.name,
+                    )
+                values[opt.attr] = opt.default
+        if self.passthrough:
+            values[self.passthrough_attr] = extra
+        return values
+
+    def parse_into(self, cls: type[T], raw: Mapping[str, Any], **extra_fields: Any) -> T:
+        values = self.parse(raw)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kwargs = {k: v for k, v in values.items() if k in names}
+        kwargs.update(extra_fields)
+        return cls(**kwargs)
+
+    def _unknown(self, key: str) -> str:
+        known = [o.name for o in self.options]
+        close = difflib.get_close_matches(key.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
+        hint = ""
+        if close:
+            hint = f"; did you mean '{self.by_key[close[0]].name}'?"
+        prefixes = (
+            f" (or any option starting with {', '.join(repr(p) for p in self.passthrough)})" if self.passthrough else ""
+        )
+        return f"{self.context}: unknown option '{key}'{hint} Known options: {', '.join(sorted(known))}{prefixes}"
+
+    def markdown(self) -> str:
+        """A markdown table of the options (the docs pages embed it: scripts/docs_options.py)."""
+        rows = ["| option | type | default | description |", "|---|---|---|---|"]
+        for o in self.options:
+            default = "required" if o.required else ("" if o.default is None else f"`{o.default}`")
+            kind = o.valid_values() if o.kind == "choice" else o.kind
+            rows.append(f"| `{o.name}` | {kind} | {default} | {o.description} |")
+        return "\n".join(rows)

@@ -1,0 +1,639 @@
+"""Chaos runs: a pipeline killed N times at random moments and fault points while a producer writes.
+
+    spark-eos chaos --pipeline 2pc --kills 100 --seed 7 --records 100000 [--json]
+    spark-eos chaos --app myjob:build --sink-kind 2pc --kills 5 --payload key,amount
+    python -m connectors.toolkit.chaos --pipeline 2pc --kills 5 --seed 1 --records 5000
+
+``--pipeline`` runs one of our reference pipelines (from a clone); ``--app module:function`` runs
+the user's own job (``connectors.toolkit.app_runner`` says what the function returns), from a wheel too.
+
+Each kill is either a SIGKILL of the pipeline's whole process group at a random moment, or a
+fault point (``connectors.core.faults``) that kills the group from inside the sink or the source at a
+random protocol step. The pipeline restarts from its checkpoint after each kill; when the producer
+is done, a last run drains the topic (AvailableNow) and the checker compares the sink to the
+topic. Everything random comes from ``--seed``: the same seed gives the same schedule of kinds,
+points and delays (the exact batch a kill hits still depends on timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.core import faults
+from connectors.toolkit import checker
+from connectors.toolkit.app_runner import sink_id_of
+from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
+
+__all__ = [
+    "FAULT_POINTS",
+    "PIPELINES",
+    "SINK_KINDS",
+    "ChaosConfig",
+    "KillPlan",
+    "add_subparser",
+    "create_topic",
+    "main",
+    "make_records",
+    "plan_kills",
+    "produce_records",
+    "run",
+    "write_results",
+]
+
+PIPELINES = ("2pc", "upsert", "stateful")
+
+# The fault points each pipeline passes through; a chaos kill picks one at random.
+FAULT_POINTS: dict[str, tuple[str, ...]] = {
+    "2pc": (
+        "source.read.mid",
+        "sink.before_write",
+        "sink.after_write",
+        "sink.after_prepare",
+        "sink.commit.before_decision",
+        "sink.commit.after_decision",
+        "sink.commit.after_k",
+        "sink.after_commit",
+    ),
+    "upsert": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    "stateful": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
+}
+SINK_KINDS = ("2pc", "upsert", "other")
+
+
+# ---------------------------------------------------------------------------------------------
+# workload
+
+
+def make_records(n: int, *, seed: int, start: int = 0, keys: int = 50, prefix: str = "r") -> list[dict[str, Any]]:
+    """``n`` records ``{"id", "key", "amount"}`` with unique ids ``<prefix><number>``; seeded."""
+    rng = random.Random(f"{seed}:{start}")
+    return [
+        {"id": f"{prefix}{i:09d}", "key": f"k{rng.randrange(keys):03d}", "amount": rng.randint(1, 1000)}
+        for i in range(start, start + n)
+    ]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0) -> None:
+    """Create ``topic`` and wait until its metadata shows every partition."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    fut.result(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if meta is not None and meta.error is None and len(meta.partitions) == partitions:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"topic {topic!r} not ready after {timeout}s")
+
+
+def _partition_of(record: Mapping[str, Any], partitions: int) -> int:
+    return zlib.crc32(str(record["id"]).encode()) % partitions
+
+
+def produce_records(
+    bootstrap: str,
+    topic: str,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    partitions: int = 1,
+    raw: Sequence[tuple[int, bytes]] = (),
+    transactional_id: str | None = None,
+    aborted: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """Write ``records`` as JSON values (key = record key), spread over ``partitions`` by id.
+
+    Each touched partition ends with a one-record batch, because tansu's high watermark is the base
+    offset of the last batch + 1. ``raw`` adds ``(partition, bytes)`` values as they are (poison
+    records). With ``transactional_id``, the records go in one committed transaction and
+    ``aborted`` in a second, aborted one (they must never reach a read_committed reader).
+    """
+    from confluent_kafka import Producer
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    if transactional_id:
+        conf["transactional.id"] = transactional_id
+    producer = Producer(conf)
+    by_part: dict[int, list[bytes | tuple[bytes, bytes]]] = {}
+    for rec in records:
+        value = json.dumps(dict(rec), sort_keys=True).encode()
+        by_part.setdefault(_partition_of(rec, partitions), []).append((str(rec["key"]).encode(), value))
+    for part, value in raw:
+        by_part.setdefault(part, []).append(value)
+
+    def send(part: int, item: bytes | tuple[bytes, bytes]) -> None:
+        key, value = item if isinstance(item, tuple) else (None, item)
+        producer.produce(topic, value=value, key=key, partition=part)
+
+    if transactional_id:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for part, items in by_part.items():
+            for item in items:
+                send(part, item)
+        producer.commit_transaction(30)
+        if aborted:
+            producer.begin_transaction()
+            for rec in aborted:
+                value = json.dumps(dict(rec), sort_keys=True).encode()
+                producer.produce(
+                    topic, value=value, key=str(rec["key"]).encode(), partition=_partition_of(rec, partitions)
+                )
+            producer.flush(30)
+            producer.abort_transaction(30)
+        return
+    tails = []
+    for part, items in by_part.items():
+        for item in items[:-1]:
+            send(part, item)
+            if len(producer) > 50_000:
+                producer.poll(0.05)
+        tails.append((part, items[-1]))
+    if producer.flush(60):
+        raise TimeoutError(f"producer could not deliver to {topic!r} in 60s")
+    for part, item in tails:
+        send(part, item)
+        if producer.flush(30):
+            raise TimeoutError(f"producer could not deliver to {topic!r} in 30s")
+
+
+# ---------------------------------------------------------------------------------------------
+# the kill schedule
+
+
+@dataclass(frozen=True)
+class KillPlan:
+    """One kill: ``sigkill`` after ``delay`` seconds (from the query's start), or a fault ``point``.
+
+    A fault kill fires at the point in the ``skip``-th batch after the last committed one (sink
+    points carry the batch id; source points fire in the first batch that reaches them).
+    """
+
+    index: int
+    kind: str  # "sigkill" | "fault"
+    delay: float
+    point: str | None = None
+    early: bool = False  # a sigkill during start-up (before the query runs)
+    skip: int = 0
+
+    def spec(self, last_commit: int | None) -> str:
+        if not self.point:
+            return ""
+        batch = (-1 if last_commit is None else last_commit) + 1 + self.skip
+        cond = f":batch={batch}" if self.point.startswith("sink.") else ""
+        return f"{self.point}{cond}:action=kill-group:once"
+
+
+def plan_kills(pipeline: str, kills: int, seed: int, *, max_delay: float = 4.0) -> list[KillPlan]:
+    """The seeded schedule: about half SIGKILLs at random moments, half random fault points."""
+    rng = random.Random(seed)
+    points = FAULT_POINTS[pipeline]
+    plans = []
+    for i in range(kills):
+        if rng.random() < 0.5:
+            early = rng.random() < 0.15
+            delay = rng.uniform(0.5, 10.0) if early else rng.uniform(0.0, max_delay)  # after the 1st new commit
+            plans.append(KillPlan(i, "sigkill", round(delay, 2), early=early))
+        else:
+            plans.append(KillPlan(i, "fault", 0.0, point=rng.choice(points), skip=rng.randrange(3)))
+    return plans
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class ChaosConfig:
+    pipeline: str
+    kills: int
+    seed: int
+    records: int
+    bootstrap: str
+    dsn: str
+    workdir: str
+    partitions: int = 2
+    max_offsets: int = 1000
+    master: str = "local[2,2]"
+    progress: bool = True
+    keep: bool = False
+    timeout: float = 300.0  # for one run of the pipeline
+    events: list[dict[str, Any]] = field(default_factory=list)
+    # a user's job instead of a reference pipeline (``pipeline`` is then "app")
+    app: str | None = None  # module:function, see connectors.toolkit.app_runner
+    sink_kind: str = "2pc"  # the job's sink: 2pc (decisions checked) | upsert | other
+    id_field: str = "id"  # the record field and table column that identify a record
+    payload_fields: tuple[str, ...] = ()  # fields the table must hold unchanged
+    dead_letters: str | None = None  # the job sink's errors.table ({table}: the run's table): rows count as delivered
+    options: dict[str, str] = field(default_factory=dict)  # handed to the job (Job.options)
+
+    @property
+    def points(self) -> str:
+        """Which FAULT_POINTS the kill schedule draws from."""
+        return self.sink_kind if self.app else self.pipeline
+
+
+def _repo_root() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, "integration", "harness", "runner.py")):
+        raise SystemExit(
+            "chaos pipelines run integration/harness/runner.py from a spark-eos source checkout; "
+            f"none found next to {root}. Run chaos from a clone (pip install -e .)."
+        )
+    return root
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.started = total, enabled and sys.stderr.isatty(), time.monotonic()
+        self.plain = enabled and not self.enabled
+        self.last_plain = 0.0
+
+    def show(self, done: int, text: str) -> None:
+        if not (self.enabled or self.plain):
+            return
+        width = 30
+        fill = int(width * done / max(1, self.total))
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} kills  {text}  {time.monotonic() - self.started:.0f}s"
+        if self.enabled:
+            sys.stderr.write("\r" + line[:150].ljust(150))
+            sys.stderr.flush()
+        elif time.monotonic() - self.last_plain > 20 or done == self.total:
+            self.last_plain = time.monotonic()
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+class _Producer(threading.Thread):
+    """Writes the records spread over the whole run, so every run of the pipeline meets new data.
+
+    The records are cut into one chunk per run (the kills plus the draining run). Each run, once its
+    query has started, releases the next chunk (``release``). The producer writes it in ``pieces``
+    slices, the next one only when the query has planned a new batch (a new ``offsets/n`` in the
+    checkpoint), so each slice makes a batch of its own: a fault point a few batches ahead is
+    reached and a SIGKILL lands while batches flow, however slowly the machine runs. Whatever an
+    earlier chunk still owes is written at once when the next is released; ``release(every=True)``
+    (the kills are over) writes everything left. The producer never runs ahead of the kills."""
+
+    def __init__(self, cfg: ChaosConfig, topic: str, chunks: int, checkpoint: str, pieces: int = 4) -> None:
+        super().__init__(name="chaos-producer", daemon=True)
+        self.cfg, self.topic, self.chunks, self.checkpoint = cfg, topic, max(1, chunks), checkpoint
+        self.pieces = max(1, pieces)
+        self.tick = threading.Event()
+        self.released = 0  # chunks the kill loop has released
+        self.rest = False  # the kills are over: write everything left at once
+        self.written = 0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def release(self, every: bool = False) -> None:
+        """Release the next chunk (a run's query started), or every chunk left (the kills are over)."""
+        if every:
+            self.rest = True
+        self.released = self.chunks if every else min(self.chunks, self.released + 1)
+        self.tick.set()
+
+    def _write(self, n: int) -> None:
+        recs = make_records(n, seed=self.cfg.seed, start=self.written)
+        produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+        self.written += n
+
+    def _planned(self) -> int:
+        last = checker.last_offsets(self.checkpoint)
+        return -1 if last is None else last
+
+    def run(self) -> None:
+        try:
+            total = self.cfg.records
+            size = -(-total // self.chunks)
+            piece = max(1, -(-size // self.pieces))
+            while self.written < total:
+                self.tick.clear()
+                released = self.released
+                # the chunks before the current one (all of them once the kills are over)
+                owed = total if self.rest else min(total, max(0, released - 1) * size)
+                if self.written < owed:
+                    self._write(owed - self.written)
+                limit = min(total, released * size)
+                planned = self._planned()
+                if self.written < limit:
+                    self._write(min(piece, limit - self.written))
+                # the next slice once the query has planned a batch since this one was written (so
+                # each gets a batch of its own), or at once when another chunk is released
+                while self.written < total and not self.tick.wait(0.2):
+                    if self.written < limit and self._planned() > planned:
+                        break
+        except BaseException as exc:  # surfaced by the main thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def _runner_argv(
+    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None
+) -> list[str]:
+    if cfg.app:
+        options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+        return python_argv(
+            "connectors.toolkit.app_runner",
+            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn, "--table", table,
+            "--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger,
+            "--master", cfg.master, "--timeout", str(timeout or cfg.timeout), *options,
+        )  # fmt: skip
+    return python_argv(
+        "integration.harness.runner",
+        "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn,
+        "--table", table, "--checkpoint", checkpoint, "--sink-id", table, "--max-offsets", str(cfg.max_offsets),
+        "--trigger", trigger, "--master", cfg.master, "--timeout", str(timeout or cfg.timeout),
+    )  # fmt: skip
+
+
+def _started(proc: PipelineProcess) -> bool:
+    return "RUNNER STARTED" in proc.log_tail(20000)
+
+
+def run(cfg: ChaosConfig) -> checker.Report:
+    """Run the chaos experiment described by ``cfg`` and return the checker's report."""
+    import psycopg
+
+    if cfg.app:
+        if cfg.sink_kind not in SINK_KINDS:
+            raise SystemExit(f"--sink-kind {cfg.sink_kind!r}: expected one of {', '.join(SINK_KINDS)}")
+        cfg.pipeline = "app"
+        root = os.getcwd()  # the user's module is imported from here (and from PYTHONPATH)
+    elif cfg.pipeline not in PIPELINES:
+        raise SystemExit(f"--pipeline {cfg.pipeline!r}: expected one of {', '.join(PIPELINES)}")
+    else:
+        root = _repo_root()
+    tag = f"chaos_{cfg.pipeline}_{cfg.seed}_{int(time.time())}"
+    topic, table = tag, tag
+    os.makedirs(cfg.workdir, exist_ok=True)
+    checkpoint = os.path.join(cfg.workdir, "checkpoint")
+    fault_log = os.path.join(cfg.workdir, "faults.jsonl")
+    log_path = os.path.join(cfg.workdir, "pipeline.log")
+    create_topic(cfg.bootstrap, topic, cfg.partitions)
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("EOS_FAULTS", None)
+    # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
+    producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)
+    progress = _Progress(cfg.kills, cfg.progress)
+    started = time.monotonic()
+    producer.start()
+    outcomes: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    sigkilled = 0
+    for plan in plans:
+        run_env = dict(env)
+        if plan.kind == "fault":
+            run_env["EOS_FAULTS"] = plan.spec(checker.last_commit(checkpoint))
+            run_env["EOS_FAULTS_STATE"] = os.path.join(cfg.workdir, "state", str(plan.index))
+        proc = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "processing:0.5"), run_env, log_path, root)
+        proc.start()
+        how = plan.kind
+        try:
+            if plan.kind == "sigkill":
+                if plan.early:
+                    producer.release()
+                else:
+                    # strike while batches flow: after the run's first new commit, so that every
+                    # restart makes progress even on a slow machine (no livelock of replays)
+                    before = checker.last_commit(checkpoint)
+                    _wait_started(proc, cfg.timeout)
+                    producer.release()
+                    _wait_commit_after(proc, checkpoint, before, cfg.timeout)
+                time.sleep(plan.delay)
+                proc.kill_group()
+            else:
+                _wait_started(proc, cfg.timeout)  # start-up on a loaded machine can take a minute
+                producer.release()  # trickled from now on: the batches up to the fault's batch come
+                try:
+                    proc.wait(90)
+                except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
+                    how = "fault->sigkill"
+                    proc.kill_group()
+            out = proc.wait(60)
+        finally:
+            if proc.alive():
+                proc.stop()
+        kinds[how if plan.kind == "sigkill" else f"{how}:{plan.point}"] += 1
+        outcomes[describe_exit(out.returncode)] += 1
+        if out.killed:
+            sigkilled += 1
+        cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay,
+                           "exit": describe_exit(out.returncode), "seconds": round(out.seconds, 1)})  # fmt: skip
+        progress.show(
+            plan.index + 1,
+            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {describe_exit(out.returncode)}",
+        )
+        if producer.error:
+            raise producer.error
+    producer.release(every=True)
+    producer.done.wait()
+    if producer.error:
+        raise producer.error
+    progress.end()
+    drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
+    final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now", drain), env, log_path, root)
+    last = final.run(drain + 60)
+    wall = time.monotonic() - started
+    is_2pc = cfg.points == "2pc"
+    with psycopg.connect(cfg.dsn, autocommit=True):
+        pass
+    report = checker.verify(
+        bootstrap=cfg.bootstrap,
+        topic=topic,
+        dsn=cfg.dsn,
+        table="" if cfg.pipeline == "stateful" else table,
+        id_field=cfg.id_field,
+        payload_fields=cfg.payload_fields if cfg.app else ("key", "amount"),
+        sink_id=sink_id_of(table) if is_2pc else None,
+        checkpoint=checkpoint,
+        decisions=is_2pc,
+        aggregates={"table": table, "key": "key", "value": "amount"} if cfg.pipeline == "stateful" else None,
+        dead_letters=cfg.dead_letters.replace("{table}", table) if cfg.dead_letters else None,
+    )
+    fault_kills = sum(1 for e in faults.fired(fault_log) if e.get("action") == "kill-group")
+    report.add(
+        checker.Check(
+            "chaos.kills",
+            sigkilled == cfg.kills and sigkilled > 0,
+            f"{sigkilled} of {cfg.kills} planned kills ended the pipeline by SIGKILL "
+            f"({fault_kills} from fault points, logged)",
+            {"planned": cfg.kills, "sigkilled": sigkilled, "fault_point_kills": fault_kills},
+        ),
+        checker.Check(
+            "chaos.final_run",
+            last.returncode == 0,
+            f"the draining run ended with {describe_exit(last.returncode)} after {last.seconds:.0f}s",
+            {"returncode": last.returncode},
+        ),
+    )
+    report.info.update(
+        {
+            "pipeline": cfg.pipeline,
+            **({"app": cfg.app, "sink_kind": cfg.sink_kind} if cfg.app else {}),
+            "seed": cfg.seed,
+            "records": cfg.records,
+            "kills": cfg.kills,
+            "restarts": cfg.kills,
+            "kill_kinds": dict(sorted(kinds.items())),
+            "exits": dict(outcomes),
+            "wall_seconds": round(wall, 1),
+            "records_per_second": round(cfg.records / wall, 1),
+            "workdir": cfg.workdir,
+            "topic": topic,
+            "table": table,
+        }
+    )
+    return report
+
+
+def write_results(report: checker.Report, cfg: ChaosConfig) -> None:
+    """Leave ``report.json`` and ``events.jsonl`` (one line per kill: kind, point, exit) in the workdir."""
+    report.info["events"] = len(cfg.events)
+    with open(os.path.join(cfg.workdir, "report.json"), "w", encoding="utf-8") as fh:
+        fh.write(report.to_json())
+    with open(os.path.join(cfg.workdir, "events.jsonl"), "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(e) + "\n" for e in cfg.events)
+
+
+def _wait_commit_after(proc: PipelineProcess, checkpoint: str, before: int | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (checker.last_commit(checkpoint) or -1) <= (-1 if before is None else before):
+        if not proc.alive() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def _wait_started(proc: PipelineProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _started(proc):
+        if not proc.alive() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``chaos`` command to an argparse subparsers object (``spark-eos chaos``)."""
+    p = subparsers.add_parser("chaos", help="kill a pipeline N times while a producer writes, then check exactly-once",
+                              description=__doc__.split("\n")[0])  # fmt: skip
+    _arguments(p)
+    p.set_defaults(func=_command)
+    return p  # type: ignore[no-any-return]
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pipeline", choices=PIPELINES, default=None, help="which reference pipeline to run (default 2pc)")
+    p.add_argument(
+        "--app", default=None, help="module:function building YOUR query instead (see connectors.toolkit.app_runner)"
+    )
+    p.add_argument("--sink-kind", choices=SINK_KINDS, default="2pc",
+                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc)")  # fmt: skip
+    p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
+    p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
+    p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
+    p.add_argument(
+        "--dead-letters",
+        default=None,
+        help="with --app: the job sink's errors.table ('{table}' stands for the run's table, e.g. {table}_refused); "
+        "a record there counts as delivered (each record once in the table or the dead-letter table)",
+    )
+    p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
+    p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
+    p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
+    p.add_argument("--max-offsets", type=int, default=1000, help="maxOffsetsPerTrigger (default 1000)")
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("EOS_KAFKA_BOOTSTRAP"),
+        help="Kafka (default: EOS_KAFKA_BOOTSTRAP, else embedded)",
+    )
+    p.add_argument(
+        "--dsn", default=os.environ.get("EOS_POSTGRES_DSN"), help="Postgres (default: EOS_POSTGRES_DSN, else embedded)"
+    )
+    p.add_argument("--workdir", default=None, help="checkpoint, logs and fault log (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _command(args: argparse.Namespace) -> int:
+    for name in ("kills", "records", "partitions", "max_offsets"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.app and args.pipeline:
+        raise SystemExit("--app and --pipeline: pick one (your job, or one of our reference pipelines)")
+    bad = [kv for kv in args.option if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+    stack = _services(args)
+    try:
+        workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
+        cfg = ChaosConfig(
+            pipeline=args.pipeline or "2pc", kills=args.kills, seed=args.seed, records=args.records,
+            bootstrap=args.bootstrap, dsn=args.dsn, workdir=workdir, partitions=args.partitions,
+            max_offsets=args.max_offsets, progress=not args.quiet, app=args.app, sink_kind=args.sink_kind,
+            id_field=args.id_field, payload_fields=tuple(f for f in args.payload.split(",") if f),
+            options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
+        )  # fmt: skip
+        report = run(cfg)
+        write_results(report, cfg)
+        print(report.to_json() if args.json else report.table())
+        return 0 if report.ok else 1
+    finally:
+        for stop in reversed(stack):
+            stop()
+
+
+def _services(args: argparse.Namespace) -> list[Any]:
+    """Use the named services, else start embedded ones (stopped when the run ends)."""
+    stops: list[Any] = []
+    if args.bootstrap and args.dsn:
+        return stops
+    from connectors import services
+
+    if not args.bootstrap:
+        kafka = services.kafka()
+        stops.append(kafka.stop)
+        args.bootstrap = kafka.bootstrap
+    if not args.dsn:
+        pg = services.postgres()
+        stops.append(pg.stop)
+        args.dsn = pg.dsn
+    return stops
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m connectors.toolkit.chaos", description=__doc__.split("\n")[0])
+    _arguments(parser)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return _command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
