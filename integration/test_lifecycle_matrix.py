@@ -28,8 +28,8 @@ from pyspark.sql import functions as F
 
 from connectors import savepoint
 from integration import test_twophase_support as support
-from sinks.postgres.decisions import ProtocolTables, list_prepared
-from sinks.postgres.gid import parse_gid
+from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
+from sinks.postgres.twophase.gid import parse_gid
 from sinks.postgres.twophase.plan import _prefix, task_table
 
 twophase_pg = support.twophase_pg

@@ -26,7 +26,7 @@ import pytest
 from connectors.core.faults import fired
 from integration import test_twophase_support as support
 from integration.fixtures.cluster import StandaloneCluster
-from sinks.postgres.decisions import ProtocolTables, list_prepared
+from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
 twophase_pg = support.twophase_pg
 

@@ -13,7 +13,7 @@ import pytest
 from integration import test_twophase_support as support
 from integration.harness.proxy import TcpProxy
 from integration.test_twophase_support import Scenario
-from sinks.postgres.decisions import ProtocolTables, list_prepared
+from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
 twophase_pg = support.twophase_pg  # the shared fixture
 

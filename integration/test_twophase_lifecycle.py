@@ -21,7 +21,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from connectors.core.errors import FatalError
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, _prepared, _rows, _task, plan, sink
-from sinks.postgres.decisions import ProtocolTables
 from sinks.postgres.twophase import (
     DataRefused,
     LineageMismatch,
@@ -29,6 +28,7 @@ from sinks.postgres.twophase import (
     TwoPhaseBatchWriter,
     TwoPhaseStreamWriter,
 )
+from sinks.postgres.twophase.decisions import ProtocolTables
 from sinks.postgres.twophase.plan import _prefix, task_table
 
 twophase_pg = support.twophase_pg

@@ -14,8 +14,8 @@ from pyspark.sql.types import LongType, StructField, StructType
 from connectors.core.errors import ConfigError, FatalError
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, _prepared, _rows, _task, plan, sink
-from sinks.postgres.decisions import ProtocolTables
 from sinks.postgres.twophase import DIRECT, DataRefused, TwoPhaseStreamWriter
+from sinks.postgres.twophase.decisions import ProtocolTables
 
 twophase_pg = support.twophase_pg
 __all__ = ["sink", "twophase_pg"]

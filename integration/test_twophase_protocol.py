@@ -25,10 +25,10 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 from connectors.core.errors import CommitUnknown, ConfigError, FatalError, RetriableError
 from integration import test_twophase_support as support
 from integration.test_twophase_support import start_cluster
-from sinks.postgres.decisions import ProtocolTables, list_prepared
-from sinks.postgres.recovery import commit_prepared, resolve
 from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter
 from sinks.postgres.twophase import writer as twophase_writer
+from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
+from sinks.postgres.twophase.recovery import commit_prepared, resolve
 from sinks.postgres.twophase.writer import TaskIdentity
 
 twophase_pg = support.twophase_pg  # the shared fixture
@@ -253,7 +253,7 @@ def test_old_prepared_transactions_are_logged(sink: dict[str, Any], caplog: pyte
     w = TwoPhaseStreamWriter(dict(sink["opts"], **{"prepared.warn.age": "0s"}), SCHEMA)
     straggler = _task(sink, w, 0, range(0, 2), batch=9)  # a sibling that stays prepared past the commit
     m = _task(sink, w, 1, range(2, 4), batch=8)
-    with caplog.at_level(logging.WARNING, logger="sinks.postgres.recovery"):
+    with caplog.at_level(logging.WARNING, logger="sinks.postgres.twophase.recovery"):
         w.commit([m], 8)
     assert any(straggler.gid in r.getMessage() and "block VACUUM" in r.getMessage() for r in caplog.records)
     with psycopg.connect(sink["dsn"], autocommit=True) as conn:
@@ -280,7 +280,7 @@ def test_refuses_to_start_without_prepared_transactions_or_with_too_few(
         pg.settings["max_prepared_transactions"] = "1"
         pg.start()
         with pytest.raises(ConfigError, match="2 writer tasks would prepare concurrently"):
-            from sinks.postgres.decisions import check_max_prepared
+            from sinks.postgres.twophase.decisions import check_max_prepared
 
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 check_max_prepared(conn, writers=2)  # what twopc_batch checks with the DataFrame's partitions

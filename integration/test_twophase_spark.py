@@ -14,7 +14,7 @@ import pytest
 
 import connectors
 from integration import test_twophase_support as support
-from sinks.postgres.decisions import ProtocolTables, list_prepared
+from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
 twophase_pg = support.twophase_pg
 twophase_spark = support.twophase_spark

@@ -27,7 +27,7 @@ import pytest
 
 from connectors.core.faults import fired
 from connectors.services._proc import free_port
-from sinks.postgres.decisions import ProtocolTables, list_prepared
+from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
 __all__ = ["AppRun", "EmbeddedPg", "Scenario", "start_cluster", "twophase_pg"]
 

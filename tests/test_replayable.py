@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from sinks.postgres.upsert import Replayable
+from sinks.postgres.staging import Replayable
 
 
 def _batches(n: int, consumed: list[int]):  # type: ignore[no-untyped-def]

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from connectors.core.errors import CommitUnknown, ConfigError
-from sinks.postgres import recovery
-from sinks.postgres.decisions import Decision, Prepared, ProtocolTables, sink_lock_key
-from sinks.postgres.gid import Gid
-from sinks.postgres.twophase import TwoPhaseMessage, TwoPhaseOptions, twopc_batch
+from sinks.postgres.twophase import TwoPhaseMessage, TwoPhaseOptions, recovery, twopc_batch
+from sinks.postgres.twophase.decisions import Decision, Prepared, ProtocolTables, sink_lock_key
+from sinks.postgres.twophase.gid import Gid
 
 DSN = "postgresql://u:secret@127.0.0.1:5/db"
 NONCE_A, NONCE_B = "aaaaaaaaaaaa", "bbbbbbbbbbbb"

@@ -11,13 +11,13 @@ import pytest
 from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergePlan
 from sinks.postgres.options import TableName, UpsertOptions
+from sinks.postgres.staging import prepared_rows
 from sinks.postgres.types import Column
 from sinks.postgres.upsert import (
     PostgresUpsertDataSource,
     UpsertBatchWriter,
     UpsertCommitMessage,
     UpsertStreamWriter,
-    prepared_rows,
     upsert_batch,
 )
 
@@ -113,7 +113,7 @@ def test_upsert_batch_checks_options_at_once() -> None:
 def test_schema_checks_without_a_database() -> None:
     from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
-    from sinks.postgres.upsert import UpsertPlanner
+    from sinks.postgres.staging import UpsertPlanner
 
     def planner(fields: list[StructField], **raw: str) -> UpsertPlanner:
         return UpsertPlanner(UpsertOptions.from_options({**RAW, **raw}), StructType(fields))
@@ -139,7 +139,7 @@ def test_batch_buffer_keeps_small_tasks_in_memory_and_spills_large_ones(
 ) -> None:
     import os
 
-    from sinks.postgres.upsert import BatchBuffer
+    from sinks.postgres.staging import BatchBuffer
 
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
     batches = [_batch([i, i + 1], [f"n{i}", None], [1, 2]) for i in range(0, 20, 2)]

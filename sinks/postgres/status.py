@@ -34,9 +34,15 @@ from connectors.core.conninfo import scrub
 from connectors.core.errors import ConfigError, EosError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import classify, connect
-from sinks.postgres.decisions import DEFAULT_SCHEMA, ProtocolTables, list_prepared, max_prepared_transactions, sink_lock
 from sinks.postgres.options import ConnectionOptions, parse_table_name
-from sinks.postgres.recovery import resolve
+from sinks.postgres.twophase.decisions import (
+    DEFAULT_SCHEMA,
+    ProtocolTables,
+    list_prepared,
+    max_prepared_transactions,
+    sink_lock,
+)
+from sinks.postgres.twophase.recovery import resolve
 
 __all__ = ["add_subparser", "main", "recover", "release", "sink_status"]
 

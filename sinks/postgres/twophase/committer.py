@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -20,19 +20,18 @@ from connectors.core.checkpoint import Lineage, display
 from connectors.core.errors import FatalError, RetriableError
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect
 from sinks.postgres.deadletter import PART_SHIFT, DeadLetters, merge_diverting
-from sinks.postgres.decisions import (
-    Decision,
-    ProtocolTables,
-    list_prepared,
-    sink_lock,
-)
 from sinks.postgres.merge import ORDINAL, merge_staged
 from sinks.postgres.options import (
     TableName,
     quote_ident,
 )
-from sinks.postgres.recovery import commit_prepared, resolve, warn_old_prepared
 from sinks.postgres.refusal import DataRefused, describe
+from sinks.postgres.twophase.decisions import (
+    Decision,
+    ProtocolTables,
+    list_prepared,
+    sink_lock,
+)
 from sinks.postgres.twophase.guards import (
     TAKE_BACK_CLASSES,
     TAKE_BACK_STATES,
@@ -44,18 +43,18 @@ from sinks.postgres.twophase.guards import (
     stage_of,
     undecide,
 )
-from sinks.postgres.twophase.options import BATCH_IDENTITY, FORMAT
+from sinks.postgres.twophase.options import BATCH_IDENTITY, FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     DIRECT,
     TAG_PART,
     TwoPhaseMessage,
+    TwoPhasePlan,
     discard_staged,
+    lineage_of,
     stage_comment,
     staged_relation,
 )
-
-if TYPE_CHECKING:
-    from sinks.postgres.twophase.writer import TwoPhaseWriter
+from sinks.postgres.twophase.recovery import commit_prepared, resolve, warn_old_prepared
 
 log = logging.getLogger("sinks.postgres.twophase")
 
@@ -63,11 +62,14 @@ log = logging.getLogger("sinks.postgres.twophase")
 class Committer:
     """The driver side of one batch: decide, COMMIT PREPARED, publish, clean up; or abort."""
 
-    def __init__(self, writer: TwoPhaseWriter) -> None:
-        self.writer = writer
-        self.opts = writer.opts
-        self.plan = writer.plan
-        self.tables = ProtocolTables(writer.opts.eos_schema)
+    def __init__(self, opts: TwoPhaseOptions, plan: TwoPhasePlan, nonce: str, planned: Lineage | None) -> None:
+        """``opts`` and ``plan`` as the driver built them for the batch, ``nonce`` that writer's (a
+        batch whose tasks all skipped carries none), ``planned`` its lineage (``plan.planned_lineage``)."""
+        self.opts = opts
+        self.plan = plan
+        self.nonce = nonce
+        self.planned = planned
+        self.tables = ProtocolTables(opts.eos_schema)
         self.timings: dict[str, float] = {}
 
     def _connect(self) -> psycopg.Connection:
@@ -90,7 +92,7 @@ class Committer:
         identities = {m.identity for m in msgs}
         if len(identities) > 1:
             raise FatalError(f"{FORMAT} {sink_id}: batch {batch_id}: tasks of different writers: {sorted(identities)}")
-        lineage = self.writer._lineage(batch_id)
+        lineage = lineage_of(self.opts, self.planned, batch_id)
         seen = {m.lineage for m in msgs if m.lineage} - {lineage.digest if lineage else None}
         if seen:
             raise FatalError(
@@ -102,7 +104,7 @@ class Committer:
         identity = identities.pop() if identities else None
         owns_all = identity is not None and identity != BATCH_IDENTITY
         run_id = next((m.run_id for m in msgs if m.run_id), None)
-        nonce = next((m.nonce for m in msgs if m.nonce), self.writer.nonce)
+        nonce = next((m.nonce for m in msgs if m.nonce), self.nonce)
         fctx = {"batch": batch_id}
         faults.point("sink.commit.before_decision", spec=self.opts.faults, **fctx)
         conn = self._retrying(self._connect, f"{FORMAT} commit connect")

@@ -10,14 +10,14 @@ import psycopg
 
 from connectors.core.checkpoint import Lineage, display
 from connectors.core.errors import FatalError
-from sinks.postgres.decisions import (
-    Decision,
-    ProtocolTables,
-)
 from sinks.postgres.options import (
     quote_ident,
 )
 from sinks.postgres.refusal import REFUSED_CLASSES
+from sinks.postgres.twophase.decisions import (
+    Decision,
+    ProtocolTables,
+)
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     DIRECT,

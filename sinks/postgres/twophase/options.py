@@ -9,10 +9,6 @@ from typing import Any
 
 from connectors.core.errors import ConfigError
 from connectors.core.options import REQUIRED, Option, OptionSet
-from sinks.postgres.decisions import (
-    DEFAULT_SCHEMA,
-)
-from sinks.postgres.gid import check_sink_id
 from sinks.postgres.options import (
     CONNECTION_OPTIONS,
     ERRORS_OPTIONS,
@@ -24,6 +20,10 @@ from sinks.postgres.options import (
     UpsertOptions,
     parse_table_name,
 )
+from sinks.postgres.twophase.decisions import (
+    DEFAULT_SCHEMA,
+)
+from sinks.postgres.twophase.gid import check_sink_id
 
 FORMAT = "postgres-2pc"
 BATCH_IDENTITY = "batch-jobs"  # owner identity of df.write with caller-given batch ids

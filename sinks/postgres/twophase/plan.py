@@ -16,22 +16,23 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from connectors.core.checkpoint import Lineage, batch_lineage, display, last_planned
 from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, connect
-from sinks.postgres.decisions import (
-    ProtocolTables,
-    check_max_prepared,
-)
-from sinks.postgres.gid import parse_gid
 from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
 )
-from sinks.postgres.recovery import resolve
+from sinks.postgres.staging import UpsertPlanner
+from sinks.postgres.twophase.decisions import (
+    ProtocolTables,
+    check_max_prepared,
+)
+from sinks.postgres.twophase.gid import parse_gid
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
+from sinks.postgres.twophase.recovery import resolve
 from sinks.postgres.types import Column, base_type, check_table
-from sinks.postgres.upsert import UpsertPlanner
 
 
 @dataclass(frozen=True)
@@ -251,3 +252,31 @@ def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema:
 
 def stage_comment(sink_id: str) -> str:
     return f"spark-eos staging of sink {sink_id}"
+
+
+def planned_lineage(opts: TwoPhaseOptions) -> Lineage | None:
+    """What Spark planned for the batch the driver is building a writer for (``offsets/<n>``, the
+    query): the batch's identity a decision binds to (I1). None without a checkpoint (foreachBatch
+    without one); a ConfigError when the location has no ``offsets/``."""
+    if opts.checkpoint is None:
+        return None
+    batch = opts.batch_id if opts.batch_id is not None else last_planned(opts.checkpoint)
+    if batch is None:
+        raise ConfigError(
+            f"{FORMAT} {opts.sink_id}: no offsets/ under the checkpoint location "
+            f"{display(opts.checkpoint)!r} (option 'checkpointLocation'), although Spark plans each "
+            "batch there before it builds the sink's writer: this is not the location Spark uses, or the "
+            "sink cannot reach it from Python. A path without a scheme is read as a local path; Spark "
+            "resolves it against fs.defaultFS (HDFS on YARN), so give the full URI (hdfs://..., s3a://...)",
+            option="checkpointLocation",
+        )
+    return batch_lineage(opts.checkpoint, batch)
+
+
+def lineage_of(opts: TwoPhaseOptions, planned: Lineage | None, batch_id: int) -> Lineage | None:
+    """Batch ``batch_id``'s lineage: ``planned`` when it is that batch, else read from the checkpoint."""
+    if planned is not None and planned.batch == batch_id:
+        return planned
+    if opts.checkpoint is None:
+        return None
+    return batch_lineage(opts.checkpoint, batch_id)

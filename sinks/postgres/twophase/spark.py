@@ -17,10 +17,11 @@ from pyspark.sql.types import StructType
 
 from connectors.core.errors import ConfigError
 from sinks.postgres.connection import close_quietly, connect
-from sinks.postgres.decisions import (
+from sinks.postgres.options import option_text
+from sinks.postgres.twophase.committer import Committer
+from sinks.postgres.twophase.decisions import (
     check_max_prepared,
 )
-from sinks.postgres.options import option_text
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     TwoPhaseMessage,
@@ -28,7 +29,15 @@ from sinks.postgres.twophase.plan import (
 from sinks.postgres.twophase.writer import TwoPhaseWriter
 
 
-class TwoPhaseBatchWriter(TwoPhaseWriter, DataSourceArrowWriter):
+class _Roles(TwoPhaseWriter):
+    """The sink builds both roles, as Flink's does; neither knows the other: the task side is the
+    ``TwoPhaseWriter``, the driver side a ``Committer`` built from what the writer planned."""
+
+    def _committer(self) -> Committer:
+        return Committer(self.opts, self.plan, self.nonce, self.planned)
+
+
+class TwoPhaseBatchWriter(_Roles, DataSourceArrowWriter):
     """``df.write.format("postgres-2pc")`` with ``sink.id`` and ``batch.id``."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
@@ -46,7 +55,7 @@ class TwoPhaseBatchWriter(TwoPhaseWriter, DataSourceArrowWriter):
         self._committer().abort(messages, self.opts.batch_id)
 
 
-class TwoPhaseStreamWriter(TwoPhaseWriter, DataSourceStreamArrowWriter):
+class TwoPhaseStreamWriter(_Roles, DataSourceStreamArrowWriter):
     """``df.writeStream.format("postgres-2pc")`` (append and complete output modes)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:

@@ -16,24 +16,23 @@ from psycopg import sql
 from pyspark.sql.types import StructType
 
 from connectors.core import faults
-from connectors.core.checkpoint import Lineage, batch_lineage, display, last_planned
+from connectors.core.checkpoint import Lineage
 from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging, drop_staging
-from sinks.postgres.decisions import (
-    ProtocolTables,
-    sink_lock,
-)
-from sinks.postgres.gid import Gid, new_nonce
 from sinks.postgres.merge import ORDINAL, KeyTracker, merge_staged
 from sinks.postgres.options import (
     TableName,
     quote_ident,
 )
-from sinks.postgres.recovery import resolve, rollback_prepared
 from sinks.postgres.refusal import DataRefused, copy_value, describe
-from sinks.postgres.twophase.committer import Committer
+from sinks.postgres.staging import Replayable, prepared_rows
+from sinks.postgres.twophase.decisions import (
+    ProtocolTables,
+    sink_lock,
+)
+from sinks.postgres.twophase.gid import Gid, new_nonce
 from sinks.postgres.twophase.guards import (
     TAKE_BACK_CLASSES,
     TAKE_BACK_STATES,
@@ -48,10 +47,12 @@ from sinks.postgres.twophase.plan import (
     TwoPhaseMessage,
     TwoPhasePlan,
     build_plan,
+    lineage_of,
+    planned_lineage,
     stage_comment,
     task_table,
 )
-from sinks.postgres.upsert import Replayable, prepared_rows
+from sinks.postgres.twophase.recovery import resolve, rollback_prepared
 
 log = logging.getLogger("sinks.postgres.twophase")
 
@@ -131,26 +132,10 @@ class TwoPhaseWriter:
         self.nonce = new_nonce()
         # Spark builds the writer after writing offsets/<n> for the batch it runs: read that
         # batch's lineage here, on the driver, so tasks need not read the checkpoint themselves.
-        self.planned: Lineage | None = None
-        if self.opts.checkpoint is not None:
-            batch = self.opts.batch_id if self.opts.batch_id is not None else last_planned(self.opts.checkpoint)
-            if batch is None:
-                raise ConfigError(
-                    f"{FORMAT} {self.opts.sink_id}: no offsets/ under the checkpoint location "
-                    f"{display(self.opts.checkpoint)!r} (option 'checkpointLocation'), although Spark plans each "
-                    "batch there before it builds the sink's writer: this is not the location Spark uses, or the "
-                    "sink cannot reach it from Python. A path without a scheme is read as a local path; Spark "
-                    "resolves it against fs.defaultFS (HDFS on YARN), so give the full URI (hdfs://..., s3a://...)",
-                    option="checkpointLocation",
-                )
-            self.planned = batch_lineage(self.opts.checkpoint, batch)
+        self.planned = planned_lineage(self.opts)
 
     def _lineage(self, batch_id: int) -> Lineage | None:
-        if self.planned is not None and self.planned.batch == batch_id:
-            return self.planned
-        if self.opts.checkpoint is None:
-            return None
-        return batch_lineage(self.opts.checkpoint, batch_id)
+        return lineage_of(self.opts, self.planned, batch_id)
 
     # -- write (executor) ------------------------------------------------------------------
 
@@ -413,9 +398,6 @@ class TwoPhaseWriter:
             raise
 
     # -- commit / abort (driver, separate process, fresh writer) ---------------------------
-
-    def _committer(self) -> Committer:
-        return Committer(self)
 
 
 def _with_ordinals(batches: Iterable[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:

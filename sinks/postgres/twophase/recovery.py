@@ -11,7 +11,7 @@ import psycopg
 
 from connectors.core.errors import CommitUnknown, FatalError, RetriableError
 from sinks.postgres.connection import classify, close_quietly
-from sinks.postgres.decisions import Prepared, ProtocolTables, list_prepared, sink_lock
+from sinks.postgres.twophase.decisions import Prepared, ProtocolTables, list_prepared, sink_lock
 
 __all__ = [
     "Action",

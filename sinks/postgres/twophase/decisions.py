@@ -13,7 +13,7 @@ from psycopg import sql
 
 from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres.connection import ddl_lock
-from sinks.postgres.gid import Gid, parse_gid, sink_prefix
+from sinks.postgres.twophase.gid import Gid, parse_gid, sink_prefix
 
 __all__ = [
     "DEFAULT_SCHEMA",
