@@ -117,13 +117,16 @@ def produce(
 ) -> int:
     """Write events as JSON keyed by account; ``raw`` adds ``(partition, bytes)`` values as they are.
 
-    Each touched partition ends with a one-record batch, because tansu's high watermark is the base
-    offset of the last record batch + 1. ``progress(done)`` is called as records are delivered.
+    On tansu (whose high watermark is the base offset of the last record batch + 1) each touched
+    partition ends with a one-record batch; Apache Kafka needs none. ``progress(done)`` is called as records are delivered.
     Returns the number of records written.
     """
     from confluent_kafka import Producer
 
+    from connectors.services.env import broker_is_tansu
+
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    tansu = broker_is_tansu(producer)
     by_part: dict[int, list[tuple[bytes | None, bytes]]] = {}
     for ev in events:
         p = partition_of(str(ev["account"]), partitions)
@@ -142,14 +145,15 @@ def produce(
 
     tails = []
     for p, items in sorted(by_part.items()):
-        for key, value in items[:-1]:
+        for key, value in items[:-1] if tansu else items:
             producer.produce(topic, value=value, key=key, partition=p, on_delivery=delivered)
             if len(producer) > 20_000:
                 producer.poll(0.05)
             if progress and done % 500 == 0:
                 producer.poll(0)
                 progress(done)
-        tails.append((p, items[-1]))
+        if tansu:
+            tails.append((p, items[-1]))
     if producer.flush(120):
         raise TimeoutError(f"could not deliver to topic {topic!r} within 120 s")
     for p, (key, value) in tails:

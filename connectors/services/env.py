@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from connectors.core.conninfo import conninfo_error
 from connectors.core.errors import ServiceError
 from connectors.services.base import KafkaService, PostgresService, redact_dsn
 
-__all__ = ["KAFKA_ENV", "POSTGRES_ENV", "EnvKafka", "EnvPostgres", "check_postgres", "env_timeout"]
+__all__ = [
+    "KAFKA_ENV",
+    "POSTGRES_ENV",
+    "EnvKafka",
+    "EnvPostgres",
+    "broker_is_tansu",
+    "check_postgres",
+    "env_timeout",
+    "tansu_cluster",
+]
 
 KAFKA_ENV = "EOS_KAFKA_BOOTSTRAP"
 POSTGRES_ENV = "EOS_POSTGRES_DSN"
@@ -48,10 +58,23 @@ class EnvKafka(KafkaService):
                 f"fix the address, or unset {source} to let spark-eos start its own.",
                 bootstrap=self.bootstrap,
             )
-        forced = os.environ.get("EOS_KAFKA_IS_TANSU")
-        # tansu's default cluster id is "tansu_cluster"; EOS_KAFKA_IS_TANSU=0/1 overrides the guess.
-        self.is_tansu = forced == "1" if forced in ("0", "1") else str(cluster or "").startswith("tansu")
+        self.is_tansu = tansu_cluster(cluster)
         self.cluster_id = cluster
+
+
+def tansu_cluster(cluster_id: str | None) -> bool:
+    """Whether a broker with ``cluster_id`` is tansu: its default cluster id is "tansu_cluster";
+    ``EOS_KAFKA_IS_TANSU=0/1`` overrides the guess."""
+    forced = os.environ.get("EOS_KAFKA_IS_TANSU")
+    return forced == "1" if forced in ("0", "1") else str(cluster_id or "").startswith("tansu")
+
+
+def broker_is_tansu(client: Any, timeout: float = 10.0) -> bool:
+    """Whether the broker a confluent-kafka ``client`` (Producer, AdminClient) talks to is tansu,
+    whose high watermark is the base offset of the last record batch + 1: producers for it end each
+    partition with a one-record batch so every record is below the watermark. Apache Kafka needs no
+    such thing."""
+    return tansu_cluster(client.list_topics(timeout=timeout).cluster_id)
 
 
 def check_postgres(dsn: str, *, timeout: float, source: str = POSTGRES_ENV) -> int:

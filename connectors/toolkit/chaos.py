@@ -119,12 +119,14 @@ def produce_records(
 ) -> None:
     """Write ``records`` as JSON values (key = record key), spread over ``partitions`` by id.
 
-    Each touched partition ends with a one-record batch, because tansu's high watermark is the base
-    offset of the last batch + 1. ``raw`` adds ``(partition, bytes)`` values as they are (poison
+    On tansu (whose high watermark is the base offset of the last batch + 1) each touched partition
+    ends with a one-record batch; Apache Kafka needs none. ``raw`` adds ``(partition, bytes)`` values as they are (poison
     records). With ``transactional_id``, the records go in one committed transaction and
     ``aborted`` in a second, aborted one (they must never reach a read_committed reader).
     """
     from confluent_kafka import Producer
+
+    from connectors.services.env import broker_is_tansu
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
     if transactional_id:
@@ -158,13 +160,15 @@ def produce_records(
             producer.flush(30)
             producer.abort_transaction(30)
         return
+    tansu = broker_is_tansu(producer)
     tails = []
     for part, items in by_part.items():
-        for item in items[:-1]:
+        for item in items[:-1] if tansu else items:
             send(part, item)
             if len(producer) > 50_000:
                 producer.poll(0.05)
-        tails.append((part, items[-1]))
+        if tansu:
+            tails.append((part, items[-1]))
     if producer.flush(60):
         raise TimeoutError(f"producer could not deliver to {topic!r} in 60s")
     for part, item in tails:
