@@ -31,11 +31,11 @@ __all__ = [
     "Kind",
     "PostgresService",
     "choose",
-    "embedded_kafka",
     "embedded_kafka_kind",
     "kafka",
     "postgres",
     "redact_dsn",
+    "start_embedded_kafka",
 ]
 
 MODE_ENV = "EOS_SERVICES"
@@ -109,7 +109,7 @@ def embedded_kafka_kind(environ: dict[str, str] | None = None) -> EmbeddedBroker
     )
 
 
-def embedded_kafka(broker: EmbeddedBroker | None = None, **options: Any) -> KafkaService:
+def start_embedded_kafka(broker: EmbeddedBroker | None = None, **options: Any) -> KafkaService:
     """Start an embedded broker: ``broker`` or ``EOS_KAFKA_EMBEDDED``; ``options`` go to its class
     (ApacheKafka or EmbeddedKafka)."""
     if (broker or embedded_kafka_kind()) == "tansu":
@@ -132,7 +132,7 @@ def kafka(**embedded_options: Any) -> KafkaService:
         assert module is not None
         service: KafkaService = module.kafka_container()
         return service
-    return embedded_kafka(**embedded_options)
+    return start_embedded_kafka(**embedded_options)
 
 
 def postgres(**embedded_options: Any) -> PostgresService:
