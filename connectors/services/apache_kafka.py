@@ -126,6 +126,7 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)([.-][A-Za-z0-9]+)*$")
 _LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR")
 _HEAP_RE = re.compile(r"^\d+[kmgKMG]?$")
+_IVY_PROBLEM = re.compile(r"not found|unresolved|unknown ?host|connect|refused|timed out|error|failed", re.IGNORECASE)
 
 
 # ---- versions, places, programs -----------------------------------------------------------------
@@ -275,7 +276,7 @@ def _run_ivy(argv: Sequence[str], *, log_path: Path, timeout: float) -> None:
         raise
     if code != 0:
         text = log_path.read_text(errors="replace")
-        problems = [ln.strip() for ln in text.splitlines() if "NOT FOUND" in ln or "UNRESOLVED" in ln or "::" in ln]
+        problems = [ln.strip() for ln in text.splitlines() if _IVY_PROBLEM.search(ln)]
         raise ServiceError(
             f"fetching the Apache Kafka jars with Ivy failed (exit code {code}): {' '.join(argv)}\n"
             + "\n".join(problems[-15:] or text.splitlines()[-15:])
@@ -339,7 +340,13 @@ def resolve_jars(
     target = root / f"kafka-{version}"
     if (target / MARKER).is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ServiceError(
+            f"cannot create the Kafka jar cache {root}: {e}. Set {CACHE_ENV} to a writable directory, or "
+            f"{JARS_ENV} to a directory of Kafka jars."
+        ) from e
     with _locked(root / f"kafka-{version}.lock", timeout + 60):
         if (target / MARKER).is_file():
             return target  # another process finished while we waited
