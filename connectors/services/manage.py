@@ -46,15 +46,21 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def _is_ours(entry: dict[str, Any]) -> bool:
-    """The recorded pid still runs the recorded program (pids get reused after a reboot or a crash)."""
+    """The recorded pid still runs the recorded program (pids get reused after a reboot or a crash).
+
+    ``cmdline_contains`` (a JVM: its program is just ``java``) must also appear among its arguments.
+    """
     pid = int(entry.get("pid") or 0)
     if pid <= 0 or not _proc.pid_alive(pid):
         return False
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        args = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
     except OSError:
         return False
-    return os.path.basename(cmdline) == os.path.basename(str(entry.get("program", "")))
+    if os.path.basename(args[0]) != os.path.basename(str(entry.get("program", ""))):
+        return False
+    needle = entry.get("cmdline_contains")
+    return not needle or str(needle) in args
 
 
 def _healthy(name: str, entry: dict[str, Any], timeout: float = 3.0) -> bool:
@@ -74,10 +80,14 @@ def up(
     postgres: bool = True,
     kafka_port: int | None = None,
     postgres_port: int | None = None,
+    kafka_broker: str | None = None,
     out: Any = None,
 ) -> dict[str, Any]:
-    """Start the embedded services that are not running yet, detached from this process; return the state."""
-    from connectors.services.embedded_kafka import EmbeddedKafka
+    """Start the embedded services that are not running yet, detached from this process; return the state.
+
+    ``kafka_broker`` is ``apache`` or ``tansu`` (default: ``EOS_KAFKA_EMBEDDED``, else apache).
+    """
+    from connectors.services import embedded_kafka_kind
     from connectors.services.embedded_postgres import EmbeddedPostgres
 
     out = out or sys.stdout
@@ -90,17 +100,8 @@ def up(
             if entry and _is_ours(entry):
                 print(f"kafka     already up (pid {entry['pid']})", file=out)
             else:
-                k = EmbeddedKafka(port=kafka_port, detached=True)
-                started.append(k)
-                state["kafka"] = {
-                    "kind": "embedded",
-                    "pid": k.pid,
-                    "port": k.port,
-                    "bootstrap": k.bootstrap,
-                    "program": k.binary,
-                    "log": str(k.log_path),
-                    "start_seconds": round(k.start_seconds, 2),
-                }
+                broker = embedded_kafka_kind({"EOS_KAFKA_EMBEDDED": kafka_broker} if kafka_broker else None)
+                state["kafka"] = _start_kafka(broker, kafka_port, started)
         if postgres:
             entry = state.get("postgres")
             if entry and _is_ours(entry):
@@ -131,13 +132,52 @@ def up(
     return state
 
 
+def _start_kafka(broker: str, port: int | None, started: list[Any]) -> dict[str, Any]:
+    """Start a detached embedded broker (appended to ``started`` at once) and return its state entry."""
+    if broker == "tansu":
+        from connectors.services.embedded_kafka import EmbeddedKafka
+
+        t = EmbeddedKafka(port=port, detached=True)
+        started.append(t)
+        return {
+            "kind": "embedded",
+            "broker": "tansu",
+            "pid": t.pid,
+            "port": t.port,
+            "bootstrap": t.bootstrap,
+            "program": t.binary,
+            "log": str(t.log_path),
+            "start_seconds": round(t.start_seconds, 2),
+        }
+    from connectors.services.apache_kafka import ApacheKafka
+
+    a = ApacheKafka(port=port, detached=True)
+    started.append(a)
+    return {
+        "kind": "embedded",
+        "broker": "apache",
+        "version": a.version,
+        "pid": a.pid,
+        "port": a.port,
+        "controller_port": a.controller_port,
+        "bootstrap": a.bootstrap,
+        "program": a.java,
+        "cmdline_contains": str(a.properties_path),
+        "base": str(a.base),
+        "data_dir": str(a.log_dir),
+        "log": str(a.log_path),
+        "start_seconds": round(a.start_seconds, 2),
+    }
+
+
 def _print_state(state: dict[str, Any], out: Any) -> None:
     if "kafka" in state:
         k = state["kafka"]
-        print(
-            f"kafka     bootstrap {k['bootstrap']}   (tansu, memory storage: data is lost on stop)   pid {k['pid']}",
-            file=out,
-        )
+        if k.get("broker") == "apache":
+            what = f"Apache Kafka {k.get('version')}, data {k.get('data_dir')}"
+        else:
+            what = "tansu, memory storage: data is lost on stop"
+        print(f"kafka     bootstrap {k['bootstrap']}   ({what})   pid {k['pid']}", file=out)
     if "postgres" in state:
         p = state["postgres"]
         print(f"postgres  dsn {redact_dsn(p['dsn'])}   pid {p['pid']}   data {p['data_dir']}", file=out)
@@ -158,6 +198,13 @@ def _stop_entry(name: str, entry: dict[str, Any]) -> None:
                 pass  # the signals below finish the job
         if _is_ours(entry):
             _proc.stop_group(None, pid, grace=10.0)
+        if entry.get("base"):
+            shutil.rmtree(entry["base"], ignore_errors=True)
+    elif entry.get("broker") == "apache":
+        if _is_ours(entry):  # SIGTERM: Kafka's clean shutdown, which takes a few seconds
+            from connectors.services.apache_kafka import STOP_GRACE
+
+            _proc.stop_group(None, pid, grace=STOP_GRACE, sig=signal.SIGTERM)
         if entry.get("base"):
             shutil.rmtree(entry["base"], ignore_errors=True)
     else:
@@ -226,6 +273,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         postgres=not args.no_postgres,
         kafka_port=args.kafka_port,
         postgres_port=args.postgres_port,
+        kafka_broker=args.kafka_broker,
     )
     return 0
 
@@ -254,8 +302,14 @@ def _add_commands(sub: Any) -> None:
         p.add_argument("--state-dir", default=None, help=f"where services.json lives (default ${STATE_ENV} or ./.eos)")
         return p
 
-    p = common(sub.add_parser("up", help="start embedded Kafka (tansu) and Postgres and keep them running"))
+    p = common(sub.add_parser("up", help="start embedded Kafka and Postgres and keep them running"))
     p.add_argument("--no-kafka", action="store_true", help="do not start Kafka")
+    p.add_argument(
+        "--kafka-broker",
+        choices=("apache", "tansu"),
+        default=None,
+        help="the embedded broker: Apache Kafka (jars from Maven Central) or tansu (default $EOS_KAFKA_EMBEDDED or apache)",
+    )
     p.add_argument("--no-postgres", action="store_true", help="do not start Postgres")
     p.add_argument("--kafka-port", type=int, default=None, help="port for Kafka (default: a free one)")
     p.add_argument("--postgres-port", type=int, default=None, help="port for Postgres (default: a free one)")
