@@ -46,12 +46,13 @@ from sinks.postgres.twophase.guards import (
 from sinks.postgres.twophase.options import BATCH_IDENTITY, FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     DIRECT,
+    STAGE_COMMENT,
     TAG_PART,
     TwoPhaseMessage,
     TwoPhasePlan,
     discard_staged,
     lineage_of,
-    stage_comment,
+    stage_owner,
     staged_relation,
 )
 from sinks.postgres.twophase.recovery import commit_prepared, resolve, warn_old_prepared
@@ -416,13 +417,17 @@ def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id:
     """Bounded growth: drop the sink's staging tables that no unpublished decision needs: per-task
     tables left by an attempt that was taken over (a zombie's late COMMIT PREPARED), and shared
     tables of spark-eos 0.1 once empty. A table still in use is skipped, never waited on."""
-    comment = stage_comment(sink_id)
-    rows = conn.execute(
+    found = conn.execute(
         "SELECT c.relname, d.description FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 "
-        "WHERE n.nspname = %s AND (d.description = %s OR starts_with(d.description, %s))",
-        (tables.schema, comment, comment + ": "),
+        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 AND d.classoid = 'pg_class'::regclass "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND starts_with(d.description, %s)",
+        (tables.schema, STAGE_COMMENT),
     ).fetchall()
+    rows = []  # this sink's tables only: the exact sink id parsed from the comment, never a prefix of it
+    for relname, description in found:
+        owner = stage_owner(str(description))
+        if owner is not None and owner[0] == sink_id:
+            rows.append((relname, owner[1]))
     if not rows:
         return []
     pending = conn.execute(
@@ -432,9 +437,8 @@ def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id:
     needed_gids = {g for _, gids in pending for g in gids}
     needed_tables = {str(stage) for stage, _ in pending}
     dropped = []
-    for relname, description in rows:
+    for relname, gid in rows:
         name = TableName(tables.schema, str(relname)).sql  # as decisions store it
-        gid = str(description)[len(comment) + 2 :] if description != comment else None
         if (gid is not None and gid in needed_gids) or (gid is None and name in needed_tables):
             continue
         try:

@@ -250,8 +250,29 @@ def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema:
 # the task side
 
 
+STAGE_COMMENT = "spark-eos staging of sink "
+
+
 def stage_comment(sink_id: str) -> str:
-    return f"spark-eos staging of sink {sink_id}"
+    """The comment on the sink's staging tables; a task's own table adds ``": <gid>"``."""
+    return f"{STAGE_COMMENT}{sink_id}"
+
+
+def stage_owner(description: str) -> tuple[str, str | None] | None:
+    """Whose staging table a comment names, exactly: (sink id, gid) for a task's own table, (sink id,
+    None) for a shared table of spark-eos 0.1, None for a comment of something else.
+
+    Sink ids may contain ``": "``, so the sink is never found by a prefix of the comment (the staging
+    tables of sink ``orders: eu`` would pass for ``orders``'s): a gid holds no space (its sink id is
+    escaped), so the comment's last ``": "`` ends the sink id, and the gid after it must name that sink."""
+    if not description.startswith(STAGE_COMMENT):
+        return None
+    rest = description[len(STAGE_COMMENT) :]
+    head, sep, tail = rest.rpartition(": ")
+    gid = parse_gid(tail) if sep else None
+    if gid is not None and gid.sink_id == head:
+        return head, tail
+    return rest, None
 
 
 def planned_lineage(opts: TwoPhaseOptions) -> Lineage | None:
