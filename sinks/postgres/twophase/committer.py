@@ -53,6 +53,7 @@ from sinks.postgres.twophase.plan import (
     discard_staged,
     lineage_of,
     stage_owner,
+    staged_present,
     staged_relation,
 )
 from sinks.postgres.twophase.recovery import commit_prepared, resolve, warn_old_prepared
@@ -135,7 +136,10 @@ class Committer:
                     decided = decision.gids
             self.timings["decide"] = time.perf_counter() - t0
             faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
-            for k, gid in enumerate(decided, 1):
+            # A published decision's gids are all finished (committed before the publish, or their loss
+            # accepted by `sinks resolve-lost --finish`): nothing to commit, the replay only cleans up.
+            published = decision is not None and decision.published
+            for k, gid in enumerate(() if published else decided, 1):
                 try:
                     _, conn2 = commit_prepared(
                         self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
@@ -281,6 +285,8 @@ class Committer:
             cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
             state = getattr(cause, "sqlstate", None) or ""
             if not (state.startswith(TAKE_BACK_CLASSES) or state in TAKE_BACK_STATES):
+                if state == "42P01":  # undefined table: the target, or the batch's staged rows?
+                    self._check_staged(batch_id, gids, stage)
                 raise FatalError(
                     f"{FORMAT} {plan.sink_id}: batch {batch_id}: publishing into {plan.target.sql} failed: {exc}. The "
                     "batch stays decided (its rows wait in staging); fix the cause and restart the query: its next "
@@ -291,6 +297,29 @@ class Committer:
                 ) from exc
             raise self._refused(batch_id, gids, stage, cause) from exc
         return conn
+
+    def _check_staged(self, batch_id: int, gids: tuple[str, ...], stage: str) -> None:
+        """A decided batch whose staged rows are gone (a staging table dropped by hand) can never be
+        published: say so, and how to get past it, instead of "restart the query" forever."""
+        conn = self._retrying(self._connect, f"{FORMAT} publish check")
+        try:
+            present = staged_present(conn, stage, gids)
+        finally:
+            close_quietly(conn)
+        lost = sorted(g for g, there in present.items() if not there)
+        if not lost:
+            return
+        sink_id = self.plan.sink_id
+        raise FatalError(
+            f"{FORMAT} {sink_id}: batch {batch_id} is decided but the staged rows of {len(lost)} of its "
+            f"{len(gids)} transactions are gone (their staging tables in schema {self.opts.eos_schema!r} were "
+            f"dropped: {', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so it can never be published. "
+            f"Nothing of it is visible. Take it back (the query then writes the batch anew from its source): "
+            f"`spark-eos sinks resolve-lost --sink-id {sink_id} --eos-schema {self.opts.eos_schema} --batch "
+            f"{batch_id} --take-back --yes`; or accept the loss: `... --finish --yes` (docs/lifecycle.md)",
+            sink_id=sink_id,
+            batch_id=batch_id,
+        )
 
     def _publish_diverting(self, cur: psycopg.Cursor, decision: Decision) -> None:
         """errors.tolerance=all: publish ``pg_temp.eos_publish``; rows the target refuses go to the
