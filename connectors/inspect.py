@@ -107,9 +107,12 @@ def _sink(dsn: str, sink_id: str | None, schema: str) -> dict[str, Any]:
                 (sink_id, sink_id),
             ).fetchall()
             out["decisions"] = [{"sink_id": r[0], "batch": r[1], "gids": r[2], "decided_at": str(r[3])} for r in rows]
-        prefix = f"eos:{sink_id}:" if sink_id else "eos:"
+        from sinks.postgres.twophase.gid import GID_PREFIX, sink_prefix
+
+        prefix = sink_prefix(sink_id) if sink_id else f"{GID_PREFIX}:"  # the sink's exact (escaped) prefix
         rows = conn.execute(
-            "SELECT gid, prepared, now() - prepared FROM pg_prepared_xacts WHERE starts_with(gid, %s) ORDER BY prepared",
+            "SELECT gid, prepared, now() - prepared FROM pg_prepared_xacts WHERE starts_with(gid, %s) "
+            "AND database = current_database() ORDER BY prepared",
             (prefix,),
         ).fetchall()
         out["in_doubt"] = [{"gid": r[0], "prepared": str(r[1]), "age": str(r[2])} for r in rows]

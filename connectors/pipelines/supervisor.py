@@ -85,13 +85,16 @@ def kafka_lag(bootstrap: str, end_offsets: str | dict[str, Any] | None) -> int |
 
 
 def prepared_pending(dsn: str, sink_id: str) -> int | None:
-    """Prepared transactions of ``sink_id`` right now (their gids start with ``eos:<sink id>:``)."""
+    """Prepared transactions of ``sink_id`` right now (their gids start with ``eos:<escaped sink id>:``)."""
     try:
         import psycopg
 
+        from sinks.postgres.twophase.gid import sink_prefix
+
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
             row = conn.execute(
-                "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s)", (f"eos:{sink_id}:",)
+                "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s) AND database = current_database()",
+                (sink_prefix(sink_id),),
             ).fetchone()
             return int(row[0]) if row else 0
     except Exception:

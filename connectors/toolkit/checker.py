@@ -311,10 +311,20 @@ def _ident(name: str) -> str:
 
 
 def prepared_gids(conn: Any, sink_id: str | None = None) -> list[str]:
-    """Prepared transactions of ``sink_id`` (gid prefix ``eos:<sink id>:``), or of every eos sink."""
-    prefix = f"eos:{sink_id}:" if sink_id else "eos:"
+    """Prepared transactions of ``sink_id`` in the connected database, or of every eos sink there.
+
+    A gid names its sink escaped (``eos:<escaped sink id>:...``, see ``sinks.postgres.twophase.gid``):
+    the sink's exact prefix ends with the ``:`` that an escaped id never holds, so ``orders`` never
+    counts the gids of ``orders: eu`` and an id with a space, ``%`` or non-ASCII finds its own."""
+    from sinks.postgres.twophase.gid import GID_PREFIX, sink_prefix
+
+    prefix = sink_prefix(sink_id) if sink_id else f"{GID_PREFIX}:"
     with conn.cursor() as cur:
-        cur.execute("SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s) ORDER BY gid", (prefix,))
+        cur.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s) AND database = current_database() "
+            "ORDER BY gid",
+            (prefix,),
+        )
         return [r[0] for r in cur.fetchall()]
 
 

@@ -7,9 +7,10 @@ Public API (``postgres-upsert`` with ``errors.tolerance=all``):
   under the sink's DDL lock).
 - ``merge_diverting(cur, staging, plan, staged, letters, unique=...)``: merge the staged rows into the
   target; a row the target refuses goes to the dead-letter table instead (``refused`` in the counts).
-- ``replay(conn, table, target, batch=None)``: move dead-letter rows of ``target`` back into it, each
-  in the transaction that deletes it from the dead-letter table; rows refused again stay, with the
-  new error.
+- ``replay(conn, table, target, batch=None, force=False)``: move dead-letter rows of ``target`` back
+  into it, each in the transaction that deletes it from the dead-letter table, never undoing a later
+  write of its key (version guard and tombstones; without a version column only keys the target
+  lacks, unless ``force``); rows refused again, or kept, stay with the reason.
 - ``summary(conn, table)``: refused rows per target and batch, for ``spark-eos sinks errors``;
   ``per_batch(conn, table, batches)``: counts for ``spark-eos sinks status --errors-table``.
 
@@ -46,9 +47,19 @@ import psycopg
 
 from connectors.core.errors import FatalError
 from sinks.postgres.connection import ddl_lock
-from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergeCounts, MergePlan, merge_dedup, merge_staged, on_conflict
+from sinks.postgres.merge import (
+    DELETE_FLAG,
+    ORDINAL,
+    TOMBSTONE_SUFFIX,
+    MergeCounts,
+    MergePlan,
+    merge_dedup,
+    merge_staged,
+    on_conflict,
+)
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
 from sinks.postgres.refusal import REFUSED_CLASSES
+from sinks.postgres.types import Column
 
 __all__ = [
     "CHUNK",
@@ -412,16 +423,35 @@ def _divert(
 
 @dataclass(frozen=True)
 class ReplayResult:
-    moved: int  # rows now in the target (or superseded there by a newer version), gone from the dead letters
+    moved: int  # rows that left the dead letters: written, or superseded (counted in ``superseded`` too)
     refused: int  # rows the target refused again; they stay, with replay_error set
+    kept: int = 0  # rows that would change a row no version orders them against; they stay (``force``)
+    superseded: int = 0  # of ``moved``: rows a newer version or a later delete (tombstone) beat; not written
 
 
-def replay(conn: psycopg.Connection, table: TableName, target: TableName, batch: int | None = None) -> ReplayResult:
+def replay(
+    conn: psycopg.Connection,
+    table: TableName,
+    target: TableName,
+    batch: int | None = None,
+    *,
+    force: bool = False,
+) -> ReplayResult:
     """Move ``target``'s dead-letter rows (of ``batch``, or all) back into it, in one transaction: each
-    row leaves the dead-letter table in the transaction in which it reaches the target. A row the
-    target refuses again stays (its ``replay_error`` says why); the others move. Rows go in the order
-    they were refused, upserted under the version guard (a newer version in the target wins)."""
-    moved = refused = 0
+    row leaves the dead-letter table in the transaction in which it reaches the target. Rows go in the
+    order they were refused, each by the rule the sink's own merge follows:
+
+    - with a version column: the version-guarded merge, honouring the tombstone table
+      (``<target>__eos_tombstones``): a row whose key holds a newer version, or was deleted with a
+      newer version since, is superseded (it leaves the dead letters, the target keeps what it has);
+    - without a version column nothing says whether the target's row for the key is older or newer
+      than the refused one: an upsert goes in only when the target has no row for its key, a delete
+      only removes a row with ``force``; otherwise the row stays (``kept``, its ``replay_error`` says
+      why) unless ``force`` (the refused row then overwrites, or deletes, the target's);
+    - an append's row (no key) is inserted.
+
+    A row the target refuses again stays (its ``replay_error`` says why); the others move."""
+    moved = refused = kept = superseded = 0
     with conn.transaction(), conn.cursor() as cur:
         where = "target = %s" + ("" if batch is None else " AND batch_id = %s")
         params: tuple[Any, ...] = (str(target),) if batch is None else (str(target), batch)
@@ -430,20 +460,33 @@ def replay(conn: psycopg.Connection, table: TableName, target: TableName, batch:
             "ORDER BY batch_id, partition, ordinal FOR UPDATE".encode(),
             params,
         ).fetchall()
+        types = _column_types(cur, target) if rows else {}
+        tombstones = _tombstones(cur, target) if rows else None
+
+        def note(batch_id: int, digest: str, why: str) -> None:
+            cur.execute(
+                f"UPDATE {table.sql} SET replay_error = %s WHERE target = %s AND batch_id = %s "
+                "AND row_digest = %s".encode(),
+                (why, str(target), batch_id, digest),
+            )
+
         for batch_id, digest, op, keys, version, row in rows:
             cur.execute(b"SAVEPOINT eos_replay")
             try:
-                cur.execute(_replay_sql(target, op, list(keys), version, list(row)).encode(), {"row": json.dumps(row)})
+                outcome, why = _replay_row(
+                    cur, target, op, list(keys), version, dict(row), types, tombstones, force=force
+                )
             except psycopg.Error as exc:
                 if not refusable(exc):
                     raise
                 cur.execute(b"ROLLBACK TO SAVEPOINT eos_replay")
-                cur.execute(
-                    f"UPDATE {table.sql} SET replay_error = %s WHERE target = %s AND batch_id = %s "
-                    "AND row_digest = %s".encode(),
-                    ((exc.diag.message_primary or str(exc)).strip(), str(target), batch_id, digest),
-                )
+                note(batch_id, digest, (exc.diag.message_primary or str(exc)).strip())
                 refused += 1
+                continue
+            if outcome == "kept":
+                cur.execute(b"ROLLBACK TO SAVEPOINT eos_replay")
+                note(batch_id, digest, why)
+                kept += 1
                 continue
             cur.execute(
                 f"DELETE FROM {table.sql} WHERE target = %s AND batch_id = %s AND row_digest = %s".encode(),
@@ -451,23 +494,99 @@ def replay(conn: psycopg.Connection, table: TableName, target: TableName, batch:
             )
             cur.execute(b"RELEASE SAVEPOINT eos_replay")
             moved += 1
-    return ReplayResult(moved, refused)
+            superseded += outcome == "superseded"
+    return ReplayResult(moved, refused, kept, superseded)
 
 
-def _replay_sql(target: TableName, op: str, keys: list[str], version: str | None, columns: list[str]) -> str:
+_REPLAY_ROW = "pg_temp.eos_replay_row"
+
+
+def _column_types(cur: psycopg.Cursor, target: TableName) -> dict[str, str]:
+    rows = cur.execute(
+        b"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+        b"AND attnum > 0 AND NOT attisdropped",
+        (target.sql,),
+    ).fetchall()
+    return {str(n): str(t) for n, t in rows}
+
+
+def _tombstones(cur: psycopg.Cursor, target: TableName) -> TableName | None:
+    tomb = target.derived(TOMBSTONE_SUFFIX)
+    row = cur.execute(b"SELECT to_regclass(%s) IS NOT NULL", (tomb.sql,)).fetchone()
+    return tomb if row and row[0] else None
+
+
+def _replay_row(
+    cur: psycopg.Cursor,
+    target: TableName,
+    op: str,
+    keys: list[str],
+    version: str | None,
+    row: dict[str, Any],
+    types: dict[str, str],
+    tombstones: TableName | None,
+    *,
+    force: bool,
+) -> tuple[str, str]:
+    """Replay one dead-letter row: ("moved" | "superseded" | "kept", why)."""
+    columns = list(row)
+    params = {"row": json.dumps(row)}
     rec = f"jsonb_populate_record(NULL::{target.sql}, %(row)s::jsonb)"
-    match = " AND ".join(f"t.{quote_ident(k)} = r.{quote_ident(k)}" for k in keys)
-    guard = (
-        f" AND (t.{quote_ident(version)} IS NULL OR t.{quote_ident(version)} < r.{quote_ident(version)})"
-        if version
-        else ""
-    )
-    if op == "delete":
-        return f"DELETE FROM {target.sql} t USING (SELECT * FROM {rec}) r WHERE {match}{guard}"
     cols = ", ".join(quote_ident(c) for c in columns)
-    if op == "insert":  # an append's row (postgres-2pc mode=append)
-        return f"INSERT INTO {target.sql} ({cols}) SELECT {cols} FROM {rec}"
-    return f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} {on_conflict(keys, columns, version)}"
+    if op == "insert" or not keys:  # an append's row (postgres-2pc mode=append): no key, nothing to order
+        cur.execute(f"INSERT INTO {target.sql} ({cols}) SELECT {cols} FROM {rec}".encode(), params)
+        return "moved", ""
+    match = " AND ".join(f"t.{quote_ident(k)} = r.{quote_ident(k)}" for k in keys)
+    if version is None:
+        held = cur.execute(
+            f"SELECT 1 FROM {target.sql} t, {rec} r WHERE {match} FOR UPDATE OF t".encode(), params
+        ).fetchone()
+        if held is not None and not force:
+            what = "delete it" if op == "delete" else "overwrite it"
+            return "kept", (
+                "kept: the target has a row with this key and no version column says which is newer; "
+                f"replay-errors --force would {what}"
+            )
+        if op == "delete":
+            if held is None:
+                return "superseded", ""  # nothing to delete
+            cur.execute(f"DELETE FROM {target.sql} t USING {rec} r WHERE {match}".encode(), params)
+            return "moved", ""
+        conflict = (
+            on_conflict(keys, columns, None)
+            if force
+            else f"ON CONFLICT ({', '.join(map(quote_ident, keys))}) DO NOTHING"
+        )
+        cur.execute(f"INSERT INTO {target.sql} AS t ({cols}) SELECT {cols} FROM {rec} {conflict}".encode(), params)
+        if cur.rowcount < 1:  # a row for the key came in meanwhile (a concurrent writer): not ours to overwrite
+            return (
+                "kept",
+                "kept: the target got a row with this key while replaying; replay-errors --force overwrites it",
+            )
+        return "moved", ""
+    # With a version column: the sink's own merge of this one row, tombstones included, so a row older
+    # than the key's current version (a row or a tombstone) cannot overwrite or resurrect it.
+    deletes = tombstones is not None
+    if op == "delete" and not deletes:  # no tombstone table: the version-guarded delete alone
+        v = quote_ident(version)
+        cur.execute(
+            f"DELETE FROM {target.sql} t USING {rec} r WHERE {match} AND (t.{v} IS NULL OR t.{v} < r.{v})".encode(),
+            params,
+        )
+        return ("moved" if cur.rowcount > 0 else "superseded"), ""
+    merge_cols = tuple(Column(c, c, types[c], "", True, types[c]) for c in columns if c in types)
+    plan = MergePlan(target, merge_cols, tuple(keys), version, deletes)
+    staged = ", ".join(quote_ident(c.name) for c in merge_cols)
+    extra = f", {op == 'delete'} AS {quote_ident(DELETE_FLAG)}" if deletes else ""
+    cur.execute(
+        f"CREATE TEMP TABLE eos_replay_row ON COMMIT DROP AS SELECT {staged}, 0::bigint AS {quote_ident(ORDINAL)}"
+        f"{extra} FROM {rec}".encode(),
+        params,
+    )
+    counts = merge_staged(cur, _REPLAY_ROW, plan, 1, unique=True)
+    cur.execute(f"DROP TABLE {_REPLAY_ROW}".encode())
+    wrote = counts.upserted + counts.deleted + counts.tombstoned
+    return ("moved" if wrote else "superseded"), ""
 
 
 def per_batch(

@@ -46,12 +46,14 @@ from sinks.postgres.twophase.guards import (
 from sinks.postgres.twophase.options import BATCH_IDENTITY, FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     DIRECT,
+    STAGE_COMMENT,
     TAG_PART,
     TwoPhaseMessage,
     TwoPhasePlan,
     discard_staged,
     lineage_of,
-    stage_comment,
+    stage_owner,
+    staged_present,
     staged_relation,
 )
 from sinks.postgres.twophase.recovery import commit_prepared, resolve, warn_old_prepared
@@ -134,7 +136,10 @@ class Committer:
                     decided = decision.gids
             self.timings["decide"] = time.perf_counter() - t0
             faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
-            for k, gid in enumerate(decided, 1):
+            # A published decision's gids are all finished (committed before the publish, or their loss
+            # accepted by `sinks resolve-lost --finish`): nothing to commit, the replay only cleans up.
+            published = decision is not None and decision.published
+            for k, gid in enumerate(() if published else decided, 1):
                 try:
                     _, conn2 = commit_prepared(
                         self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
@@ -280,6 +285,8 @@ class Committer:
             cause = exc.__cause__ if isinstance(exc.__cause__, psycopg.Error) else exc
             state = getattr(cause, "sqlstate", None) or ""
             if not (state.startswith(TAKE_BACK_CLASSES) or state in TAKE_BACK_STATES):
+                if state == "42P01":  # undefined table: the target, or the batch's staged rows?
+                    self._check_staged(batch_id, gids, stage)
                 raise FatalError(
                     f"{FORMAT} {plan.sink_id}: batch {batch_id}: publishing into {plan.target.sql} failed: {exc}. The "
                     "batch stays decided (its rows wait in staging); fix the cause and restart the query: its next "
@@ -290,6 +297,29 @@ class Committer:
                 ) from exc
             raise self._refused(batch_id, gids, stage, cause) from exc
         return conn
+
+    def _check_staged(self, batch_id: int, gids: tuple[str, ...], stage: str) -> None:
+        """A decided batch whose staged rows are gone (a staging table dropped by hand) can never be
+        published: say so, and how to get past it, instead of "restart the query" forever."""
+        conn = self._retrying(self._connect, f"{FORMAT} publish check")
+        try:
+            present = staged_present(conn, stage, gids)
+        finally:
+            close_quietly(conn)
+        lost = sorted(g for g, there in present.items() if not there)
+        if not lost:
+            return
+        sink_id = self.plan.sink_id
+        raise FatalError(
+            f"{FORMAT} {sink_id}: batch {batch_id} is decided but the staged rows of {len(lost)} of its "
+            f"{len(gids)} transactions are gone (their staging tables in schema {self.opts.eos_schema!r} were "
+            f"dropped: {', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so it can never be published. "
+            f"Nothing of it is visible. Take it back (the query then writes the batch anew from its source): "
+            f"`spark-eos sinks resolve-lost --sink-id {sink_id} --eos-schema {self.opts.eos_schema} --batch "
+            f"{batch_id} --take-back --yes`; or accept the loss: `... --finish --yes` (docs/lifecycle.md)",
+            sink_id=sink_id,
+            batch_id=batch_id,
+        )
 
     def _publish_diverting(self, cur: psycopg.Cursor, decision: Decision) -> None:
         """errors.tolerance=all: publish ``pg_temp.eos_publish``; rows the target refuses go to the
@@ -416,13 +446,17 @@ def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id:
     """Bounded growth: drop the sink's staging tables that no unpublished decision needs: per-task
     tables left by an attempt that was taken over (a zombie's late COMMIT PREPARED), and shared
     tables of spark-eos 0.1 once empty. A table still in use is skipped, never waited on."""
-    comment = stage_comment(sink_id)
-    rows = conn.execute(
+    found = conn.execute(
         "SELECT c.relname, d.description FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 "
-        "WHERE n.nspname = %s AND (d.description = %s OR starts_with(d.description, %s))",
-        (tables.schema, comment, comment + ": "),
+        "JOIN pg_description d ON d.objoid = c.oid AND d.objsubid = 0 AND d.classoid = 'pg_class'::regclass "
+        "WHERE n.nspname = %s AND c.relkind = 'r' AND starts_with(d.description, %s)",
+        (tables.schema, STAGE_COMMENT),
     ).fetchall()
+    rows = []  # this sink's tables only: the exact sink id parsed from the comment, never a prefix of it
+    for relname, description in found:
+        owner = stage_owner(str(description))
+        if owner is not None and owner[0] == sink_id:
+            rows.append((relname, owner[1]))
     if not rows:
         return []
     pending = conn.execute(
@@ -432,9 +466,8 @@ def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id:
     needed_gids = {g for _, gids in pending for g in gids}
     needed_tables = {str(stage) for stage, _ in pending}
     dropped = []
-    for relname, description in rows:
+    for relname, gid in rows:
         name = TableName(tables.schema, str(relname)).sql  # as decisions store it
-        gid = str(description)[len(comment) + 2 :] if description != comment else None
         if (gid is not None and gid in needed_gids) or (gid is None and name in needed_tables):
             continue
         try:

@@ -24,6 +24,8 @@ __all__ = [
     "check_max_prepared",
     "list_prepared",
     "max_prepared_transactions",
+    "protocol_schemas",
+    "schemas_knowing",
     "sink_lock",
     "sink_lock_key",
 ]
@@ -141,6 +143,31 @@ def check_max_prepared(conn: psycopg.Connection, writers: int | None = None, whe
     return limit
 
 
+def protocol_schemas(conn: psycopg.Connection, schema: str | None = None) -> list[str]:
+    """The schemas of the connected database holding the three protocol tables (only ``schema``, when given)."""
+    rows = conn.execute(
+        "SELECT schemaname FROM pg_tables WHERE tablename IN ('sink_batches', 'sink_parts', 'sink_owners') "
+        "AND (%s::text IS NULL OR schemaname = %s) GROUP BY schemaname HAVING count(*) = 3 ORDER BY schemaname",
+        (schema, schema),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def schemas_knowing(conn: psycopg.Connection, sink_id: str) -> tuple[list[str], list[str]]:
+    """The protocol schemas that know the sink (a decision, marker or owner of it), and those this
+    role may not read (they might). Read-only; for operator commands pointed at the wrong schema."""
+    knowing, unreadable = [], []
+    for schema in protocol_schemas(conn):
+        try:
+            if ProtocolTables(schema).knows(conn, sink_id):
+                knowing.append(schema)
+        except psycopg.errors.InsufficientPrivilege:
+            if not conn.autocommit:
+                conn.rollback()
+            unreadable.append(schema)
+    return knowing, unreadable
+
+
 class ProtocolTables:
     """The protocol tables in one schema (``eos`` by default): decisions, markers and owners."""
 
@@ -207,6 +234,33 @@ class ProtocolTables:
                         self.batches, sql.Identifier(column)
                     )
                 )
+
+    def present(self, conn: psycopg.Connection) -> bool:
+        """The three protocol tables exist in this schema (a catalog read: no DDL, no lock)."""
+        return len(protocol_schemas(conn, self.schema)) == 1
+
+    def current(self, conn: psycopg.Connection) -> bool:
+        """The tables have every column this version reads (tables of 0.1 gain them when a sink starts)."""
+        return self._current(conn)
+
+    def knows(self, conn: psycopg.Connection, sink_id: str) -> bool:
+        """This schema holds a decision, a marker or the owner of the sink (exact sink id)."""
+        row = conn.execute(
+            sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE sink_id = %s) OR EXISTS (SELECT 1 FROM {} WHERE sink_id = %s) "
+                "OR EXISTS (SELECT 1 FROM {} WHERE sink_id = %s)"
+            ).format(self.batches, self.parts, self.owners),
+            (sink_id, sink_id, sink_id),
+        ).fetchone()
+        return bool(row and row[0])
+
+    def decided_batches(self, conn: psycopg.Connection, sink_id: str, batch_ids: Iterable[int]) -> set[int]:
+        """Which of ``batch_ids`` the sink decided in this schema (reads only the columns of every version)."""
+        rows = conn.execute(
+            sql.SQL("SELECT batch_id FROM {} WHERE sink_id = %s AND batch_id = ANY(%s)").format(self.batches),
+            (sink_id, sorted(set(batch_ids))),
+        ).fetchall()
+        return {int(r[0]) for r in rows}
 
     def _current(self, conn: psycopg.Connection) -> bool:
         row = conn.execute(
@@ -311,6 +365,38 @@ class ProtocolTables:
             (sink_id, below_batch, sink_id),
         )
         return max(cur.rowcount, 0)
+
+    def prune(self, conn: psycopg.Connection, sink_id: str, keep: int, below: int | None = None) -> tuple[int, int]:
+        """Forget the sink's published decisions older than its ``keep`` newest ones (and below batch
+        ``below`` when given), with their markers, in one transaction; returns (decisions, markers)
+        removed. An unpublished decision, and the markers of its batch, always stay."""
+        if keep < 1:
+            raise ConfigError(f"postgres-2pc: --keep must be at least 1, got {keep}", option="keep")
+        with conn.transaction():
+            row = conn.execute(
+                sql.SQL("SELECT batch_id FROM {} WHERE sink_id = %s ORDER BY batch_id DESC OFFSET %s LIMIT 1").format(
+                    self.batches
+                ),
+                (sink_id, keep - 1),
+            ).fetchone()
+            if row is None:
+                return 0, 0  # no more than ``keep`` decisions
+            floor = int(row[0]) if below is None else min(int(row[0]), below)
+            gone = conn.execute(
+                sql.SQL("DELETE FROM {} WHERE sink_id = %s AND batch_id < %s AND published_at IS NOT NULL").format(
+                    self.batches
+                ),
+                (sink_id, floor),
+            )
+            decisions = max(gone.rowcount, 0)
+            gone = conn.execute(
+                sql.SQL(
+                    "DELETE FROM {0} p WHERE p.sink_id = %s AND p.batch_id < %s AND NOT EXISTS (SELECT 1 FROM {1} b "
+                    "WHERE b.sink_id = p.sink_id AND b.batch_id = p.batch_id AND b.published_at IS NULL)"
+                ).format(self.parts, self.batches),
+                (sink_id, floor),
+            )
+            return decisions, max(gone.rowcount, 0)
 
     def mark_published(self, conn: psycopg.Connection, sink_id: str, batch_id: int) -> None:
         conn.execute(

@@ -93,6 +93,28 @@ def staged_relation(token: str, gids: Sequence[str]) -> str | None:
     return f"(SELECT * FROM {token} WHERE {TAG_GID} = ANY(ARRAY[{literal}]))"  # a shared table of spark-eos 0.1
 
 
+def staged_present(conn: psycopg.Connection, token: str, gids: Sequence[str]) -> dict[str, bool]:
+    """For each gid of a decision staged under ``token``: do its staged rows exist (its own table, or
+    its rows in a shared table of spark-eos 0.1)? Read-only. A gid still prepared holds its table
+    inside its transaction, where no other session sees it: ask only about committed gids."""
+    if token.startswith(TASKS):
+        prefix = _prefix(token)
+        found = {}
+        for g in gids:
+            row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (task_table(prefix, g).sql,)).fetchone()
+            found[g] = bool(row and row[0])
+        return found
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (token,)).fetchone()
+    if not (row and row[0]):
+        return dict.fromkeys(gids, False)
+    rows = conn.execute(
+        sql.SQL(f"SELECT DISTINCT {TAG_GID} FROM {token} WHERE {TAG_GID} = ANY(%s)"),  # type: ignore[arg-type]
+        (list(gids),),
+    ).fetchall()
+    there = {str(r[0]) for r in rows}
+    return {g: g in there for g in gids}
+
+
 def discard_staged(conn: psycopg.Connection, token: str, gids: Sequence[str]) -> None:
     """Remove the batch's staged rows (inside the caller's transaction): drop its tables, or delete
     its rows from a shared table of spark-eos 0.1."""
@@ -250,8 +272,29 @@ def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema:
 # the task side
 
 
+STAGE_COMMENT = "spark-eos staging of sink "
+
+
 def stage_comment(sink_id: str) -> str:
-    return f"spark-eos staging of sink {sink_id}"
+    """The comment on the sink's staging tables; a task's own table adds ``": <gid>"``."""
+    return f"{STAGE_COMMENT}{sink_id}"
+
+
+def stage_owner(description: str) -> tuple[str, str | None] | None:
+    """Whose staging table a comment names, exactly: (sink id, gid) for a task's own table, (sink id,
+    None) for a shared table of spark-eos 0.1, None for a comment of something else.
+
+    Sink ids may contain ``": "``, so the sink is never found by a prefix of the comment (the staging
+    tables of sink ``orders: eu`` would pass for ``orders``'s): a gid holds no space (its sink id is
+    escaped), so the comment's last ``": "`` ends the sink id, and the gid after it must name that sink."""
+    if not description.startswith(STAGE_COMMENT):
+        return None
+    rest = description[len(STAGE_COMMENT) :]
+    head, sep, tail = rest.rpartition(": ")
+    gid = parse_gid(tail) if sep else None
+    if gid is not None and gid.sink_id == head:
+        return head, tail
+    return rest, None
 
 
 def planned_lineage(opts: TwoPhaseOptions) -> Lineage | None:
