@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.core.errors import ConfigError
-from connectors.core.options import Option, OptionSet
+from connectors.core.options import OptionSet, option
 
 __all__ = [
     "CONTEXT",
@@ -26,185 +26,6 @@ log = logging.getLogger(__name__)
 CONTEXT = "kafka-eos"
 DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's default: spark.network.timeout (120 s)
 
-
-def _positive(value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ValueError("must be greater than 0")
-
-
-OPTIONS = OptionSet(
-    CONTEXT,
-    [
-        Option(
-            "subscribe",
-            "list",
-            description="Comma-separated topics to read (exactly one of subscribe, subscribePattern, assign).",
-        ),
-        Option(
-            "subscribePattern",
-            "str",
-            description="Regular expression; every topic it finds (unanchored search) is read; re-evaluated each trigger.",
-        ),
-        Option("assign", "json", description='JSON of topic -> partitions, e.g. {"t":[0,1]}.'),
-        Option(
-            "startingOffsets",
-            "str",
-            description='earliest, latest, group or JSON {"t":{"0":12}} (-2 earliest, -1 latest). Default: latest for streams, earliest for batch.',
-        ),
-        Option(
-            "startingTimestamp",
-            "int",
-            min=0,
-            description="Epoch millis; every partition starts at the first offset with a timestamp >= it. Precedes startingOffsetsByTimestamp and startingOffsets.",
-        ),
-        Option(
-            "startingOffsetsByTimestamp",
-            "json",
-            description='JSON {"t":{"0":1700000000000}} of start timestamps per partition. Precedes startingOffsets.',
-        ),
-        Option(
-            "startingOffsetsByTimestampStrategy",
-            "choice",
-            default="error",
-            choices=("error", "latest"),
-            description="When no offset matches a start timestamp: fail (error) or start at latest.",
-        ),
-        Option(
-            "startingOffsetsLocation",
-            "str",
-            description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see docs/kafka-source.md).",
-        ),
-        Option(
-            "endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'
-        ),
-        Option(
-            "endingTimestamp",
-            "int",
-            min=0,
-            description="Batch only: epoch millis end for every partition. Precedes endingOffsetsByTimestamp and endingOffsets.",
-        ),
-        Option(
-            "endingOffsetsByTimestamp",
-            "json",
-            description="Batch only: JSON of end timestamps per partition. Precedes endingOffsets.",
-        ),
-        Option(
-            "failOnDataLoss",
-            "bool",
-            default=True,
-            description="Fail when records due to be read are gone (topic/partition deleted, aged out, offsets went back); false logs and skips.",
-        ),
-        Option(
-            "maxOffsetsPerTrigger",
-            "int",
-            min=1,
-            description="Most records per micro-batch, split across partitions in proportion to their backlog.",
-        ),
-        Option(
-            "minOffsetsPerTrigger",
-            "int",
-            min=1,
-            description="Fewest new records (counted to the topic's end, before maxOffsetsPerTrigger caps the batch) "
-            "for a trigger to run a batch; waits up to maxTriggerDelay for them; the first trigger runs at once.",
-        ),
-        Option(
-            "maxTriggerDelay",
-            "time_ms",
-            default=900_000,
-            attr="max_trigger_delay_ms",
-            description="Longest wait for minOffsetsPerTrigger before a smaller batch runs: Spark's time string, "
-            "a bare number is milliseconds (30s, 15m, 500); default 15m.",
-        ),
-        Option(
-            "maxBytesPerTrigger",
-            "int",
-            min=1,
-            description="Approximate most bytes per micro-batch (estimated from the sizes of at most 200 records "
-            "sampled at the start of the backlog, in at most 1 s).",
-        ),
-        Option(
-            "minPartitions",
-            "int",
-            min=1,
-            description="Desired minimum number of Spark tasks; big offset ranges are split proportionally.",
-        ),
-        Option(
-            "maxRecordsPerPartition",
-            "int",
-            min=1,
-            description="Most records one Spark task reads; bigger ranges are split.",
-        ),
-        Option(
-            "includeHeaders",
-            "bool",
-            default=False,
-            description="Add the headers column (array<struct<key:string,value:binary>>).",
-        ),
-        Option(
-            "groupIdPrefix",
-            "str",
-            default="spark-kafka-source",
-            description="Prefix of the generated consumer group id (unused when kafka.group.id is set).",
-        ),
-        Option(
-            "kafkaConsumer.pollTimeoutMs",
-            "int",
-            default=DEFAULT_POLL_TIMEOUT_MS,
-            min=1,
-            attr="poll_timeout_ms",
-            description="Longest wait for data or metadata before a read or a metadata call fails with a clear error.",
-        ),
-        Option(
-            "fetchOffset.numRetries",
-            "int",
-            default=3,
-            min=0,
-            attr="fetch_offset_num_retries",
-            description="Retries of an offset or metadata look-up on the driver.",
-        ),
-        Option(
-            "fetchOffset.retryIntervalMs",
-            "int",
-            default=10,
-            min=0,
-            attr="fetch_offset_retry_interval_ms",
-            description="Pause between those retries.",
-        ),
-        Option(
-            "commitOffsetsToGroup",
-            "bool",
-            default=False,
-            description="After each completed batch, commit its end offsets to kafka.group.id for lag monitoring (never used for correctness).",
-        ),
-        Option(
-            "arrowBatchRows",
-            "int",
-            default=10_000,
-            min=1,
-            description="Rows per Arrow record batch a read task yields (bounds a worker's memory).",
-        ),
-        Option(
-            "arrowBatchBytes",
-            "int",
-            default=8 * 1024 * 1024,
-            min=1024,
-            description="Payload bytes per Arrow record batch a read task yields (bounds a worker's memory).",
-        ),
-        Option(
-            "faults",
-            "str",
-            description="Fault-injection spec for tests (see connectors.core.faults); EOS_FAULTS adds to it.",
-        ),
-        Option(
-            "topic",
-            "str",
-            description="Spark's Kafka sink option (the topic written to): accepted so one options map serves "
-            "the source and the sink; ignored on a read, with a log line.",
-        ),
-    ],
-    passthrough=("kafka.",),
-    passthrough_attr="kafka",
-)
 
 # Spark refuses these Kafka options (KafkaSourceProvider); we say why in the same words.
 REJECTED_KAFKA_OPTIONS: dict[str, str] = {
@@ -308,38 +129,172 @@ _OWNED = {"enable.partition.eof", "enable.auto.offset.store"}
 _JAAS = re.compile(r"""(\w+)\s*=\s*(?:"([^"]*)"|'([^']*)'|(\S+?))\s*(?=\s|;|$)""")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KafkaSourceOptions:
     """Every option of one kafka-eos source, typed; ``kafka`` holds the ``kafka.*`` passthrough."""
 
-    subscribe: tuple[str, ...] | None = None
-    subscribe_pattern: str | None = None
-    assign: Any = None
-    starting_offsets: str | None = None
-    starting_timestamp: int | None = None
-    starting_offsets_by_timestamp: Any = None
-    starting_offsets_by_timestamp_strategy: str = "error"
-    starting_offsets_location: str | None = None
-    ending_offsets: str | None = None
-    ending_timestamp: int | None = None
-    ending_offsets_by_timestamp: Any = None
-    fail_on_data_loss: bool = True
-    max_offsets_per_trigger: int | None = None
-    min_offsets_per_trigger: int | None = None
-    max_trigger_delay_ms: int = 900_000
-    max_bytes_per_trigger: int | None = None
-    min_partitions: int | None = None
-    max_records_per_partition: int | None = None
-    include_headers: bool = False
-    group_id_prefix: str = "spark-kafka-source"
-    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
-    fetch_offset_num_retries: int = 3
-    fetch_offset_retry_interval_ms: int = 10
-    commit_offsets_to_group: bool = False
-    arrow_batch_rows: int = 10_000
-    arrow_batch_bytes: int = 8 * 1024 * 1024
-    faults: str | None = None
-    topic: str | None = None
+    subscribe: tuple[str, ...] | None = option(
+        "subscribe",
+        "list",
+        description="Comma-separated topics to read (exactly one of subscribe, subscribePattern, assign).",
+    )
+    subscribe_pattern: str | None = option(
+        "subscribePattern",
+        "str",
+        description="Regular expression; every topic it finds (unanchored search) is read; re-evaluated each trigger.",
+    )
+    assign: Any = option("assign", "json", description='JSON of topic -> partitions, e.g. {"t":[0,1]}.')
+    starting_offsets: str | None = option(
+        "startingOffsets",
+        "str",
+        description='earliest, latest, group or JSON {"t":{"0":12}} (-2 earliest, -1 latest). Default: latest for streams, earliest for batch.',
+    )
+    starting_timestamp: int | None = option(
+        "startingTimestamp",
+        "int",
+        min=0,
+        description="Epoch millis; every partition starts at the first offset with a timestamp >= it. Precedes startingOffsetsByTimestamp and startingOffsets.",
+    )
+    starting_offsets_by_timestamp: Any = option(
+        "startingOffsetsByTimestamp",
+        "json",
+        description='JSON {"t":{"0":1700000000000}} of start timestamps per partition. Precedes startingOffsets.',
+    )
+    starting_offsets_by_timestamp_strategy: str = option(
+        "startingOffsetsByTimestampStrategy",
+        "choice",
+        default="error",
+        choices=("error", "latest"),
+        description="When no offset matches a start timestamp: fail (error) or start at latest.",
+    )
+    starting_offsets_location: str | None = option(
+        "startingOffsetsLocation",
+        "str",
+        description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see docs/kafka-source.md).",
+    )
+    ending_offsets: str | None = option(
+        "endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'
+    )
+    ending_timestamp: int | None = option(
+        "endingTimestamp",
+        "int",
+        min=0,
+        description="Batch only: epoch millis end for every partition. Precedes endingOffsetsByTimestamp and endingOffsets.",
+    )
+    ending_offsets_by_timestamp: Any = option(
+        "endingOffsetsByTimestamp",
+        "json",
+        description="Batch only: JSON of end timestamps per partition. Precedes endingOffsets.",
+    )
+    fail_on_data_loss: bool = option(
+        "failOnDataLoss",
+        "bool",
+        default=True,
+        description="Fail when records due to be read are gone (topic/partition deleted, aged out, offsets went back); false logs and skips.",
+    )
+    max_offsets_per_trigger: int | None = option(
+        "maxOffsetsPerTrigger",
+        "int",
+        min=1,
+        description="Most records per micro-batch, split across partitions in proportion to their backlog.",
+    )
+    min_offsets_per_trigger: int | None = option(
+        "minOffsetsPerTrigger",
+        "int",
+        min=1,
+        description="Fewest new records (counted to the topic's end, before maxOffsetsPerTrigger caps the batch) "
+        "for a trigger to run a batch; waits up to maxTriggerDelay for them; the first trigger runs at once.",
+    )
+    max_trigger_delay_ms: int = option(
+        "maxTriggerDelay",
+        "time_ms",
+        default=900_000,
+        description="Longest wait for minOffsetsPerTrigger before a smaller batch runs: Spark's time string, "
+        "a bare number is milliseconds (30s, 15m, 500); default 15m.",
+    )
+    max_bytes_per_trigger: int | None = option(
+        "maxBytesPerTrigger",
+        "int",
+        min=1,
+        description="Approximate most bytes per micro-batch (estimated from the sizes of at most 200 records "
+        "sampled at the start of the backlog, in at most 1 s).",
+    )
+    min_partitions: int | None = option(
+        "minPartitions",
+        "int",
+        min=1,
+        description="Desired minimum number of Spark tasks; big offset ranges are split proportionally.",
+    )
+    max_records_per_partition: int | None = option(
+        "maxRecordsPerPartition",
+        "int",
+        min=1,
+        description="Most records one Spark task reads; bigger ranges are split.",
+    )
+    include_headers: bool = option(
+        "includeHeaders",
+        "bool",
+        default=False,
+        description="Add the headers column (array<struct<key:string,value:binary>>).",
+    )
+    group_id_prefix: str = option(
+        "groupIdPrefix",
+        "str",
+        default="spark-kafka-source",
+        description="Prefix of the generated consumer group id (unused when kafka.group.id is set).",
+    )
+    poll_timeout_ms: int = option(
+        "kafkaConsumer.pollTimeoutMs",
+        "int",
+        default=DEFAULT_POLL_TIMEOUT_MS,
+        min=1,
+        description="Longest wait for data or metadata before a read or a metadata call fails with a clear error.",
+    )
+    fetch_offset_num_retries: int = option(
+        "fetchOffset.numRetries",
+        "int",
+        default=3,
+        min=0,
+        description="Retries of an offset or metadata look-up on the driver.",
+    )
+    fetch_offset_retry_interval_ms: int = option(
+        "fetchOffset.retryIntervalMs",
+        "int",
+        default=10,
+        min=0,
+        description="Pause between those retries.",
+    )
+    commit_offsets_to_group: bool = option(
+        "commitOffsetsToGroup",
+        "bool",
+        default=False,
+        description="After each completed batch, commit its end offsets to kafka.group.id for lag monitoring (never used for correctness).",
+    )
+    arrow_batch_rows: int = option(
+        "arrowBatchRows",
+        "int",
+        default=10_000,
+        min=1,
+        description="Rows per Arrow record batch a read task yields (bounds a worker's memory).",
+    )
+    arrow_batch_bytes: int = option(
+        "arrowBatchBytes",
+        "int",
+        default=8 * 1024 * 1024,
+        min=1024,
+        description="Payload bytes per Arrow record batch a read task yields (bounds a worker's memory).",
+    )
+    faults: str | None = option(
+        "faults",
+        "str",
+        description="Fault-injection spec for tests (see connectors.core.faults); EOS_FAULTS adds to it.",
+    )
+    topic: str | None = option(
+        "topic",
+        "str",
+        description="Spark's Kafka sink option (the topic written to): accepted so one options map serves "
+        "the source and the sink; ignored on a read, with a log line.",
+    )
     kafka: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -359,13 +314,16 @@ class KafkaSourceOptions:
         return (self.starting_offsets or "").strip().lower() == "group"
 
 
+OPTIONS = OptionSet(CONTEXT, KafkaSourceOptions, passthrough=("kafka.",), passthrough_attr="kafka")
+
+
 def _fail(message: str, option: str) -> ConfigError:
     return ConfigError(f"{CONTEXT}: {message}", option=option)
 
 
 def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSourceOptions:
     """Parse and validate like Spark's KafkaSourceProvider; raise ConfigError naming the option."""
-    opts = OPTIONS.parse_into(KafkaSourceOptions, raw)
+    opts = OPTIONS.build(raw)
     # Kafka options are case-sensitive in librdkafka; Spark lower-cases the whole key.
     opts = _replace(opts, kafka={"kafka." + k[len("kafka.") :].lower(): v for k, v in opts.kafka.items()})
     _validate_strategy(opts)
