@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition as CkTopicPartition
 
 from connectors.core import faults
 from connectors.core.errors import ConfigError, DataLossError, RetriableError
+from connectors.core.spark_task import task_identity
 from sources.kafka.client import DENIED, UNKNOWN_TOPIC, access_denied
 from sources.kafka.split import KafkaInputPartition, ReadSettings
 
@@ -214,13 +215,9 @@ def _cut(run: _Run, lo: int, cols: _Columns, s: ReadSettings, half: int | None) 
 
 
 def _batch_id() -> str | None:
-    try:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        return ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-    except Exception:  # outside Spark (unit tests, benchmarks)
-        return None
+    """The micro-batch this read task belongs to, as Spark's local property spells it (None: batch job)."""
+    batch = task_identity().stream_batch
+    return None if batch is None else str(batch)
 
 
 class KafkaPartitionReader:
