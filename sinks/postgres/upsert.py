@@ -194,13 +194,13 @@ class UpsertBatchWriter(_UpsertWriterMixin, DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self._setup(options, schema)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit(messages, None, self.plan.target)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # Tasks that finished are committed; a rerun of the job is a no-op for them (idempotent).
         log.warning("%s %s: job aborted; finished tasks stay committed, rerunning is safe", FORMAT, self.plan.target)
 
@@ -213,15 +213,15 @@ class UpsertStreamWriter(_UpsertWriterMixin, DataSourceStreamArrowWriter):
         # read-only (or idempotent CREATE ... IF NOT EXISTS), so running them again is harmless.
         self._setup(options, schema)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_commit(messages, batchId, self.plan.target)
         # The window the sink's idempotence covers: every task committed, Spark's commits/n not yet.
         faults.point("sink.after_commit", spec=self.opts.faults, batch=batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
             "%s %s batch %s aborted; its replay is a no-op for tasks that committed", FORMAT, self.plan.target, batchId
         )

@@ -266,7 +266,7 @@ class TwoPhaseWriter:
                     cur.execute(f"CREATE TABLE {table} ({defs})".encode())
                     cur.execute(
                         sql.SQL("COMMENT ON TABLE {} IS {}").format(
-                            sql.SQL(table),  # type: ignore[arg-type]
+                            sql.SQL(table),
                             sql.Literal(f"{stage_comment(self.plan.sink_id)}: {text}"),
                         )
                     )
