@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = {
-    "kafka-eos": "sources.kafka.options:OPTIONS",
+    "kafka-eos": "sources.kafka.option_specs:OPTIONS",
     "postgres-upsert": "sinks.postgres.options:UPSERT_OPTIONS",
     "postgres-2pc": "sinks.postgres.twophase.options:TWOPC_OPTIONS",
 }

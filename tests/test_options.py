@@ -1,44 +1,49 @@
-"""Option parsing: types, defaults, case-insensitive keys, and errors naming option and value."""
+"""Option parsing: types, defaults, case-insensitive keys, errors naming option and value, and the
+options classes derived from their specs (one declaration per option)."""
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from connectors.core.errors import ConfigError
-from connectors.core.options import REQUIRED, Option, OptionSet, parse_duration
-
-SPECS = OptionSet(
-    "test-source",
-    [
-        Option("subscribe", "list", description="topics"),
-        Option("maxOffsetsPerTrigger", "int", min=1),
-        Option("failOnDataLoss", "bool", True),
-        Option("maxTriggerDelay", "duration", 900.0),
-        Option("assign", "json"),
-        Option("mode", "choice", "append", choices=("append", "upsert")),
-        Option("password", secret=True),
-        Option("table", default=REQUIRED, description="target table"),
-    ],
-    passthrough=("kafka.",),
+from connectors.core.options import (
+    REQUIRED,
+    Option,
+    OptionSet,
+    group,
+    option,
+    option_specs,
+    parse_duration,
+    reuse,
+    spec_of,
 )
+from sinks.postgres.options import CONNECTION_OPTIONS, UPSERT_OPTIONS, ConnectionOptions, UpsertOptions
+from sinks.postgres.twophase.options import TWOPC_OPTIONS
+from sources.kafka.options import OPTIONS as KAFKA_OPTIONS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Parsed:
-    subscribe: tuple
-    max_offsets_per_trigger: int | None
-    fail_on_data_loss: bool
-    max_trigger_delay: float
-    assign: object
-    mode: str
-    password: str | None
-    table: str
-    passthrough: dict
+    subscribe: tuple[str, ...] | None = option("subscribe", "list", description="topics")
+    max_offsets_per_trigger: int | None = option("maxOffsetsPerTrigger", "int", min=1)
+    fail_on_data_loss: bool = option("failOnDataLoss", "bool", True)
+    max_trigger_delay: float = option("maxTriggerDelay", "duration", 900.0)
+    assign: Any = option("assign", "json")
+    mode: str = option("mode", "choice", "append", choices=("append", "upsert"))
+    password: str | None = option("password", secret=True)
+    table: str = option("table", default=REQUIRED, description="target table")
+    passthrough: dict[str, str] = field(default_factory=dict)
+
+
+SPECS = OptionSet("test-source", Parsed, passthrough=("kafka.",))
 
 
 def test_parses_types_and_defaults_case_insensitively():
-    p = SPECS.parse_into(
-        Parsed,
+    p = SPECS.build(
         {
             "SUBSCRIBE": "a, b,,c",
             "maxoffsetspertrigger": "10",
@@ -58,6 +63,7 @@ def test_parses_types_and_defaults_case_insensitively():
     assert p.mode == "upsert"
     assert p.password is None
     assert p.passthrough == {"kafka.security.protocol": "SSL"}
+    assert SPECS.build({"table": "x"}) == Parsed(table="x")  # the class's defaults are the specs'
 
 
 def test_required_option_missing_names_it():
@@ -95,25 +101,38 @@ def test_same_option_twice_in_different_case_is_refused():
         SPECS.parse({"table": "t", "mode": "append", "MODE": "upsert"})
 
 
-def test_secret_values_never_appear_in_errors():
-    specs = OptionSet("s", [Option("password", "int", secret=True)])
+@dataclass(frozen=True, kw_only=True)
+class Secret:
+    password: int | None = option("password", "int", secret=True)
+
+
+def test_secret_values_never_appear_in_errors_or_repr():
     with pytest.raises(ConfigError) as info:
-        specs.parse({"password": "hunter2"})
+        OptionSet("s", Secret).build({"password": "hunter2"})
     assert "hunter2" not in str(info.value)
     assert "***" in str(info.value)
+    assert "1234" not in repr(OptionSet("s", Secret).build({"password": "1234"}))
 
 
 def test_ignored_keys_are_dropped():
     assert "path" not in SPECS.parse({"table": "t", "path": "/x"})
 
 
+def _even(v: int) -> None:
+    if v % 2:
+        raise ValueError("must be even")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Even:
+    n: int | None = option("n", "int", check=_even)
+
+
 def test_check_hook_rejects_with_its_reason():
-    specs = OptionSet(
-        "s", [Option("n", "int", check=lambda v: (_ for _ in ()).throw(ValueError("must be even")) if v % 2 else None)]
-    )
-    assert specs.parse({"n": "2"})["n"] == 2
+    specs = OptionSet("s", Even)
+    assert specs.build({"n": "2"}).n == 2
     with pytest.raises(ConfigError, match="must be even"):
-        specs.parse({"n": "3"})
+        specs.build({"n": "3"})
 
 
 @pytest.mark.parametrize(
@@ -128,3 +147,161 @@ def test_markdown_lists_every_option():
     for name in ("subscribe", "maxOffsetsPerTrigger", "table"):
         assert f"`{name}`" in table
     assert "required" in table
+
+
+# -- one declaration per option: the options classes are derived from their specs ----------------
+
+ALL = {"kafka-eos": KAFKA_OPTIONS, "postgres-upsert": UPSERT_OPTIONS, "postgres-2pc": TWOPC_OPTIONS}
+
+
+def _option_fields(cls: type, prefix: str = "") -> dict[str, tuple[dataclasses.Field, Option]]:
+    """{path: (field, spec)} of every option field, groups walked."""
+    out: dict[str, tuple[dataclasses.Field, Option]] = {}
+    for f in dataclasses.fields(cls):
+        sub = f.metadata.get("spark-eos options")
+        if sub is not None:
+            out.update(_option_fields(sub, f"{prefix}{f.name}."))
+        elif "spark-eos option" in f.metadata:
+            out[prefix + f.name] = (f, f.metadata["spark-eos option"])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_every_spec_is_a_field_and_every_field_a_spec(name: str) -> None:
+    options = ALL[name]
+    fields = _option_fields(options.cls)
+    assert [o.attr for o in options.options] == list(fields)  # the option set is the class's fields, in order
+    assert [o.name for o in options.options] == [spec.name for _f, spec in fields.values()]
+    plain = [f.name for f in dataclasses.fields(options.cls) if not f.metadata]
+    assert plain == (["kafka"] if name == "kafka-eos" else [])  # only the kafka.* passthrough map is no option
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_a_fields_default_is_its_specs_default(name: str) -> None:
+    for path, (f, spec) in _option_fields(ALL[name].cls).items():
+        if spec.required:
+            assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, path
+        else:
+            assert f.default == spec.default and type(f.default) is type(spec.default), path
+    if name == "kafka-eos":  # no required option: what an empty map parses to is the class's defaults
+        assert ALL[name].build({}) == ALL[name].cls()
+
+
+def test_a_spec_whose_default_disagrees_with_its_field_cannot_be_declared() -> None:
+    with pytest.raises(TypeError, match=r"default '5' is not a value of kind int"):
+        option("n", "int", "5")
+    with pytest.raises(TypeError, match=r"default 10 is not a value of kind duration"):
+        option("t", "duration", 10)  # a duration parses to float: 10.0
+    with pytest.raises(TypeError, match=r"default 'merge' is not one of"):
+        option("mode", "choice", "merge", choices=("append", "upsert"))
+
+    @dataclass(frozen=True, kw_only=True)
+    class WrongType:
+        n: str = option("n", "int", 5)
+
+    with pytest.raises(TypeError, match=r"WrongType.n: its type .* does not hold the values of option n"):
+        OptionSet("s", WrongType)
+
+    @dataclass(frozen=True, kw_only=True)
+    class NoNone:
+        n: int = option("n", "int")  # default None, but the field cannot hold None
+
+    with pytest.raises(TypeError, match=r"NoNone.n: its type"):
+        OptionSet("s", NoNone)
+
+
+def test_a_field_without_a_spec_is_refused() -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Stray:
+        n: int | None = option("n", "int")
+        m: int = 3  # an option whose spec was forgotten
+
+    with pytest.raises(TypeError, match=r"Stray.m: a field of an options class is an option\(\)"):
+        OptionSet("s", Stray)
+
+    @dataclass
+    class Mutable:
+        n: int | None = option("n", "int")
+
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        OptionSet("s", Mutable)
+
+
+def _same_spec(a: Option, b: Option) -> bool:
+    return (a.name, a.kind, a.choices, a.min, a.max, a.secret, a.check, a.convert) == (
+        b.name,
+        b.kind,
+        b.choices,
+        b.min,
+        b.max,
+        b.secret,
+        b.check,
+        b.convert,
+    )
+
+
+def test_postgres_2pc_reuses_the_upsert_specs_it_shares() -> None:
+    upsert = {o.name: o for o in UPSERT_OPTIONS.options}
+    twopc = {o.name: o for o in TWOPC_OPTIONS.options}
+    shared = sorted(set(upsert) & set(twopc))
+    assert set(upsert) <= set(twopc)  # every upsert option is a postgres-2pc option (its upsert mode)
+    for name in shared:
+        assert _same_spec(upsert[name], twopc[name]), name
+        if name != "key":
+            assert twopc[name].default == upsert[name].default, name
+    assert upsert["key"].required and twopc["key"].default == ()  # append mode has no key
+    assert twopc["version"].description == "upsert mode: " + upsert["version"].description
+
+
+def test_one_list_of_connection_fields() -> None:
+    names = [f.name for f in dataclasses.fields(ConnectionOptions)]
+    assert [o.attr for o in CONNECTION_OPTIONS] == names
+    for options in (UPSERT_OPTIONS, TWOPC_OPTIONS):
+        conn = [o for o in options.options if o.attr.startswith("connection.")]
+        assert [o.attr for o in conn] == [f"connection.{n}" for n in names]
+        assert all(_same_spec(a, b) and a.default == b.default for a, b in zip(conn, CONNECTION_OPTIONS, strict=True))
+    opts = UpsertOptions.from_options({"host": "h", "port": "6000", "table": "t", "key": "k"})
+    assert opts.connection == ConnectionOptions(host="h", port=6000)
+
+
+def _upper(value: str, context: str) -> str:
+    return f"{context}:{value.upper()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    size: int = option("inner.size", "int", 3)
+    label: str | None = option("inner.label", convert=_upper)
+
+    def validate(self, context: str) -> None:
+        if self.size > 10:
+            raise ConfigError(f"{context}: inner.size above 10", option="inner.size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer:
+    inner: Inner = group(Inner)
+    size: int = reuse(Inner, "size", default=4)  # another option of the same spec: a name clash
+    name: str = option("name", default=REQUIRED)
+
+
+def test_groups_converters_and_validate() -> None:
+    with pytest.raises(TypeError, match="duplicate option names"):
+        OptionSet("o", Outer)  # inner.size is declared twice
+
+    @dataclass(frozen=True, kw_only=True)
+    class Outer2:
+        inner: Inner = group(Inner)
+        count: int = reuse(Inner, "size", name="count", default=4)
+        name: str = option("name", default=REQUIRED)
+
+    options = OptionSet("o", Outer2)
+    assert [o.attr for o in options.options] == ["inner.size", "inner.label", "count", "name"]
+    got = options.build({"name": "n", "inner.label": "x", "Count": "7"})
+    assert got == Outer2(inner=Inner(size=3, label="o:X"), count=7, name="n")  # converted with the context
+    assert options.build({"name": "n"}).inner.label is None  # no value: nothing to convert
+    with pytest.raises(ConfigError, match=r"o: inner\.size above 10"):
+        options.build({"name": "n", "inner.size": "11"})
+    assert spec_of(Outer2, "count").name == "count" and option_specs(Inner)[0].attr == "size"
+    with pytest.raises(TypeError, match="has no option field 'nope'"):
+        spec_of(Inner, "nope")

@@ -1,4 +1,13 @@
-"""Typed option specs, parsed once into frozen dataclasses, with errors that name the option."""
+"""Typed option specs, parsed once into frozen dataclasses, with errors that name the option.
+
+One declaration per option: a connector's options are a frozen dataclass whose fields are declared by
+their specs, ``field: type = option("name", kind, default, description, ...)``. The spec is the one
+place of the option's name, type, default, checks and description; the field's default is the
+spec's; ``OptionSet(context, cls)`` derives the option table (docs: ``markdown()``) from the fields
+and ``build(raw)`` parses a raw map into the class. A field may also hold another options class whose
+options are read from the same map (``group(cls)``: the connection options of a sink), or reuse a spec
+another class declares (``reuse(cls, field, **changes)``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +15,11 @@ import dataclasses
 import difflib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from connectors.core.errors import ConfigError
 
@@ -16,10 +27,15 @@ __all__ = [
     "REQUIRED",
     "Option",
     "OptionSet",
+    "group",
+    "option",
+    "option_specs",
     "parse_bool",
     "parse_duration",
     "parse_spark_time_ms",
     "redact",
+    "reuse",
+    "spec_of",
 ]
 
 T = TypeVar("T")
@@ -109,6 +125,10 @@ class Option:
     string as whole milliseconds: a bare number is milliseconds), json, list (comma
     separated, stripped, empties dropped) or choice (one of ``choices``, compared
     case-insensitively and returned in the spelling of ``choices``).
+
+    ``check(value)`` refuses a parsed value with a ValueError (its text is the reason given);
+    ``convert(value, context)`` turns a given value into the field's value (a table name into a
+    ``TableName``) and raises its own ConfigError; an option with one has no default but None.
     """
 
     name: str
@@ -121,6 +141,7 @@ class Option:
     max: float | None = None
     attr: str = ""
     check: Callable[[Any], None] | None = field(default=None, compare=False)
+    convert: Callable[[Any, str], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in _PARSERS:
@@ -129,6 +150,12 @@ class Option:
             raise TypeError(f"option {self.name}: kind choice needs choices")
         if not self.attr:
             object.__setattr__(self, "attr", _snake(self.name))
+        if self.convert is not None and not (self.default is None or self.required):
+            raise TypeError(f"option {self.name}: an option with convert has no default but None")
+        if self.default is not None and not self.required and not _fits(self.kind, self.default):
+            raise TypeError(f"option {self.name}: default {self.default!r} is not a value of kind {self.kind}")
+        if self.kind == "choice" and self.default is not None and self.default not in self.choices:
+            raise TypeError(f"option {self.name}: default {self.default!r} is not one of {self.choices}")
 
     @property
     def required(self) -> bool:
@@ -219,6 +246,27 @@ _PARSERS: dict[str, Callable[[Option, str], Any]] = {
     "list": _parse_list,
     "choice": _parse_choice,
 }
+# The Python type each kind parses to (json: any).
+_TYPES: dict[str, type | None] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "duration": float,
+    "time_ms": int,
+    "json": None,
+    "list": tuple,
+    "choice": str,
+}
+
+
+def _fits(kind: str, value: object) -> bool:
+    wanted = _TYPES[kind]
+    if wanted is None:
+        return True
+    return isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool))
+
+
 _HINTS = {
     "str": "a string",
     "int": "a whole number",
@@ -231,8 +279,107 @@ _HINTS = {
 }
 
 
-class OptionSet:
-    """The options of one connector: parse a raw string map into a frozen dataclass.
+_SPEC = "spark-eos option"
+_GROUP = "spark-eos options"
+
+
+def option(
+    name: str,
+    kind: str = "str",
+    default: Any = None,
+    description: str = "",
+    *,
+    secret: bool = False,
+    choices: tuple[str, ...] = (),
+    min: float | None = None,
+    max: float | None = None,
+    check: Callable[[Any], None] | None = None,
+    convert: Callable[[Any, str], Any] | None = None,
+) -> Any:
+    """A field of an options dataclass, declared by its spec (see ``Option``): its default is the spec's
+    (``REQUIRED``: none), its name is the option's attribute, its repr hides a secret."""
+    spec = Option(
+        name, kind, default, description, secret=secret, choices=choices, min=min, max=max, check=check, convert=convert
+    )
+    return _field(spec)
+
+
+def reuse(owner: type, attr: str, **changes: Any) -> Any:
+    """A field declared by the spec of ``owner``'s field ``attr`` (another connector's option), with
+    ``changes`` (e.g. ``default=()`` where this connector does not require it)."""
+    spec = spec_of(owner, attr)
+    return _field(dataclasses.replace(spec, **changes) if changes else spec)
+
+
+def group(cls: type) -> Any:
+    """A field holding the options class ``cls``, whose options are read from the same map."""
+    _fields_of(cls)
+    return dataclasses.field(metadata={_GROUP: cls})
+
+
+def spec_of(owner: type, attr: str) -> Option:
+    """The spec of ``owner``'s field ``attr``."""
+    for f in _fields_of(owner):
+        if f.name == attr and _SPEC in f.metadata:
+            spec: Option = f.metadata[_SPEC]
+            return spec
+    raise TypeError(f"{owner.__name__} has no option field {attr!r}")
+
+
+def option_specs(cls: type) -> tuple[Option, ...]:
+    """The specs of an options class in field order, its groups' in place (attr: the field's path)."""
+    return tuple(_derive(cls, "", None))
+
+
+def _field(spec: Option) -> Any:
+    metadata = {_SPEC: spec}
+    if spec.required:
+        return dataclasses.field(metadata=metadata, repr=not spec.secret)
+    return dataclasses.field(default=spec.default, metadata=metadata, repr=not spec.secret)
+
+
+def _fields_of(cls: type) -> tuple[dataclasses.Field, ...]:
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        raise TypeError(f"{cls.__name__}: an options class is a frozen dataclass")
+    return dataclasses.fields(cls)
+
+
+def _derive(cls: type, prefix: str, passthrough_attr: str | None) -> list[Option]:
+    """Every spec of ``cls`` (attr: the field's path); a field that is neither an option, a group nor
+    the passthrough map, or whose type does not hold its option's values, is a TypeError."""
+    hints = typing.get_type_hints(cls)
+    specs: list[Option] = []
+    for f in _fields_of(cls):
+        where = f"{cls.__name__}.{f.name}"
+        if _SPEC in f.metadata:
+            spec: Option = f.metadata[_SPEC]
+            if spec.convert is None:
+                _check_annotation(where, spec, hints[f.name])
+            specs.append(dataclasses.replace(spec, attr=prefix + f.name))
+        elif _GROUP in f.metadata:
+            specs.extend(_derive(f.metadata[_GROUP], f"{prefix}{f.name}.", None))
+        elif f.name != passthrough_attr and f.init:
+            raise TypeError(f"{where}: a field of an options class is an option(), a group() or the passthrough map")
+    return specs
+
+
+def _check_annotation(where: str, spec: Option, annotation: Any) -> None:
+    if annotation is Any:
+        return
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    members = typing.get_args(annotation) if union else (annotation,)
+    held = {typing.get_origin(m) or m for m in members}
+    wanted = _TYPES[spec.kind]
+    if (wanted is not None and wanted not in held) or (spec.default is None and type(None) not in held):
+        raise TypeError(
+            f"{where}: its type {annotation} does not hold the values of option {spec.name} "
+            f"(kind {spec.kind}, default {spec.default!r})"
+        )
+
+
+class OptionSet(Generic[T]):
+    """The options of one connector, derived from its options class: parse a raw map into it.
 
     Keys are matched case-insensitively. Keys under ``passthrough`` prefixes (e.g. ``kafka.``) are
     collected, prefix kept, into the field named ``passthrough_attr``. ``ignored`` keys (options
@@ -243,20 +390,47 @@ class OptionSet:
     def __init__(
         self,
         context: str,
-        options: Sequence[Option],
+        cls: type[T],
         *,
         passthrough: Iterable[str] = (),
         passthrough_attr: str = "passthrough",
         ignored: Iterable[str] = ("path",),
     ) -> None:
         self.context = context
-        self.options = tuple(options)
+        self.cls = cls
+        self.passthrough = tuple(p.lower() for p in passthrough)
+        self.passthrough_attr = passthrough_attr
+        self.options = tuple(_derive(cls, "", passthrough_attr if self.passthrough else None))
         self.by_key = {o.name.lower(): o for o in self.options}
         if len(self.by_key) != len(self.options):
             raise TypeError(f"{context}: duplicate option names")
-        self.passthrough = tuple(p.lower() for p in passthrough)
-        self.passthrough_attr = passthrough_attr
         self.ignored = {k.lower() for k in ignored}
+
+    def build(self, raw: Mapping[str, Any]) -> T:
+        """Parse ``raw`` into the options class: each option's value (``convert``ed), each group built
+        the same way, then the class's ``validate(context)`` if it has one (checks across options)."""
+        values = self.parse(raw)
+        made: T = self._make(self.cls, values, "")
+        return made
+
+    def _make(self, cls: type[Any], values: Mapping[str, Any], prefix: str) -> Any:
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            spec = f.metadata.get(_SPEC)
+            if spec is not None:
+                value = values[prefix + f.name]
+                if spec.convert is not None and value is not None:
+                    value = spec.convert(value, self.context)
+                kwargs[f.name] = value
+            elif _GROUP in f.metadata:
+                kwargs[f.name] = self._make(f.metadata[_GROUP], values, f"{prefix}{f.name}.")
+            elif not prefix and self.passthrough and f.name == self.passthrough_attr:
+                kwargs[f.name] = values[f.name]
+        made = cls(**kwargs)
+        validate = getattr(made, "validate", None)
+        if validate is not None:
+            validate(self.context)
+        return made
 
     def parse(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """Return {attr: value} for every option (defaults filled), plus the passthrough map."""
@@ -293,13 +467,6 @@ class OptionSet:
         if self.passthrough:
             values[self.passthrough_attr] = extra
         return values
-
-    def parse_into(self, cls: type[T], raw: Mapping[str, Any], **extra_fields: Any) -> T:
-        values = self.parse(raw)
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        kwargs = {k: v for k, v in values.items() if k in names}
-        kwargs.update(extra_fields)
-        return cls(**kwargs)
 
     def _unknown(self, key: str) -> str:
         known = [o.name for o in self.options]

@@ -60,7 +60,7 @@ def prepare(cfg: PipelineConfig) -> None:
     from sinks.postgres.connection import ddl_lock
 
     with psycopg.connect(cfg.dsn, autocommit=True, connect_timeout=15) as conn, ddl_lock(conn):
-        conn.execute(table_ddl(cfg))  # type: ignore[arg-type]
+        conn.execute(table_ddl(cfg))
         if cfg.dead_letter_table is None:
             return
         guarded = conn.execute(

@@ -270,7 +270,7 @@ def load_config(
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib
             data = tomllib.loads(raw.decode("utf-8"))
         elif ext in (".yaml", ".yml"):
             import yaml

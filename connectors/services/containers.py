@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 UPSTREAM_KAFKA = "apache/kafka:3.9.1"
 UPSTREAM_POSTGRES = "postgres:16.9"
 with contextlib.suppress(ImportError):
-    from connectors.services import images as _images  # type: ignore[attr-defined]
+    from connectors.services import images as _images
 
     UPSTREAM_KAFKA = getattr(_images, "KAFKA_IMAGE", UPSTREAM_KAFKA)
     UPSTREAM_POSTGRES = getattr(_images, "POSTGRES_IMAGE", UPSTREAM_POSTGRES)

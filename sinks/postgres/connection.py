@@ -69,7 +69,7 @@ _RETRIABLE_CLASSES = ("08",)  # connection exceptions
 def sqlstate_of(exc: BaseException) -> str | None:
     state = getattr(exc, "sqlstate", None)
     if state is None and isinstance(exc, EosError):
-        state = exc.fields.get("sqlstate")  # type: ignore[assignment]
+        state = exc.fields.get("sqlstate")
     return state if isinstance(state, str) else None
 
 

@@ -281,7 +281,7 @@ def merge_staged(
     """Merge ``staging`` into the target inside the caller's transaction; return the counts."""
     counts = {"upserted": 0, "deleted": 0, "tombstoned": 0}
     for label, sql in merge_statements(plan, staging, unique):
-        cur.execute(sql)  # type: ignore[arg-type]  # built from quoted identifiers only
+        cur.execute(sql)  # built from quoted identifiers only
         if label:
             counts[label] += max(cur.rowcount, 0)
     return MergeCounts(staged=staged, **counts)
@@ -306,6 +306,6 @@ def ensure_tombstones(conn: psycopg.Connection, plan: MergePlan) -> None:
     if sql is None:
         return
     with ddl_lock(conn), conn.cursor() as cur:
-        cur.execute(sql)  # type: ignore[arg-type]
+        cur.execute(sql)
     if not conn.autocommit:
         conn.commit()

@@ -1,13 +1,17 @@
 """Options of the Postgres sinks: connection (dsn or host/port/...), table, key, version, deletes.
 
-Public API (shared by ``postgres-upsert`` and ``postgres-2pc``):
+Public API (shared by ``postgres-upsert`` and ``postgres-2pc``); each option is declared once, as a
+field of its options class (``connectors.core.options.option``):
 
-- ``CONNECTION_OPTIONS``: ``dsn`` | ``host``/``port``/``dbname``/``user``/``password`` (secret),
+- ``ConnectionOptions``: ``dsn`` | ``host``/``port``/``dbname``/``user``/``password`` (secret),
   ``connect_timeout``, ``statement_timeout``, ``retry.attempts``, ``retry.backoff``,
-  ``retry.max.backoff``.
-- ``TABLE_OPTIONS``: ``table`` (schema-qualified ok), ``key`` (list), ``version``,
-  ``delete.column``, ``delete.tombstones``, ``table.create``, ``columns`` (JSON rename map).
-- ``FAULTS_OPTION``: ``faults`` (a fault spec, see ``connectors.core.faults``).
+  ``retry.max.backoff``. ``CONNECTION_OPTIONS`` are its specs; ``connection_options(raw)`` picks
+  them out of a map.
+- ``ErrorsPolicy``: ``errors.tolerance``, ``errors.table``, ``errors.max``.
+- ``UpsertOptions``: the connection and errors options, ``table`` (schema-qualified ok), ``key``
+  (list), ``version``, ``delete.column``, ``delete.tombstones``, ``table.create``, ``columns`` (JSON
+  rename map), ``schema.evolution``, ``faults`` (a fault spec, see ``connectors.core.faults``).
+  ``UPSERT_OPTIONS`` is its option set; ``postgres-2pc`` reuses these specs.
 - ``ConnectionOptions.from_options(raw)`` / ``UpsertOptions.from_options(raw)``: frozen dataclasses;
   ``ConnectionOptions.conninfo()`` is the libpq conninfo; its repr/str never show the password.
 - ``parse_table_name(text) -> (schema | None, name)`` and ``quote_ident``/``qualified``.
@@ -19,11 +23,10 @@ the fix; libpq's own message is never passed on, since it quotes pieces of the s
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -31,14 +34,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from connectors.core.conninfo import check_conninfo, conninfo_error, redact_conninfo
 from connectors.core.errors import ConfigError, FatalError
-from connectors.core.options import REQUIRED, Option, OptionSet, redact
+from connectors.core.options import REQUIRED, OptionSet, group, option, option_specs, redact
 
 __all__ = [
     "CONNECTION_OPTIONS",
-    "ERRORS_OPTIONS",
-    "FAULTS_OPTION",
     "SPARK_OPTIONS",
-    "TABLE_OPTIONS",
     "UPSERT_OPTIONS",
     "ConnectionOptions",
     "ErrorsPolicy",
@@ -52,132 +52,44 @@ __all__ = [
     "redact_conninfo",
 ]
 
-CONNECTION_OPTIONS: tuple[Option, ...] = (
-    Option(
+SPARK_OPTIONS = ("path", "checkpointLocation")
+"""Options Spark itself adds to a sink's option map; accepted and ignored."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionOptions:
+    """Where and how to connect; ``repr``/``str`` never show the password."""
+
+    dsn: str | None = option(
         "dsn",
         "str",
         None,
         "libpq conninfo ('host=... dbname=...') or URL ('postgresql://user@host:5432/db')",
         secret=True,
-    ),
-    Option("host", "str", None, "server host (when no dsn is given; default localhost)"),
-    Option("port", "int", None, "server port (default 5432)", min=1, max=65535),
-    Option("dbname", "str", None, "database name"),
-    Option("user", "str", None, "user name"),
-    Option("password", "str", None, "password (never logged or shown)", secret=True),
-    Option("connect_timeout", "duration", 10.0, "give up connecting after this long", min=0.001),
-    Option("statement_timeout", "duration", 0.0, "cancel any statement running longer (0: no limit)", min=0),
-    Option(
+    )
+    host: str | None = option("host", "str", None, "server host (when no dsn is given; default localhost)")
+    port: int | None = option("port", "int", None, "server port (default 5432)", min=1, max=65535)
+    dbname: str | None = option("dbname", "str", None, "database name")
+    user: str | None = option("user", "str", None, "user name")
+    password: str | None = option("password", "str", None, "password (never logged or shown)", secret=True)
+    connect_timeout: float = option(
+        "connect_timeout", "duration", 10.0, "give up connecting after this long", min=0.001
+    )
+    statement_timeout: float = option(
+        "statement_timeout", "duration", 0.0, "cancel any statement running longer (0: no limit)", min=0
+    )
+    retry_attempts: int = option(
         "retry.attempts",
         "int",
         5,
         "tries of one task transaction on retriable failures (deadlock, serialization, connection loss)",
         min=1,
         max=100,
-    ),
-    Option("retry.backoff", "duration", 0.2, "first backoff between tries; doubles each time", min=0),
-    Option("retry.max.backoff", "duration", 5.0, "upper bound of one backoff", min=0),
-)
-
-SCHEMA_EVOLUTION_OPTION = Option(
-    "schema.evolution",
-    "choice",
-    "none",
-    "none: DataFrame columns the table lacks are refused before anything is written, with the ALTER TABLE "
-    "that adds them; add-columns: the sink adds them as nullable columns (under its DDL lock). A type change, "
-    "drop or rename is never made: refused with the statement to run",
-    choices=("none", "add-columns"),
-)
-
-TABLE_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "table", "str", REQUIRED, 'target table, optionally schema-qualified (schema.table; quote mixed case: "My"."T")'
-    ),
-    Option(
-        "key",
-        "list",
-        REQUIRED,
-        "comma-separated key columns (DataFrame names); the table needs a unique or primary key on them",
-    ),
-    Option(
-        "version",
-        "str",
-        None,
-        "column whose value orders writes of one key: a row replaces only a lower version; equal is a no-op",
-    ),
-    Option("delete.column", "str", None, "boolean column: true deletes the key (honouring the version guard)"),
-    Option(
-        "delete.tombstones",
-        "bool",
-        False,
-        "a row whose non-key columns (except version) are all null deletes the key, as a Kafka tombstone",
-    ),
-    Option(
-        "table.create",
-        "bool",
-        False,
-        "create the table from the DataFrame schema (key as primary key) when it does not exist",
-    ),
-    Option(
-        "columns", "json", None, 'JSON object renaming DataFrame columns to table columns, e.g. {"userId": "user_id"}'
-    ),
-    SCHEMA_EVOLUTION_OPTION,
-)
-
-FAULTS_OPTION = Option(
-    "faults", "str", None, "fault spec for tests (see connectors.core.faults); EOS_FAULTS adds to it"
-)
-
-ERRORS_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "errors.tolerance",
-        "choice",
-        "none",
-        "none: a row the target refuses (type, length, NOT NULL, CHECK, unique, foreign key) fails the task, "
-        "naming it; all: it goes to errors.table in the same transaction as the good rows",
-        choices=("none", "all"),
-    ),
-    Option("errors.table", "str", None, "the dead-letter table for errors.tolerance=all (created when missing)"),
-    Option(
-        "errors.max",
-        "str",
-        None,
-        "with errors.tolerance=all: fail a task that diverts more rows than this, before it commits: a count "
-        "(100) or a share of the task's rows (0.01 or 1%); postgres-2pc visibility=batch: of the batch's rows, "
-        "checked as it is published (the batch is then taken back); default no limit",
-    ),
-)
-
-SPARK_OPTIONS = ("path", "checkpointLocation")
-"""Options Spark itself adds to a sink's option map; accepted and ignored."""
-
-UPSERT_OPTIONS = OptionSet(
-    "postgres-upsert", (*CONNECTION_OPTIONS, *TABLE_OPTIONS, *ERRORS_OPTIONS, FAULTS_OPTION), ignored=SPARK_OPTIONS
-)
-
-_CONN_KEYS = {o.name for o in CONNECTION_OPTIONS}
-
-
-def connection_options(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The subset of ``raw`` that are connection options (case-insensitive keys)."""
-    return {k: v for k, v in raw.items() if str(k).lower() in _CONN_KEYS}
-
-
-@dataclass(frozen=True)
-class ConnectionOptions:
-    """Where and how to connect; ``repr``/``str`` never show the password."""
-
-    dsn: str | None = field(default=None, repr=False)
-    host: str | None = None
-    port: int | None = None
-    dbname: str | None = None
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    connect_timeout: float = 10.0
-    statement_timeout: float = 0.0
-    retry_attempts: int = 5
-    retry_backoff: float = 0.2
-    retry_max_backoff: float = 5.0
+    )
+    retry_backoff: float = option(
+        "retry.backoff", "duration", 0.2, "first backoff between tries; doubles each time", min=0
+    )
+    retry_max_backoff: float = option("retry.max.backoff", "duration", 5.0, "upper bound of one backoff", min=0)
 
     def __post_init__(self) -> None:
         for name in ("host", "dbname", "user", "password"):
@@ -192,7 +104,7 @@ class ConnectionOptions:
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], context: str = "postgres") -> ConnectionOptions:
-        return OptionSet(context, CONNECTION_OPTIONS).parse_into(cls, connection_options(raw))
+        return OptionSet(context, cls).build(connection_options(raw))
 
     def conninfo(self) -> str:
         """The libpq conninfo string: the dsn with host/port/... given separately taking precedence."""
@@ -233,6 +145,15 @@ class ConnectionOptions:
             return conninfo_to_dict(self.dsn).get("password")  # type: ignore[return-value]
         except Exception:
             return None
+
+
+CONNECTION_OPTIONS = option_specs(ConnectionOptions)
+_CONN_KEYS = {o.name for o in CONNECTION_OPTIONS}
+
+
+def connection_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The subset of ``raw`` that are connection options (case-insensitive keys)."""
+    return {k: v for k, v in raw.items() if str(k).lower() in _CONN_KEYS}
 
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[^".\s]+)'
@@ -293,61 +214,6 @@ def parse_table_name(text: str, option: str = "table") -> TableName:
 _MAX_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
 
-@dataclass(frozen=True)
-class ErrorsPolicy:
-    """``errors.tolerance`` / ``errors.table`` / ``errors.max`` of a sink."""
-
-    tolerance: str = "none"
-    table: TableName | None = None
-    max_count: int | None = None  # refused rows a task may divert; None: no limit
-    max_fraction: float | None = None  # or this share of the task's rows
-
-    @property
-    def divert(self) -> bool:
-        return self.tolerance == "all"
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any], context: str) -> ErrorsPolicy:
-        tolerance = values.get("errors_tolerance") or "none"
-        table_text = values.get("errors_table")
-        table = parse_table_name(table_text, option="errors.table") if table_text else None
-        if tolerance == "all" and table is None:
-            raise ConfigError(
-                f"{context}: errors.tolerance=all needs option 'errors.table', the dead-letter table refused rows "
-                "go to (created when missing), e.g. errors.table=public.orders_refused",
-                option="errors.table",
-            )
-        if tolerance == "none" and table is not None:
-            raise ConfigError(
-                f"{context}: option 'errors.table' is set but errors.tolerance is none (refused rows fail the "
-                "query); set errors.tolerance=all to divert them, or drop errors.table",
-                option="errors.tolerance",
-            )
-        max_count, max_fraction = _parse_max(values.get("errors_max"), context)
-        if (max_count is not None or max_fraction is not None) and tolerance != "all":
-            raise ConfigError(
-                f"{context}: option 'errors.max' only applies with errors.tolerance=all", option="errors.max"
-            )
-        return cls(tolerance, table, max_count, max_fraction)
-
-    def check(self, refused: int, rows: int, where: str, unit: str = "task", *, partial: bool = False) -> None:
-        """FatalError when a task (or a ``unit``: a batch) diverted more than ``errors.max`` allows
-        (raised before its commit). ``partial``: ``refused`` is the count so far, the search for more
-        stops here (both limits only grow with it)."""
-        if self.max_count is not None and refused > self.max_count:
-            limit = f"errors.max={self.max_count} rows"
-        elif self.max_fraction is not None and rows and refused / rows > self.max_fraction:
-            limit = f"errors.max={self.max_fraction:.4%} of the {unit}'s rows"
-        else:
-            return
-        raise FatalError(
-            f"{where}: the target refused {'at least ' if partial else ''}{refused} of {rows} rows, more than {limit}; "
-            f"nothing of this {unit} was "
-            f"written. The first refusals are in the {unit}'s log; fix the data or the table, or raise errors.max",
-            option="errors.max",
-        )
-
-
 def _parse_max(text: object, context: str) -> tuple[int | None, float | None]:
     if text is None or str(text).strip() == "":
         return None, None
@@ -373,89 +239,204 @@ def _parse_max(text: object, context: str) -> tuple[int | None, float | None]:
     return int(number), None
 
 
-@dataclass(frozen=True)
+def _errors_table(text: str, context: str) -> TableName:
+    return parse_table_name(text, option="errors.table")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorsPolicy:
+    """``errors.tolerance`` / ``errors.table`` / ``errors.max`` of a sink."""
+
+    tolerance: str = option(
+        "errors.tolerance",
+        "choice",
+        "none",
+        "none: a row the target refuses (type, length, NOT NULL, CHECK, unique, foreign key) fails the task, "
+        "naming it; all: it goes to errors.table in the same transaction as the good rows",
+        choices=("none", "all"),
+    )
+    table: TableName | None = option(
+        "errors.table",
+        "str",
+        None,
+        "the dead-letter table for errors.tolerance=all (created when missing)",
+        convert=_errors_table,
+    )
+    limit: tuple[int | None, float | None] | None = option(
+        "errors.max",
+        "str",
+        None,
+        "with errors.tolerance=all: fail a task that diverts more rows than this, before it commits: a count "
+        "(100) or a share of the task's rows (0.01 or 1%); postgres-2pc visibility=batch: of the batch's rows, "
+        "checked as it is published (the batch is then taken back); default no limit",
+        convert=_parse_max,
+    )
+
+    @property
+    def max_count(self) -> int | None:
+        """Refused rows a task may divert; None: no limit."""
+        return self.limit[0] if self.limit else None
+
+    @property
+    def max_fraction(self) -> float | None:
+        """Or this share of the task's rows."""
+        return self.limit[1] if self.limit else None
+
+    @property
+    def divert(self) -> bool:
+        return self.tolerance == "all"
+
+    def validate(self, context: str) -> None:
+        if self.tolerance == "all" and self.table is None:
+            raise ConfigError(
+                f"{context}: errors.tolerance=all needs option 'errors.table', the dead-letter table refused rows "
+                "go to (created when missing), e.g. errors.table=public.orders_refused",
+                option="errors.table",
+            )
+        if self.tolerance == "none" and self.table is not None:
+            raise ConfigError(
+                f"{context}: option 'errors.table' is set but errors.tolerance is none (refused rows fail the "
+                "query); set errors.tolerance=all to divert them, or drop errors.table",
+                option="errors.tolerance",
+            )
+        if (self.max_count is not None or self.max_fraction is not None) and self.tolerance != "all":
+            raise ConfigError(
+                f"{context}: option 'errors.max' only applies with errors.tolerance=all", option="errors.max"
+            )
+
+    def check(self, refused: int, rows: int, where: str, unit: str = "task", *, partial: bool = False) -> None:
+        """FatalError when a task (or a ``unit``: a batch) diverted more than ``errors.max`` allows
+        (raised before its commit). ``partial``: ``refused`` is the count so far, the search for more
+        stops here (both limits only grow with it)."""
+        if self.max_count is not None and refused > self.max_count:
+            limit = f"errors.max={self.max_count} rows"
+        elif self.max_fraction is not None and rows and refused / rows > self.max_fraction:
+            limit = f"errors.max={self.max_fraction:.4%} of the {unit}'s rows"
+        else:
+            return
+        raise FatalError(
+            f"{where}: the target refused {'at least ' if partial else ''}{refused} of {rows} rows, more than {limit}; "
+            f"nothing of this {unit} was "
+            f"written. The first refusals are in the {unit}'s log; fix the data or the table, or raise errors.max",
+            option="errors.max",
+        )
+
+
+def _table_name(text: str, context: str) -> TableName:
+    return parse_table_name(text)
+
+
+def _renames(columns: Any, context: str) -> tuple[tuple[str, str], ...]:
+    """The ``columns`` JSON object as sorted (DataFrame column, table column) pairs, or a ConfigError."""
+    if not isinstance(columns, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in columns.items()
+    ):
+        raise ConfigError(
+            f"{context}: option 'columns' must be a JSON object of DataFrame column -> table column names "
+            f'(strings), e.g. {{"userId": "user_id"}}; got {columns!r}',
+            option="columns",
+        )
+    targets = list(columns.values())
+    if len(set(targets)) != len(targets):
+        raise ConfigError(
+            f"{context}: option 'columns' maps two columns to one table column: {columns!r}", option="columns"
+        )
+    return tuple(sorted(columns.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
 class UpsertOptions:
     """Parsed options of the upsert sink (also the upsert mode of the two-phase sink)."""
 
-    connection: ConnectionOptions
-    table: TableName
-    key: tuple[str, ...]
-    version: str | None = None
-    delete_column: str | None = None
-    delete_tombstones: bool = False
-    table_create: bool = False
-    columns: tuple[tuple[str, str], ...] = ()
-    faults: str | None = None
-    schema_evolution: str = "none"
-    errors: ErrorsPolicy = field(default_factory=ErrorsPolicy)
+    connection: ConnectionOptions = group(ConnectionOptions)
+    table: TableName = option(
+        "table",
+        "str",
+        REQUIRED,
+        'target table, optionally schema-qualified (schema.table; quote mixed case: "My"."T")',
+        convert=_table_name,
+    )
+    key: tuple[str, ...] = option(
+        "key",
+        "list",
+        REQUIRED,
+        "comma-separated key columns (DataFrame names); the table needs a unique or primary key on them",
+    )
+    version: str | None = option(
+        "version",
+        "str",
+        None,
+        "column whose value orders writes of one key: a row replaces only a lower version; equal is a no-op",
+    )
+    delete_column: str | None = option(
+        "delete.column", "str", None, "boolean column: true deletes the key (honouring the version guard)"
+    )
+    delete_tombstones: bool = option(
+        "delete.tombstones",
+        "bool",
+        False,
+        "a row whose non-key columns (except version) are all null deletes the key, as a Kafka tombstone",
+    )
+    table_create: bool = option(
+        "table.create",
+        "bool",
+        False,
+        "create the table from the DataFrame schema (key as primary key) when it does not exist",
+    )
+    columns: tuple[tuple[str, str], ...] | None = option(
+        "columns",
+        "json",
+        None,
+        'JSON object renaming DataFrame columns to table columns, e.g. {"userId": "user_id"}',
+        convert=_renames,
+    )
+    schema_evolution: str = option(
+        "schema.evolution",
+        "choice",
+        "none",
+        "none: DataFrame columns the table lacks are refused before anything is written, with the ALTER TABLE "
+        "that adds them; add-columns: the sink adds them as nullable columns (under its DDL lock). A type change, "
+        "drop or rename is never made: refused with the statement to run",
+        choices=("none", "add-columns"),
+    )
+    errors: ErrorsPolicy = group(ErrorsPolicy)
+    faults: str | None = option(
+        "faults", "str", None, "fault spec for tests (see connectors.core.faults); EOS_FAULTS adds to it"
+    )
 
     @property
     def rename(self) -> dict[str, str]:
-        return dict(self.columns)
+        return dict(self.columns or ())
 
     @property
     def deletes(self) -> bool:
         return self.delete_column is not None or self.delete_tombstones
 
     @classmethod
-    def from_options(
-        cls, raw: Mapping[str, Any], option_set: OptionSet = UPSERT_OPTIONS, **extra: Any
-    ) -> UpsertOptions:
-        """Parse the raw option map; ``option_set`` lets the 2PC sink add its own options."""
-        values = option_set.parse(raw)
-        return cls.from_values(values, option_set.context, **extra)
+    def from_options(cls, raw: Mapping[str, Any]) -> UpsertOptions:
+        """Parse and check the raw option map."""
+        return UPSERT_OPTIONS.build(raw)
 
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any], context: str = "postgres-upsert", **extra: Any) -> UpsertOptions:
-        conn_fields = {f.name for f in dataclasses.fields(ConnectionOptions)}
-        connection = ConnectionOptions(**{k: v for k, v in values.items() if k in conn_fields})
-        key = tuple(values["key"])
+    def validate(self, context: str) -> None:
+        """The checks across options (``OptionSet.build`` runs them; ``context`` names the sink)."""
+        key = self.key
         if not key:
             raise ConfigError(f"{context}: option 'key' is empty; name one or more key columns", option="key")
         if len(set(key)) != len(key):
             raise ConfigError(f"{context}: option 'key' names a column twice: {','.join(key)}", option="key")
-        columns = values.get("columns")
-        if columns is None:
-            columns = {}
-        if not isinstance(columns, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and v for k, v in columns.items()
-        ):
-            raise ConfigError(
-                f"{context}: option 'columns' must be a JSON object of DataFrame column -> table column names "
-                f'(strings), e.g. {{"userId": "user_id"}}; got {columns!r}',
-                option="columns",
-            )
-        targets = list(columns.values())
-        if len(set(targets)) != len(targets):
-            raise ConfigError(
-                f"{context}: option 'columns' maps two columns to one table column: {columns!r}", option="columns"
-            )
-        version = values.get("version")
-        delete_column = values.get("delete_column")
-        for opt, col in (("version", version), ("delete.column", delete_column)):
+        for opt, col in (("version", self.version), ("delete.column", self.delete_column)):
             if col is not None and col in key:
                 raise ConfigError(
                     f"{context}: option '{opt}' names the key column {col!r}; pick a non-key column", option=opt
                 )
-        if version is not None and delete_column is not None and version == delete_column:
+        if self.version is not None and self.delete_column is not None and self.version == self.delete_column:
             raise ConfigError(
-                f"{context}: options 'version' and 'delete.column' name the same column {version!r}",
+                f"{context}: options 'version' and 'delete.column' name the same column {self.version!r}",
                 option="delete.column",
             )
-        return cls(
-            connection=connection,
-            table=parse_table_name(values["table"]),
-            key=key,
-            version=version,
-            delete_column=delete_column,
-            delete_tombstones=bool(values.get("delete_tombstones", False)),
-            table_create=bool(values.get("table_create", False)),
-            columns=tuple(sorted(columns.items())),
-            faults=values.get("faults"),
-            schema_evolution=values.get("schema_evolution") or "none",
-            errors=ErrorsPolicy.from_values(values, context),
-            **extra,
-        )
+
+
+UPSERT_OPTIONS = OptionSet("postgres-upsert", UpsertOptions, ignored=SPARK_OPTIONS)
 
 
 def option_text(value: Any) -> str:

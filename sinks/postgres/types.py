@@ -362,7 +362,7 @@ def check_table(
         with ddl_lock(conn), conn.cursor() as cur:
             if table.schema:
                 cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table.schema)}")
-            cur.execute(create_table_sql(table, columns, key))  # type: ignore[arg-type]
+            cur.execute(create_table_sql(table, columns, key))
         if not conn.autocommit:
             conn.commit()
         info = describe_table(conn, table)
@@ -437,11 +437,11 @@ def _add_columns(
     try:
         with ddl_lock(conn), conn.cursor() as cur:  # IF NOT EXISTS: a writer starting at once may add it first
             # ALTER TABLE waits for every transaction using the table; never forever
-            cur.execute(f"SET LOCAL lock_timeout = '{int(ALTER_LOCK_TIMEOUT * 1000)}ms'")  # type: ignore[arg-type]
+            cur.execute(f"SET LOCAL lock_timeout = '{int(ALTER_LOCK_TIMEOUT * 1000)}ms'")
             for c in new:
                 cur.execute(
                     f"ALTER TABLE {info.table.sql} ADD COLUMN IF NOT EXISTS {quote_ident(c.target)} {c.pg_type}"
-                )  # type: ignore[arg-type]
+                )
     except psycopg.errors.LockNotAvailable:
         raise RetriableError(
             f"postgres: schema.evolution=add-columns could not add {listed} to {name}: another transaction has "

@@ -38,6 +38,7 @@ from pyspark.sql.types import StructType
 
 from connectors.core import faults
 from connectors.core.errors import ConfigError
+from connectors.core.spark_task import task_identity
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging
@@ -78,17 +79,6 @@ class UpsertCommitMessage(WriterCommitMessage):
     refused: int = 0  # rows diverted to errors.table (errors.tolerance=all)
 
 
-def _task_context() -> tuple[int, int, int | None]:
-    """(partition, attempt, batch id) of the running task; batch id None outside streaming."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    if ctx is None:
-        return 0, 0, None
-    raw = ctx.getLocalProperty("streaming.sql.batchId")
-    return ctx.partitionId(), ctx.attemptNumber(), int(raw) if raw not in (None, "") else None
-
-
 class _UpsertWriterMixin:
     """The task side shared by the batch and the stream writer."""
 
@@ -100,7 +90,8 @@ class _UpsertWriterMixin:
         self.plan = UpsertPlanner(self.opts, schema).plan()
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:
-        partition, attempt, batch_id = _task_context()
+        who = task_identity()
+        partition, attempt, batch_id = who.partition, who.attempt, who.stream_batch
         ctx = {"batch": batch_id, "partition": partition, "attempt": attempt}
         faults.point("sink.before_write", spec=self.opts.faults, **ctx)
         keys = KeyTracker(self.plan.key)
@@ -203,13 +194,13 @@ class UpsertBatchWriter(_UpsertWriterMixin, DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self._setup(options, schema)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit(messages, None, self.plan.target)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # Tasks that finished are committed; a rerun of the job is a no-op for them (idempotent).
         log.warning("%s %s: job aborted; finished tasks stay committed, rerunning is safe", FORMAT, self.plan.target)
 
@@ -222,15 +213,15 @@ class UpsertStreamWriter(_UpsertWriterMixin, DataSourceStreamArrowWriter):
         # read-only (or idempotent CREATE ... IF NOT EXISTS), so running them again is harmless.
         self._setup(options, schema)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> UpsertCommitMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_commit(messages, batchId, self.plan.target)
         # The window the sink's idempotence covers: every task committed, Spark's commits/n not yet.
         faults.point("sink.after_commit", spec=self.opts.faults, batch=batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning(
             "%s %s batch %s aborted; its replay is a no-op for tasks that committed", FORMAT, self.plan.target, batchId
         )

@@ -19,8 +19,9 @@ from confluent_kafka import TopicPartition as CkTopicPartition
 
 from connectors.core import faults
 from connectors.core.errors import ConfigError, DataLossError, RetriableError
+from connectors.core.spark_task import task_identity
 from sources.kafka.client import DENIED, UNKNOWN_TOPIC, access_denied
-from sources.kafka.split import KafkaInputPartition, ReadSettings
+from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings
 
 __all__ = ["KafkaPartitionReader", "arrow_schema", "read_partition"]
 
@@ -214,13 +215,43 @@ def _cut(run: _Run, lo: int, cols: _Columns, s: ReadSettings, half: int | None) 
 
 
 def _batch_id() -> str | None:
-    try:
-        from pyspark import TaskContext
+    """The micro-batch this read task belongs to, as Spark's local property spells it (None: batch job)."""
+    batch = task_identity().stream_batch
+    return None if batch is None else str(batch)
 
-        ctx = TaskContext.get()
-        return ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-    except Exception:  # outside Spark (unit tests, benchmarks)
-        return None
+
+class _Batches:
+    """The Arrow batches of one read: the columns being filled and the position reached. A batch goes
+    out when it is full (rows or bytes); once past the range's middle, the rest goes out and the
+    ``source.read.mid`` fault point fires (once)."""
+
+    def __init__(self, r: OffsetRange, s: ReadSettings, ctx: dict[str, Any]) -> None:
+        self.settings, self.ctx = s, ctx
+        self.cols = _Columns(r.topic, r.partition, s.include_headers)
+        self.half = r.start + r.size // 2
+        self.mid_done = False
+        self.position = r.start
+
+    def ready(self) -> Iterator[pa.RecordBatch]:
+        """The batch that is full; at the range's middle, the rest and the fault point."""
+        s, cols = self.settings, self.cols
+        if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
+            yield cols.flush()
+        if not self.mid_done and self.position > self.half:
+            self.mid_done = True
+            if len(cols):
+                yield cols.flush()
+            faults.point("source.read.mid", spec=s.faults, **self.ctx)
+
+    def take_run(self, run: _Run) -> Iterator[pa.RecordBatch]:
+        """A clean run (records of this range only, in order), cut where batches fill or the middle is."""
+        lo = 0
+        while lo < len(run.offsets):
+            hi, size = _cut(run, lo, self.cols, self.settings, None if self.mid_done else self.half)
+            self.cols.extend(run, lo, hi, size)
+            self.position = run.offsets[hi - 1] + 1
+            lo = hi
+            yield from self.ready()
 
 
 class KafkaPartitionReader:
@@ -235,8 +266,7 @@ class KafkaPartitionReader:
         r, s = self.range, self.settings
         if r.size == 0:
             return
-        batch = _batch_id()
-        ctx = {"batch": batch, "topic": r.topic, "partition": r.partition}
+        ctx = {"batch": _batch_id(), "topic": r.topic, "partition": r.partition}
         faults.point("source.read.start", spec=s.faults, **ctx)
         consumer = _consumer(s)
         ctp = CkTopicPartition(r.topic, r.partition)
@@ -244,85 +274,79 @@ class KafkaPartitionReader:
         # No watermark round trip first: a start below the log's start (retention) comes back from the
         # fetch as out of range (auto.offset.reset=error) and is judged then, as Spark's consumer does.
         consumer.assign([CkTopicPartition(r.topic, r.partition, r.start)])
-        cols = _Columns(r.topic, r.partition, s.include_headers)
-        half = r.start + r.size // 2
-        mid_done = False
-        position = r.start
-
-        def ready(position: int) -> Iterator[pa.RecordBatch]:
-            """The batch that is full (rows or bytes); at the range's middle, the rest and the fault point."""
-            nonlocal mid_done
-            if len(cols) >= s.arrow_batch_rows or cols.bytes >= s.arrow_batch_bytes:
-                yield cols.flush()
-            if not mid_done and position > half:
-                mid_done = True
-                if len(cols):
-                    yield cols.flush()
-                faults.point("source.read.mid", spec=s.faults, **ctx)
-
+        out = _Batches(r, s, ctx)
         deadline = time.monotonic() + timeout
         try:
-            while position < r.end:
-                msgs = consumer.consume(num_messages=min(1000, max(1, r.end - position)), timeout=min(1.0, timeout))
-                before = position
-                run = _clean_run(msgs, position, r.end)
+            while out.position < r.end:
+                msgs = consumer.consume(num_messages=min(1000, max(1, r.end - out.position)), timeout=min(1.0, timeout))
+                before = out.position
+                run = _clean_run(msgs, out.position, r.end)
                 if run is not None:  # the common case: records of this range only, in order
-                    lo = 0
-                    while lo < len(run.offsets):
-                        hi, size = _cut(run, lo, cols, s, None if mid_done else half)
-                        cols.extend(run, lo, hi, size)
-                        position = run.offsets[hi - 1] + 1
-                        lo = hi
-                        yield from ready(position)
-                    msgs = []
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            if m.topic() == r.topic and m.partition() == r.partition and (m.offset() or 0) >= r.end:
-                                position = r.end  # the rest of the range is a gap (markers, aborted, compacted)
-                                break
-                            continue
-                        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                            position = self._out_of_range(consumer, ctp, position, timeout, err)
-                            consumer.assign([CkTopicPartition(r.topic, r.partition, position)])
-                            break
-                        if err.code() in DENIED:
-                            raise access_denied(
-                                r.topic, err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
-                            )
-                        if err.code() in _GONE and self._gone(consumer, ctp, timeout):
-                            self._loss(
-                                f"{r.topic}-{r.partition} is gone (topic or partition deleted) while reading "
-                                f"[{r.start}, {r.end}) at offset {position}: {err.name()}"
-                            )
-                            position = r.end  # failOnDataLoss=false: skip the rest of the range
-                            break
-                        if err.retriable() or not err.fatal():
-                            log.warning("kafka-eos: reading %s-%d: %s (retrying)", r.topic, r.partition, err)
-                            continue
-                        raise KafkaException(err)
-                    off: int = m.offset() or 0
-                    if off < position:
-                        continue  # already read (a fetch can start below the seek position)
-                    if off >= r.end:
-                        position = r.end
-                        break
-                    cols.add(m, off)
-                    position = off + 1
-                    yield from ready(position)
+                    yield from out.take_run(run)
+                else:
+                    yield from self._take_messages(consumer, ctp, msgs, out, timeout)
                 # measured after the yields too, so a slow consumer of our batches is not a timeout
-                if position > before:
+                if out.position > before:
                     deadline = time.monotonic() + timeout
-                elif position < r.end and time.monotonic() > deadline:  # no progress for pollTimeoutMs: never hang
-                    self._timed_out(consumer, ctp, position, timeout)
-            if len(cols):
-                yield cols.flush()
+                elif out.position < r.end and time.monotonic() > deadline:  # no progress for pollTimeoutMs: never hang
+                    self._timed_out(consumer, ctp, out.position, timeout)
+            if len(out.cols):
+                yield out.cols.flush()
         finally:
             try:
                 consumer.unassign()
             except KafkaException:
                 log.debug("unassign failed", exc_info=True)
+
+    def _take_messages(
+        self, consumer: Consumer, ctp: CkTopicPartition, msgs: list[Message], out: _Batches, timeout: float
+    ) -> Iterator[pa.RecordBatch]:
+        """A fetch that is not a clean run, record by record: errors, records of other ranges, gaps."""
+        r = self.range
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                resume = self._fetch_error(consumer, ctp, m, err, out.position, timeout)
+                if resume is None:
+                    continue
+                out.position = resume
+                break
+            off: int = m.offset() or 0
+            if off < out.position:
+                continue  # already read (a fetch can start below the seek position)
+            if off >= r.end:
+                out.position = r.end
+                break
+            out.cols.add(m, off)
+            out.position = off + 1
+            yield from out.ready()
+
+    def _fetch_error(
+        self, consumer: Consumer, ctp: CkTopicPartition, m: Message, err: KafkaError, position: int, timeout: float
+    ) -> int | None:
+        """What an error in a fetch at ``position`` means: the offset the read resumes at (the rest of this
+        fetch is dropped), None to go on with the fetch, or an exception."""
+        r = self.range
+        if err.code() == KafkaError._PARTITION_EOF:
+            if m.topic() == r.topic and m.partition() == r.partition and (m.offset() or 0) >= r.end:
+                return r.end  # the rest of the range is a gap (markers, aborted, compacted)
+            return None
+        if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            position = self._out_of_range(consumer, ctp, position, timeout, err)
+            consumer.assign([CkTopicPartition(r.topic, r.partition, position)])
+            return position
+        if err.code() in DENIED:
+            raise access_denied(r.topic, err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap)
+        if err.code() in _GONE and self._gone(consumer, ctp, timeout):
+            self._loss(
+                f"{r.topic}-{r.partition} is gone (topic or partition deleted) while reading "
+                f"[{r.start}, {r.end}) at offset {position}: {err.name()}"
+            )
+            return r.end  # failOnDataLoss=false: skip the rest of the range
+        if err.retriable() or not err.fatal():
+            log.warning("kafka-eos: reading %s-%d: %s (retrying)", r.topic, r.partition, err)
+            return None
+        raise KafkaException(err)
 
     @property
     def _bootstrap(self) -> str:

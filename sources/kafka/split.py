@@ -55,7 +55,7 @@ class ReadSettings:
 
 
 @dataclass(frozen=True)
-class KafkaInputPartition(InputPartition):  # type: ignore[misc]
+class KafkaInputPartition(InputPartition):
     """One Spark task: read exactly [start, end) of a topic-partition. Picklable, no clients inside."""
 
     range: OffsetRange

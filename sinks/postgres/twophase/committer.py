@@ -384,7 +384,7 @@ class Committer:
                 target=plan.target,
                 connect=self._connect,
                 columns=[(c.name, c.target) for c in plan.columns],
-                staged=sql.SQL(f"{staged_relation(stage, gids) or '(SELECT 1 WHERE false)'} s"),  # type: ignore[arg-type]
+                staged=sql.SQL(f"{staged_relation(stage, gids) or '(SELECT 1 WHERE false)'} s"),
                 where=sql.SQL("true"),
             )
         elif isinstance(cause, TooManyRefused):
@@ -473,7 +473,7 @@ def drop_empty_stages(conn: psycopg.Connection, tables: ProtocolTables, sink_id:
         try:
             with conn.transaction():
                 conn.execute("SET LOCAL lock_timeout = '200ms'")
-                if gid is None and conn.execute(f"SELECT 1 FROM {name} LIMIT 1".encode()).fetchone() is not None:  # type: ignore[arg-type]
+                if gid is None and conn.execute(f"SELECT 1 FROM {name} LIMIT 1".encode()).fetchone() is not None:
                     continue  # a shared table of 0.1 with rows of an attempt still prepared
                 conn.execute(f"DROP TABLE {name}".encode())
                 dropped.append(name)

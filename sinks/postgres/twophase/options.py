@@ -1,24 +1,25 @@
-"""``postgres-2pc`` options: the option specs and their parsed, checked form (``TwoPhaseOptions``)."""
+"""``postgres-2pc`` options: the option specs and their parsed, checked form (``TwoPhaseOptions``).
+
+The options it shares with ``postgres-upsert`` (connection, table, the upsert mode's key, version
+and deletes, columns, schema evolution, errors, faults) are that sink's specs, reused.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from connectors.core.errors import ConfigError
-from connectors.core.options import REQUIRED, Option, OptionSet
+from connectors.core.options import OptionSet, group, option, reuse, spec_of
 from sinks.postgres.options import (
-    CONNECTION_OPTIONS,
-    ERRORS_OPTIONS,
-    FAULTS_OPTION,
-    SCHEMA_EVOLUTION_OPTION,
     ConnectionOptions,
     ErrorsPolicy,
     TableName,
     UpsertOptions,
-    parse_table_name,
 )
 from sinks.postgres.twophase.decisions import (
     DEFAULT_SCHEMA,
@@ -29,193 +30,148 @@ FORMAT = "postgres-2pc"
 BATCH_IDENTITY = "batch-jobs"  # owner identity of df.write with caller-given batch ids
 log = logging.getLogger(__name__)
 
-TWOPC_OPTIONS = OptionSet(
-    FORMAT,
-    (
-        *CONNECTION_OPTIONS,
-        Option("table", "str", REQUIRED, "target table, optionally schema-qualified"),
-        Option(
-            "sink.id",
-            "str",
-            None,
-            "name of this sink in the decision log and in every gid; REQUIRED for streaming; unique per query, stable across its restarts",
-        ),
-        Option(
-            "batch.id",
-            "int",
-            None,
-            "batch writes (df.write): the caller's batch number; re-running the same batch id is a no-op",
-            min=0,
-        ),
-        Option(
-            "mode",
-            "choice",
-            "append",
-            "append: insert the rows; upsert: version-guarded upsert by key (options of postgres-upsert)",
-            choices=("append", "upsert"),
-        ),
-        Option("key", "list", (), "upsert mode: key columns (the table needs a unique/primary key on them)"),
-        Option("version", "str", None, "upsert mode: version column; a row replaces only a lower version"),
-        Option("delete.column", "str", None, "upsert mode: boolean column, true deletes the key"),
-        Option(
-            "delete.tombstones", "bool", False, "upsert mode: rows whose non-key columns are all null delete the key"
-        ),
-        Option("columns", "json", None, "JSON object renaming DataFrame columns to table columns"),
-        SCHEMA_EVOLUTION_OPTION,
-        Option(
-            "table.create",
-            "bool",
-            False,
-            "create the table from the DataFrame schema when missing (upsert: key as primary key)",
-        ),
-        Option(
-            "eos.schema",
-            "str",
-            DEFAULT_SCHEMA,
-            "schema of the protocol tables (sink_batches, sink_parts, sink_owners, staging)",
-        ),
-        Option(
-            "visibility",
-            "choice",
-            "batch",
-            "batch: a batch appears in one transaction (tasks stage, the driver publishes); partition: each task "
-            "writes straight into the table inside its prepared transaction and its rows appear as its COMMIT "
-            "PREPARED runs (no staging, no publish: Flink's XA sink)",
-            choices=("batch", "partition"),
-        ),
-        Option(
-            "lock.timeout",
-            "duration",
-            60.0,
-            "visibility=partition: how long a task waits for a row lock in the table (a sibling's prepared "
-            "transaction holding the same key never lets go before the batch commits)",
-            min=0.001,
-        ),
-        Option(
-            "checkpointLocation",
-            "str",
-            None,
-            "the query's checkpoint location (Spark passes writeStream.option('checkpointLocation') to the sink; "
-            "with twopc_batch pass it yourself): each decision is bound to what the query planned in "
-            "offsets/<batch>, so a restored older savepoint is refused instead of skipped. Required for streaming",
-        ),
-        Option(
-            "decisions.retain",
-            "int",
-            10000,
-            "published decisions kept per sink (the newest always stays); a checkpoint restored from further back is refused",
-            min=1,
-        ),
-        Option(
-            "prepared.timeout",
-            "duration",
-            3600.0,
-            "batch jobs: an undecided prepared transaction of another batch older than this belongs to a dead job and "
-            "is rolled back by the next job of the sink (keep it above your longest job's write time)",
-            min=1,
-        ),
-        Option(
-            "prepared.warn.age",
-            "duration",
-            300.0,
-            "log a warning when a prepared transaction of the sink is older than this",
-            min=0,
-        ),
-        Option(
-            "commit.attempts",
-            "int",
-            5,
-            "tries of each COMMIT PREPARED on connection loss before CommitUnknown",
-            min=1,
-            max=100,
-        ),
-        *ERRORS_OPTIONS,
-        FAULTS_OPTION,
-    ),
-    ignored=("path", "queryName"),  # Spark passes the writer's own options along
-)
+
+def _upsert_mode(attr: str, **changes: Any) -> Any:
+    """An option of the upsert sink that only mode=upsert uses, described as such."""
+    return reuse(UpsertOptions, attr, description=f"upsert mode: {spec_of(UpsertOptions, attr).description}", **changes)
 
 
-@dataclass(frozen=True)
+def _sink_id(value: str, context: str) -> str:
+    return check_sink_id(value)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TwoPhaseOptions:
     """Parsed options of ``postgres-2pc``."""
 
-    connection: ConnectionOptions
-    table: TableName
-    sink_id: str | None
-    batch_id: int | None
-    mode: str
-    upsert: UpsertOptions | None
-    rename: tuple[tuple[str, str], ...]
-    table_create: bool
-    eos_schema: str
-    warn_age: float
-    commit_attempts: int
-    faults: str | None
-    checkpoint: str | None = None
-    retain: int = 10000
-    prepared_timeout: float = 3600.0
-    visibility: str = "batch"
-    lock_timeout: float = 60.0
-    schema_evolution: str = "none"
-    errors: ErrorsPolicy = field(default_factory=ErrorsPolicy)
+    connection: ConnectionOptions = group(ConnectionOptions)
+    table: TableName = reuse(UpsertOptions, "table")
+    sink_id: str | None = option(
+        "sink.id",
+        "str",
+        None,
+        "name of this sink in the decision log and in every gid; REQUIRED for streaming; unique per query, stable across its restarts",
+        convert=_sink_id,
+    )
+    batch_id: int | None = option(
+        "batch.id",
+        "int",
+        None,
+        "batch writes (df.write): the caller's batch number; re-running the same batch id is a no-op",
+        min=0,
+    )
+    mode: str = option(
+        "mode",
+        "choice",
+        "append",
+        "append: insert the rows; upsert: version-guarded upsert by key (options of postgres-upsert)",
+        choices=("append", "upsert"),
+    )
+    key: tuple[str, ...] = _upsert_mode("key", default=())
+    version: str | None = _upsert_mode("version")
+    delete_column: str | None = _upsert_mode("delete_column")
+    delete_tombstones: bool = _upsert_mode("delete_tombstones")
+    columns: tuple[tuple[str, str], ...] | None = reuse(UpsertOptions, "columns")
+    schema_evolution: str = reuse(UpsertOptions, "schema_evolution")
+    table_create: bool = reuse(
+        UpsertOptions,
+        "table_create",
+        description="create the table from the DataFrame schema when missing (upsert: key as primary key)",
+    )
+    eos_schema: str = option(
+        "eos.schema",
+        "str",
+        DEFAULT_SCHEMA,
+        "schema of the protocol tables (sink_batches, sink_parts, sink_owners, staging)",
+    )
+    visibility: str = option(
+        "visibility",
+        "choice",
+        "batch",
+        "batch: a batch appears in one transaction (tasks stage, the driver publishes); partition: each task "
+        "writes straight into the table inside its prepared transaction and its rows appear as its COMMIT "
+        "PREPARED runs (no staging, no publish: Flink's XA sink)",
+        choices=("batch", "partition"),
+    )
+    lock_timeout: float = option(
+        "lock.timeout",
+        "duration",
+        60.0,
+        "visibility=partition: how long a task waits for a row lock in the table (a sibling's prepared "
+        "transaction holding the same key never lets go before the batch commits)",
+        min=0.001,
+    )
+    checkpoint: str | None = option(
+        "checkpointLocation",
+        "str",
+        None,
+        "the query's checkpoint location (Spark passes writeStream.option('checkpointLocation') to the sink; "
+        "with twopc_batch pass it yourself): each decision is bound to what the query planned in "
+        "offsets/<batch>, so a restored older savepoint is refused instead of skipped. Required for streaming",
+    )
+    retain: int = option(
+        "decisions.retain",
+        "int",
+        10000,
+        "published decisions kept per sink (the newest always stays); a checkpoint restored from further back is refused",
+        min=1,
+    )
+    prepared_timeout: float = option(
+        "prepared.timeout",
+        "duration",
+        3600.0,
+        "batch jobs: an undecided prepared transaction of another batch older than this belongs to a dead job and "
+        "is rolled back by the next job of the sink (keep it above your longest job's write time)",
+        min=1,
+    )
+    warn_age: float = option(
+        "prepared.warn.age",
+        "duration",
+        300.0,
+        "log a warning when a prepared transaction of the sink is older than this",
+        min=0,
+    )
+    commit_attempts: int = option(
+        "commit.attempts",
+        "int",
+        5,
+        "tries of each COMMIT PREPARED on connection loss before CommitUnknown",
+        min=1,
+        max=100,
+    )
+    errors: ErrorsPolicy = group(ErrorsPolicy)
+    faults: str | None = reuse(UpsertOptions, "faults")
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> TwoPhaseOptions:
-        values = TWOPC_OPTIONS.parse(dict(raw))
-        sink_id = values.get("sink_id")
-        if sink_id is not None:
-            check_sink_id(sink_id)
-        mode = values["mode"]
-        upsert = None
-        if mode == "upsert":
-            if not values.get("key"):
-                raise ConfigError(f"{FORMAT}: mode=upsert needs option 'key' (the key columns)", option="key")
-            upsert = UpsertOptions.from_values(values, FORMAT)
-        else:
-            for opt, attr in (("key", "key"), ("version", "version"), ("delete.column", "delete_column")):
-                if values.get(attr):
-                    raise ConfigError(
-                        f"{FORMAT}: option '{opt}' only applies to mode=upsert (mode is append)", option=opt
-                    )
-        columns = values.get("columns") or {}
-        if not isinstance(columns, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in columns.items()
-        ):
-            raise ConfigError(
-                f"{FORMAT}: option 'columns' must be a JSON object of strings, got {columns!r}", option="columns"
-            )
-        conn_fields = {
-            "dsn",
-            "host",
-            "port",
-            "dbname",
-            "user",
-            "password",
-            "connect_timeout",
-            "statement_timeout",
-            "retry_attempts",
-            "retry_backoff",
-            "retry_max_backoff",
-        }
-        return cls(
-            connection=ConnectionOptions(**{k: v for k, v in values.items() if k in conn_fields}),
-            table=parse_table_name(values["table"]),
-            sink_id=sink_id,
-            batch_id=values.get("batch_id"),
-            mode=mode,
-            upsert=upsert,
-            rename=tuple(sorted(columns.items())),
-            table_create=bool(values["table_create"]),
-            eos_schema=values["eos_schema"],
-            warn_age=float(values["prepared_warn_age"]),
-            commit_attempts=int(values["commit_attempts"]),
-            faults=values.get("faults"),
-            checkpoint=values.get("checkpoint_location"),
-            retain=int(values["decisions_retain"]),
-            prepared_timeout=float(values["prepared_timeout"]),
-            visibility=values["visibility"],
-            schema_evolution=values["schema_evolution"],
-            lock_timeout=float(values["lock_timeout"]),
-            errors=ErrorsPolicy.from_values(values, FORMAT),
-        )
+        return TWOPC_OPTIONS.build(dict(raw))
+
+    @property
+    def rename(self) -> tuple[tuple[str, str], ...]:
+        """``columns`` as (DataFrame column, table column) pairs."""
+        return self.columns or ()
+
+    @functools.cached_property
+    def upsert(self) -> UpsertOptions | None:
+        """mode=upsert: these options as the upsert sink's (checked as that sink checks them)."""
+        if self.mode != "upsert":
+            return None
+        upsert = UpsertOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(UpsertOptions)})
+        upsert.validate(FORMAT)
+        return upsert
+
+    def validate(self, context: str) -> None:
+        """The checks across options (``OptionSet.build`` runs them)."""
+        if self.mode == "upsert":
+            if not self.key:
+                raise ConfigError(f"{context}: mode=upsert needs option 'key' (the key columns)", option="key")
+            self.upsert  # noqa: B018  (built and checked now, not in a task)
+            return
+        for opt, value in (("key", self.key), ("version", self.version), ("delete.column", self.delete_column)):
+            if value:
+                raise ConfigError(f"{context}: option '{opt}' only applies to mode=upsert (mode is append)", option=opt)
+
+
+TWOPC_OPTIONS = OptionSet(
+    FORMAT, TwoPhaseOptions, ignored=("path", "queryName")
+)  # Spark passes the writer's own options along

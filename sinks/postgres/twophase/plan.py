@@ -124,7 +124,7 @@ def discard_staged(conn: psycopg.Connection, token: str, gids: Sequence[str]) ->
         names = ", ".join(task_table(_prefix(token), g).sql for g in gids)
         conn.execute(f"DROP TABLE IF EXISTS {names}".encode())
     else:
-        conn.execute(sql.SQL(f"DELETE FROM {token} WHERE {TAG_GID} = ANY(%s)"), (list(gids),))  # type: ignore[arg-type]
+        conn.execute(sql.SQL(f"DELETE FROM {token} WHERE {TAG_GID} = ANY(%s)"), (list(gids),))
 
 
 @dataclass(frozen=True)

@@ -43,14 +43,14 @@ class TwoPhaseBatchWriter(_Roles, DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
         self._setup(options, schema, streaming=False, overwrite=overwrite)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         assert self.opts.batch_id is not None
         self._committer().commit(messages, self.opts.batch_id)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         assert self.opts.batch_id is not None
         self._committer().abort(messages, self.opts.batch_id)
 
@@ -61,13 +61,13 @@ class TwoPhaseStreamWriter(_Roles, DataSourceStreamArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> None:
         self._setup(options, schema, streaming=True, overwrite=overwrite)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:
         return self._write(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._committer().commit(messages, batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._committer().abort(messages, batchId)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,8 @@ from pyspark.sql.types import StructType
 from connectors.core import faults
 from connectors.core.checkpoint import Lineage
 from connectors.core.errors import ConfigError, FatalError
+from connectors.core.spark_task import TaskIdentity
+from connectors.core.spark_task import task_identity as _task_context  # the protocol tests stand in for Spark here
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging, drop_staging
@@ -55,35 +56,6 @@ from sinks.postgres.twophase.plan import (
 from sinks.postgres.twophase.recovery import resolve, rollback_prepared
 
 log = logging.getLogger("sinks.postgres.twophase")
-
-
-@dataclass(frozen=True)
-class TaskIdentity:
-    """Who is writing: from Spark's TaskContext on an executor."""
-
-    partition: int = 0
-    attempt: int = 0  # the attempt number of this partition's task
-    task_attempt: int = 0  # Spark's task attempt id, unique in the application
-    stream_batch: int | None = None  # streaming.sql.batchId (None in a batch job)
-    query_id: str | None = None
-    run_id: str | None = None  # Spark's run id of the streaming query (its job group)
-
-
-def _task_context() -> TaskIdentity:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    if ctx is None:  # outside Spark (unit tests): one partition, first attempt
-        return TaskIdentity()
-    raw = ctx.getLocalProperty("streaming.sql.batchId")
-    return TaskIdentity(
-        partition=ctx.partitionId(),
-        attempt=ctx.attemptNumber(),
-        task_attempt=ctx.taskAttemptId(),
-        stream_batch=int(raw) if raw not in (None, "") else None,
-        query_id=ctx.getLocalProperty("sql.streaming.queryId") or None,
-        run_id=ctx.getLocalProperty("spark.jobGroup.id") or None,
-    )
 
 
 class TwoPhaseWriter:
@@ -140,7 +112,7 @@ class TwoPhaseWriter:
     # -- write (executor) ------------------------------------------------------------------
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> TwoPhaseMessage:
-        who = _task_context()
+        who: TaskIdentity = _task_context()
         partition, attempt_no, task_attempt = who.partition, who.attempt, who.task_attempt
         batch_id = self.opts.batch_id if self.opts.batch_id is not None else who.stream_batch
         if batch_id is None:
@@ -294,7 +266,7 @@ class TwoPhaseWriter:
                     cur.execute(f"CREATE TABLE {table} ({defs})".encode())
                     cur.execute(
                         sql.SQL("COMMENT ON TABLE {} IS {}").format(
-                            sql.SQL(table),  # type: ignore[arg-type]
+                            sql.SQL(table),
                             sql.Literal(f"{stage_comment(self.plan.sink_id)}: {text}"),
                         )
                     )

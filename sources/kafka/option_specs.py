@@ -1,0 +1,213 @@
+"""The kafka-eos source's options: Spark's names, types, defaults and descriptions, one field each.
+
+``KafkaSourceOptions`` declares every option once (``connectors.core.options.option``); ``OPTIONS`` is
+the option set derived from it (docs: ``scripts/docs_options.py``). The checks across options are in
+``option_checks``, the ``kafka.*`` translation to librdkafka in ``librdkafka``, and ``options``
+parses a raw map with both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.core.errors import ConfigError
+from connectors.core.options import OptionSet, option
+
+__all__ = ["CONTEXT", "DEFAULT_POLL_TIMEOUT_MS", "OPTIONS", "KafkaSourceOptions", "fail"]
+
+CONTEXT = "kafka-eos"
+DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's default: spark.network.timeout (120 s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSourceOptions:
+    """Every option of one kafka-eos source, typed; ``kafka`` holds the ``kafka.*`` passthrough."""
+
+    subscribe: tuple[str, ...] | None = option(
+        "subscribe",
+        "list",
+        description="Comma-separated topics to read (exactly one of subscribe, subscribePattern, assign).",
+    )
+    subscribe_pattern: str | None = option(
+        "subscribePattern",
+        "str",
+        description="Regular expression; every topic it finds (unanchored search) is read; re-evaluated each trigger.",
+    )
+    assign: Any = option("assign", "json", description='JSON of topic -> partitions, e.g. {"t":[0,1]}.')
+    starting_offsets: str | None = option(
+        "startingOffsets",
+        "str",
+        description='earliest, latest, group or JSON {"t":{"0":12}} (-2 earliest, -1 latest). Default: latest for streams, earliest for batch.',
+    )
+    starting_timestamp: int | None = option(
+        "startingTimestamp",
+        "int",
+        min=0,
+        description="Epoch millis; every partition starts at the first offset with a timestamp >= it. Precedes startingOffsetsByTimestamp and startingOffsets.",
+    )
+    starting_offsets_by_timestamp: Any = option(
+        "startingOffsetsByTimestamp",
+        "json",
+        description='JSON {"t":{"0":1700000000000}} of start timestamps per partition. Precedes startingOffsets.',
+    )
+    starting_offsets_by_timestamp_strategy: str = option(
+        "startingOffsetsByTimestampStrategy",
+        "choice",
+        default="error",
+        choices=("error", "latest"),
+        description="When no offset matches a start timestamp: fail (error) or start at latest.",
+    )
+    starting_offsets_location: str | None = option(
+        "startingOffsetsLocation",
+        "str",
+        description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see docs/kafka-source.md).",
+    )
+    ending_offsets: str | None = option(
+        "endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'
+    )
+    ending_timestamp: int | None = option(
+        "endingTimestamp",
+        "int",
+        min=0,
+        description="Batch only: epoch millis end for every partition. Precedes endingOffsetsByTimestamp and endingOffsets.",
+    )
+    ending_offsets_by_timestamp: Any = option(
+        "endingOffsetsByTimestamp",
+        "json",
+        description="Batch only: JSON of end timestamps per partition. Precedes endingOffsets.",
+    )
+    fail_on_data_loss: bool = option(
+        "failOnDataLoss",
+        "bool",
+        default=True,
+        description="Fail when records due to be read are gone (topic/partition deleted, aged out, offsets went back); false logs and skips.",
+    )
+    max_offsets_per_trigger: int | None = option(
+        "maxOffsetsPerTrigger",
+        "int",
+        min=1,
+        description="Most records per micro-batch, split across partitions in proportion to their backlog.",
+    )
+    min_offsets_per_trigger: int | None = option(
+        "minOffsetsPerTrigger",
+        "int",
+        min=1,
+        description="Fewest new records (counted to the topic's end, before maxOffsetsPerTrigger caps the batch) "
+        "for a trigger to run a batch; waits up to maxTriggerDelay for them; the first trigger runs at once.",
+    )
+    max_trigger_delay_ms: int = option(
+        "maxTriggerDelay",
+        "time_ms",
+        default=900_000,
+        description="Longest wait for minOffsetsPerTrigger before a smaller batch runs: Spark's time string, "
+        "a bare number is milliseconds (30s, 15m, 500); default 15m.",
+    )
+    max_bytes_per_trigger: int | None = option(
+        "maxBytesPerTrigger",
+        "int",
+        min=1,
+        description="Approximate most bytes per micro-batch (estimated from the sizes of at most 200 records "
+        "sampled at the start of the backlog, in at most 1 s).",
+    )
+    min_partitions: int | None = option(
+        "minPartitions",
+        "int",
+        min=1,
+        description="Desired minimum number of Spark tasks; big offset ranges are split proportionally.",
+    )
+    max_records_per_partition: int | None = option(
+        "maxRecordsPerPartition",
+        "int",
+        min=1,
+        description="Most records one Spark task reads; bigger ranges are split.",
+    )
+    include_headers: bool = option(
+        "includeHeaders",
+        "bool",
+        default=False,
+        description="Add the headers column (array<struct<key:string,value:binary>>).",
+    )
+    group_id_prefix: str = option(
+        "groupIdPrefix",
+        "str",
+        default="spark-kafka-source",
+        description="Prefix of the generated consumer group id (unused when kafka.group.id is set).",
+    )
+    poll_timeout_ms: int = option(
+        "kafkaConsumer.pollTimeoutMs",
+        "int",
+        default=DEFAULT_POLL_TIMEOUT_MS,
+        min=1,
+        description="Longest wait for data or metadata before a read or a metadata call fails with a clear error.",
+    )
+    fetch_offset_num_retries: int = option(
+        "fetchOffset.numRetries",
+        "int",
+        default=3,
+        min=0,
+        description="Retries of an offset or metadata look-up on the driver.",
+    )
+    fetch_offset_retry_interval_ms: int = option(
+        "fetchOffset.retryIntervalMs",
+        "int",
+        default=10,
+        min=0,
+        description="Pause between those retries.",
+    )
+    commit_offsets_to_group: bool = option(
+        "commitOffsetsToGroup",
+        "bool",
+        default=False,
+        description="After each completed batch, commit its end offsets to kafka.group.id for lag monitoring (never used for correctness).",
+    )
+    arrow_batch_rows: int = option(
+        "arrowBatchRows",
+        "int",
+        default=10_000,
+        min=1,
+        description="Rows per Arrow record batch a read task yields (bounds a worker's memory).",
+    )
+    arrow_batch_bytes: int = option(
+        "arrowBatchBytes",
+        "int",
+        default=8 * 1024 * 1024,
+        min=1024,
+        description="Payload bytes per Arrow record batch a read task yields (bounds a worker's memory).",
+    )
+    faults: str | None = option(
+        "faults",
+        "str",
+        description="Fault-injection spec for tests (see connectors.core.faults); EOS_FAULTS adds to it.",
+    )
+    topic: str | None = option(
+        "topic",
+        "str",
+        description="Spark's Kafka sink option (the topic written to): accepted so one options map serves "
+        "the source and the sink; ignored on a read, with a log line.",
+    )
+    kafka: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.get("kafka.bootstrap.servers", "")
+
+    @property
+    def group_id(self) -> str | None:
+        return self.kafka.get("kafka.group.id") or None
+
+    @property
+    def read_committed(self) -> bool:
+        return self.kafka.get("kafka.isolation.level", "read_uncommitted").strip().lower() == "read_committed"
+
+    @property
+    def starting_is_group(self) -> bool:
+        return (self.starting_offsets or "").strip().lower() == "group"
+
+
+OPTIONS = OptionSet(CONTEXT, KafkaSourceOptions, passthrough=("kafka.",), passthrough_attr="kafka")
+
+
+def fail(message: str, option: str) -> ConfigError:
+    """The source's ConfigError naming ``option``."""
+    return ConfigError(f"{CONTEXT}: {message}", option=option)
