@@ -108,7 +108,7 @@ def staged_present(conn: psycopg.Connection, token: str, gids: Sequence[str]) ->
     if not (row and row[0]):
         return dict.fromkeys(gids, False)
     rows = conn.execute(
-        sql.SQL(f"SELECT DISTINCT {TAG_GID} FROM {token} WHERE {TAG_GID} = ANY(%s)"),  # type: ignore[arg-type]
+        sql.SQL(f"SELECT DISTINCT {TAG_GID} FROM {token} WHERE {TAG_GID} = ANY(%s)"),
         (list(gids),),
     ).fetchall()
     there = {str(r[0]) for r in rows}
