@@ -208,11 +208,8 @@ def _services(stack: list[Any]) -> tuple[str, str, str]:
     stack.append(kafka)
     pg = services.postgres()
     stack.append(pg)
-    broker = (
-        " (tansu)"
-        if kafka.is_tansu
-        else (f" (Apache Kafka {kafka.version})" if getattr(kafka, "version", None) else "")
-    )
+    version = getattr(kafka, "version", None)  # the embedded Apache Kafka's
+    broker = " (tansu)" if kafka.is_tansu else (f" (Apache Kafka {version})" if version else "")
     what = (f"Kafka {kafka.kind}{broker} at {kafka.bootstrap}; "
             f"Postgres {pg.kind} at {pg.dsn_redacted} ({time.monotonic() - t:.1f}s)")  # fmt: skip
     return kafka.bootstrap, pg.dsn, what

@@ -81,7 +81,58 @@ class Committer:
         return RetryPolicy.of(self.opts.connection).run(fn, what)
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
+        """notifyCheckpointComplete(n): decide (or meet the decision), COMMIT PREPARED each gid,
+        publish, clean up strays; every step safe to repeat after a crash anywhere in it."""
         t0 = time.perf_counter()
+        sink_id = self.plan.sink_id
+        msgs, identity, lineage = self._checked_messages(messages, batch_id)
+        owns_all = identity is not None and identity != BATCH_IDENTITY
+        fctx = {"batch": batch_id}
+        faults.point("sink.commit.before_decision", spec=self.opts.faults, **fctx)
+        conn = self._retrying(self._connect, f"{FORMAT} commit connect")
+        try:
+            with sink_lock(conn, sink_id):
+                decision = self.tables.decision(conn, sink_id, batch_id)
+                if decision is None:
+                    run_id = next((m.run_id for m in msgs if m.run_id), None)
+                    nonce = next((m.nonce for m in msgs if m.nonce), self.nonce)
+                    decided = self._decide(conn, batch_id, msgs, identity, run_id, nonce, lineage)
+                    stage = self.plan.stage_token
+                else:
+                    stage = self._meet_decision(conn, decision, batch_id, lineage)
+                    decided = decision.gids
+            self.timings["decide"] = time.perf_counter() - t0
+            faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
+            # A published decision's gids are all finished (committed before the publish, or their loss
+            # accepted by `sinks resolve-lost --finish`): nothing to commit, the replay only cleans up.
+            if decision is None or not decision.published:
+                conn = self._commit_each(conn, batch_id, decided)
+            self.timings["commit_prepared"] = time.perf_counter() - t0
+            if stage == DIRECT:  # the rows became visible with their COMMIT PREPARED
+                self.tables.mark_published(conn, sink_id, batch_id)
+            else:
+                conn = self._publish(conn, batch_id, decided, stage)
+            self.timings["publish"] = time.perf_counter() - t0
+            self._clean_up(conn, batch_id, owns_all)
+        finally:
+            close_quietly(conn)
+        self.timings["total"] = time.perf_counter() - t0
+        _record_timings(sink_id, batch_id, len(decided), self.timings)
+        log.info(
+            "%s %s: batch %d committed (%d gids) in %.3fs",
+            FORMAT,
+            sink_id,
+            batch_id,
+            len(decided),
+            self.timings["total"],
+        )
+        faults.point("sink.after_commit", spec=self.opts.faults, **fctx)
+
+    def _checked_messages(
+        self, messages: list[WriterCommitMessage | None], batch_id: int
+    ) -> tuple[list[TwoPhaseMessage], str | None, Lineage | None]:
+        """The tasks' messages, all of this sink, batch, writer and lineage: (messages, the writer's
+        identity or None when no task ran, the batch's lineage); a FatalError for anything else."""
         sink_id = self.plan.sink_id
         msgs = [m for m in messages if isinstance(m, TwoPhaseMessage)]
         if len(msgs) != len(messages):
@@ -103,86 +154,64 @@ class Committer:
             )
         # No task at all (an empty input with zero partitions): nothing to fence, and stray cleanup
         # stays within this batch since we cannot tell whether a streaming query owns the sink.
-        identity = identities.pop() if identities else None
-        owns_all = identity is not None and identity != BATCH_IDENTITY
-        run_id = next((m.run_id for m in msgs if m.run_id), None)
-        nonce = next((m.nonce for m in msgs if m.nonce), self.nonce)
-        fctx = {"batch": batch_id}
-        faults.point("sink.commit.before_decision", spec=self.opts.faults, **fctx)
-        conn = self._retrying(self._connect, f"{FORMAT} commit connect")
+        return msgs, (identities.pop() if identities else None), lineage
+
+    def _meet_decision(
+        self, conn: psycopg.Connection, decision: Decision, batch_id: int, lineage: Lineage | None
+    ) -> str:
+        """A replay meets batch ``batch_id``'s decision: refuse another lineage (I1), take back a batch
+        staged under the query's previous columns; else the stage its rows are in (I3)."""
+        sink_id = self.plan.sink_id
         try:
-            with sink_lock(conn, sink_id):
-                decision = self.tables.decision(conn, sink_id, batch_id)
-                if decision is None:
-                    decided = self._decide(conn, batch_id, msgs, identity, run_id, nonce, lineage)
-                    stage = self.plan.stage_token
-                else:
-                    try:
-                        check_lineage(self.opts, decision, lineage)
-                    except LineageMismatch:
-                        resolve(conn, self.tables, sink_id, only_batch=batch_id)  # this attempt's gids
-                        raise
-                    stage = stage_of(decision, self.plan)
-                    if not decision.published and stage not in (DIRECT, self.plan.stage_token, self.plan.stage.sql):
-                        # Staged under the query's previous columns and no task of this attempt
-                        # took it back (a batch with no tasks): nothing is visible, take it back.
-                        undecide(conn, self.tables, decision, self.plan)
-                        resolve(conn, self.tables, sink_id, only_batch=batch_id)
-                        raise RetriableError(
-                            f"{FORMAT} {sink_id}: batch {batch_id} was staged under the query's previous columns "
-                            f"({stage}); it was taken back (nothing of it was visible): restart the query to "
-                            "write it with the current ones"
-                        )
-                    decided = decision.gids
-            self.timings["decide"] = time.perf_counter() - t0
-            faults.point("sink.commit.after_decision", spec=self.opts.faults, **fctx)
-            # A published decision's gids are all finished (committed before the publish, or their loss
-            # accepted by `sinks resolve-lost --finish`): nothing to commit, the replay only cleans up.
-            published = decision is not None and decision.published
-            for k, gid in enumerate(() if published else decided, 1):
-                try:
-                    _, conn2 = commit_prepared(
-                        self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
-                    )
-                except FatalError:
-                    self._check_still_ours(batch_id, decided)  # taken back by another attempt: say so
-                    raise
-                conn = conn2 if conn2 is not None else conn
-                faults.point("sink.commit.after_k", spec=self.opts.faults, k=k, **fctx)
-            self.timings["commit_prepared"] = time.perf_counter() - t0
-            if stage == DIRECT:  # the rows became visible with their COMMIT PREPARED
-                self.tables.mark_published(conn, sink_id, batch_id)
-            else:
-                conn = self._publish(conn, batch_id, decided, stage)
-            self.timings["publish"] = time.perf_counter() - t0
-            # Strays: attempts that lost (task retries, speculative twins, zombies, crashed runs) of
-            # this batch and, for a streaming query that owns every batch of the sink, of older batches.
-            resolve(
-                conn,
-                self.tables,
-                sink_id,
-                only_batch=None if owns_all else batch_id,
-                upto_batch=batch_id if owns_all else None,
-                stale_after=None if owns_all else self.opts.prepared_timeout,
+            check_lineage(self.opts, decision, lineage)
+        except LineageMismatch:
+            resolve(conn, self.tables, sink_id, only_batch=batch_id)  # this attempt's gids
+            raise
+        stage = stage_of(decision, self.plan)
+        if not decision.published and stage not in (DIRECT, self.plan.stage_token, self.plan.stage.sql):
+            # Staged under the query's previous columns and no task of this attempt
+            # took it back (a batch with no tasks): nothing is visible, take it back.
+            undecide(conn, self.tables, decision, self.plan)
+            resolve(conn, self.tables, sink_id, only_batch=batch_id)
+            raise RetriableError(
+                f"{FORMAT} {sink_id}: batch {batch_id} was staged under the query's previous columns "
+                f"({stage}); it was taken back (nothing of it was visible): restart the query to "
+                "write it with the current ones"
             )
-            if owns_all:
-                self.tables.prune_markers(conn, sink_id, batch_id - 100)
-                self.tables.prune_decisions(conn, sink_id, batch_id - self.opts.retain)
-            drop_empty_stages(conn, self.tables, sink_id)
-            warn_old_prepared(list_prepared(conn, sink_id), sink_id, self.opts.warn_age)
-        finally:
-            close_quietly(conn)
-        self.timings["total"] = time.perf_counter() - t0
-        _record_timings(sink_id, batch_id, len(decided), self.timings)
-        log.info(
-            "%s %s: batch %d committed (%d gids) in %.3fs",
-            FORMAT,
+        return stage
+
+    def _commit_each(self, conn: psycopg.Connection, batch_id: int, decided: tuple[str, ...]) -> psycopg.Connection:
+        """COMMIT PREPARED each decided gid (one already committed is proven by its marker)."""
+        for k, gid in enumerate(decided, 1):
+            try:
+                _, conn2 = commit_prepared(
+                    self._connect, self.tables, gid, attempts=self.opts.commit_attempts, conn=conn
+                )
+            except FatalError:
+                self._check_still_ours(batch_id, decided)  # taken back by another attempt: say so
+                raise
+            conn = conn2 if conn2 is not None else conn
+            faults.point("sink.commit.after_k", spec=self.opts.faults, k=k, batch=batch_id)
+        return conn
+
+    def _clean_up(self, conn: psycopg.Connection, batch_id: int, owns_all: bool) -> None:
+        """Strays: attempts that lost (task retries, speculative twins, zombies, crashed runs) of this
+        batch and, for a streaming query that owns every batch of the sink, of older batches; old
+        markers and decisions; this sink's empty staging tables; a warning for old prepared gids."""
+        sink_id = self.plan.sink_id
+        resolve(
+            conn,
+            self.tables,
             sink_id,
-            batch_id,
-            len(decided),
-            self.timings["total"],
+            only_batch=None if owns_all else batch_id,
+            upto_batch=batch_id if owns_all else None,
+            stale_after=None if owns_all else self.opts.prepared_timeout,
         )
-        faults.point("sink.after_commit", spec=self.opts.faults, **fctx)
+        if owns_all:
+            self.tables.prune_markers(conn, sink_id, batch_id - 100)
+            self.tables.prune_decisions(conn, sink_id, batch_id - self.opts.retain)
+        drop_empty_stages(conn, self.tables, sink_id)
+        warn_old_prepared(list_prepared(conn, sink_id), sink_id, self.opts.warn_age)
 
     def _decide(
         self,
