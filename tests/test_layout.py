@@ -180,3 +180,10 @@ def test_the_architecture_drawing_names_every_package_of_the_wheel() -> None:
     named = set(re.findall(r"\b((?:connectors|sources|sinks)(?:\.[a-z_]+)+)", drawing))
     gone = sorted(n for n in named if _known(n) is None)
     assert not gone, f"docs/architecture.md's drawing names what does not exist: {gone}"
+
+
+def test_chaos_finds_the_checkout_it_runs_from() -> None:
+    # chaos --pipeline runs integration/harness/runner.py of the clone: a move of the module must not lose it
+    from connectors.toolkit.chaos import _repo_root
+
+    assert Path(_repo_root()) == ROOT

@@ -254,7 +254,9 @@ class ChaosConfig:
 
 
 def _repo_root() -> str:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )  # connectors/toolkit/ -> the checkout
     if not os.path.exists(os.path.join(root, "integration", "harness", "runner.py")):
         raise SystemExit(
             "chaos pipelines run integration/harness/runner.py from a spark-eos source checkout; "
