@@ -14,6 +14,8 @@ EARLIEST = -2
 """Sentinel offset: the earliest offset still in the log (Spark's JSON uses -2)."""
 LATEST = -1
 """Sentinel offset: the offset after the last record (Spark's JSON uses -1)."""
+INT64_MAX = 2**63 - 1
+"""The largest offset Kafka (and Spark's JSON, a Long) can hold."""
 
 
 class TopicPartition(NamedTuple):
@@ -34,6 +36,8 @@ def _check(tp: TopicPartition, offset: int, *, symbolic: bool) -> None:
         raise ValueError(f"offset map: partition of {tp.topic!r} must be an int >= 0, got {tp.partition!r}")
     if not isinstance(offset, int) or isinstance(offset, bool):
         raise ValueError(f"offset map: offset of {tp} must be an int, got {offset!r}")
+    if offset > INT64_MAX:
+        raise ValueError(f"offset map: offset of {tp} is {offset}; expected at most {INT64_MAX} (a 64-bit offset)")
     if offset < 0 and not (symbolic and offset in (EARLIEST, LATEST)):
         raise ValueError(f"offset map: offset of {tp} is {offset}; expected >= 0" + (" or -2/-1" if symbolic else ""))
 

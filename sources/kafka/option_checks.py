@@ -13,7 +13,12 @@ from typing import Any
 
 from sources.kafka.option_specs import KafkaSourceOptions, fail
 
-__all__ = ["REJECTED_KAFKA_OPTIONS", "validate"]
+__all__ = ["INT32_MAX", "INT64_MAX", "REJECTED_KAFKA_OPTIONS", "validate"]
+
+INT64_MAX = 2**63 - 1
+"""The largest Kafka offset or timestamp (a signed 64-bit long on the broker and in Spark)."""
+INT32_MAX = 2**31 - 1
+"""The largest Kafka partition number (a signed 32-bit int)."""
 
 # Spark refuses these Kafka options (KafkaSourceProvider); we say why in the same words.
 REJECTED_KAFKA_OPTIONS: dict[str, str] = {
@@ -126,13 +131,17 @@ def _check_offset_json(value: Any, option: str, *, allowed: tuple[int, ...], wha
                 option,
             )
         for p, off in parts.items():
-            if not str(p).lstrip("-").isdigit() or int(p) < 0:
-                raise fail(f"option '{option}': {p!r} of topic {topic!r} is not a partition number", option)
-            if not isinstance(off, int) or isinstance(off, bool) or (off < 0 and off not in allowed):
+            if not str(p).lstrip("-").isdigit() or not 0 <= int(p) <= INT32_MAX:
+                raise fail(
+                    f"option '{option}': {p!r} of topic {topic!r} is not a partition number (0 to {INT32_MAX})",
+                    option,
+                )
+            if not isinstance(off, int) or isinstance(off, bool) or (off < 0 and off not in allowed) or off > INT64_MAX:
                 valid = " or ".join(str(a) for a in allowed)
                 raise fail(
                     f"option '{option}': {topic}-{p} is {json.dumps(off)}; expected a {what} >= 0"
-                    + (f" or {valid}" if allowed else ""),
+                    + (f" or {valid}" if allowed else "")
+                    + f" (topic {topic!r}, partition {p}; a {what} is at most {INT64_MAX}, Kafka's 64-bit limit)",
                     option,
                 )
     return value

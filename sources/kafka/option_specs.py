@@ -17,6 +17,7 @@ from connectors.core.options import OptionSet, option
 __all__ = ["CONTEXT", "DEFAULT_POLL_TIMEOUT_MS", "OPTIONS", "KafkaSourceOptions", "fail"]
 
 CONTEXT = "kafka-eos"
+INT64_MAX = 2**63 - 1  # Kafka's offsets and timestamps are signed 64-bit longs
 DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's default: spark.network.timeout (120 s)
 
 
@@ -44,6 +45,7 @@ class KafkaSourceOptions:
         "startingTimestamp",
         "int",
         min=0,
+        max=INT64_MAX,
         description="Epoch millis; every partition starts at the first offset with a timestamp >= it. Precedes startingOffsetsByTimestamp and startingOffsets.",
     )
     starting_offsets_by_timestamp: Any = option(
@@ -70,6 +72,7 @@ class KafkaSourceOptions:
         "endingTimestamp",
         "int",
         min=0,
+        max=INT64_MAX,
         description="Batch only: epoch millis end for every partition. Precedes endingOffsetsByTimestamp and endingOffsets.",
     )
     ending_offsets_by_timestamp: Any = option(

