@@ -70,3 +70,47 @@ def test_timestamps_above_int64_refused() -> None:
 def test_checkpointed_offsets_above_int64_refused() -> None:
     with pytest.raises(ConfigError, match=f"t-0 is {TOO_BIG}"):
         from_json({"t": {"0": TOO_BIG}}, what="batch 4's end offsets")
+
+
+# ---- 3. no secret in the repr or str of the options or of a pipeline's config ----------------
+
+SECRETS = {
+    "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="jaas-Pw-77";',
+    "kafka.ssl.key.password": "keyPw-88",
+    "kafka.sasl.password": "saslPw-99",
+    "kafka.ssl.keystore.password": "storePw-11",
+    "kafka.ssl.truststore.password": "trustPw-22",
+    "kafka.sasl.oauthbearer.client.secret": "oauthSecret-33",
+    "kafka.ssl.keystore.key": "-----BEGIN PRIVATE KEY-----pemKey-44",
+}
+SECRET_WORDS = ("jaas-Pw-77", "keyPw-88", "saslPw-99", "storePw-11", "trustPw-22", "oauthSecret-33", "pemKey-44")
+
+
+def test_kafka_options_repr_hides_secrets() -> None:
+    from sources.kafka.option_specs import KafkaSourceOptions
+
+    o = KafkaSourceOptions(subscribe=("t",), kafka={**BS, **SECRETS, "kafka.sasl.username": "alice"})
+    for text in (repr(o), str(o), f"{o}"):
+        for word in SECRET_WORDS:
+            assert word not in text
+        assert "alice" in text and "127.0.0.1:9" in text and "kafka.sasl.jaas.config" in text
+
+
+def test_pipeline_config_repr_hides_secrets() -> None:
+    from connectors.pipelines.config import PipelineConfig
+
+    cfg = PipelineConfig(
+        pipeline="ledger",
+        bootstrap="127.0.0.1:9092",
+        topic="payments",
+        dsn="postgresql://app:dsnPw-55@db:5432/ledger",
+        table="ledger",
+        checkpoint="/tmp/ck",
+        source_options=dict(SECRETS),
+        sink_options={"password": "sinkPw-66", "dsn": "host=db password=sinkDsnPw-67"},
+        spark_conf={"spark.hadoop.fs.s3a.secret.key": "s3Secret-12", "spark.sql.shuffle.partitions": "2"},
+    )
+    for text in (repr(cfg), str(cfg)):
+        for word in (*SECRET_WORDS, "dsnPw-55", "sinkPw-66", "sinkDsnPw-67", "s3Secret-12"):
+            assert word not in text
+        assert "payments" in text and "db:5432" in text and "spark.sql.shuffle.partitions" in text

@@ -43,9 +43,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectors.core.conninfo import redact_dsn
 from connectors.core.errors import ConfigError
 from connectors.core.options import parse_duration
 from connectors.pipelines.restart import parse_strategy
+from sources.kafka.option_specs import redact_options
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
 
@@ -137,6 +139,20 @@ class PipelineConfig:
 
     def replace(self, **changes: Any) -> PipelineConfig:
         return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        """Every field; the DSN's password and the value of every secret option (source, sink, Spark) as ``***``."""
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "dsn":
+                value = redact_dsn(value)
+            elif f.name in ("source_options", "sink_options", "spark_conf"):
+                value = redact_options(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    __str__ = __repr__
 
 
 def parse_trigger(text: str) -> tuple[str, float]:

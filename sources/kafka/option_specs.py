@@ -8,13 +8,42 @@ parses a raw map with both.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.core.errors import ConfigError
-from connectors.core.options import OptionSet, option
+from connectors.core.options import OptionSet, option, redact
 
-__all__ = ["CONTEXT", "DEFAULT_POLL_TIMEOUT_MS", "OPTIONS", "KafkaSourceOptions", "fail"]
+__all__ = [
+    "CONTEXT",
+    "DEFAULT_POLL_TIMEOUT_MS",
+    "OPTIONS",
+    "KafkaSourceOptions",
+    "fail",
+    "is_secret_option",
+    "redact_options",
+]
+
+# Option names whose values are secrets (Kafka's, librdkafka's, Spark's, Hadoop's, libpq's): passwords,
+# JAAS configs (they embed the password), keys, tokens, PEM contents. Matching more than the truth is fine.
+_SECRET_NAME = re.compile(
+    r"pass(word|wd|phrase)?($|[._])|secret|jaas|token|credential|private|(^|[._])key$|[._]pem$|keystore\.key|dsn$",
+    re.I,
+)
+
+
+def is_secret_option(name: str) -> bool:
+    """Whether the value of option ``name`` (e.g. ``kafka.sasl.jaas.config``) may be a secret."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the value of every secret option shown as ``***``, for repr and logs."""
+    return {k: redact(v) if is_secret_option(str(k)) else v for k, v in options.items()}
+
 
 CONTEXT = "kafka-eos"
 INT64_MAX = 2**63 - 1  # Kafka's offsets and timestamps are signed 64-bit longs
@@ -190,6 +219,18 @@ class KafkaSourceOptions:
         "the source and the sink; ignored on a read, with a log line.",
     )
     kafka: dict[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """Every option, the secret ones (``kafka.sasl.jaas.config``, ``kafka.ssl.key.password``, ...) as ``***``."""
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "kafka":
+                value = redact_options(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    __str__ = __repr__
 
     @property
     def bootstrap(self) -> str:
