@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 __all__ = ["build_parser", "main"]
 
 EXIT_CONFIG = 64  # EX_USAGE: a bad command line or config file
+_ONE_LINE_COMMANDS = ("inspect", "verify")  # any error: one line on stderr, never a traceback
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
@@ -62,9 +64,60 @@ def _savepoint_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+KAFKA_CHECK_TIMEOUT_S = 10.0
+"""How long ``verify`` waits for the Kafka cluster to answer before saying it is unreachable."""
+_BOOTSTRAP_SERVER = re.compile(r"(?:[A-Za-z_]+://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(\d{1,5}))?")
+
+
+def _check_bootstrap(bootstrap: str) -> None:
+    """Refuse a --bootstrap that is not host:port[,host:port...] (ConfigError, exit 64)."""
+    for server in bootstrap.split(","):
+        m = _BOOTSTRAP_SERVER.fullmatch(server.strip())
+        if not server.strip() or m is None or (m.group(1) is not None and not 0 < int(m.group(1)) < 65536):
+            from connectors.core.errors import ConfigError
+
+            raise ConfigError(
+                f"verify: --bootstrap {bootstrap!r} is not a Kafka bootstrap list: {server.strip()!r} is not "
+                "host:port; give host:port[,host:port...] (e.g. 127.0.0.1:9092)",
+                option="--bootstrap",
+            )
+
+
+def _check_topic(bootstrap: str, topic: str) -> None:
+    """The cluster answers and ``topic`` exists on it, or one clear error (unreachable: exit 2; no topic: 64)."""
+    from confluent_kafka import Consumer, KafkaException
+
+    from connectors.core.errors import ConfigError, EosError
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "spark-eos-verify-check", "log_level": 0})
+    try:
+        try:
+            meta = consumer.list_topics(topic, timeout=KAFKA_CHECK_TIMEOUT_S)
+        except KafkaException as exc:
+            raise EosError(
+                f"verify: the Kafka cluster at --bootstrap {bootstrap} did not answer within "
+                f"{KAFKA_CHECK_TIMEOUT_S:g}s ({exc.args[0].str() if exc.args else exc}); check the address "
+                "and that the brokers are up"
+            ) from None
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None:
+            raise ConfigError(
+                f"verify: --topic {topic!r} does not exist on {bootstrap}"
+                + (f" ({tmeta.error.str()})" if tmeta is not None and tmeta.error is not None else "")
+                + "; name the topic the pipeline reads",
+                option="--topic",
+            )
+    finally:
+        consumer.close()
+
+
 def _verify_cmd(args: argparse.Namespace) -> int:
+    from connectors.core.conninfo import check_conninfo
     from connectors.toolkit import checker
 
+    check_conninfo(args.dsn, option="--dsn", context="verify")
+    _check_bootstrap(args.bootstrap)
+    _check_topic(args.bootstrap, args.topic)
     aggregates = None
     if args.balances_table:
         aggregates = {"table": args.balances_table, "key": "account", "value": "amount",
@@ -279,7 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         if not type(exc).__module__.startswith("psycopg"):
-            raise
+            if args.command not in _ONE_LINE_COMMANDS or os.environ.get("SPARK_EOS_TRACEBACK"):
+                raise
+            # inspect and verify read what the user points them at: any failure is one line, no traceback.
+            fail(f"spark-eos {args.command}: error: {type(exc).__name__}: {exc} (SPARK_EOS_TRACEBACK=1 shows where)")
+            return 2
         # A driver error, e.g. a --dsn libpq rejects: its text can quote the password (and a traceback
         # would print it twice). Say what is wrong with the dsn instead, or else one scrubbed line.
         dsn = getattr(args, "dsn", None)

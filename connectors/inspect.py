@@ -15,6 +15,8 @@ import re
 from typing import Any
 
 from connectors.core.checkpoint import STATE_FILE, numbered, read_log_file
+from connectors.core.conninfo import check_conninfo
+from connectors.core.errors import ConfigError
 
 __all__ = ["inspect", "read_log_file", "render"]
 
@@ -52,9 +54,25 @@ def inspect(
 ) -> dict[str, Any]:
     """Everything ``spark-eos inspect`` shows, as a JSON-able dict."""
     if not os.path.isdir(checkpoint):
-        raise FileNotFoundError(f"checkpoint {checkpoint!r} does not exist or is not a directory")
+        what = "is not a directory" if os.path.exists(checkpoint) else "does not exist"
+        raise ConfigError(
+            f"inspect: checkpoint {checkpoint!r} {what}; give the query's checkpoint directory "
+            "(its checkpointLocation, the one holding offsets/ and commits/)",
+            option="CHECKPOINT",
+        )
     if not os.path.isdir(os.path.join(checkpoint, "offsets")):
-        raise ValueError(f"{checkpoint!r} is not a streaming checkpoint (no offsets/ directory)")
+        raise ConfigError(
+            f"inspect: {checkpoint!r} is not a streaming checkpoint (no offsets/ directory); give the query's "
+            "checkpointLocation",
+            option="CHECKPOINT",
+        )
+    if dsn:
+        check_conninfo(dsn, option="--dsn", context="inspect")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", eos_schema):
+        raise ConfigError(
+            f"inspect: --eos-schema {eos_schema!r} is not a plain identifier (letters, digits, _)",
+            option="--eos-schema",
+        )
     info: dict[str, Any] = {"checkpoint": os.path.abspath(checkpoint)}
     meta = os.path.join(checkpoint, "metadata")
     if os.path.exists(meta):
@@ -95,8 +113,6 @@ def inspect(
 def _sink(dsn: str, sink_id: str | None, schema: str) -> dict[str, Any]:
     import psycopg
 
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", schema):
-        raise ValueError(f"--eos-schema {schema!r} is not a plain identifier")
     out: dict[str, Any] = {"decisions": [], "in_doubt": []}
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.sink_batches",)).fetchone()
