@@ -114,3 +114,48 @@ def test_pipeline_config_repr_hides_secrets() -> None:
         for word in (*SECRET_WORDS, "dsnPw-55", "sinkPw-66", "sinkDsnPw-67", "s3Secret-12"):
             assert word not in text
         assert "payments" in text and "db:5432" in text and "spark.sql.shuffle.partitions" in text
+
+
+# ---- 4. the batch reader closes its driver client whatever planning does ---------------------
+
+
+class _Meta:
+    def __init__(self, topics: dict) -> None:
+        self.topics = topics
+
+
+class _FakeConsumer:
+    """A cluster that answers and holds no topic at all; counts what the source opens and closes."""
+
+    opened = 0
+    closed = 0
+
+    def __init__(self, conf: dict) -> None:
+        type(self).opened += 1
+
+    def list_topics(self, topic: str | None = None, timeout: float = 0) -> _Meta:
+        from confluent_kafka import KafkaError
+
+        class T:
+            error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+            partitions: dict = {}
+
+        return _Meta({topic: T()} if topic else {})
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+def test_batch_reader_closes_its_client_when_planning_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sources.kafka.client as client_mod
+    from sources.kafka.datasource import KafkaBatchReader
+
+    monkeypatch.setattr(client_mod, "Consumer", _FakeConsumer)
+    monkeypatch.setattr(_FakeConsumer, "opened", 0)
+    monkeypatch.setattr(_FakeConsumer, "closed", 0)
+    reader = KafkaBatchReader(parse_options({**BS, "subscribe": "no_such_topic"}, streaming=False))
+    with pytest.raises(ConfigError, match="no_such_topic"):
+        reader.partitions()
+    assert _FakeConsumer.opened == 1
+    assert _FakeConsumer.closed == 1
+    assert reader.planner.client._consumer is None

@@ -252,9 +252,10 @@ class KafkaBatchReader(DataSourceReader):
         self.planner = KafkaPlanner(opts, streaming=False)
 
     def partitions(self) -> Sequence[InputPartition]:
-        parts = self.planner.plan_batch()
-        self.planner.client.close()
-        return parts
+        try:
+            return self.planner.plan_batch()
+        finally:  # a planning failure (unknown topic, bad offsets, no broker) must not leak the driver's client
+            self.planner.client.close()
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, KafkaInputPartition):
