@@ -1,7 +1,9 @@
 """Container faults: Postgres SIGKILLed with prepared transactions, containers frozen, the broker killed.
 
 Each test gets its own Kafka and Postgres containers (host network, 127.0.0.1) so that killing or
-freezing them disturbs no other test. The pipeline is the crash matrix's runner (``kafka-eos`` ->
+freezing them disturbs no other test. Kafka is Apache Kafka with its log segments on a volume: on
+the suite's private engine spark-eos/kafka (the embedded broker's jars and configuration), on a
+user's engine upstream apache/kafka; so a SIGKILLed broker comes back with what it had written. The pipeline is the crash matrix's runner (``kafka-eos`` ->
 ``postgres-2pc``) and every pipeline test ends with the exact checker (``connectors.toolkit.checker``):
 the table equals the topic as a multiset, no prepared transaction of the sink is left, the sink's
 last decision equals Spark's last ``commits/n``, and the injected fault really fired.
@@ -9,7 +11,9 @@ last decision equals Spark's last ``commits/n``, and the injected fault really f
 
 from __future__ import annotations
 
-import json
+import select
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -18,7 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.services.containers import ContainerKafka, ContainerPostgres
 from connectors.toolkit import checker
@@ -185,73 +189,129 @@ def test_containers_paused_longer_than_client_timeouts(
     assert len(pipe.fired("sink.before_write")) == 1 and len(pipe.fired("source.read.start")) == 1
 
 
-def test_broker_container_killed_mid_batch_and_restarted(kafka_box: ContainerKafka, tmp_path: Path) -> None:
-    """SIGKILL the broker container with a transaction open (records produced, not committed),
-    then start it again on the same address.
+# A transactional writer in a process of its own, so that it can die with its transaction open
+# (librdkafka goes on committing in the background after commit_transaction() times out: a writer
+# left alive in the test process could commit the open transaction once the broker is back).
+WRITER = r"""
+import sys
+from confluent_kafka import Producer
 
-    What this proves everywhere: the producer's commit fails with a clear error instead of
-    pretending success, and the restarted broker serves the same bootstrap address.
-    With tansu (memory storage; the local image) it also proves the loss is visible: the topic and
-    its committed records are gone after the restart, so a reader sees offsets go backwards (the
-    kafka-eos source reports that as data loss). It cannot prove durability of committed records,
-    which tansu's memory storage does not have. With real Kafka (EOS_DOCKER_IMAGES=upstream) the
-    committed records survive the kill and the killed transaction's records stay invisible under
-    read_committed."""
-    topic = f"dk_kill_{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_box.bootstrap, topic, 1)
-    committed = [f"c{i}".encode() for i in range(5)]
-    prod = Producer(
-        {
-            "bootstrap.servers": kafka_box.bootstrap,
-            "transactional.id": f"tx-{topic}",
-            "transaction.timeout.ms": 10000,
-            "message.timeout.ms": 5000,
-            "socket.timeout.ms": 3000,
-        }
-    )
-    prod.init_transactions(30)
-    prod.begin_transaction()
-    for v in committed:
-        prod.produce(topic, v, partition=0)
-    prod.commit_transaction(30)
-    prod.begin_transaction()
-    for i in range(5):
-        prod.produce(topic, f"a{i}".encode(), partition=0)
-    prod.flush(10)  # in the broker, not committed: the kill lands mid-batch
+bootstrap, topic = sys.argv[1:3]
+prod = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}", "transaction.timeout.ms": 60000,
+                 "message.timeout.ms": 5000, "socket.timeout.ms": 3000})
+prod.init_transactions(30)
+prod.begin_transaction()
+for i in range(5):
+    prod.produce(topic, f"c{i}".encode(), partition=0)
+prod.commit_transaction(30)
+prod.begin_transaction()
+for i in range(5):
+    prod.produce(topic, f"a{i}".encode(), partition=0)
+assert prod.flush(10) == 0  # in the broker's log, not committed
+print("OPEN", flush=True)
+sys.stdin.readline()  # the broker is SIGKILLed meanwhile
+try:
+    prod.commit_transaction(8)
+except Exception as e:
+    print(f"COMMIT FAILED {type(e).__name__}: {e}", flush=True)
+else:
+    print("COMMITTED", flush=True)
+sys.stdin.readline()  # SIGKILLed here: the writer dies with its transaction open
+"""
 
-    code = kafka_box.kill("SIGKILL")
-    assert code == 137 and kafka_box.status() == "exited"
-    with pytest.raises(KafkaException):
-        prod.commit_transaction(8)
-    kafka_box.start()  # same container, same 127.0.0.1 port
 
+def _line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The writer's next line of output, within ``timeout`` seconds."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"the writer said nothing within {timeout}s"
+    return proc.stdout.readline().strip()
+
+
+def _read(bootstrap: str, topic: str, isolation: str, expect: int) -> list[bytes]:
+    """Every value of partition 0 from offset 0 an ``isolation`` reader gets: ``expect`` of them, then
+    2 s in which no further one may arrive."""
     consumer = Consumer(
         {
-            "bootstrap.servers": kafka_box.bootstrap,
-            "group.id": f"g-{topic}",
-            "isolation.level": "read_committed",
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
         }
     )
+    seen: list[bytes] = []
     try:
-        md = consumer.list_topics(timeout=10)
-        if kafka_box.is_tansu:
-            assert topic not in md.topics or consumer.get_watermark_offsets(TopicPartition(topic, 0), 10) == (0, 0), (
-                "tansu keeps topics in memory: the restarted broker should have lost them"
-            )
-            return
         consumer.assign([TopicPartition(topic, 0, 0)])
-        seen: list[bytes] = []
         deadline = time.monotonic() + 30
-        while len(seen) < len(committed) and time.monotonic() < deadline:
+        while len(seen) < expect and time.monotonic() < deadline:
             msg = consumer.poll(1)
             if msg is not None and not msg.error():
-                seen.append(msg.value())
-        time.sleep(2)
-        msg = consumer.poll(2)
-        if msg is not None and not msg.error():
-            seen.append(msg.value())
-        assert seen == committed, f"real Kafka: committed records must survive, aborted ones stay invisible: {seen}"
+                seen.append(msg.value() or b"")
+        settle = time.monotonic() + 2
+        while time.monotonic() < settle:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                seen.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_broker_container_killed_mid_batch_and_restarted(kafka_box: ContainerKafka, tmp_path: Path) -> None:
+    """SIGKILL the Apache Kafka container while a writer has a transaction open (5 records in the
+    log, not committed), let the writer's commit fail, kill the writer too, and start the broker
+    container again on the same address and volume.
+
+    The commit fails with a clear error instead of pretending success. The restarted broker has
+    lost nothing: the 5 committed records survive the SIGKILL, and so do the 5 of the open
+    transaction (a read_uncommitted reader gets all 10), but a read_committed reader gets only the
+    committed ones. When a new producer with the same transactional.id fences the dead writer, the
+    broker aborts its transaction: a record committed after it is read, the aborted ones stay
+    skipped, and they keep their offsets (high watermark 14 = 5 + commit marker + 5 + abort marker
+    + 1 + commit marker)."""
+    topic = f"dk_kill_{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_box.bootstrap, topic, 1)
+    committed = [f"c{i}".encode() for i in range(5)]
+    pending = [f"a{i}".encode() for i in range(5)]
+    log = tmp_path / "writer.log"  # librdkafka's own messages go to stderr
+    with open(log, "w") as err:
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, kafka_box.bootstrap, topic],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    try:
+        assert _line(writer, 90) == "OPEN", log.read_text()[-2000:]
+        code = kafka_box.kill("SIGKILL")
+        assert code == 137 and kafka_box.status() == "exited"
+        assert writer.stdin is not None
+        writer.stdin.write("commit\n")
+        writer.stdin.flush()
+        outcome = _line(writer, 60)
+        assert outcome.startswith("COMMIT FAILED KafkaException"), f"{outcome}\n{log.read_text()[-2000:]}"
+    finally:
+        writer.kill()  # the writer dies with its transaction open
+        writer.communicate(timeout=30)
+    kafka_box.start()  # same container, same 127.0.0.1 port, same data volume
+
+    assert _read(kafka_box.bootstrap, topic, "read_uncommitted", 10) == committed + pending, (
+        "records acknowledged before the SIGKILL were lost"
+    )
+    assert _read(kafka_box.bootstrap, topic, "read_committed", 5) == committed, (
+        "read_committed: the committed records must survive and the killed transaction stay invisible"
+    )
+
+    fencer = Producer({"bootstrap.servers": kafka_box.bootstrap, "transactional.id": f"tx-{topic}"})
+    fencer.init_transactions(60)  # bumps the epoch: the broker aborts the dead writer's transaction
+    fencer.begin_transaction()
+    fencer.produce(topic, b"after", partition=0)
+    fencer.commit_transaction(30)
+    assert _read(kafka_box.bootstrap, topic, "read_committed", 6) == [*committed, b"after"]
+    consumer = Consumer({"bootstrap.servers": kafka_box.bootstrap, "group.id": f"w-{topic}"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), 10) == (0, 14)
     finally:
         consumer.close()
 
@@ -260,18 +320,12 @@ def test_broker_container_killed_mid_batch_and_restarted(kafka_box: ContainerKaf
 def test_pipeline_with_broker_container_killed_mid_batch(
     kafka_box: ContainerKafka, pg_box: ContainerPostgres, tmp_path: Path
 ) -> None:
-    """kafka-eos -> postgres-2pc; the broker container is SIGKILLed while batch 1 is prepared in
-    Postgres (its records already read), then started again on the same address.
+    """kafka-eos -> postgres-2pc; the Apache Kafka container is SIGKILLed while batch 1 is prepared
+    in Postgres (its records already read), then started again on the same address and volume.
 
-    The sink needs no broker to commit: batch 1 commits exactly once, or, if its other read task
-    only started after the kill, it is rolled back whole. Then:
-    - tansu (local image, memory storage) comes back empty: the source's next plan sees the topic
-      gone and the query stops with the data-loss error (failOnDataLoss=true), never skipping
-      silently. The sink holds the committed batches exactly once, no prepared transaction is left and
-      the last decision equals Spark's last commit; what was lost with the broker cannot be
-      checked against a topic that no longer exists, and is not claimed.
-    - real Kafka (EOS_DOCKER_IMAGES=upstream) keeps the records: the query drains and the exact
-      checker compares the whole topic with the table."""
+    The sink needs no broker to commit: batch 1 commits exactly once. The restarted broker has kept
+    every record, so the query goes on where it was, drains, and the exact checker compares the
+    whole topic with the table."""
     pipe = _pipeline(kafka_box, pg_box, tmp_path)
     proc = pipe.process("sink.after_prepare:batch=1:partition=0:action=sleep:seconds=4:once").start()
     try:
@@ -285,26 +339,5 @@ def test_pipeline_with_broker_container_killed_mid_batch(
         proc.stop()
         raise
     pipe.outcomes.append(out)
-    if not kafka_box.is_tansu:
-        assert out.returncode == 0, pipe.describe()
-        _assert_exact(pipe, ["sink.after_prepare"])
-        return
-
-    assert out.returncode != 0 and "RUNNER FAILED" in out.log_tail, f"the loss went unnoticed: {pipe.describe()}"
-    assert "lost" in out.log_tail.lower(), f"the failure does not name the data loss: {out.log_tail[-2000:]}"
-    produced = {r["id"] for r in make_records(RECORDS, seed=7, prefix=f"{pipe.table}-")}
-    with psycopg.connect(pg_box.dsn, autocommit=True) as conn:
-        rows = checker.read_table(conn, pipe.table)
-        ends = checker.check_end_state(conn, sink_id=pipe.sink_id, checkpoint=pipe.checkpoint)
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "duplicates in the sink"
-    assert set(ids) <= produced, f"phantoms in the sink: {sorted(set(ids) - produced)[:5]}"
-    assert all(c.ok for c in ends), [c.summary for c in ends]
-    # batch 1 commits when its other read task had finished before the kill; if that task started
-    # after it, it hit the empty broker and batch 1 was rolled back whole. Either way the table
-    # holds exactly the records up to the end offsets of Spark's last committed batch.
-    last = checker.last_commit(pipe.checkpoint)
-    assert last is not None and last <= 2, f"the query went on past the loss: last commit {last}"
-    ends_json = (Path(pipe.checkpoint) / "offsets" / str(last)).read_text().splitlines()[-1]
-    committed = sum(json.loads(ends_json)[pipe.topic].values())  # every partition started at 0
-    assert 0 < committed < RECORDS and len(ids) == committed, (len(ids), ends_json)
+    assert out.returncode == 0, pipe.describe()
+    _assert_exact(pipe, ["sink.after_prepare"])

