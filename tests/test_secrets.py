@@ -177,14 +177,15 @@ def test_cli_sinks_prints_one_clean_line_for_a_malformed_dsn(
 def test_cli_falls_back_to_the_dsn_diagnosis_for_a_raw_driver_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], debug_logs: pytest.LogCaptureFixture
 ) -> None:
-    """A command that hands --dsn to psycopg itself (inspect): the driver's text never gets out."""
+    """A command that hands --dsn to psycopg (inspect): the driver's text never gets out; the DSN is
+    diagnosed before any connection, a usage error (exit 64)."""
     (tmp_path / "offsets").mkdir()
     dsn = "host=127.0.0.1 port=1 password=Zq9 xK7 wQ2 user=u"
     with pytest.raises(psycopg.ProgrammingError, match="xK7"):  # what libpq says: a piece of the password
         psycopg.conninfo.conninfo_to_dict(dsn)
     code = cli.main(["inspect", str(tmp_path), "--dsn", dsn])
     out, err = capsys.readouterr()
-    assert code == 2 and err.count("\n") == 1 and "option 'dsn'" in err and "Traceback" not in err
+    assert code == 64 and err.count("\n") == 1 and "option 'dsn'" in err and "Traceback" not in err
     assert_no_leak("Zq9 xK7 wQ2", out, err, *log_texts(debug_logs))
 
 
