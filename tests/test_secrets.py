@@ -185,7 +185,7 @@ def test_cli_falls_back_to_the_dsn_diagnosis_for_a_raw_driver_error(
         psycopg.conninfo.conninfo_to_dict(dsn)
     code = cli.main(["inspect", str(tmp_path), "--dsn", dsn])
     out, err = capsys.readouterr()
-    assert code == 64 and err.count("\n") == 1 and "option 'dsn'" in err and "Traceback" not in err
+    assert code == 64 and err.count("\n") == 1 and "option '--dsn'" in err and "Traceback" not in err
     assert_no_leak("Zq9 xK7 wQ2", out, err, *log_texts(debug_logs))
 
 
