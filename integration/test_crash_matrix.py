@@ -8,8 +8,9 @@ aggregates for the stateful pipeline, no prepared transaction of the sink left, 
 decision equal to Spark's last ``commits/n``.
 
 To stay inside the CI budget, one pipeline carries several faults: F1-F4 are four consecutive
-kills of one query, and F5-F8 hit one later run of it in ``local-cluster`` mode; F9, F10 and F15
-share one run behind two proxies. See /tmp/eos-readme/guarantees.md for what each F proves.
+kills of one query, and F5-F8 hit one later run of it in ``local-cluster`` mode; F9 and F10 share
+one run behind two proxies (the Kafka one in front of an Apache Kafka broker of the test's own), F15
+and F16 another. F20-F24 (broker faults) are in test_kafka_broker_faults.py. See /tmp/eos-readme/guarantees.md for what each F proves.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import uuid
 import psycopg
 import pytest
 
+from connectors.services._proc import free_port
+from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit import checker
 from connectors.toolkit.chaos import create_topic, make_records, produce_records
 from connectors.toolkit.harness import (
@@ -36,7 +39,6 @@ from connectors.toolkit.harness import (
 )
 from integration.harness.matrix import Pipeline
 from integration.harness.proxy import TcpProxy
-from integration.harness.tansu import Broker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -245,13 +247,15 @@ def _cut_for(proxy: TcpProxy, seconds: float) -> int:
 
 
 @pytest.mark.parametrize("visibility", ["batch", "partition"])
-def test_f9_f10_network_cuts(visibility, make_pipeline, postgres_service, tmp_path):
+def test_f9_f10_network_cuts(visibility, make_pipeline, postgres_service):
     broker_port = free_port()
     with (
         TcpProxy("127.0.0.1", broker_port) as kafka_proxy,
-        Broker(port=broker_port, advertised=kafka_proxy.port, log_path=str(tmp_path / "tansu.log")) as broker,
+        ApacheKafka(port=broker_port, advertised_port=kafka_proxy.port, heap="256m") as broker,
     ):
-        # a broker of our own that advertises the proxy, so every client connection goes through it
+        # an Apache Kafka broker of our own that advertises the proxy, so every client connection goes through it
+        # (the broker's own connections to itself too)
+        assert broker.bootstrap == kafka_proxy.address
         pipe = make_pipeline("2pc", bootstrap=broker.bootstrap, proxy_pg=True, options=_visibility(visibility))
         # a short stall per batch keeps the query busy long enough to cut it mid-stream
         proc = pipe.process("sink.before_write:partition=0:action=sleep:seconds=1", state="F9").start()
@@ -424,8 +428,40 @@ def test_f15_f16_aborted_input_and_second_query(visibility, make_pipeline, kafka
     if not kafka_service.is_tansu:  # F15 proper needs a broker that honours read_committed
         assert report.info["source_records"] == RECORDS
         assert leaked == 0, f"F15: {leaked} records of an aborted transaction reached the sink"
-    else:  # tansu 0.6 hands aborted records to read_committed readers too (not Kafka's behaviour)
+        # non-vacuity: the aborted records are in the log (a read_uncommitted reader gets them), and each
+        # partition's high watermark counts its records and two markers (the committed and the aborted transaction)
+        in_log, marks = _read_uncommitted(pipe.bootstrap, pipe.topic)
+        assert sum(1 for ids in in_log.values() for i in ids if i.endswith("-aborted")) == 50, "F15: no aborted input"
+        assert sum(len(ids) for ids in in_log.values()) == RECORDS + 50
+        assert {p: high - low - len(in_log[p]) for p, (low, high) in marks.items()} == {0: 2, 1: 2}, marks
+    else:  # EOS_KAFKA_EMBEDDED=tansu: tansu 0.6 hands aborted records to read_committed readers too (not Kafka's)
         assert leaked in (0, 50) and report.info["source_records"] == RECORDS + leaked
+
+
+def _read_uncommitted(bootstrap: str, topic: str) -> tuple[dict[int, list[str]], dict[int, tuple[int, int]]]:
+    """Every record id in each partition's log as a read_uncommitted reader gets it (aborted ones too), and each
+    partition's (log start offset, high watermark)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"f15-{uuid.uuid4().hex[:8]}",
+                  "isolation.level": "read_uncommitted", "enable.partition.eof": True})  # fmt: skip
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        marks = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+        c.assign([TopicPartition(topic, p, marks[p][0]) for p in parts])
+        ids: dict[int, list[str]] = {p: [] for p in parts}
+        ended: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(ended) < len(parts):
+            assert time.monotonic() < deadline, f"{topic}: partitions {sorted(set(parts) - ended)} not read in 60 s"
+            for m in c.consume(1000, 0.5):
+                if m.error() is None:
+                    ids[int(m.partition() or 0)].append(json.loads(m.value() or b"{}")["id"])
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(int(m.partition() or 0))
+        return ids, marks
+    finally:
+        c.close()
 
 
 # ---------------------------------------------------------------------------------------------

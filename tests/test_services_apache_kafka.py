@@ -82,6 +82,32 @@ def test_ports_are_checked(tmp_path: Path) -> None:
         ak.broker_properties(port=70000, controller_port=5, data_dir=tmp_path)
 
 
+def test_advertised_port_is_the_address_clients_are_given(tmp_path: Path) -> None:
+    # F9's broker listens on 9092 and sends every client to a proxy on 19092
+    props = ak.broker_properties(port=9092, controller_port=9093, data_dir=tmp_path, advertised_port=19092)
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"  # it still listens on port
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9093"
+    default = ak.broker_properties(port=9092, controller_port=9093, data_dir=tmp_path, advertised_port=None)
+    assert default["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9092"
+    for bad in (0, 70000, -1, True, "19092"):
+        with pytest.raises(ServiceError, match=rf"advertised_port={bad!r} is not a TCP port"):
+            ak.broker_properties(port=9092, controller_port=9093, data_dir=tmp_path, advertised_port=bad)  # type: ignore[arg-type]
+    with pytest.raises(ServiceError, match="advertised_port and controller_port are both 9093"):
+        ak.broker_properties(port=9092, controller_port=9093, data_dir=tmp_path, advertised_port=9093)
+    with pytest.raises(ServiceError, match=r"config\['advertised.listeners'\] is set by the embedded Apache Kafka"):
+        ak.validate_config({"advertised.listeners": "PLAINTEXT://127.0.0.1:1"})
+
+
+def test_a_bad_advertised_port_fails_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_jars(*args: object, **kwargs: object) -> None:
+        raise AssertionError("jars must not be looked up for a broker that cannot work")
+
+    monkeypatch.setattr(ak, "kafka_jars", no_jars)
+    with pytest.raises(ServiceError, match="advertised_port=0 is not a TCP port"):
+        ak.ApacheKafka(advertised_port=0)
+
+
 def test_a_bad_config_fails_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_jars(*args: object, **kwargs: object) -> None:
         raise AssertionError("jars must not be looked up for a config that cannot work")

@@ -449,20 +449,41 @@ def validate_config(config: Mapping[str, object] | None) -> dict[str, str]:
     return out
 
 
+def _check_advertised(advertised_port: int | None, controller_port: int | None) -> None:
+    if advertised_port is None:
+        return
+    if isinstance(advertised_port, bool) or not isinstance(advertised_port, int) or not 0 < advertised_port < 65536:
+        raise ServiceError(f"advertised_port={advertised_port!r} is not a TCP port")
+    if advertised_port == controller_port:
+        raise ServiceError(
+            f"advertised_port and controller_port are both {advertised_port}; clients must be sent to the broker's "
+            "listener (or a proxy in front of it), not to the controller"
+        )
+
+
 def broker_properties(
-    *, port: int, controller_port: int, data_dir: Path, config: Mapping[str, object] | None = None
+    *,
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    config: Mapping[str, object] | None = None,
+    advertised_port: int | None = None,
 ) -> dict[str, str]:
-    """server.properties of a combined broker+controller (node 1) on 127.0.0.1 with ``config`` on top."""
+    """server.properties of a combined broker+controller (node 1) on 127.0.0.1 with ``config`` on top.
+
+    ``advertised_port``: the port clients are told to connect to (default ``port``), e.g. a proxy in front of it.
+    """
     for name, value in (("port", port), ("controller_port", controller_port)):
         if not 0 < value < 65536:
             raise ServiceError(f"{name}={value} is not a TCP port")
     if port == controller_port:
         raise ServiceError(f"port and controller_port are both {port}; the broker needs two ports")
+    _check_advertised(advertised_port, controller_port)
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{advertised_port or port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
@@ -588,6 +609,10 @@ class ApacheKafka(KafkaService):
     (a named ``base_dir`` is always kept). ``config`` overrides broker settings
     (``{"log.segment.bytes": "1048576"}``), except those in MANAGED_KEYS. ``port=None`` picks free ports
     (and retries on a lost race); ``detached=True`` (``spark-eos services up``) lets the broker outlive us.
+    ``advertised_port`` makes the broker tell clients to connect to 127.0.0.1:``advertised_port`` (a TCP
+    proxy in front of ``port``, as the crash matrix's F9 uses): ``bootstrap`` then names that address, so
+    every connection goes through it, the broker's own ones to its listener too (transaction markers),
+    and the broker is healthy only while something there forwards to ``port``.
     """
 
     kind = "embedded"
@@ -608,8 +633,11 @@ class ApacheKafka(KafkaService):
         base_dir: str | None = None,
         detached: bool = False,
         keep: bool = False,
+        advertised_port: int | None = None,
     ) -> None:
         self.config = validate_config(config)
+        _check_advertised(advertised_port, controller_port)
+        self.advertised_port = advertised_port
         for name, value in (("port", port), ("controller_port", controller_port)):
             if value is not None and _proc.port_in_use(value):
                 raise ServiceError(
@@ -659,7 +687,7 @@ class ApacheKafka(KafkaService):
             for attempt in range(1 if named else _PORT_ATTEMPTS):
                 self.port = port if port is not None else _free_port(avoid=controller_port)
                 self.controller_port = controller_port if controller_port is not None else _free_port(avoid=self.port)
-                self.bootstrap = f"127.0.0.1:{self.port}"
+                self.bootstrap = f"127.0.0.1:{self.advertised_port or self.port}"
                 self._configure(retry=attempt > 0)
                 if self._launch(last_attempt=named or attempt == _PORT_ATTEMPTS - 1):
                     break
@@ -684,7 +712,11 @@ class ApacheKafka(KafkaService):
         A retry (the last ports were taken) formats again what the failed attempt formatted.
         """
         props = broker_properties(
-            port=self.port, controller_port=self.controller_port, data_dir=self.log_dir, config=self.config
+            port=self.port,
+            controller_port=self.controller_port,
+            data_dir=self.log_dir,
+            config=self.config,
+            advertised_port=self.advertised_port,
         )
         header = f"spark-eos embedded Apache Kafka {self.version}\nstarted by pid {os.getpid()}"
         self.properties_path.write_text(render_properties(props, header))

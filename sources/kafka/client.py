@@ -247,7 +247,7 @@ class KafkaMetadataClient:
             return {}
         level = IsolationLevel.READ_COMMITTED if self.read_committed else IsolationLevel.READ_UNCOMMITTED
 
-        def fetch() -> PartitionOffsets:
+        def once() -> PartitionOffsets:
             request = {CkTopicPartition(tp.topic, tp.partition): spec for tp, spec in specs.items()}
             futures = self.admin().list_offsets(request, isolation_level=level, request_timeout=self.timeout)
             out: PartitionOffsets = {}
@@ -255,6 +255,26 @@ class KafkaMetadataClient:
                 info = fut.result(timeout=self.timeout + 1)
                 out[TopicPartition(ctp.topic, ctp.partition)] = int(info.offset)
             return out
+
+        def fetch() -> PartitionOffsets:
+            # librdkafka fails a ListOffsets at once while no leader is known, or with the leader epoch it knew
+            # before a broker restarted (FENCED_LEADER_EPOCH): one attempt waits for the leader up to
+            # pollTimeoutMs, as the Java admin client does within its API timeout, asking with a fresh client
+            # (fresh metadata) each time. A partition the client's cached metadata lacks (just added) is asked
+            # for again by a fresh client on the next attempt.
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    return once()
+                except KafkaException as exc:
+                    if _leader_changing(exc) and time.monotonic() < deadline:
+                        log.info("kafka-eos: fetching offsets: %s; waiting for the partition leader", exc)
+                    else:
+                        if _code(exc) in _STALE_METADATA:
+                            self._admin = None
+                        raise
+                self._admin = None
+                time.sleep(min(_LEADER_WAIT, max(0.0, deadline - time.monotonic())))
 
         return self._retry("fetching offsets", fetch)
 
@@ -331,6 +351,33 @@ def _consumer_only(key: str) -> bool:
         "group.protocol",
         "group.remote.assignor",
     }
+
+
+# The partition leader is unknown or has just changed (a broker restarting, an election): worth waiting for.
+_LEADER_CHANGING = frozenset(
+    {
+        KafkaError._NOENT,  # librdkafka's ListOffsets: "Failed to query partition leaders: No leaders found"
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.FENCED_LEADER_EPOCH,  # asked with the leader epoch known before the broker restarted
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,  # a new leader's high watermark has not caught up yet
+    }
+)
+_LEADER_WAIT = 0.25  # seconds between look-ups while waiting for a leader
+# librdkafka's cached metadata lacks the partition (partitions just added, a topic re-created)
+_STALE_METADATA = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
+
+
+def _code(exc: KafkaException) -> int | None:
+    err = exc.args[0] if exc.args else None
+    return err.code() if isinstance(err, KafkaError) else None
+
+
+def _leader_changing(exc: KafkaException) -> bool:
+    return _code(exc) in _LEADER_CHANGING
 
 
 def _fatal(exc: KafkaException) -> bool:

@@ -246,13 +246,20 @@ class KafkaPlanner:
         end: PartitionOffsets = {}
         for tp, s in start.items():
             if tp not in present:
-                self.data_loss(f"partition {tp} is gone (topic or partition deleted) with offsets from {s} unread", tp)
+                self.data_loss(
+                    f"partition {tp} is gone (topic or partition deleted) with offsets from {s} unread",
+                    tp,
+                    skipping=f"{tp} is no longer read; if it is there again later, it is read from its earliest offset",
+                )
                 continue  # failOnDataLoss=false: stop tracking it
             if latest[tp] < s:
                 self.data_loss(
                     f"the offsets of {tp} went back from {s} to {latest[tp]} (still so after "
                     f"{self.opts.fetch_offset_num_retries} re-fetch(es), fetchOffset.numRetries; topic recreated?)",
                     tp,
+                    skipping=f"the query keeps offset {s} of {tp} (an offset never moves back) and reads on from "
+                    f"there once the partition has it: the records it gets below {s} ({s - latest[tp]} offset(s) "
+                    "from now on) are never read",
                 )
                 latest[tp] = s  # failOnDataLoss=false: never move the checkpoint back (no record is read twice)
             end[tp] = latest[tp]
@@ -353,14 +360,15 @@ class KafkaPlanner:
             self._avg_bytes = avg if self._avg_bytes is None else (self._avg_bytes + avg) / 2
         return max(1, int(self._avg_bytes or 1024))
 
-    def data_loss(self, what: str, tp: TopicPartition | None = None) -> None:
+    def data_loss(self, what: str, tp: TopicPartition | None = None, *, skipping: str = "skipping") -> None:
+        """Fail (failOnDataLoss=true) or log ``what`` and what is skipped (``skipping``) and go on."""
         if self.opts.fail_on_data_loss:
             raise DataLossError(
                 f"kafka-eos: {what}. Some data may have been lost; set failOnDataLoss=false to log such cases "
                 "and go on (records that are gone are skipped).",
                 topic_partition=str(tp) if tp else None,
             )
-        log.warning("kafka-eos: %s; skipping (failOnDataLoss=false)", what)
+        log.warning("kafka-eos: %s; %s (failOnDataLoss=false)", what, skipping)
 
     # ---- input partitions --------------------------------------------------------------------
 

@@ -340,7 +340,9 @@ class KafkaPartitionReader:
         if err.code() in _GONE and self._gone(consumer, ctp, timeout):
             self._loss(
                 f"{r.topic}-{r.partition} is gone (topic or partition deleted) while reading "
-                f"[{r.start}, {r.end}) at offset {position}: {err.name()}"
+                f"[{r.start}, {r.end}) at offset {position}: {err.name()}",
+                position,
+                r.end,
             )
             return r.end  # failOnDataLoss=false: skip the rest of the range
         if err.retriable() or not err.fatal():
@@ -384,7 +386,9 @@ class KafkaPartitionReader:
         if position < low:
             self._loss(
                 f"records {position}..{min(low, end) - 1} of {ctp.topic}-{ctp.partition} are gone "
-                f"(earliest offset is now {low})"
+                f"(earliest offset is now {low})",
+                position,
+                min(low, end),
             )
             return min(low, end)
         if position < high:
@@ -393,17 +397,29 @@ class KafkaPartitionReader:
             return position
         self._loss(
             f"records {position}..{end - 1} of {ctp.topic}-{ctp.partition} are gone: the partition now ends at "
-            f"{high} (the log was truncated, e.g. by an unclean leader election) ({err})"
+            f"{high} (the log was truncated, e.g. by an unclean leader election) ({err})",
+            position,
+            end,
         )
         return end
 
-    def _loss(self, what: str) -> None:
+    def _loss(self, what: str, skip_from: int, skip_to: int) -> None:
+        """Fail the task on lost records [skip_from, skip_to), or (failOnDataLoss=false) log how many are skipped."""
         if self.settings.fail_on_data_loss:
             raise DataLossError(
                 f"kafka-eos: {what}. Some data may have been lost; set failOnDataLoss=false to skip it.",
                 read_range=str(self.range),
             )
-        log.warning("kafka-eos: %s; skipping (failOnDataLoss=false)", what)
+        # PySpark's Python sources have no metrics hook: this line (in the executor's log) is where a skip shows
+        log.warning(
+            "kafka-eos: %s; skipped %d offset(s) of %s-%d, [%d, %d) (failOnDataLoss=false)",
+            what,
+            skip_to - skip_from,
+            self.range.topic,
+            self.range.partition,
+            skip_from,
+            skip_to,
+        )
 
     def _timed_out(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float) -> None:
         try:

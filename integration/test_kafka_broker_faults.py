@@ -1,0 +1,562 @@
+"""Broker faults on Apache Kafka, rows F20-F24 of the crash matrix (docs/guarantees.md).
+
+The broker is a module-scoped embedded Apache Kafka of these tests alone (``ApacheKafka``, never tansu),
+with settings small enough that retention and the log cleaner act within a second, so crashing it or
+deleting its segments disturbs no other test. Each pipeline is the crash matrix's runner (``kafka-eos``
+-> JSON parse -> ``postgres-2pc``) in its own process group; each test proves that its fault really
+happened (the broker JVM's SIGKILL exit status, records of aborted transactions and markers in the
+log, the log start offset past the query's position, the cleaner's gaps, the new partitions) and ends
+with the exact checker (``pipe.report()``, ``checker.verify``): no duplicate, no loss, no phantom, no
+changed payload, no prepared transaction left, the sink's last decision = Spark's last ``commits/n``.
+Where the fault itself destroys input (F22, F24) the test says exactly which records the checker must
+find missing or extra, and checks the sink record for record against that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic
+
+from connectors.services.apache_kafka import ApacheKafka
+from connectors.toolkit import checker
+from connectors.toolkit.chaos import make_records
+from connectors.toolkit.harness import PipelineProcess, wait_until
+from integration.harness.matrix import Pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+BROKER_CONFIG = {
+    "log.retention.check.interval.ms": "500",  # F22: retention deletes segments within a second ...
+    "log.initial.task.delay.ms": "0",  # ... also in the broker's first 30 s
+    "log.segment.delete.delay.ms": "0",  # a deleted segment's records are gone at once
+    "log.cleaner.backoff.ms": "200",  # F23: the log cleaner looks for work 5 times a second
+    "log.cleaner.dedupe.buffer.size": str(8 << 20),  # a small heap
+}
+LOSS_WORDS = ("are gone", "went back", "is gone", "data may have been lost", "failOnDataLoss=false")
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[ApacheKafka]:
+    kafka = ApacheKafka(config=BROKER_CONFIG, heap="256m")
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(autouse=True)
+def _broker_running(broker: ApacheKafka) -> None:
+    """A test that crashed the broker and failed before starting it again leaves it to the next one."""
+    if not broker.running():
+        broker.start()
+
+
+@pytest.fixture
+def make_pipeline(broker: ApacheKafka, postgres_service: Any, tmp_path: Any) -> Any:
+    def make(fid: str, *, max_offsets: int) -> Pipeline:
+        name = f"bf_{fid}_{uuid.uuid4().hex[:8]}"
+        dsn = postgres_service.dsn
+        return Pipeline("2pc", broker.bootstrap, name, dsn, dsn, name, str(tmp_path / name), max_offsets)
+
+    return make
+
+
+# ---- Kafka helpers --------------------------------------------------------------------------------
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int, config: Mapping[str, str] | None = None) -> None:
+    admin = _admin(bootstrap)
+    admin.create_topics([NewTopic(topic, partitions, 1, config=dict(config or {}))])[topic].result(30)
+    wait_until(
+        lambda: _partition_count(admin, topic) == partitions, timeout=30, what=f"{topic} with {partitions} partitions"
+    )
+
+
+def _partition_count(admin: AdminClient, topic: str) -> int:
+    t = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if t is None or t.error is not None or any(p.leader < 0 for p in t.partitions.values()):
+        return -1
+    return len(t.partitions)
+
+
+def _part(record: Mapping[str, Any], partitions: int) -> int:
+    return zlib.crc32(str(record["id"]).encode()) % partitions
+
+
+def _send(producer: Producer, topic: str, records: Sequence[Mapping[str, Any]], partitions: int | None = None,
+          *, partition: int | None = None, timestamp: int | None = None) -> None:  # fmt: skip
+    """JSON values keyed by the record's ``key``, to ``partition`` or spread over ``partitions`` by id."""
+    for rec in records:
+        p = partition if partition is not None else _part(rec, partitions or 1)
+        extra = {"timestamp": timestamp} if timestamp is not None else {}
+        producer.produce(topic, value=json.dumps(dict(rec), sort_keys=True).encode(), key=str(rec["key"]).encode(),
+                         partition=p, **extra)  # fmt: skip
+        producer.poll(0)
+
+
+def _produce(bootstrap: str, topic: str, records: Sequence[Mapping[str, Any]], partitions: int | None = None,
+             *, partition: int | None = None, timestamp: int | None = None, **conf: Any) -> None:  # fmt: skip
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, **conf})
+    _send(producer, topic, records, partitions, partition=partition, timestamp=timestamp)
+    assert producer.flush(60) == 0, f"records to {topic} not delivered in 60 s"
+
+
+def _log_records(bootstrap: str, topic: str, isolation: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """(partition, offset, value) of every record a plain consumer with ``isolation`` gets, to each partition's end."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+                  "isolation.level": isolation, "enable.partition.eof": True})  # fmt: skip
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        c.assign([TopicPartition(topic, p, -2) for p in parts])  # -2: each partition's earliest offset
+        out: list[tuple[int, int, dict[str, Any]]] = []
+        done: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(done) < len(parts):
+            assert time.monotonic() < deadline, f"reading {topic}: partitions {sorted(set(parts) - done)} never ended"
+            for m in c.consume(500, 0.5):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        done.add(int(m.partition() or 0))
+                    continue
+                out.append((int(m.partition() or 0), int(m.offset() or 0), json.loads(m.value() or b"null")))
+        return out
+    finally:
+        c.close()
+
+
+def _marks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """Each partition's (log start offset, high watermark): every offset the log has, markers and aborted too."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}"})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+    finally:
+        c.close()
+
+
+def _ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's last stable offset: where a read_committed reader (the query) ends."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}",
+                  "isolation.level": "read_committed"})  # fmt: skip
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1] for p in parts}
+    finally:
+        c.close()
+
+
+# ---- checkpoint, sink and log helpers -------------------------------------------------------------
+
+
+def _planned(checkpoint: str, topic: str) -> dict[int, dict[int, int]]:
+    """Batch n -> {partition: end offset} from each ``offsets/n`` Spark wrote."""
+    out: dict[int, dict[int, int]] = {}
+    folder = os.path.join(checkpoint, "offsets")
+    for name in os.listdir(folder):
+        if name.isdigit():
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                ends = json.loads(fh.read().splitlines()[-1]).get(topic, {})
+            out[int(name)] = {int(p): int(o) for p, o in ends.items()}
+    return dict(sorted(out.items()))
+
+
+def _ranges_with_gaps(
+    planned: Mapping[int, Mapping[int, int]], present: set[tuple[int, int]]
+) -> list[tuple[int, int, int]]:
+    """(partition, start, end) of each planned batch range that holds offsets with no record in ``present``
+    (aborted records, transaction markers, compacted records). Batch 0 starts at offset 0 (earliest)."""
+    out = []
+    start: dict[int, int] = {}
+    for ends in planned.values():
+        for p, e in ends.items():
+            s = start.get(p, 0)
+            if s < e and sum(1 for o in range(s, e) if (p, o) in present) < e - s:
+                out.append((p, s, e))
+        start = dict(ends)
+    return out
+
+
+def _rows(pipe: Pipeline) -> list[dict[str, Any]]:
+    with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+        return checker.read_table(conn, pipe.table)
+
+
+def _count(pipe: Pipeline) -> int:
+    with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {pipe.table}").fetchone()[0])
+
+
+def _log_from(pipe: Pipeline, offset: int) -> str:
+    with open(pipe.log_path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read().decode("utf-8", "replace")
+
+
+def _log_size(pipe: Pipeline) -> int:
+    return os.path.getsize(pipe.log_path) if os.path.exists(pipe.log_path) else 0
+
+
+def _drained(pipe: Pipeline, proc: PipelineProcess, rows: int, timeout: float = 240) -> None:
+    """Wait until a running query (processing-time trigger) has committed ``rows`` rows and read to the end of
+    the topic (its last stable offsets), and plans nothing more: stopping it (SIGKILL) leaves no batch in flight."""
+
+    def idle() -> bool:
+        last = checker.last_commit(pipe.checkpoint)
+        if last is None or last != checker.last_offsets(pipe.checkpoint) or _count(pipe) != rows:
+            return False
+        return _planned(pipe.checkpoint, pipe.topic)[last] == _ends(pipe.bootstrap, pipe.topic)
+
+    wait_until(idle, timeout=timeout, what=f"{rows} rows in {pipe.table}, the topic read", alive=proc.alive)
+    time.sleep(2)  # two more triggers: they find nothing new
+    assert idle(), f"the query went on planning after {rows} rows\n{pipe.describe()}"
+
+
+def _sink_state(pipe: Pipeline) -> tuple[int, int | None, list[str], int | None]:
+    """(rows, Spark's last commits/n, prepared gids of the sink, the sink's last decided batch)."""
+    with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
+        rows = int(conn.execute(f"SELECT count(*) FROM {pipe.table}").fetchone()[0])
+        prepared = checker.prepared_gids(conn, pipe.sink_id)
+        decided = checker.last_decided_batch(conn, pipe.sink_id)
+    return rows, checker.last_commit(pipe.checkpoint), prepared, decided
+
+
+def _assert_ok(report: checker.Report, pipe: Pipeline) -> None:
+    assert report.ok, f"{report.table()}\n{pipe.describe()}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# F20: the broker SIGKILLed while a read task is in the middle of its range, restarted on the same log dir
+
+
+def test_f20_broker_sigkilled_mid_batch_and_restarted(broker: ApacheKafka, make_pipeline: Any) -> None:
+    pipe = make_pipeline("f20", max_offsets=100)
+    _create_topic(broker.bootstrap, pipe.topic, 2)
+    records = make_records(400, seed=20, prefix=f"{pipe.table}-")
+    _produce(broker.bootstrap, pipe.topic, records, 2)
+    # 4 batches. Each read task of batch 1 is held for 2 s as it starts (before it fetches anything: librdkafka
+    # prefetches a small range whole at once, so a kill after the first fetch would miss the read), and
+    # the kill lands then; the sink's after_write point logs when each task had read and written its range
+    spec = "source.read.start:batch=1:action=sleep:seconds=2;sink.after_write:batch=1:action=sleep:seconds=0"
+    proc = pipe.process(spec, state="F20").start()
+    try:
+        wait_until(lambda: pipe.fired("source.read.start", batch=1), timeout=300, what="batch 1's read tasks",
+                   alive=proc.alive)  # fmt: skip
+        before = checker.last_commit(pipe.checkpoint)
+        jvm, log_dir = broker.proc, broker.log_dir
+        assert jvm is not None
+        broker.crash()
+        assert jvm.returncode == -signal.SIGKILL, f"the broker JVM ended with {jvm.returncode}, not by SIGKILL"
+        killed_at = time.time()
+        time.sleep(6)  # the read tasks wake up to a dead broker and wait for it
+        restarted_at = time.time()
+        broker.start()  # same log dir and ports
+        assert broker.proc is not None and broker.proc.pid != jvm.pid and broker.log_dir == log_dir
+        out = proc.wait(400)
+    finally:
+        proc.stop()
+    pipe.outcomes.append(out)
+    # the query did not fail: the read tasks waited for the broker (pollTimeoutMs) and went on
+    assert out.returncode == 0, f"the query failed across a broker restart\n{pipe.describe()}"
+    # the kill landed mid-batch: batch 1's read tasks had started when it came, and each had read and written
+    # its range only after the broker was started again (the records came from the restarted broker)
+    starts = pipe.fired("source.read.start", batch=1)
+    writes = pipe.fired("sink.after_write", batch=1)
+    assert starts and min(float(e["time"]) for e in starts) < killed_at, starts
+    assert len(writes) == 2 and all(float(e["time"]) > restarted_at for e in writes), (restarted_at, writes)
+    after = checker.last_commit(pipe.checkpoint)
+    assert after is not None and (before is None or before < after) and after >= 3, (before, after)
+    report = pipe.report()
+    _assert_ok(report, pipe)  # every record produced before the crash is in the sink once
+    assert report.info["source_records"] == len(records) == report.info["sink_rows"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# F21: the broker restarted while a producer's transaction is open; aborted and committed ones mixed
+
+
+def test_f21_broker_restarted_with_a_transaction_open(broker: ApacheKafka, make_pipeline: Any) -> None:
+    pipe = make_pipeline("f21", max_offsets=40)  # small batches: their ends fall on aborted records and markers
+    bootstrap, topic = broker.bootstrap, pipe.topic
+    _create_topic(bootstrap, topic, 2)
+
+    def recs(kind: str, n: int, seed: int) -> list[dict[str, Any]]:
+        return make_records(n, seed=seed, prefix=f"{pipe.table}-{kind}{seed}-")
+
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{pipe.table}-tx", "linger.ms": 5,
+                         "transaction.timeout.ms": 60000, "log_level": 0})  # fmt: skip  # quiet across the crash
+    producer.init_transactions(30)
+    txns: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def transaction(records: list[dict[str, Any]], outcome: str) -> None:
+        producer.begin_transaction()
+        _send(producer, topic, records, 2)
+        if outcome == "commit":
+            producer.commit_transaction(30)
+        elif outcome == "abort":
+            producer.flush(30)  # the aborted records are in the log, then the abort marker
+            producer.abort_transaction(30)
+        txns.append((outcome, records))
+
+    transaction(recs("c", 60, 1), "commit")
+    transaction(recs("a", 30, 2), "abort")
+    proc = pipe.process(state="F21", trigger="processing:1").start()
+    try:
+        _drained(pipe, proc, 60)  # the running query has read past an aborted transaction and its marker
+        open_records = recs("o", 40, 3)
+        producer.begin_transaction()
+        _send(producer, topic, open_records, 2)
+        assert producer.flush(30) == 0  # in the log, not committed: the last stable offset stops before them
+        jvm = broker.proc
+        assert jvm is not None
+        broker.crash()  # with the transaction open and the query running
+        assert jvm.returncode == -signal.SIGKILL, jvm.returncode
+        broker.start()
+        producer.commit_transaction(60)  # the open transaction survived the restart
+        txns.append(("commit", open_records))
+        transaction(recs("a", 20, 4), "abort")
+        transaction(recs("c", 60, 5), "commit")
+        committed = [r for outcome, rs in txns if outcome == "commit" for r in rs]
+        _drained(pipe, proc, len(committed))
+    finally:
+        out = proc.stop()
+    pipe.outcomes.append(out)
+    assert out.killed, f"the query must have run until we stopped it (it did not fail)\n{pipe.describe()}"
+    aborted = [r for outcome, rs in txns if outcome == "abort" for r in rs]
+
+    # the aborted records are in the log: a read_uncommitted reader sees them, and the high watermark of each
+    # partition counts every record and one marker per transaction that wrote to it
+    everything = _log_records(bootstrap, topic, "read_uncommitted")
+    assert sorted(v["id"] for _, _, v in everything) == sorted(r["id"] for _, rs in txns for r in rs)
+    marks = _marks(bootstrap, topic)
+    for p, (low, high) in marks.items():
+        records_in_p = sum(1 for r in (*committed, *aborted) if _part(r, 2) == p)
+        markers_in_p = sum(1 for _, rs in txns if any(_part(r, 2) == p for r in rs))
+        assert (low, high) == (0, records_in_p + markers_in_p), (p, low, high, records_in_p, markers_in_p)
+    # ... and batches really spanned them: some planned range holds offsets that are no committed record
+    kept = {(p, o) for p, o, _ in _log_records(bootstrap, topic, "read_committed")}
+    gaps = _ranges_with_gaps(_planned(pipe.checkpoint, topic), kept)
+    assert gaps, f"no batch range held an aborted record or a marker: {_planned(pipe.checkpoint, topic)}"
+    log = _log_from(pipe, 0)
+    assert not [w for w in LOSS_WORDS if w in log], "markers or aborted offsets were reported as data loss"
+
+    report = pipe.report()
+    _assert_ok(report, pipe)  # read_committed: exactly the committed records, each once; nothing aborted
+    assert report.info["source_records"] == len(committed) == report.info["sink_rows"] == 160
+
+
+# ---------------------------------------------------------------------------------------------------
+# F22: retention deletes segments past the position of a stopped query
+
+
+def test_f22_retention_deletes_records_a_stopped_query_has_not_read(broker: ApacheKafka, make_pipeline: Any) -> None:
+    pipe = make_pipeline("f22", max_offsets=400)
+    bootstrap, topic = broker.bootstrap, pipe.topic
+    # segment.ms: a record an hour newer than its segment's first one starts a new segment
+    _create_topic(bootstrap, topic, 2, {"segment.ms": "60000"})
+    two_hours_ago = int(time.time() * 1000) - 2 * 3600 * 1000
+
+    def recs(tag: str, n: int) -> list[dict[str, Any]]:
+        return make_records(n, seed=22, prefix=f"{pipe.table}-{tag}-")
+
+    read_0, lost_0, kept_0 = recs("p0read", 50), recs("p0lost", 50), recs("p0kept", 50)
+    read_1, more_1 = recs("p1read", 50), recs("p1more", 50)
+    # partition 0: records stamped two hours ago, of which the query reads the first 50 ...
+    _produce(bootstrap, topic, read_0, partition=0, timestamp=two_hours_ago)
+    _produce(bootstrap, topic, read_1, partition=1)  # partition 1: records of now, never deleted
+    first = pipe.run()
+    assert first.returncode == 0, pipe.describe()
+    last = checker.last_commit(pipe.checkpoint)
+    assert last is not None
+    position = _planned(pipe.checkpoint, topic)[last]
+    assert position == {0: 50, 1: 50}, position
+    # ... then, with the query stopped, 50 more of two hours ago and 50 of now (the first of these rolls a segment)
+    _produce(bootstrap, topic, lost_0, partition=0, timestamp=two_hours_ago)
+    _produce(bootstrap, topic, kept_0, partition=0)
+    _produce(bootstrap, topic, more_1, partition=1)
+    assert _marks(bootstrap, topic) == {0: (0, 150), 1: (0, 100)}
+    # retention of one hour: the segment of partition 0 with the old records goes, offsets 0-99 (real retention:
+    # the broker deletes whole segments older than retention.ms; no DeleteRecords)
+    resource = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
+    admin = _admin(bootstrap)  # kept: the futures fail if their client is gone
+    next(iter(admin.incremental_alter_configs([resource]).values())).result(30)
+    wait_until(lambda: _marks(bootstrap, topic)[0][0] > 0, timeout=60, what="retention to delete a segment")
+    marks = _marks(bootstrap, topic)
+    assert marks == {0: (100, 150), 1: (0, 100)}, marks
+    assert marks[0][0] > position[0]  # the log start moved past the query's position: offsets 50-99 are gone
+    before = _sink_state(pipe)
+    assert before == (100, last, [], last), before
+
+    # failOnDataLoss=true: the query stops, naming topic, partition and offsets; sink and checkpoint unchanged
+    out = pipe.run()
+    assert out.returncode == 2, pipe.describe()
+    assert "RUNNER FAILED" in out.log_tail
+    assert f"records 50..99 of {topic}-0 are gone (earliest offset is now 100)" in out.log_tail, out.log_tail
+    assert "set failOnDataLoss=false to skip it" in out.log_tail
+    assert _sink_state(pipe) == before
+
+    # failOnDataLoss=false: the documented skip, counted in the log; the rest is read exactly once
+    size = _log_size(pipe)
+    out = pipe.run(fail_on_data_loss="false")
+    assert out.returncode == 0, pipe.describe()
+    log = _log_from(pipe, size)
+    skip = f"skipped 50 offset(s) of {topic}-0, [50, 100) (failOnDataLoss=false)"
+    assert log.count(skip) >= 1 and "skipped" not in log.replace(skip, ""), log[-3000:]
+    rows = _rows(pipe)
+    assert sorted((r["src_partition"], r["src_offset"]) for r in rows) == sorted(
+        [(0, o) for o in (*range(50), *range(100, 150))] + [(1, o) for o in range(100)]
+    )
+
+    report = pipe.report()
+    # the checker reads the topic as it is now: the 50 records the query read before retention deleted them
+    # are in the sink and no longer in the topic (phantoms to it); every check but that one holds
+    assert [c.name for c in report.failures] == ["records.phantoms"], report.table()
+    phantoms = report.get("records.phantoms")
+    assert phantoms.counts["phantoms"] == 50 and set(phantoms.ids["phantoms"]) <= {r["id"] for r in read_0}
+    assert report.info["source_records"] == 150 and report.info["sink_rows"] == 200
+    # record for record: the sink holds what was read before the deletion and what retention left, once each
+    expected = [*read_0, *kept_0, *read_1, *more_1]
+    checks = checker.compare_records(expected, rows, payload_fields=("key", "amount"))
+    assert all(c.ok for c in checks), [c.summary for c in checks]
+
+
+# ---------------------------------------------------------------------------------------------------
+# F23: a compacted topic after the log cleaner ran: gaps inside the batches' ranges
+
+
+def test_f23_compacted_topic_is_read_exactly_as_the_cleaner_left_it(broker: ApacheKafka, make_pipeline: Any) -> None:
+    pipe = make_pipeline("f23", max_offsets=60)
+    bootstrap, topic = broker.bootstrap, pipe.topic
+    _create_topic(bootstrap, topic, 2, {"cleanup.policy": "compact", "segment.ms": "100",
+                                        "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"})  # fmt: skip
+    # every other record has a key of its own (it stays); the others share three keys (all but the last go)
+    records = [{"id": f"{pipe.table}-{i:04d}", "key": f"u{i:03d}" if i % 2 == 0 else f"dup{i % 6}", "amount": i + 1}
+               for i in range(240)]  # fmt: skip
+    plain = {"enable.idempotence": False}  # no producer state for the cleaner to keep batches for
+    _produce(bootstrap, topic, records, 2, **plain)
+    time.sleep(0.5)  # older than segment.ms: the next record starts a new segment, and the cleaner may clean the old
+    tails = [{"id": f"{pipe.table}-tail-{p}", "key": f"tail{p}", "amount": 7} for p in (0, 1)]
+    for p, tail in enumerate(tails):
+        _produce(bootstrap, topic, [tail], partition=p, **plain)
+    last_of_key = {(_part(r, 2), r["key"]): r for r in records}
+    survivors = sorted([r["id"] for r in last_of_key.values()] + [t["id"] for t in tails])
+
+    def cleaned() -> bool:
+        return sorted(v["id"] for _, _, v in _log_records(bootstrap, topic, "read_uncommitted")) == survivors
+
+    wait_until(cleaned, timeout=90, interval=0.5, what="the log cleaner to compact the topic")
+    marks = _marks(bootstrap, topic)
+    assert sum(high - low for low, high in marks.values()) == len(records) + 2 > len(survivors)  # gaps: compacted
+    out = pipe.run()
+    assert out.returncode == 0, pipe.describe()
+    # the batches' ranges held gaps (offsets the cleaner removed), and no gap was taken for data loss
+    kept = {(p, o) for p, o, _ in _log_records(bootstrap, topic, "read_uncommitted")}
+    gaps = _ranges_with_gaps(_planned(pipe.checkpoint, topic), kept)
+    assert len(gaps) >= 4, f"the batches' ranges held no gaps: {_planned(pipe.checkpoint, topic)}"
+    log = _log_from(pipe, 0)
+    assert not [w for w in LOSS_WORDS if w in log], "compaction gaps were reported as data loss"
+    report = pipe.report()
+    _assert_ok(report, pipe)  # the sink equals a plain consumer's read of the compacted topic, once each
+    assert report.info["source_records"] == len(survivors) == report.info["sink_rows"]
+    assert sorted(r["id"] for r in checker.read_topic(bootstrap, topic)) == survivors
+
+
+# ---------------------------------------------------------------------------------------------------
+# F24: partitions added, then the topic deleted and re-created, under a running query (subscribe)
+
+
+def _wait_topic_gone(admin: AdminClient, topic: str) -> None:
+    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, timeout=60, what=f"{topic} deleted")
+
+
+def test_f24_partitions_added_and_topic_recreated_under_a_running_query(
+    broker: ApacheKafka, make_pipeline: Any
+) -> None:
+    pipe = make_pipeline("f24", max_offsets=500)
+    bootstrap, topic = broker.bootstrap, pipe.topic
+    admin = _admin(bootstrap)
+    _create_topic(bootstrap, topic, 2)
+    first = make_records(100, seed=24, prefix=f"{pipe.table}-1-")
+    _produce(bootstrap, topic, first, 2)
+    proc = pipe.process(state="F24", trigger="processing:1").start()
+    try:
+        _drained(pipe, proc, 100)
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        wait_until(lambda: _partition_count(admin, topic) == 4, timeout=30, what="4 partitions")
+        second = make_records(100, seed=24, start=100, prefix=f"{pipe.table}-2-")
+        _produce(bootstrap, topic, second, 4)
+        _drained(pipe, proc, 200)
+        # the added partitions were read from offset 0 (their earliest), every record once
+        rows = _rows(pipe)
+        for p in (2, 3):
+            n = sum(1 for r in second if _part(r, 4) == p)
+            assert n > 0 and sorted(r["src_offset"] for r in rows if r["src_partition"] == p) == list(range(n)), p
+        before = _sink_state(pipe)
+        position = _planned(pipe.checkpoint, topic)[before[1]]  # type: ignore[index]
+        # the topic deleted and re-created with fewer records than the query has read
+        admin.delete_topics([topic])[topic].result(30)
+        _wait_topic_gone(admin, topic)
+        _create_topic(bootstrap, topic, 4)
+        third = [
+            {"id": f"{pipe.table}-3-{p}-{i}", "key": "k", "amount": i + 1, "_p": p} for p in range(4) for i in range(2)
+        ]
+        for p in range(4):
+            _produce(bootstrap, topic, [r for r in third if r["_p"] == p], partition=p)
+        out = proc.wait(120)  # failOnDataLoss=true: the query stops by itself
+    finally:
+        proc.stop()
+    pipe.outcomes.append(out)
+    assert out.returncode == 2, f"a re-created topic must stop the query\n{pipe.describe()}"
+    assert "RUNNER FAILED" in out.log_tail and topic in out.log_tail, out.log_tail
+    assert "Some data may have been lost; set failOnDataLoss=false" in out.log_tail, out.log_tail
+    assert _sink_state(pipe) == before
+
+    # failOnDataLoss=false: the query goes on, never moving its offsets back (as Spark's source: offsets are
+    # not reset); it reads the new topic from the offsets it had reached, once the topic gets there
+    size = _log_size(pipe)
+    proc = pipe.process(state="F24-false", trigger="processing:1", fail_on_data_loss="false").start()
+    try:
+        went_back = [f"the offsets of {topic}-{p} went back from {position[p]} to 2" for p in range(4)]
+        wait_until(lambda: all(w in _log_from(pipe, size) for w in went_back), timeout=240,
+                   what="the data loss in the log", alive=proc.alive)  # fmt: skip
+        fourth = [{"id": f"{pipe.table}-4-{p}-{i}", "key": "k", "amount": i + 1, "_p": p}
+                  for p in range(4) for i in range(position[p] + 5 - 2)]  # fmt: skip
+        for p in range(4):
+            _produce(bootstrap, topic, [r for r in fourth if r["_p"] == p], partition=p)
+        _drained(pipe, proc, 200 + 4 * 5)
+    finally:
+        out = proc.stop()
+    pipe.outcomes.append(out)
+    assert out.killed, f"with failOnDataLoss=false the query must go on\n{pipe.describe()}"
+    log = _log_from(pipe, size)
+    assert f"the query keeps offset {position[0]} of {topic}-0 (an offset never moves back)" in log, log[-3000:]
+
+    new_topic = {v["id"]: (p, o) for p, o, v in _log_records(bootstrap, topic, "read_uncommitted")}
+    read_again = [r for r in (*third, *fourth) if new_topic[r["id"]][1] >= position[new_topic[r["id"]][0]]]
+    skipped = [r for r in (*third, *fourth) if r not in read_again]
+    assert len(read_again) == 20 and len(skipped) == sum(position.values()), (len(read_again), len(skipped))
+    report = pipe.report()
+    # the checker reads the re-created topic: the 200 records of the deleted one are phantoms to it, and the
+    # new records below the offsets the query had reached are the documented skip; nothing else is off
+    assert [c.name for c in report.failures] == ["records.losses", "records.phantoms"], report.table()
+    assert report.get("records.phantoms").counts["phantoms"] == 200
+    assert report.get("records.losses").counts["losses"] == len(skipped)
+    rows = _rows(pipe)
+    expected = [*first, *second, *({k: v for k, v in r.items() if k != "_p"} for r in read_again)]
+    checks = checker.compare_records(expected, rows, payload_fields=("key", "amount"))
+    assert all(c.ok for c in checks), [c.summary for c in checks]
