@@ -9,8 +9,15 @@ Public API:
   chained: its own text may quote the password.
 - ``classify(exc) -> RetriableError | FatalError``: retriable are serialization failure (40001),
   deadlock (40P01), connection exceptions (08*), admin/crash shutdown (57P01/57P02/57P03),
-  cannot-connect-now and OperationalErrors without a sqlstate (a dropped socket); everything else
-  is fatal. The message carries the Postgres message and its sqlstate; ``.sqlstate`` is set.
+  cannot-connect-now, a lock wait past ``lock.timeout`` (55P03) and OperationalErrors without a
+  sqlstate (a dropped socket); everything else is fatal. The message carries the Postgres message
+  and its sqlstate (``.sqlstate`` is set) and, for a lock wait or a lost connection, the options
+  that bound the wait.
+- Every wait is bounded (``ConnectionOptions.conninfo``): connecting by ``connect_timeout``, a
+  lock by ``lock.timeout`` (the session's ``lock_timeout``), a peer that stops answering by TCP
+  keepalives (``keepalives_idle`` + ``keepalives_interval`` x ``keepalives_count``, 60 s) and
+  ``tcp_user_timeout`` (60 s). ``statement_timeout`` is off unless set: a statement that works
+  (rather than waits) may take as long as its batch needs.
 - ``RetryPolicy`` (attempts, base delay, max delay; ``RetryPolicy.of(opts)`` from the connection
   options ``retry.*``) and ``policy.run(fn, what)``: call ``fn()`` until it succeeds or a fatal
   error; bounded exponential backoff with jitter; the last retriable error is re-raised with the
@@ -64,6 +71,14 @@ RETRIABLE_SQLSTATES: dict[str, str] = {
     "55P03": "lock not available",
 }
 _RETRIABLE_CLASSES = ("08",)  # connection exceptions
+LOCK_HINT = (
+    "; the statement waited longer than option 'lock.timeout' for a lock another session holds (pg_locks and "
+    "pg_stat_activity name it): end that session, or raise 'lock.timeout'"
+)
+LOST_HINT = (
+    " (a server that stops answering is given up after options tcp_user_timeout, with data unacknowledged, or "
+    "keepalives_idle + keepalives_interval x keepalives_count when idle: raise them on a slow network)"
+)
 
 
 def sqlstate_of(exc: BaseException) -> str | None:
@@ -130,11 +145,12 @@ def classify(exc: BaseException, context: str = "") -> EosError:
         # A dropped socket or a server that went away: psycopg raises OperationalError without a
         # sqlstate; InterfaceError ("the connection is closed") belongs there too.
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            return RetriableError(f"{prefix}postgres connection lost: {text}", sqlstate=None)
+            return RetriableError(f"{prefix}postgres connection lost: {text}{LOST_HINT}", sqlstate=None)
         return FatalError(f"{prefix}postgres error: {text}", sqlstate=None)
     if state in RETRIABLE_SQLSTATES or state.startswith(_RETRIABLE_CLASSES):
         reason = RETRIABLE_SQLSTATES.get(state, "connection exception")
-        return RetriableError(f"{prefix}postgres {reason}: {text} (sqlstate {state})", sqlstate=state)
+        hint = LOCK_HINT if state == "55P03" else LOST_HINT if state.startswith(_RETRIABLE_CLASSES) else ""
+        return RetriableError(f"{prefix}postgres {reason}: {text} (sqlstate {state}){hint}", sqlstate=state)
     return FatalError(f"{prefix}postgres error: {text} (sqlstate {state})", sqlstate=state)
 
 

@@ -84,14 +84,6 @@ TWOPC_OPTIONS = OptionSet(
             choices=("batch", "partition"),
         ),
         Option(
-            "lock.timeout",
-            "duration",
-            60.0,
-            "visibility=partition: how long a task waits for a row lock in the table (a sibling's prepared "
-            "transaction holding the same key never lets go before the batch commits)",
-            min=0.001,
-        ),
-        Option(
             "checkpointLocation",
             "str",
             None,
@@ -194,6 +186,11 @@ class TwoPhaseOptions:
             "password",
             "connect_timeout",
             "statement_timeout",
+            "lock_timeout",
+            "keepalives_idle",
+            "keepalives_interval",
+            "keepalives_count",
+            "tcp_user_timeout",
             "retry_attempts",
             "retry_backoff",
             "retry_max_backoff",
