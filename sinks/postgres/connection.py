@@ -25,6 +25,9 @@ Public API:
   is the same with the policy spelled out.
 - ``close_quietly(conn)`` / ``rollback_quietly(conn)``: cleanup that logs and never masks the
   error that caused it.
+- ``postgres_options(dsn) -> dict``: the sink options for a connection string with the password
+  taken out of ``dsn`` into the ``password`` option, which Spark redacts by its key in every plan,
+  UI page and event log (a password inside a ``postgresql://user:pw@`` URL it would print).
 - ``ddl_lock(conn)``: a transaction holding the server-wide DDL advisory lock, for
   ``CREATE ... IF NOT EXISTS``. Postgres does not make that statement safe against itself: two
   sessions creating the same table at once both pass the "not exists" check and one fails with
@@ -43,7 +46,7 @@ from typing import TypeVar
 
 import psycopg
 
-from connectors.core.conninfo import redact_conninfo, scrub
+from connectors.core.conninfo import check_conninfo, redact_conninfo, scrub
 from connectors.core.errors import ConfigError, EosError, FatalError, RetriableError
 from sinks.postgres.options import ConnectionOptions
 
@@ -54,6 +57,7 @@ __all__ = [
     "close_quietly",
     "connect",
     "ddl_lock",
+    "postgres_options",
     "retrying",
     "rollback_quietly",
     "sqlstate_of",
@@ -122,6 +126,24 @@ def connect(
         + "; check that the server runs and the dsn/host/port options",
         sqlstate=state,
     )
+
+
+def postgres_options(dsn: str, option: str = "dsn") -> dict[str, str]:
+    """``{"dsn": <dsn without its password>, "password": <it>}`` (no ``password`` key when the dsn has
+    none): how to hand a connection string to the sinks so that no plan shows the password.
+
+    Spark prints a sink's options in its plans (``explain``, the SQL page, the event log) and hides
+    the value of a key that matches ``spark.redaction.regex`` (``password`` does; ``dsn`` does not).
+    A dsn libpq would reject is a ConfigError naming ``option`` (never quoting the string)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    check_conninfo(dsn, option=option, context="postgres")
+    params = conninfo_to_dict(dsn)
+    password = params.pop("password", None)
+    out = {"dsn": make_conninfo("", **params)}
+    if password:
+        out["password"] = str(password)
+    return out
 
 
 def classify(exc: BaseException, context: str = "") -> EosError:
