@@ -24,6 +24,7 @@ from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
 )
+from sinks.postgres.refusal import WHY
 from sinks.postgres.staging import UpsertPlanner
 from sinks.postgres.twophase.decisions import (
     ProtocolTables,
@@ -164,6 +165,8 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
             stage_columns = tuple((c.name, c.pg_type) for c in columns)
             if opts.errors.divert:  # each row's place: what the dead-letter search ranges over
                 stage_columns += ((ORDINAL, "bigint"),)
+        if opts.errors.divert:  # a value Postgres cannot take as sent is staged with its refusal (refusal.Screen)
+            stage_columns += ((WHY, "text"),)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
         direct = opts.visibility == "partition"  # tasks create their own staging tables
         if merge is not None:
