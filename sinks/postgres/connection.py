@@ -103,9 +103,20 @@ def connect(
     conninfo = opts.conninfo()  # a dsn libpq rejects is a ConfigError already (ConnectionOptions)
     failure: psycopg.Error | None = None
     try:
-        return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
+        conn = psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
     except psycopg.Error as exc:
         failure = exc
+    else:
+        try:  # every lock wait of the session is bounded: option lock.timeout
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false)", (f"{max(1, int(opts.lock_timeout * 1000))}ms",)
+            )
+            if not autocommit:
+                conn.commit()
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return conn
     assert failure is not None
     message = scrub(str(failure).strip(), opts.password, conninfo=conninfo)
     if opts.dsn:

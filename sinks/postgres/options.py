@@ -282,11 +282,12 @@ class ConnectionOptions:
                 params[name] = int(value * 1000) if name == "tcp_user_timeout" else max(1, round(value))
             elif name not in in_dsn:
                 params[name] = default
-        settings = [f"-c lock_timeout={max(1, int(self.lock_timeout * 1000))}"]
+        # lock_timeout is set by connect() after the login, not here: a startup "options" parameter is refused
+        # by poolers such as PgBouncer unless configured, so it is only sent when statement_timeout is asked for
         if self.statement_timeout:
-            settings.append(f"-c statement_timeout={int(self.statement_timeout * 1000)}")
-        own = in_dsn.get("options") or ""  # the user's own server options (search_path, ...) stay
-        params["options"] = " ".join([*([str(own)] if own else []), *settings])
+            own = in_dsn.get("options") or ""  # the user's own server options (search_path, ...) stay
+            setting = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
+            params["options"] = f"{own} {setting}" if own else setting
         conninfo: str | None = None
         try:
             conninfo = make_conninfo(self.dsn or "", **params)
