@@ -15,6 +15,8 @@ __all__ = [
     "FatalError",
     "RetriableError",
     "__version__",
+    "postgres_options",
+    "redact_secrets",
     "register",
     "twopc_batch",
     "upsert_batch",
@@ -28,8 +30,27 @@ except metadata.PackageNotFoundError:  # imported from a clone that was never in
 FORMATS = ("kafka-eos", "postgres-upsert", "postgres-2pc")
 
 
+REDACTED_OPTIONS = r"(?i)^(?:dsn|password|sslpassword)$"
+"""Sink option keys whose values Spark hides in plans (``spark.sql.redaction.options.regex``)."""
+
+REDACTED_STRINGS = r"(?i)postgres(?:ql)?://[^:/@\s]*:[^@\s]*@|password\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)"
+"""What Spark hides in any plan text it prints (``spark.sql.redaction.string.regex``): the
+``user:password@`` of a Postgres URL and a keyword ``password=...``."""
+
+_OPTIONS_REGEX = "spark.sql.redaction.options.regex"
+_STRING_REGEX = "spark.sql.redaction.string.regex"
+_CORE_STRING_REGEX = "spark.redaction.string.regex"  # what the SQL conf falls back to when unset
+
+
 def register(spark: Any, *, kafka_alias: bool = False) -> None:
-    """Register every spark-eos format with ``spark``.
+    """Register every spark-eos format with ``spark``, and have its plans hide Postgres passwords.
+
+    Spark prints a sink's options in its plans (``explain``, the SQL page, the event log, a failed
+    query's message) and by default hides only keys matching ``url`` or ``password``-like words;
+    ``register`` extends the session's redaction (both are SQL confs a running session may change,
+    read when a plan is printed; a streaming query copies them when it starts) so that the values
+    of the ``dsn`` and ``password`` options and a ``postgresql://user:password@`` anywhere in a plan
+    are shown as ``*********(redacted)``. A regex you set yourself is kept (ours is added to it).
 
     With ``kafka_alias=True`` the Python API's ``.format("kafka")`` also resolves to ``kafka-eos``
     when Spark's JVM Kafka connector is absent (SQL ``USING kafka`` cannot be served by Python).
@@ -39,8 +60,35 @@ def register(spark: Any, *, kafka_alias: bool = False) -> None:
 
     for source in (KafkaEosDataSource, PostgresUpsertDataSource, Postgres2pcDataSource):
         spark.dataSource.register(source)
+    redact_secrets(spark)
     if kafka_alias:
         install_kafka_alias(spark)
+
+
+def redact_secrets(spark: Any) -> None:
+    """Add ``REDACTED_OPTIONS`` and ``REDACTED_STRINGS`` to the session's redaction regexes (idempotent)."""
+    for key, ours in ((_OPTIONS_REGEX, REDACTED_OPTIONS), (_STRING_REGEX, REDACTED_STRINGS)):
+        current = spark.conf.get(key, None)
+        if not current and key == _STRING_REGEX:
+            current = _core_conf(spark, _CORE_STRING_REGEX)
+        if current and ours in current:
+            continue
+        spark.conf.set(key, f"{current}|{ours}" if current else ours)
+
+
+def _core_conf(spark: Any, key: str) -> str | None:
+    try:
+        return spark.sparkContext.getConf().get(key)  # type: ignore[no-any-return]
+    except Exception:  # Spark Connect has no SparkContext: the SQL conf is all there is
+        return None
+
+
+def postgres_options(dsn: str) -> dict[str, str]:
+    """The sink options for ``dsn`` with its password moved to the ``password`` option, which Spark
+    redacts by key: ``.options(**connectors.postgres_options(os.environ["PG_DSN"]))``."""
+    from sinks.postgres.connection import postgres_options as split
+
+    return split(dsn)
 
 
 def upsert_batch(**options: Any) -> Any:

@@ -138,13 +138,14 @@ last_n = 5
         fh.write(body)
 
 
-def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, workdir: str, timeout: float) -> None:
+def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, workdir: str, timeout: float,
+           secrets: dict[str, str] | None = None) -> None:  # fmt: skip
     from connectors.toolkit import checker
     from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 
     name = track.name
     log_path = os.path.join(workdir, f"{name}.log")
-    base_env = dict(os.environ, EOS_FAULTS_LOG=os.path.join(workdir, f"faults-{name}.jsonl"))
+    base_env = dict(os.environ, EOS_FAULTS_LOG=os.path.join(workdir, f"faults-{name}.jsonl"), **(secrets or {}))
     base_env.pop("EOS_FAULTS", None)
     argv = python_argv("connectors.cli", "run", name, "--config", cfg_path, "--no-progress")
     started = time.monotonic()
@@ -221,6 +222,7 @@ def _row(label: str, value: Any, ok: bool | None = None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from connectors import postgres_options
     from connectors.pipelines import balances, ledger
     from connectors.pipelines.events import generate, produce
     from connectors.toolkit import checker
@@ -256,15 +258,20 @@ def main(args: argparse.Namespace) -> int:
             f"{len(poison)} malformed records (the pipelines divert them to dead-letter tables)")  # fmt: skip
         schedule = plan(args.kills, args.seed)
         tracks, threads = [], []
+        # the pipelines' config (a file) names the server without the password: they get it from
+        # PGPASSWORD, which libpq reads in every process, so no option, plan or command line holds it
+        connection = postgres_options(dsn)
+        secrets = {"PGPASSWORD": connection["password"]} if "password" in connection else {}
         for name, table in (("ledger", ledger_table), ("balances", balances_table)):
             checkpoint = os.path.join(workdir, f"checkpoint-{name}")
             cfg_path = os.path.join(workdir, f"{name}.toml")
             # enough batches that every kill lands mid-stream
             max_offsets = max(20, args.records // (4 * (len(schedule[name]) + 1)))
-            _config(cfg_path, name, bootstrap, topic, dsn, table, checkpoint, max_offsets)
+            _config(cfg_path, name, bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets)
             track = Track(name)
             tracks.append((track, checkpoint))
-            threads.append(threading.Thread(target=_drive, args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0),
+            threads.append(threading.Thread(target=_drive, args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0,
+                                                                 secrets),
                                             name=f"demo-{name}", daemon=True))  # fmt: skip
         say("[3/4] running ledger (postgres-2pc) and balances (transformWithStateInPandas -> postgres-upsert); "
             "kills: " + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none"))  # fmt: skip

@@ -148,7 +148,9 @@ def write_batch(cfg: PipelineConfig) -> Any:
     from connectors.core import faults
 
     options = {**dead_letter_options(cfg), **cfg.sink_options}
-    upsert = connectors.upsert_batch(dsn=cfg.dsn, table=cfg.table, key="account", version="version", **options)
+    # the password goes in the option Spark redacts by key, never inside the dsn its plans print
+    connection = connectors.postgres_options(cfg.dsn)
+    upsert = connectors.upsert_batch(**connection, table=cfg.table, key="account", version="version", **options)
 
     def write(df: Any, batch_id: int) -> None:
         faults.point("pipeline.batch", batch=batch_id)

@@ -40,11 +40,13 @@ MALFORMED_COLUMN = "malformed text CHECK (malformed IS NULL)"
 def build(spark: Any, cfg: PipelineConfig) -> Any:
     """The ledger query's DataStreamWriter (not started): events -> postgres-2pc append; malformed
     events to the dead-letter table with the batch (``malformed = "dead-letter"``, the default)."""
+    from connectors import postgres_options
+
     events = parse_events(kafka_stream(spark, cfg), cfg.malformed)
     writer = (
         events.writeStream.format("postgres-2pc")
         .outputMode("append")
-        .option("dsn", cfg.dsn)
+        .options(**postgres_options(cfg.dsn))  # the password in the option Spark redacts by key, not in the dsn
         .option("table", cfg.table)
         .option("sink.id", cfg.effective_sink_id)
     )

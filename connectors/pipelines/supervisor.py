@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from connectors.core import faults
+from connectors.core.conninfo import scrub
 from connectors.pipelines import PipelineConfig, prepare, session, start
 from connectors.pipelines.restart import parse_strategy
 
@@ -180,7 +181,9 @@ def _run(
         if error is None:
             log.event("pipeline.done", pipeline=cfg.pipeline, restarts=restarts)
             return 0
-        message = str(error).replace("\n", " ")[:2000]
+        # the error text carries the query's plan: Spark redacts it (connectors.register), and a
+        # password of the pipeline's dsn is taken out here too before anything is logged
+        message = scrub(str(error), conninfo=cfg.dsn).replace("\n", " ")[:2000]
         delay = strategy.on_failure(clock())
         if delay is None:
             log.event("pipeline.failed", level="error", error=message, restarts=restarts, strategy=str(strategy))
@@ -195,5 +198,5 @@ def _run(
         try:
             spark.stop()
         except Exception as exc:  # a context that died with the query; the new one is what matters
-            log.event("spark.stop_failed", level="warn", error=str(exc)[:300])
+            log.event("spark.stop_failed", level="warn", error=scrub(str(exc), conninfo=cfg.dsn)[:300])
         spark = session(cfg)

@@ -355,6 +355,22 @@ class _Producer(threading.Thread):
             self.done.set()
 
 
+def _argv_dsn(dsn: str) -> str:
+    """The dsn a run is given on its command line (which ``ps`` shows, and which ends up in its sink's
+    options): without the password, which the run gets from ``PGPASSWORD`` (``_password_env``)."""
+    from sinks.postgres.connection import postgres_options
+
+    return postgres_options(dsn, option="--dsn")["dsn"]
+
+
+def _password_env(dsn: str) -> dict[str, str]:
+    """``{"PGPASSWORD": ...}`` when ``dsn`` holds a password (libpq reads it in every process of the run)."""
+    from sinks.postgres.connection import postgres_options
+
+    password = postgres_options(dsn, option="--dsn").get("password")
+    return {"PGPASSWORD": password} if password else {}
+
+
 def _runner_argv(
     cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None
 ) -> list[str]:
@@ -362,13 +378,13 @@ def _runner_argv(
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
         return python_argv(
             "connectors.toolkit.app_runner",
-            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn, "--table", table,
+            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", _argv_dsn(cfg.dsn), "--table", table,
             "--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger,
             "--master", cfg.master, "--timeout", str(timeout or cfg.timeout), *options,
         )  # fmt: skip
     return python_argv(
         "integration.harness.runner",
-        "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", cfg.dsn,
+        "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", _argv_dsn(cfg.dsn),
         "--table", table, "--checkpoint", checkpoint, "--sink-id", table, "--max-offsets", str(cfg.max_offsets),
         "--trigger", trigger, "--master", cfg.master, "--timeout", str(timeout or cfg.timeout),
     )  # fmt: skip
@@ -400,6 +416,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
     create_topic(cfg.bootstrap, topic, cfg.partitions)
     plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
     env.pop("EOS_FAULTS", None)
     # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
     producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)

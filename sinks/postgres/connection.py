@@ -9,8 +9,15 @@ Public API:
   chained: its own text may quote the password.
 - ``classify(exc) -> RetriableError | FatalError``: retriable are serialization failure (40001),
   deadlock (40P01), connection exceptions (08*), admin/crash shutdown (57P01/57P02/57P03),
-  cannot-connect-now and OperationalErrors without a sqlstate (a dropped socket); everything else
-  is fatal. The message carries the Postgres message and its sqlstate; ``.sqlstate`` is set.
+  cannot-connect-now, a lock wait past ``lock.timeout`` (55P03) and OperationalErrors without a
+  sqlstate (a dropped socket); everything else is fatal. The message carries the Postgres message
+  and its sqlstate (``.sqlstate`` is set) and, for a lock wait or a lost connection, the options
+  that bound the wait.
+- Every wait is bounded (``ConnectionOptions.conninfo``): connecting by ``connect_timeout``, a
+  lock by ``lock.timeout`` (the session's ``lock_timeout``), a peer that stops answering by TCP
+  keepalives (``keepalives_idle`` + ``keepalives_interval`` x ``keepalives_count``, 60 s) and
+  ``tcp_user_timeout`` (60 s). ``statement_timeout`` is off unless set: a statement that works
+  (rather than waits) may take as long as its batch needs.
 - ``RetryPolicy`` (attempts, base delay, max delay; ``RetryPolicy.of(opts)`` from the connection
   options ``retry.*``) and ``policy.run(fn, what)``: call ``fn()`` until it succeeds or a fatal
   error; bounded exponential backoff with jitter; the last retriable error is re-raised with the
@@ -18,6 +25,9 @@ Public API:
   is the same with the policy spelled out.
 - ``close_quietly(conn)`` / ``rollback_quietly(conn)``: cleanup that logs and never masks the
   error that caused it.
+- ``postgres_options(dsn) -> dict``: the sink options for a connection string with the password
+  taken out of ``dsn`` into the ``password`` option, which Spark redacts by its key in every plan,
+  UI page and event log (a password inside a ``postgresql://user:pw@`` URL it would print).
 - ``ddl_lock(conn)``: a transaction holding the server-wide DDL advisory lock, for
   ``CREATE ... IF NOT EXISTS``. Postgres does not make that statement safe against itself: two
   sessions creating the same table at once both pass the "not exists" check and one fails with
@@ -36,7 +46,7 @@ from typing import TypeVar
 
 import psycopg
 
-from connectors.core.conninfo import redact_conninfo, scrub
+from connectors.core.conninfo import check_conninfo, redact_conninfo, scrub
 from connectors.core.errors import ConfigError, EosError, FatalError, RetriableError
 from sinks.postgres.options import ConnectionOptions
 
@@ -47,6 +57,7 @@ __all__ = [
     "close_quietly",
     "connect",
     "ddl_lock",
+    "postgres_options",
     "retrying",
     "rollback_quietly",
     "sqlstate_of",
@@ -64,6 +75,14 @@ RETRIABLE_SQLSTATES: dict[str, str] = {
     "55P03": "lock not available",
 }
 _RETRIABLE_CLASSES = ("08",)  # connection exceptions
+LOCK_HINT = (
+    "; the statement waited longer than option 'lock.timeout' for a lock another session holds (pg_locks and "
+    "pg_stat_activity name it): end that session, or raise 'lock.timeout'"
+)
+LOST_HINT = (
+    " (a server that stops answering is given up after options tcp_user_timeout, with data unacknowledged, or "
+    "keepalives_idle + keepalives_interval x keepalives_count when idle: raise them on a slow network)"
+)
 
 
 def sqlstate_of(exc: BaseException) -> str | None:
@@ -84,9 +103,20 @@ def connect(
     conninfo = opts.conninfo()  # a dsn libpq rejects is a ConfigError already (ConnectionOptions)
     failure: psycopg.Error | None = None
     try:
-        return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
+        conn = psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
     except psycopg.Error as exc:
         failure = exc
+    else:
+        try:  # every lock wait of the session is bounded: option lock.timeout
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, false)", (f"{max(1, int(opts.lock_timeout * 1000))}ms",)
+            )
+            if not autocommit:
+                conn.commit()
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return conn
     assert failure is not None
     message = scrub(str(failure).strip(), opts.password, conninfo=conninfo)
     if opts.dsn:
@@ -107,6 +137,24 @@ def connect(
         + "; check that the server runs and the dsn/host/port options",
         sqlstate=state,
     )
+
+
+def postgres_options(dsn: str, option: str = "dsn") -> dict[str, str]:
+    """``{"dsn": <dsn without its password>, "password": <it>}`` (no ``password`` key when the dsn has
+    none): how to hand a connection string to the sinks so that no plan shows the password.
+
+    Spark prints a sink's options in its plans (``explain``, the SQL page, the event log) and hides
+    the value of a key that matches ``spark.redaction.regex`` (``password`` does; ``dsn`` does not).
+    A dsn libpq would reject is a ConfigError naming ``option`` (never quoting the string)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    check_conninfo(dsn, option=option, context="postgres")
+    params = conninfo_to_dict(dsn)
+    password = params.pop("password", None)
+    out = {"dsn": make_conninfo("", **params)}
+    if password:
+        out["password"] = str(password)
+    return out
 
 
 def classify(exc: BaseException, context: str = "") -> EosError:
@@ -130,11 +178,12 @@ def classify(exc: BaseException, context: str = "") -> EosError:
         # A dropped socket or a server that went away: psycopg raises OperationalError without a
         # sqlstate; InterfaceError ("the connection is closed") belongs there too.
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            return RetriableError(f"{prefix}postgres connection lost: {text}", sqlstate=None)
+            return RetriableError(f"{prefix}postgres connection lost: {text}{LOST_HINT}", sqlstate=None)
         return FatalError(f"{prefix}postgres error: {text}", sqlstate=None)
     if state in RETRIABLE_SQLSTATES or state.startswith(_RETRIABLE_CLASSES):
         reason = RETRIABLE_SQLSTATES.get(state, "connection exception")
-        return RetriableError(f"{prefix}postgres {reason}: {text} (sqlstate {state})", sqlstate=state)
+        hint = LOCK_HINT if state == "55P03" else LOST_HINT if state.startswith(_RETRIABLE_CLASSES) else ""
+        return RetriableError(f"{prefix}postgres {reason}: {text} (sqlstate {state}){hint}", sqlstate=state)
     return FatalError(f"{prefix}postgres error: {text} (sqlstate {state})", sqlstate=state)
 
 

@@ -54,8 +54,10 @@ def _json_default(value: Any) -> Any:
 
 
 def json_dumps(value: Any) -> str:
-    """JSON for jsonb columns: decimals as strings, timestamps ISO 8601, bytes base64."""
-    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+    """JSON for jsonb columns: decimals as strings, timestamps ISO 8601, bytes base64. Never NaN or
+    Infinity (JSON has neither; jsonb refuses them): ``refusal.Screen`` takes such rows out before the
+    COPY, and one that got here would be a ValueError rather than invalid JSON."""
+    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def create_staging(

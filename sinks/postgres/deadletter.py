@@ -58,7 +58,7 @@ from sinks.postgres.merge import (
     on_conflict,
 )
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
-from sinks.postgres.refusal import REFUSED_CLASSES
+from sinks.postgres.refusal import REFUSED_CLASSES, WHY
 from sinks.postgres.types import Column
 
 __all__ = [
@@ -220,17 +220,31 @@ def merge_diverting(
     0..n-1 in that order (the original in ``SOURCE``), which the search below then works on.
 
     ``limit``: called with the count diverted so far after each diversion; it raises to stop the search
-    at once (errors.max), so a mass refusal does not search the whole batch first."""
+    at once (errors.max), so a mass refusal does not search the whole batch first.
+
+    Rows the task staged with a refusal in ``WHY`` (values Postgres cannot take as sent, found before
+    the COPY: ``refusal.Screen``) go to the dead-letter table first, with that refusal. Deferred
+    constraints are made immediate for the rest of the transaction, so each statement of the search
+    checks them (at COMMIT or PREPARE they would fail the whole batch, outside the search)."""
+    cur.execute(b"SET CONSTRAINTS ALL IMMEDIATE")
+    diverted = 0
+    why = _has_column(cur, staging, WHY)
+    if why and cur.execute(f"SELECT 1 FROM {staging} WHERE {quote_ident(WHY)} IS NOT NULL LIMIT 1".encode()).fetchone():
+        if materialize:
+            staging, staged = _materialize(cur, staging, plan, why=True)
+            materialize = False
+        diverted = _divert_unstorable(cur, staging, plan, letters)
+        if limit is not None:
+            limit(diverted)
     counts, error = _try_merge(cur, staging, plan, unique)
     if error is None:
         assert counts is not None
-        return MergeCounts(staged, counts.upserted, counts.deleted, counts.tombstoned)
+        return MergeCounts(staged, counts.upserted, counts.deleted, counts.tombstoned, diverted)
     if materialize:
-        staging, staged = _materialize(cur, staging, plan)
+        staging, staged = _materialize(cur, staging, plan, why=why)
     # The reads below pick rows by ordinal: an index keeps each read as small as what it picks.
     cur.execute(f"CREATE INDEX ON {staging} ({quote_ident(ORDINAL)})".encode())
     cur.execute(f"ANALYZE {staging}".encode())
-    diverted = 0
     for _ in range(SCREENS):
         assert error is not None
         found = _screen(cur, staging, plan, error, unique)
@@ -268,8 +282,17 @@ def merge_diverting(
     return MergeCounts(staged, total.upserted, total.deleted, total.tombstoned, diverted)
 
 
-def _materialize(cur: psycopg.Cursor, view: str, plan: MergePlan) -> tuple[str, int]:
-    cols = ", ".join(quote_ident(n) for n, _ in plan.staging_columns() if n != ORDINAL)
+def _has_column(cur: psycopg.Cursor, relation: str, column: str) -> bool:
+    row = cur.execute(
+        b"SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
+        (relation, column),
+    ).fetchone()
+    return row is not None
+
+
+def _materialize(cur: psycopg.Cursor, view: str, plan: MergePlan, *, why: bool = False) -> tuple[str, int]:
+    names = [n for n, _ in plan.staging_columns() if n != ORDINAL] + ([WHY] if why else [])
+    cols = ", ".join(quote_ident(n) for n in names)
     o = quote_ident(ORDINAL)
     cur.execute(
         f"CREATE TEMP TABLE eos_refusing ON COMMIT DROP AS SELECT {cols}, "
@@ -347,14 +370,75 @@ def _divert(
 ) -> int:
     """Move the staged rows ``ordinals`` into the dead-letter table (a row a replayed batch put there
     before stays as it is) and out of the staging table; returns how many."""
+    fields = {
+        "cls": "%(cls)s",
+        "state": "%(state)s",
+        "message": "%(message)s",
+        "detail": "%(detail)s",
+        "constraint": "%(constraint)s",
+        "column": "%(column)s",
+    }
+    params = {
+        "ords": ordinals,
+        "cls": "data" if why.sqlstate.startswith("22") else "integrity",
+        "state": why.sqlstate,
+        "message": why.message,
+        "detail": why.detail,
+        "constraint": why.constraint,
+        "column": why.column,
+    }
+    where = f"s.{quote_ident(ORDINAL)} = ANY(%(ords)s)"
+    placed = _insert_letters(cur, staging, plan, letters, fields, params, where)
+    cur.execute(f"DELETE FROM {staging} WHERE {quote_ident(ORDINAL)} = ANY(%s)".encode(), (ordinals,))
+    _log(placed, letters, why.message, why.sqlstate, logged)
+    return len(ordinals)
+
+
+def _divert_unstorable(cur: psycopg.Cursor, staging: str, plan: MergePlan, letters: DeadLetters) -> int:
+    """Move the rows staged with a refusal in ``WHY`` into the dead-letter table, each with its own
+    refusal, and the values Postgres could not hold put back (escaped) into its ``row``."""
+    w = f"(s.{quote_ident(WHY)}::jsonb)"
+    fields = {
+        "cls": "'data'",
+        "state": f"{w} ->> 'sqlstate'",
+        "message": f"{w} ->> 'message'",
+        "detail": f"{w} ->> 'detail'",
+        "constraint": "NULL",
+        "column": f"{w} ->> 'column'",
+    }
+    where = f"s.{quote_ident(WHY)} IS NOT NULL"
+    placed = _insert_letters(
+        cur, staging, plan, letters, fields, {}, where, values=f"coalesce({w} -> 'values', '{{}}')"
+    )
+    gone = cur.execute(f"DELETE FROM {staging} s WHERE {where}".encode())
+    count = max(gone.rowcount, 0)
+    _log(placed, letters, "a value Postgres cannot take as sent (see the message)", "22", 0)
+    return count
+
+
+def _insert_letters(
+    cur: psycopg.Cursor,
+    staging: str,
+    plan: MergePlan,
+    letters: DeadLetters,
+    fields: dict[str, str],
+    params: dict[str, Any],
+    where: str,
+    *,
+    values: str | None = None,
+) -> list[tuple[int, int]]:
+    """INSERT the staged rows ``where`` picks into the dead-letter table; ``fields`` are SQL for the
+    refusal's columns, ``values`` SQL for a jsonb of values that replace the staged ones in ``row``."""
     names = {c.name: c.target for c in plan.columns}
     op = f"CASE WHEN s.{quote_ident(DELETE_FLAG)} THEN 'delete' ELSE 'upsert' END" if plan.deletes else "'upsert'"
     if not plan.key:
         op = "'insert'"
     row = (
         "(SELECT jsonb_object_agg(coalesce(%(names)s::jsonb ->> e.key, e.key), e.value) "
-        f"FROM jsonb_each(to_jsonb(s) - '{ORDINAL}' - '{DELETE_FLAG}' - '{SOURCE}') e)"
+        f"FROM jsonb_each(to_jsonb(s.*) - '{ORDINAL}' - '{DELETE_FLAG}' - '{SOURCE}' - '{WHY}') e)"
     )
+    if values is not None:
+        row = f"({row} || {values})"
     ord_col = quote_ident(ORDINAL)
     if letters.partition is None:
         src = quote_ident(SOURCE)
@@ -367,33 +451,28 @@ def _divert(
         else f"md5(%(attempt)s || ':' || {part} || ':' || {place} || ':' || x.row::text)"
     )
     params = {
+        **params,
         "names": json.dumps(names),
         "target": str(letters.target),
         "sink": letters.sink_id,
         "batch": -1 if letters.batch_id is None else letters.batch_id,
         "partition": letters.partition,
         "attempt": letters.attempt,
-        "ords": ordinals,
-        "cls": "data" if why.sqlstate.startswith("22") else "integrity",
-        "state": why.sqlstate,
-        "message": why.message,
-        "detail": why.detail,
-        "constraint": why.constraint,
-        "column": why.column,
         "keys": [plan.column(k).target for k in plan.key],
         "version": plan.column(plan.version).target if plan.version else None,
     }
+    f = fields
     sql = (
         f"INSERT INTO {letters.table.sql} (target, sink_id, batch_id, partition, ordinal, op, error_class, "
         "sqlstate, message, detail, constraint_name, column_name, key_columns, version_column, row, row_digest) "
-        f"SELECT %(target)s, %(sink)s, %(batch)s, {part}, {place}, {op}, %(cls)s, %(state)s, %(message)s, "
-        f"%(detail)s, %(constraint)s, %(column)s, %(keys)s, %(version)s, x.row, {digest} "
+        f"SELECT %(target)s, %(sink)s, %(batch)s, {part}, {place}, {op}, {f['cls']}, {f['state']}, {f['message']}, "
+        f"{f['detail']}, {f['constraint']}, {f['column']}, %(keys)s, %(version)s, x.row, {digest} "
         f"FROM {staging} s CROSS JOIN LATERAL (SELECT {row} AS row) x "
-        f"WHERE s.{ord_col} = ANY(%(ords)s) ON CONFLICT DO NOTHING RETURNING partition, ordinal"
+        f"WHERE {where} ON CONFLICT DO NOTHING RETURNING partition, ordinal"
     )
     try:
         cur.execute(sql.encode(), params)
-        placed = cur.fetchall()  # each row's place in its task, as the dead-letter table names it
+        return [(int(p), int(o)) for p, o in cur.fetchall()]  # each row's place, as the dead-letter table names it
     except psycopg.Error as exc:
         state = exc.sqlstate or ""
         if not state.startswith(("22", "23", "42")):
@@ -406,7 +485,9 @@ def _divert(
             option="errors.table",
             sqlstate=state,
         ) from None
-    cur.execute(f"DELETE FROM {staging} WHERE {ord_col} = ANY(%s)".encode(), (ordinals,))
+
+
+def _log(placed: list[tuple[int, int]], letters: DeadLetters, message: str, sqlstate: str, logged: int) -> None:
     for partition, ordinal in sorted(placed)[: max(0, LOGGED - logged)]:
         log.warning(
             "%s refused row %d of partition %d (batch %s): %s (sqlstate %s); diverted to %s",
@@ -414,11 +495,10 @@ def _divert(
             ordinal,
             partition,
             letters.batch_id,
-            why.message,
-            why.sqlstate,
+            message,
+            sqlstate,
             letters.table,
         )
-    return len(ordinals)
 
 
 @dataclass(frozen=True)

@@ -278,7 +278,11 @@ def merge_statements(plan: MergePlan, staging: str, unique: bool = False) -> lis
 def merge_staged(
     cur: psycopg.Cursor, staging: str, plan: MergePlan, staged: int = 0, *, unique: bool = False
 ) -> MergeCounts:
-    """Merge ``staging`` into the target inside the caller's transaction; return the counts."""
+    """Merge ``staging`` into the target inside the caller's transaction; return the counts.
+
+    Deferred constraints are made immediate for the rest of the transaction: a violation then fails
+    the statement that caused it (a refusal the caller can name or divert), not the COMMIT or PREPARE."""
+    cur.execute(b"SET CONSTRAINTS ALL IMMEDIATE")
     counts = {"upserted": 0, "deleted": 0, "tombstoned": 0}
     for label, sql in merge_statements(plan, staging, unique):
         cur.execute(sql)  # built from quoted identifiers only

@@ -56,6 +56,16 @@ SPARK_OPTIONS = ("path", "checkpointLocation")
 """Options Spark itself adds to a sink's option map; accepted and ignored."""
 
 
+KEEPALIVE_DEFAULTS: dict[str, int] = {
+    "keepalives_idle": 30,  # seconds
+    "keepalives_interval": 10,  # seconds
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,  # milliseconds, as libpq takes it
+}
+"""libpq's keepalive settings the sinks use when neither an option nor the dsn sets them: a silent peer
+is given up after 30 + 3 x 10 = 60 s, unacknowledged data after 60 s."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConnectionOptions:
     """Where and how to connect; ``repr``/``str`` never show the password."""
@@ -76,7 +86,53 @@ class ConnectionOptions:
         "connect_timeout", "duration", 10.0, "give up connecting after this long", min=0.001
     )
     statement_timeout: float = option(
-        "statement_timeout", "duration", 0.0, "cancel any statement running longer (0: no limit)", min=0
+        "statement_timeout",
+        "duration",
+        0.0,
+        "cancel any statement running longer (0: no limit, the default: a batch's statements grow with the batch; "
+        "every wait inside one is bounded by lock.timeout and the keepalive options)",
+        min=0,
+    )
+    lock_timeout: float = option(
+        "lock.timeout",
+        "duration",
+        60.0,
+        "how long any statement of the sink waits for a lock (Postgres lock_timeout): the sink's own advisory lock "
+        "(postgres-2pc), row and table locks in the target (with postgres-2pc visibility=partition a sibling's "
+        "prepared transaction holding the same key never lets go before the batch commits); past it the wait "
+        "fails naming what waited",
+        min=0.001,
+    )
+    keepalives_idle: float | None = option(
+        "keepalives_idle",
+        "duration",
+        None,
+        "TCP keepalive: probe a connection silent for this long (default 30s, or the dsn's keepalives_idle)",
+        min=1,
+    )
+    keepalives_interval: float | None = option(
+        "keepalives_interval",
+        "duration",
+        None,
+        "TCP keepalive: between unanswered probes (default 10s, or the dsn's); a peer that answers none of "
+        "keepalives_count probes is given up",
+        min=1,
+    )
+    keepalives_count: int | None = option(
+        "keepalives_count",
+        "int",
+        None,
+        "TCP keepalive: unanswered probes before the connection is given up (default 3, or the dsn's)",
+        min=1,
+        max=1000,
+    )
+    tcp_user_timeout: float | None = option(
+        "tcp_user_timeout",
+        "duration",
+        None,
+        "give up a connection whose sent data stays unacknowledged this long (a server or network gone during "
+        "COMMIT PREPARED or a publish; default 60s, or the dsn's tcp_user_timeout; Linux)",
+        min=0.001,
     )
     retry_attempts: int = option(
         "retry.attempts",
@@ -116,8 +172,28 @@ class ConnectionOptions:
         if not self.dsn and "host" not in params:
             params["host"] = "localhost"
         params["connect_timeout"] = max(1, round(self.connect_timeout))
+        try:
+            in_dsn = conninfo_to_dict(self.dsn) if self.dsn else {}
+        except psycopg.ProgrammingError:  # never quoted (nor chained): the check below names the problem
+            in_dsn = None
+        if in_dsn is None:
+            raise conninfo_error(self.dsn or "", option="dsn", context="postgres")
+        # Every wait on the network has a bound: a peer that stops answering (a host gone, a network cut
+        # during COMMIT PREPARED or a publish) is given up by the kernel after the keepalives when idle and
+        # after tcp_user_timeout with data unacknowledged. An option given wins, else the dsn's, else ours.
+        params["keepalives"] = 1
+        for name, default in KEEPALIVE_DEFAULTS.items():
+            value = getattr(self, name)
+            if value is not None:
+                params[name] = int(value * 1000) if name == "tcp_user_timeout" else max(1, round(value))
+            elif name not in in_dsn:
+                params[name] = default
+        # lock_timeout is set by connect() after the login, not here: a startup "options" parameter is refused
+        # by poolers such as PgBouncer unless configured, so it is only sent when statement_timeout is asked for
         if self.statement_timeout:
-            params["options"] = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
+            own = in_dsn.get("options") or ""  # the user's own server options (search_path, ...) stay
+            setting = f"-c statement_timeout={int(self.statement_timeout * 1000)}"
+            params["options"] = f"{own} {setting}" if own else setting
         conninfo: str | None = None
         try:
             conninfo = make_conninfo(self.dsn or "", **params)

@@ -60,6 +60,7 @@ __all__ = [
     "compatible",
     "create_table_sql",
     "describe_table",
+    "missing_columns",
     "pg_type",
     "plan_columns",
 ]
@@ -298,6 +299,24 @@ def describe_table(conn: psycopg.Connection, table: TableName) -> TableInfo | No
         )
         keys = [tuple(r[0]) for r in cur.fetchall()]
     return TableInfo(schema, name, columns, keys, persistence)
+
+
+def missing_columns(
+    conn: psycopg.Connection,
+    table: TableName,
+    df_schema: StructType,
+    columns_map: Mapping[str, str] | None = None,
+    skip: Iterable[str] = (),
+) -> list[str]:
+    """The table columns ``check_table`` would add (schema.evolution=add-columns) for ``df_schema``:
+    [] when the table has them all or does not exist yet. Read-only: it takes no lock."""
+    info = describe_table(conn, table)
+    if info is None:
+        return []
+    skip = set(skip)
+    rename = {k: v for k, v in (columns_map or {}).items() if k not in skip}
+    wanted = [rename.get(f.name, f.name) for f in df_schema.fields if f.name not in skip]
+    return [t for t in wanted if _match_column(info, t) is None]
 
 
 def _match_column(info: TableInfo, wanted: str) -> str | None:

@@ -49,6 +49,7 @@ from sinks.postgres.merge import (
     merge_staged,
 )
 from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text
+from sinks.postgres.refusal import WHY, Screen
 from sinks.postgres.staging import Replayable, UpsertPlanner, prepared_rows
 
 __all__ = [
@@ -139,17 +140,23 @@ def write_transaction(
     propagates unchanged; ``batches`` is iterated once per try (a ``Replayable`` for retries).
     ``keys``, fed by ``prepared_rows``, lets the merge skip its dedup when every key is distinct.
     With ``errors.tolerance=all`` refused rows go to ``errors.table`` in this transaction."""
+    divert = opts.errors.table is not None
+    columns = plan.staging_columns() + ([(WHY, "text")] if divert else [])
+    where = f"{FORMAT} into {plan.target} (partition {partition})"
+    # values Postgres cannot take as sent (NUL, NaN in JSON, ...) or would change (a name cut, a NaN
+    # version, ...): refused here, naming column and value, or staged with their refusal to be diverted
+    screen = Screen(plan.columns, where=where, version=plan.version, on_found="divert" if divert else "refuse")
     conn = connect(opts.connection, application_name=f"spark-eos {FORMAT}")
     try:
         with conn.cursor() as cur:
-            staging = create_staging(cur, plan.target, plan.staging_columns())
-            staged = copy_arrow(cur, staging, plan.staging_columns(), batches)
+            cur.execute(b"SET CONSTRAINTS ALL IMMEDIATE")  # deferred ones are checked by the merge, not COMMIT
+            staging = create_staging(cur, plan.target, columns)
+            staged = copy_arrow(cur, staging, columns, screen(batches))
             unique = keys is not None and keys.unique
             if opts.errors.table is None:
                 counts = merge_staged(cur, staging, plan, staged, unique=unique)
             else:
                 letters = deadletter.DeadLetters(opts.errors.table, plan.target, batch_id, partition)
-                where = f"{FORMAT} into {plan.target} (partition {partition})"
                 counts = deadletter.merge_diverting(
                     cur,
                     staging,

@@ -85,6 +85,18 @@ def sink_lock_key(sink_id: str) -> int:
     return int.from_bytes(hashlib.sha1(("eos-sink:" + sink_id).encode()).digest()[:8], "big", signed=True)
 
 
+SINK_LOCK_TIMEOUT = 60.0
+"""Seconds a session without a ``lock_timeout`` of its own waits for the sink lock (the sinks' sessions
+have one: option ``lock.timeout``, default 60 s)."""
+
+_HOLDER = (
+    "SELECT a.pid, a.application_name, a.client_addr::text, a.state, "
+    "extract(epoch FROM now() - a.state_change)::float8 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = %s AND l.objid::bigint = %s "
+    "AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
 @contextmanager
 def sink_lock(conn: psycopg.Connection, sink_id: str) -> Iterator[None]:
     """Hold the sink's session advisory lock on an autocommit connection.
@@ -92,9 +104,43 @@ def sink_lock(conn: psycopg.Connection, sink_id: str) -> Iterator[None]:
     Every step that rolls back a gid or writes a decision runs under it, so "no decision names
     this gid" and "roll it back" are one atomic step against "decide the batch", and a decision only
     ever names gids that are still prepared when it is written.
+
+    The wait is bounded by the session's ``lock_timeout`` (option ``lock.timeout``), or by
+    ``SINK_LOCK_TIMEOUT`` on a session without one: a holder that never lets go (a stopped driver
+    whose connection stays open) fails the wait with a ``RetriableError`` naming the holder's pid.
     """
+    from connectors.core.errors import RetriableError  # here: this function's change stays in one place
+
     key = sink_lock_key(sink_id)
-    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    bound = f"{int(SINK_LOCK_TIMEOUT * 1000)}ms"
+    failure: psycopg.errors.LockNotAvailable | None = None
+    try:
+        # the subquery sets the bound (for this statement only) before the lock is asked for
+        conn.execute(
+            "SELECT pg_advisory_lock(%s) FROM (SELECT set_config('lock_timeout', CASE current_setting('lock_timeout') "
+            "WHEN '0' THEN %s ELSE current_setting('lock_timeout') END, true)) bound",
+            (key, bound),
+        )
+    except psycopg.errors.LockNotAvailable as exc:
+        failure = exc
+    if failure is not None:
+        waited = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+        holder = conn.execute(_HOLDER, ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone()
+        held = (
+            f"held by pid {holder[0]} (application {holder[1]!r}, client {holder[2] or 'local'}, {holder[3]} for "
+            f"{holder[4]:.0f}s)"
+            if holder
+            else "held by another session (gone by now)"
+        )
+        setting = waited[0] if waited and waited[0] != "0" else bound
+        raise RetriableError(
+            f"postgres-2pc: waited {setting} (option 'lock.timeout') for the lock of sink {sink_id!r}, {held}. "
+            "A task, committer or `spark-eos sinks` command of this sink holds it while it decides or recovers; "
+            "one that is stopped (a frozen driver) holds it until its connection closes: end that session "
+            "(SELECT pg_terminate_backend(pid)), or raise 'lock.timeout'",
+            sink_id=sink_id,
+            sqlstate="55P03",
+        ) from failure
     try:
         yield
     finally:

@@ -93,14 +93,6 @@ class TwoPhaseOptions:
         "PREPARED runs (no staging, no publish: Flink's XA sink)",
         choices=("batch", "partition"),
     )
-    lock_timeout: float = option(
-        "lock.timeout",
-        "duration",
-        60.0,
-        "visibility=partition: how long a task waits for a row lock in the table (a sibling's prepared "
-        "transaction holding the same key never lets go before the batch commits)",
-        min=0.001,
-    )
     checkpoint: str | None = option(
         "checkpointLocation",
         "str",
@@ -145,6 +137,11 @@ class TwoPhaseOptions:
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> TwoPhaseOptions:
         return TWOPC_OPTIONS.build(dict(raw))
+
+    @property
+    def lock_timeout(self) -> float:
+        """``lock.timeout``, a connection option of both sinks (it bounds every lock wait of a session)."""
+        return self.connection.lock_timeout
 
     @property
     def rename(self) -> tuple[tuple[str, str], ...]:

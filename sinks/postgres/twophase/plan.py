@@ -24,6 +24,7 @@ from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
 )
+from sinks.postgres.refusal import WHY
 from sinks.postgres.staging import UpsertPlanner
 from sinks.postgres.twophase.decisions import (
     ProtocolTables,
@@ -32,7 +33,7 @@ from sinks.postgres.twophase.decisions import (
 from sinks.postgres.twophase.gid import parse_gid
 from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
 from sinks.postgres.twophase.recovery import resolve
-from sinks.postgres.types import Column, base_type, check_table
+from sinks.postgres.types import Column, base_type, check_table, missing_columns
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,20 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
             # commit, and ALTER TABLE waits for them: roll decided batches forward first (a decision is
             # final, so this is always right); undecided ones are left to the batch that owns them
             resolve(conn, tables, opts.sink_id, keep_undecided=True)
+            if _alters(conn, opts, schema):
+                # ... unless the query's columns changed: the ALTER TABLE would wait on them until it gives
+                # up, on every restart. No task of the attempt this writer starts has prepared yet (its
+                # nonce is made below), so an undecided gid is a dead attempt's (a crash between PREPARE
+                # and the decision): rolled back under the sink lock, which the protocol allows (I4). A
+                # commit process builds this plan too, but its columns exist by then: it alters nothing.
+                streaming = opts.batch_id is None
+                resolve(
+                    conn,
+                    tables,
+                    opts.sink_id,
+                    only_batch=None if streaming else opts.batch_id,
+                    stale_after=None if streaming else opts.prepared_timeout,
+                )
         merge: MergePlan | None = None
         if opts.upsert is not None:
             merge = UpsertPlanner(opts.upsert, schema, temporary_staging=False).plan()
@@ -186,6 +201,8 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
             stage_columns = tuple((c.name, c.pg_type) for c in columns)
             if opts.errors.divert:  # each row's place: what the dead-letter search ranges over
                 stage_columns += ((ORDINAL, "bigint"),)
+        if opts.errors.divert:  # a value Postgres cannot take as sent is staged with its refusal (refusal.Screen)
+            stage_columns += ((WHY, "text"),)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
         direct = opts.visibility == "partition"  # tasks create their own staging tables
         if merge is not None:
@@ -252,6 +269,13 @@ def _check_protocol_schema_off_path(conn: psycopg.Connection, opts: TwoPhaseOpti
             "(e.g. spark_eos), or change the role's search_path (ALTER ROLE ... SET search_path = public)",
             option="eos.schema",
         )
+
+
+def _alters(conn: psycopg.Connection, opts: TwoPhaseOptions, schema: StructType) -> bool:
+    """Whether checking the table will add columns to it (schema.evolution=add-columns)."""
+    skip = [opts.upsert.delete_column] if opts.upsert is not None and opts.upsert.delete_column else []
+    rename = dict(opts.upsert.rename if opts.upsert is not None else opts.rename)
+    return bool(missing_columns(conn, opts.table, schema, rename, skip))
 
 
 def _check_append_table(conn: psycopg.Connection, opts: TwoPhaseOptions, schema: StructType) -> list[Column]:

@@ -27,7 +27,7 @@ from sinks.postgres.options import (
     TableName,
     quote_ident,
 )
-from sinks.postgres.refusal import DataRefused, copy_value, describe
+from sinks.postgres.refusal import WHY, DataRefused, Screen, Unstaged, copy_value, describe
 from sinks.postgres.staging import Replayable, prepared_rows
 from sinks.postgres.twophase.decisions import (
     ProtocolTables,
@@ -225,6 +225,24 @@ class TwoPhaseWriter:
             return False
         return True  # published meanwhile by the earlier attempt's committer
 
+    def _stage_columns(self) -> list[tuple[str, str]]:
+        """What a task stages: the plan's columns, and ``WHY`` when refused rows are diverted (a value
+        Postgres cannot take as sent is staged with its refusal, for the diverting merge)."""
+        columns = list(self.plan.stage_columns)
+        if self.plan.divert is not None and all(n != WHY for n, _ in columns):
+            columns.append((WHY, "text"))
+        return columns
+
+    def _screen(self, gid: Gid, *, direct: bool = False) -> Screen:
+        """The check of every value before COPY (``refusal.Screen``): refused naming column and value, or
+        staged with its refusal (errors.tolerance=all); ``direct``: a COPY into the table, which falls
+        back to staging when a value must be diverted."""
+        plan = self.plan
+        where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
+        on_found = "refuse" if plan.divert is None else "raise" if direct else "divert"
+        version = plan.merge.version if plan.merge is not None else None
+        return Screen(plan.columns, where=where, version=version, on_found=on_found)
+
     def _stage_batches(self, iterator: Iterator[pa.RecordBatch]) -> Replayable | None:
         """The task's rows, streamed into COPY as Spark yields them and re-iterable for a retried COPY
         (memory stays flat in the partition's size); None for a partition without rows."""
@@ -270,7 +288,7 @@ class TwoPhaseWriter:
                             sql.Literal(f"{stage_comment(self.plan.sink_id)}: {text}"),
                         )
                     )
-                    rows = copy_arrow(cur, table, self.plan.stage_columns, batches)
+                    rows = copy_arrow(cur, table, self._stage_columns(), self._screen(gid)(batches))
                 tables.insert_marker(conn, gid, rows)
             faults.point("sink.after_write", spec=self.opts.faults, **fctx)
             try:
@@ -294,6 +312,9 @@ class TwoPhaseWriter:
         errors.tolerance=all the rows refused go to the dead-letter table in this transaction instead."""
         plan = self.plan
         cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(self.opts.lock_timeout * 1000))}ms",))
+        # deferred constraints are checked by each statement here, where a refusal can be named or diverted;
+        # at PREPARE they would fail the whole task, outside the search
+        cur.execute(b"SET CONSTRAINTS ALL IMMEDIATE")
         try:
             if plan.copy_direct:
                 if plan.divert is not None:
@@ -303,9 +324,11 @@ class TwoPhaseWriter:
                         cur,
                         plan.target.sql,
                         [(c.name, c.pg_type) for c in plan.columns],
-                        batches,
+                        self._screen(gid, direct=True)(batches),
                         targets=[c.target for c in plan.columns],
                     )
+                except Unstaged:  # a value the COPY cannot take, to be diverted: through staging below
+                    cur.execute(b"ROLLBACK TO SAVEPOINT eos_copy")
                 except psycopg.Error as exc:
                     if plan.divert is None or not deadletter.refusable(exc):
                         raise
@@ -313,8 +336,9 @@ class TwoPhaseWriter:
             # Widening, casts, the merge or refused rows: through a staging table of this transaction
             # only (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
             # dropped before PREPARE).
-            staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), plan.stage_columns, temporary=False)
-            rows = copy_arrow(cur, staging, plan.stage_columns, batches)
+            columns = self._stage_columns()
+            staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), columns, temporary=False)
+            rows = copy_arrow(cur, staging, columns, self._screen(gid)(batches))
             unique = self._keys is not None and self._keys.unique
             if plan.divert is not None:
                 letters = deadletter.DeadLetters(
