@@ -221,13 +221,7 @@ def _row(label: str, value: Any, ok: bool | None = None) -> str:
     return f"  {label:<22} {value}{mark}"
 
 
-def main(args: argparse.Namespace) -> int:
-    from connectors import postgres_options
-    from connectors.pipelines import balances, ledger
-    from connectors.pipelines.events import generate, produce
-    from connectors.toolkit import checker
-    from connectors.toolkit.chaos import create_topic
-
+def _check_args(args: argparse.Namespace) -> None:
     for opt in ("records", "partitions"):
         if getattr(args, opt) < 1:
             raise SystemExit(f"spark-eos demo: --{opt} must be at least 1, got {getattr(args, opt)}")
@@ -235,6 +229,149 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"spark-eos demo: --kills must be >= 0, got {args.kills}")
     if args.poison < 0:
         raise SystemExit(f"spark-eos demo: --poison must be >= 0, got {args.poison}")
+
+
+def _fill_topic(args: argparse.Namespace, bootstrap: str, topic: str) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The seeded payment events and the malformed records, produced into ``topic``: (events, poison)."""
+    from connectors.pipelines.events import generate, produce
+    from connectors.toolkit.chaos import create_topic
+
+    create_topic(bootstrap, topic, args.partitions)
+    events = generate(args.records, seed=args.seed)
+    bar = Bar(len(events), "producing")
+    # poison records in the middle of the stream, where the kills land too
+    poison = [(i % args.partitions, POISON[i % len(POISON)]) for i in range(args.poison)]
+    half = len(events) // 2
+    produce(bootstrap, topic, events[:half], partitions=args.partitions, raw=poison, progress=bar.show)
+    produce(bootstrap, topic, events[half:], partitions=args.partitions, progress=lambda n: bar.show(half + n))
+    bar.end()
+    return events, poison
+
+
+def _run_pipelines(
+    args: argparse.Namespace, workdir: str, bootstrap: str, topic: str, dsn: str, tables: dict[str, str], wall: float
+) -> tuple[list[tuple[Track, str]], dict[str, list[Any]]]:
+    """Both pipelines side by side, each killed by its share of the schedule and drained at the end:
+    ([(track, checkpoint)], schedule)."""
+    from connectors import postgres_options
+
+    schedule = plan(args.kills, args.seed)
+    tracks, threads = [], []
+    # the pipelines' config (a file) names the server without the password: they get it from
+    # PGPASSWORD, which libpq reads in every process, so no option, plan or command line holds it
+    connection = postgres_options(dsn)
+    secrets = {"PGPASSWORD": connection["password"]} if "password" in connection else {}
+    for name, table in tables.items():
+        checkpoint = os.path.join(workdir, f"checkpoint-{name}")
+        cfg_path = os.path.join(workdir, f"{name}.toml")
+        # enough batches that every kill lands mid-stream
+        max_offsets = max(20, args.records // (4 * (len(schedule[name]) + 1)))
+        _config(cfg_path, name, bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets)
+        track = Track(name)
+        tracks.append((track, checkpoint))
+        threads.append(threading.Thread(target=_drive, args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0,
+                                                             secrets),
+                                        name=f"demo-{name}", daemon=True))  # fmt: skip
+    say("[3/4] running ledger (postgres-2pc) and balances (transformWithStateInPandas -> postgres-upsert); "
+        "kills: " + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none"))  # fmt: skip
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        for t in threads:
+            t.join(15)
+        done = sum(len(tr.kills) for tr, _ in tracks)
+        if any(t.is_alive() for t in threads):
+            say(f"      ... {done}/{args.kills} kills done, {time.monotonic() - wall:.0f}s")
+    for track, _ in tracks:
+        for k in track.kills:
+            say(f"      {track.name:<9} {k['how']:<36} -> {k['exit']:<18} commits {k['commits']}")
+        say(f"      {track.name:<9} final drain (available-now)          -> {track.final}")
+    return tracks, schedule
+
+
+def _verdict(
+    args: argparse.Namespace,
+    workdir: str,
+    wall: float,
+    events: list[dict[str, Any]],
+    poison: list[Any],
+    tracks: list[tuple[Track, str]],
+    schedule: dict[str, list[Any]],
+    rep_l: Any,
+    rep_b: Any,
+) -> bool:
+    """The checkers' reports and the runs as one verdict, printed (a table, or JSON with --json)."""
+    from connectors.core import faults
+
+    fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
+    crashes = sum(1 for tr, _ in tracks for k in tr.kills if k["killed"])
+    planned = sum(len(v) for v in schedule.values())
+    runs_ok = all(tr.final_ok and not tr.error for tr, _ in tracks)
+    agg = rep_b.get("aggregates")
+    dup, lost = rep_l.get("records.duplicates"), rep_l.get("records.losses")
+    ph, pay = rep_l.get("records.phantoms"), rep_l.get("records.payload")
+    prepared = rep_l.get("end.prepared")
+    poison_l, poison_b = rep_l.get("poison.dead_letters"), rep_b.get("poison.dead_letters")
+    decision = rep_l.get("end.decision_vs_commit")
+    ok = rep_l.ok and rep_b.ok and runs_ok and crashes == planned
+    elapsed = time.monotonic() - wall
+    proc_time = max(tr.seconds for tr, _ in tracks)
+    report: dict[str, Any] = {
+        "ok": ok, "events": len(events), "ledger_rows": rep_l.info.get("sink_rows"),
+        "duplicates": dup.counts["duplicates"], "missing": lost.counts["losses"], "phantoms": ph.counts["phantoms"],
+        "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],
+        "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
+        "poison": len(poison), "poison_dead_letters": {
+            "ledger": poison_l.counts["poison"] - poison_l.counts["missing"],
+            "balances": poison_b.counts["poison"] - poison_b.counts["missing"],
+        }, "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"],
+        "crashes_injected": crashes, "kills_planned": planned, "fault_points_fired": len(fired),
+        "restarts": sum(len(tr.kills) for tr, _ in tracks),
+        "recoveries": sum(tr.recoveries for tr, _ in tracks), "prepared_left": prepared.counts["prepared"],
+        "decision_vs_commit": decision.summary, "wall_seconds": round(elapsed, 1),
+        "events_per_second": round(len(events) / proc_time, 1), "workdir": workdir,
+        "kills": {tr.name: tr.kills for tr, _ in tracks},
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        bal_ok = report["balances_wrong"] == 0
+        lines = [
+            "",
+            "  exactly-once verdict",
+            "  " + "-" * 58,
+            _row("events produced", report["events"]),
+            _row("ledger rows", report["ledger_rows"], report["ledger_rows"] == report["events"]),
+            _row("duplicates", report["duplicates"], report["duplicates"] == 0),
+            _row("missing", report["missing"], report["missing"] == 0),
+            _row("phantoms / altered", f"{report['phantoms']} / {report['payload_mismatches']}",
+                 report["phantoms"] == 0 and report["payload_mismatches"] == 0),
+            _row("poison records", f"{report['poison']} produced; in the dead-letter tables once each: ledger "
+                 f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']}",
+                 poison_l.ok and poison_b.ok),
+            _row("balances matching", f"{report['accounts'] - report['balances_wrong']}/{report['accounts']} accounts",
+                 bal_ok),
+            _row("crashes injected", f"{crashes} of {planned} planned ({len(fired)} at fault points, "
+                 f"{crashes - len(fired)} SIGKILL from outside)", crashes == planned),
+            _row("recoveries", f"{report['restarts']} restarts from the checkpoint, {report['recoveries']} of them "
+                 "committed new batches before the next kill or the end"),
+            _row("prepared txns left", report["prepared_left"], report["prepared_left"] == 0),
+            _row("decision log", decision.summary, decision.ok),
+            _row("throughput", f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
+                 f"({proc_time:.0f}s)"),
+            _row("wall time", f"{elapsed:.0f}s"),
+            "  " + "-" * 58,
+            "  verdict: " + ("EXACTLY-ONCE HELD" if ok else "EXACTLY-ONCE VIOLATED (see above and the work dir)"),
+        ]  # fmt: skip
+        say("\n".join(lines))
+    return ok
+
+
+def main(args: argparse.Namespace) -> int:
+    from connectors.pipelines import balances, ledger
+    from connectors.toolkit import checker
+
+    _check_args(args)
     wall = time.monotonic()
     workdir = args.workdir or tempfile.mkdtemp(prefix="spark-eos-demo-")
     os.makedirs(workdir, exist_ok=True)
@@ -245,48 +382,11 @@ def main(args: argparse.Namespace) -> int:
         say(f"[1/4] services: {what}")
         tag = f"demo_{args.seed}_{int(time.time())}"
         topic, ledger_table, balances_table = f"payments_{tag}", f"ledger_{tag}", f"balances_{tag}"
-        create_topic(bootstrap, topic, args.partitions)
-        events = generate(args.records, seed=args.seed)
-        bar = Bar(len(events), "producing")
-        # poison records in the middle of the stream, where the kills land too
-        poison = [(i % args.partitions, POISON[i % len(POISON)]) for i in range(args.poison)]
-        half = len(events) // 2
-        produce(bootstrap, topic, events[:half], partitions=args.partitions, raw=poison, progress=bar.show)
-        produce(bootstrap, topic, events[half:], partitions=args.partitions, progress=lambda n: bar.show(half + n))
-        bar.end()
+        events, poison = _fill_topic(args, bootstrap, topic)
         say(f"[2/4] topic {topic}: {len(events)} events over {args.partitions} partitions, keyed by account, and "
             f"{len(poison)} malformed records (the pipelines divert them to dead-letter tables)")  # fmt: skip
-        schedule = plan(args.kills, args.seed)
-        tracks, threads = [], []
-        # the pipelines' config (a file) names the server without the password: they get it from
-        # PGPASSWORD, which libpq reads in every process, so no option, plan or command line holds it
-        connection = postgres_options(dsn)
-        secrets = {"PGPASSWORD": connection["password"]} if "password" in connection else {}
-        for name, table in (("ledger", ledger_table), ("balances", balances_table)):
-            checkpoint = os.path.join(workdir, f"checkpoint-{name}")
-            cfg_path = os.path.join(workdir, f"{name}.toml")
-            # enough batches that every kill lands mid-stream
-            max_offsets = max(20, args.records // (4 * (len(schedule[name]) + 1)))
-            _config(cfg_path, name, bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets)
-            track = Track(name)
-            tracks.append((track, checkpoint))
-            threads.append(threading.Thread(target=_drive, args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0,
-                                                                 secrets),
-                                            name=f"demo-{name}", daemon=True))  # fmt: skip
-        say("[3/4] running ledger (postgres-2pc) and balances (transformWithStateInPandas -> postgres-upsert); "
-            "kills: " + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none"))  # fmt: skip
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(15)
-            done = sum(len(tr.kills) for tr, _ in tracks)
-            if any(t.is_alive() for t in threads):
-                say(f"      ... {done}/{args.kills} kills done, {time.monotonic() - wall:.0f}s")
-        for track, _ in tracks:
-            for k in track.kills:
-                say(f"      {track.name:<9} {k['how']:<36} -> {k['exit']:<18} commits {k['commits']}")
-            say(f"      {track.name:<9} final drain (available-now)          -> {track.final}")
+        tables = {"ledger": ledger_table, "balances": balances_table}
+        tracks, schedule = _run_pipelines(args, workdir, bootstrap, topic, dsn, tables, wall)
         say("[4/4] checking exactly-once")
         ledger_ckpt = tracks[0][1]
         rep_l = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table=ledger_table,
@@ -297,69 +397,7 @@ def main(args: argparse.Namespace) -> int:
                                            "columns": {"balance": "sum", "events": "count"}},
                                dead_letters=f"{balances_table}_dead_letters",
                                poison_position=balances.poison_position)  # fmt: skip
-        from connectors.core import faults
-
-        fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
-        crashes = sum(1 for tr, _ in tracks for k in tr.kills if k["killed"])
-        planned = sum(len(v) for v in schedule.values())
-        runs_ok = all(tr.final_ok and not tr.error for tr, _ in tracks)
-        agg = rep_b.get("aggregates")
-        dup, lost = rep_l.get("records.duplicates"), rep_l.get("records.losses")
-        ph, pay = rep_l.get("records.phantoms"), rep_l.get("records.payload")
-        prepared = rep_l.get("end.prepared")
-        poison_l, poison_b = rep_l.get("poison.dead_letters"), rep_b.get("poison.dead_letters")
-        decision = rep_l.get("end.decision_vs_commit")
-        ok = rep_l.ok and rep_b.ok and runs_ok and crashes == planned
-        elapsed = time.monotonic() - wall
-        proc_time = max(tr.seconds for tr, _ in tracks)
-        report: dict[str, Any] = {
-            "ok": ok, "events": len(events), "ledger_rows": rep_l.info.get("sink_rows"),
-            "duplicates": dup.counts["duplicates"], "missing": lost.counts["losses"], "phantoms": ph.counts["phantoms"],
-            "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],
-            "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
-            "poison": len(poison), "poison_dead_letters": {
-                "ledger": poison_l.counts["poison"] - poison_l.counts["missing"],
-                "balances": poison_b.counts["poison"] - poison_b.counts["missing"],
-            }, "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"],
-            "crashes_injected": crashes, "kills_planned": planned, "fault_points_fired": len(fired),
-            "restarts": sum(len(tr.kills) for tr, _ in tracks),
-            "recoveries": sum(tr.recoveries for tr, _ in tracks), "prepared_left": prepared.counts["prepared"],
-            "decision_vs_commit": decision.summary, "wall_seconds": round(elapsed, 1),
-            "events_per_second": round(len(events) / proc_time, 1), "workdir": workdir,
-            "kills": {tr.name: tr.kills for tr, _ in tracks},
-        }  # fmt: skip
-        if args.json:
-            print(json.dumps(report, indent=2, default=str))
-        else:
-            bal_ok = report["balances_wrong"] == 0
-            lines = [
-                "",
-                "  exactly-once verdict",
-                "  " + "-" * 58,
-                _row("events produced", report["events"]),
-                _row("ledger rows", report["ledger_rows"], report["ledger_rows"] == report["events"]),
-                _row("duplicates", report["duplicates"], report["duplicates"] == 0),
-                _row("missing", report["missing"], report["missing"] == 0),
-                _row("phantoms / altered", f"{report['phantoms']} / {report['payload_mismatches']}",
-                     report["phantoms"] == 0 and report["payload_mismatches"] == 0),
-                _row("poison records", f"{report['poison']} produced; in the dead-letter tables once each: ledger "
-                     f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']}",
-                     poison_l.ok and poison_b.ok),
-                _row("balances matching", f"{report['accounts'] - report['balances_wrong']}/{report['accounts']} accounts",
-                     bal_ok),
-                _row("crashes injected", f"{crashes} of {planned} planned ({len(fired)} at fault points, "
-                     f"{crashes - len(fired)} SIGKILL from outside)", crashes == planned),
-                _row("recoveries", f"{report['restarts']} restarts from the checkpoint, {report['recoveries']} of them "
-                     "committed new batches before the next kill or the end"),
-                _row("prepared txns left", report["prepared_left"], report["prepared_left"] == 0),
-                _row("decision log", decision.summary, decision.ok),
-                _row("throughput", f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
-                     f"({proc_time:.0f}s)"),
-                _row("wall time", f"{elapsed:.0f}s"),
-                "  " + "-" * 58,
-                "  verdict: " + ("EXACTLY-ONCE HELD" if ok else "EXACTLY-ONCE VIOLATED (see above and the work dir)"),
-            ]  # fmt: skip
-            say("\n".join(lines))
+        ok = _verdict(args, workdir, wall, events, poison, tracks, schedule, rep_l, rep_b)
         for track, _ in tracks:
             if track.error:
                 say(f"\n{track.name} did not finish cleanly:\n{track.error}")

@@ -394,95 +394,72 @@ def _started(proc: PipelineProcess) -> bool:
     return "RUNNER STARTED" in proc.log_tail(20000)
 
 
-def run(cfg: ChaosConfig) -> checker.Report:
-    """Run the chaos experiment described by ``cfg`` and return the checker's report."""
-    import psycopg
-
+def _run_root(cfg: ChaosConfig) -> str:
+    """Where the pipeline's runner is imported from: the user's project for --app, else the checkout."""
     if cfg.app:
         if cfg.sink_kind not in SINK_KINDS:
             raise SystemExit(f"--sink-kind {cfg.sink_kind!r}: expected one of {', '.join(SINK_KINDS)}")
         cfg.pipeline = "app"
-        root = os.getcwd()  # the user's module is imported from here (and from PYTHONPATH)
-    elif cfg.pipeline not in PIPELINES:
+        return os.getcwd()  # the user's module is imported from here (and from PYTHONPATH)
+    if cfg.pipeline not in PIPELINES:
         raise SystemExit(f"--pipeline {cfg.pipeline!r}: expected one of {', '.join(PIPELINES)}")
-    else:
-        root = _repo_root()
-    tag = f"chaos_{cfg.pipeline}_{cfg.seed}_{int(time.time())}"
-    topic, table = tag, tag
-    os.makedirs(cfg.workdir, exist_ok=True)
-    checkpoint = os.path.join(cfg.workdir, "checkpoint")
-    fault_log = os.path.join(cfg.workdir, "faults.jsonl")
-    log_path = os.path.join(cfg.workdir, "pipeline.log")
-    create_topic(cfg.bootstrap, topic, cfg.partitions)
-    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
-    env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
-    env.pop("EOS_FAULTS", None)
-    # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
-    producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)
-    progress = _Progress(cfg.kills, cfg.progress)
-    started = time.monotonic()
-    producer.start()
-    outcomes: Counter[str] = Counter()
-    kinds: Counter[str] = Counter()
-    sigkilled = 0
-    for plan in plans:
-        run_env = dict(env)
-        if plan.kind == "fault":
-            run_env["EOS_FAULTS"] = plan.spec(checker.last_commit(checkpoint))
-            run_env["EOS_FAULTS_STATE"] = os.path.join(cfg.workdir, "state", str(plan.index))
-        proc = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "processing:0.5"), run_env, log_path, root)
-        proc.start()
-        how = plan.kind
-        try:
-            if plan.kind == "sigkill":
-                if plan.early:
-                    producer.release()
-                else:
-                    # strike while batches flow: after the run's first new commit, so that every
-                    # restart makes progress even on a slow machine (no livelock of replays)
-                    before = checker.last_commit(checkpoint)
-                    _wait_started(proc, cfg.timeout)
-                    producer.release()
-                    _wait_commit_after(proc, checkpoint, before, cfg.timeout)
-                time.sleep(plan.delay)
-                proc.kill_group()
+    return _repo_root()
+
+
+@dataclass
+class _Runs:
+    """What the kill loop saw: exits by kind, kill kinds, runs that ended by SIGKILL."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)
+    sigkilled: int = 0
+
+
+def _run_once(
+    cfg: ChaosConfig, plan: KillPlan, env: dict[str, str], argv: list[str], log_path: str, root: str,
+    producer: _Producer, checkpoint: str,
+) -> tuple[str, Any]:  # fmt: skip
+    """One run of the pipeline, ended by the plan's kill: (how it was ended, its outcome)."""
+    run_env = dict(env)
+    if plan.kind == "fault":
+        run_env["EOS_FAULTS"] = plan.spec(checker.last_commit(checkpoint))
+        run_env["EOS_FAULTS_STATE"] = os.path.join(cfg.workdir, "state", str(plan.index))
+    proc = PipelineProcess(argv, run_env, log_path, root)
+    proc.start()
+    how = plan.kind
+    try:
+        if plan.kind == "sigkill":
+            if plan.early:
+                producer.release()
             else:
-                _wait_started(proc, cfg.timeout)  # start-up on a loaded machine can take a minute
-                producer.release()  # trickled from now on: the batches up to the fault's batch come
-                try:
-                    proc.wait(90)
-                except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
-                    how = "fault->sigkill"
-                    proc.kill_group()
-            out = proc.wait(60)
-        finally:
-            if proc.alive():
-                proc.stop()
-        kinds[how if plan.kind == "sigkill" else f"{how}:{plan.point}"] += 1
-        outcomes[describe_exit(out.returncode)] += 1
-        if out.killed:
-            sigkilled += 1
-        cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay,
-                           "exit": describe_exit(out.returncode), "seconds": round(out.seconds, 1)})  # fmt: skip
-        progress.show(
-            plan.index + 1,
-            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {describe_exit(out.returncode)}",
-        )
-        if producer.error:
-            raise producer.error
-    producer.release(every=True)
-    producer.done.wait()
-    if producer.error:
-        raise producer.error
-    progress.end()
-    drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
-    final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now", drain), env, log_path, root)
-    last = final.run(drain + 60)
-    wall = time.monotonic() - started
+                # strike while batches flow: after the run's first new commit, so that every
+                # restart makes progress even on a slow machine (no livelock of replays)
+                before = checker.last_commit(checkpoint)
+                _wait_started(proc, cfg.timeout)
+                producer.release()
+                _wait_commit_after(proc, checkpoint, before, cfg.timeout)
+            time.sleep(plan.delay)
+            proc.kill_group()
+        else:
+            _wait_started(proc, cfg.timeout)  # start-up on a loaded machine can take a minute
+            producer.release()  # trickled from now on: the batches up to the fault's batch come
+            try:
+                proc.wait(90)
+            except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
+                how = "fault->sigkill"
+                proc.kill_group()
+        out = proc.wait(60)
+    finally:
+        if proc.alive():
+            proc.stop()
+    return how, out
+
+
+def _checked(
+    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, fault_log: str, runs: _Runs, last: Any
+) -> checker.Report:
+    """The checker's report on the chaos run's end state, plus its own checks (every kill happened, the drain ended)."""
     is_2pc = cfg.points == "2pc"
-    with psycopg.connect(cfg.dsn, autocommit=True):
-        pass
     report = checker.verify(
         bootstrap=cfg.bootstrap,
         topic=topic,
@@ -500,10 +477,10 @@ def run(cfg: ChaosConfig) -> checker.Report:
     report.add(
         checker.Check(
             "chaos.kills",
-            sigkilled == cfg.kills and sigkilled > 0,
-            f"{sigkilled} of {cfg.kills} planned kills ended the pipeline by SIGKILL "
+            runs.sigkilled == cfg.kills and runs.sigkilled > 0,
+            f"{runs.sigkilled} of {cfg.kills} planned kills ended the pipeline by SIGKILL "
             f"({fault_kills} from fault points, logged)",
-            {"planned": cfg.kills, "sigkilled": sigkilled, "fault_point_kills": fault_kills},
+            {"planned": cfg.kills, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
         ),
         checker.Check(
             "chaos.final_run",
@@ -512,6 +489,58 @@ def run(cfg: ChaosConfig) -> checker.Report:
             {"returncode": last.returncode},
         ),
     )
+    return report
+
+
+def run(cfg: ChaosConfig) -> checker.Report:
+    """Run the chaos experiment described by ``cfg`` and return the checker's report."""
+    import psycopg
+
+    root = _run_root(cfg)
+    tag = f"chaos_{cfg.pipeline}_{cfg.seed}_{int(time.time())}"
+    topic, table = tag, tag
+    os.makedirs(cfg.workdir, exist_ok=True)
+    checkpoint = os.path.join(cfg.workdir, "checkpoint")
+    fault_log = os.path.join(cfg.workdir, "faults.jsonl")
+    log_path = os.path.join(cfg.workdir, "pipeline.log")
+    create_topic(cfg.bootstrap, topic, cfg.partitions)
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
+    env.pop("EOS_FAULTS", None)
+    # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
+    producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)
+    progress = _Progress(cfg.kills, cfg.progress)
+    started = time.monotonic()
+    producer.start()
+    runs = _Runs()
+    argv = _runner_argv(cfg, topic, table, checkpoint, "processing:0.5")
+    for plan in plans:
+        how, out = _run_once(cfg, plan, env, argv, log_path, root, producer, checkpoint)
+        runs.kinds[how if plan.kind == "sigkill" else f"{how}:{plan.point}"] += 1
+        runs.outcomes[describe_exit(out.returncode)] += 1
+        if out.killed:
+            runs.sigkilled += 1
+        cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay,
+                           "exit": describe_exit(out.returncode), "seconds": round(out.seconds, 1)})  # fmt: skip
+        progress.show(
+            plan.index + 1,
+            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {describe_exit(out.returncode)}",
+        )
+        if producer.error:
+            raise producer.error
+    producer.release(every=True)
+    producer.done.wait()
+    if producer.error:
+        raise producer.error
+    progress.end()
+    drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
+    final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now", drain), env, log_path, root)
+    last = final.run(drain + 60)
+    wall = time.monotonic() - started
+    with psycopg.connect(cfg.dsn, autocommit=True):
+        pass
+    report = _checked(cfg, topic, table, checkpoint, fault_log, runs, last)
     report.info.update(
         {
             "pipeline": cfg.pipeline,
@@ -520,8 +549,8 @@ def run(cfg: ChaosConfig) -> checker.Report:
             "records": cfg.records,
             "kills": cfg.kills,
             "restarts": cfg.kills,
-            "kill_kinds": dict(sorted(kinds.items())),
-            "exits": dict(outcomes),
+            "kill_kinds": dict(sorted(runs.kinds.items())),
+            "exits": dict(runs.outcomes),
             "wall_seconds": round(wall, 1),
             "records_per_second": round(cfg.records / wall, 1),
             "workdir": cfg.workdir,
