@@ -51,6 +51,7 @@ from sinks.postgres.connection import classify, connect
 from sinks.postgres.options import ConnectionOptions, parse_table_name
 from sinks.postgres.twophase.decisions import (
     DEFAULT_SCHEMA,
+    Decision,
     ProtocolTables,
     list_prepared,
     max_prepared_transactions,
@@ -246,6 +247,73 @@ def release(dsn: str, sink_id: str, *, schema: str = DEFAULT_SCHEMA) -> int:
             return tables.release(conn, sink_id)
 
 
+def _stuck_decision(
+    conn: psycopg.Connection, tables: ProtocolTables, sink_id: str, batch: int, schema: str
+) -> tuple[Decision, str]:
+    """The decided, unpublished batch ``batch`` of ``sink_id``, with its staging place and none of its
+    transactions still prepared: (decision, stage token); else a FatalError saying why and what to do."""
+    from sinks.postgres.twophase.plan import DIRECT, STAGE_SQL, TASKS
+
+    decision = tables.decision(conn, sink_id, batch)
+    if decision is None:
+        raise FatalError(
+            f"sink {sink_id!r} has no decision of batch {batch} in schema {schema!r}; "
+            f"{_where(conn, sink_id, schema) if not tables.knows(conn, sink_id) else 'nothing to resolve'}",
+            sink_id=sink_id,
+            batch_id=batch,
+        )
+    if decision.published:
+        raise FatalError(f"batch {batch} of sink {sink_id!r} is published: nothing of it is stuck", batch_id=batch)
+    token = decision.stage
+    if token is None:
+        raise FatalError(
+            f"batch {batch} of sink {sink_id!r} was decided by spark-eos 0.1, which did not record where "
+            "its rows are staged: restart the query with the columns it had then (it publishes the batch)",
+            batch_id=batch,
+        )
+    m = STAGE_SQL.match(token.removeprefix(TASKS))
+    if token != DIRECT and (m is None or m.group(1).replace('""', '"') != schema):
+        raise FatalError(
+            f"batch {batch} of sink {sink_id!r}: its decision names {token!r} as its staging place, not a "
+            f"staging table of schema {schema!r}; {schema}.sink_batches was changed by hand",
+            batch_id=batch,
+        )
+    gids = list(decision.gids)
+    prepared = {str(p.gid) for p in list_prepared(conn, sink_id)}
+    pending = [g for g in gids if g in prepared]
+    if pending:
+        raise FatalError(
+            f"batch {batch} of sink {sink_id!r}: {len(pending)} of its {len(gids)} transactions are still "
+            f"prepared, with their rows: run `spark-eos sinks recover --sink-id {sink_id} --eos-schema "
+            f"{schema} --apply` (it commits them), then restart the query (it publishes the batch). "
+            "Nothing was changed",
+            batch_id=batch,
+        )
+    return decision, token
+
+
+def _lost_and_kept(
+    conn: psycopg.Connection, tables: ProtocolTables, decision: Decision, token: str
+) -> tuple[dict[str, int], list[str], list[str]]:
+    """Which of a decision's transactions still have their rows: (rows per gid by marker, lost, kept)."""
+    from sinks.postgres.twophase.plan import DIRECT, staged_present
+
+    gids = list(decision.gids)
+    rows: dict[str, int] = {
+        str(g): int(n)
+        for g, n in conn.execute(
+            sql.SQL("SELECT gid, rows FROM {} WHERE gid = ANY(%s)").format(tables.parts), (gids,)
+        ).fetchall()
+    }
+    if token == DIRECT:  # rows in the table iff its transaction committed: its marker says so
+        there = {g: g in rows for g in gids}
+    else:
+        there = {g: g in rows and ok for g, ok in staged_present(conn, token, gids).items()}
+    lost = sorted(g for g in gids if not there[g])
+    kept = sorted(g for g in gids if there[g])
+    return rows, lost, kept
+
+
 def resolve_lost(
     dsn: str, sink_id: str, batch: int, *, schema: str = DEFAULT_SCHEMA, action: str | None = None
 ) -> dict[str, Any]:
@@ -265,62 +333,16 @@ def resolve_lost(
     Refused while its staged rows all exist (the query's next run publishes the batch), while any of
     its transactions is still prepared (``sinks recover --apply`` first), and for a published or
     missing decision. ``action`` None: only the finding. Under the sink lock, one transaction."""
-    from sinks.postgres.twophase.plan import DIRECT, STAGE_SQL, TASKS, discard_staged, staged_present
+    from sinks.postgres.twophase.plan import DIRECT, discard_staged
 
     if action not in (None, "take-back", "finish"):
         raise ConfigError(f"resolve-lost: unknown action {action!r}: --take-back or --finish", option="action")
     with _connect(dsn) as conn:
         tables = _protocol(conn, sink_id, schema)
         with sink_lock(conn, sink_id):
-            decision = tables.decision(conn, sink_id, batch)
-            if decision is None:
-                raise FatalError(
-                    f"sink {sink_id!r} has no decision of batch {batch} in schema {schema!r}; "
-                    f"{_where(conn, sink_id, schema) if not tables.knows(conn, sink_id) else 'nothing to resolve'}",
-                    sink_id=sink_id,
-                    batch_id=batch,
-                )
-            if decision.published:
-                raise FatalError(
-                    f"batch {batch} of sink {sink_id!r} is published: nothing of it is stuck", batch_id=batch
-                )
-            token = decision.stage
-            if token is None:
-                raise FatalError(
-                    f"batch {batch} of sink {sink_id!r} was decided by spark-eos 0.1, which did not record where "
-                    "its rows are staged: restart the query with the columns it had then (it publishes the batch)",
-                    batch_id=batch,
-                )
-            m = STAGE_SQL.match(token.removeprefix(TASKS))
-            if token != DIRECT and (m is None or m.group(1).replace('""', '"') != schema):
-                raise FatalError(
-                    f"batch {batch} of sink {sink_id!r}: its decision names {token!r} as its staging place, not a "
-                    f"staging table of schema {schema!r}; {schema}.sink_batches was changed by hand",
-                    batch_id=batch,
-                )
+            decision, token = _stuck_decision(conn, tables, sink_id, batch, schema)
             gids = list(decision.gids)
-            prepared = {str(p.gid) for p in list_prepared(conn, sink_id)}
-            pending = [g for g in gids if g in prepared]
-            if pending:
-                raise FatalError(
-                    f"batch {batch} of sink {sink_id!r}: {len(pending)} of its {len(gids)} transactions are still "
-                    f"prepared, with their rows: run `spark-eos sinks recover --sink-id {sink_id} --eos-schema "
-                    f"{schema} --apply` (it commits them), then restart the query (it publishes the batch). "
-                    "Nothing was changed",
-                    batch_id=batch,
-                )
-            rows: dict[str, int] = {
-                str(g): int(n)
-                for g, n in conn.execute(
-                    sql.SQL("SELECT gid, rows FROM {} WHERE gid = ANY(%s)").format(tables.parts), (gids,)
-                ).fetchall()
-            }
-            if token == DIRECT:  # rows in the table iff its transaction committed: its marker says so
-                there = {g: g in rows for g in gids}
-            else:
-                there = {g: g in rows and ok for g, ok in staged_present(conn, token, gids).items()}
-            lost = sorted(g for g in gids if not there[g])
-            kept = sorted(g for g in gids if there[g])
+            rows, lost, kept = _lost_and_kept(conn, tables, decision, token)
             found = {
                 "sink_id": sink_id,
                 "batch": batch,
