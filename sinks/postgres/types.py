@@ -326,29 +326,14 @@ def _match_column(info: TableInfo, wanted: str) -> str | None:
     return folded[0] if len(folded) == 1 else None
 
 
-def check_table(
-    conn: psycopg.Connection,
-    table: TableName,
+def _planned_columns(
     df_schema: StructType,
     key: Sequence[str],
-    columns_map: Mapping[str, str] | None = None,
-    *,
-    create: bool = False,
-    require_unique_key: bool = True,
-    version: str | None = None,
-    skip: Iterable[str] = (),
-    evolution: str = "none",
+    columns_map: Mapping[str, str] | None,
+    skip: set[str],
+    version: str | None,
 ) -> list[Column]:
-    """Check (or create) ``table`` for writing ``df_schema``; return the planned columns.
-
-    ``skip`` names DataFrame columns that are not written to the table (e.g. a delete flag).
-    ``evolution`` (option ``schema.evolution``): ``none`` refuses DataFrame columns the table lacks,
-    listing them all with the ``ALTER TABLE`` that would add them; ``add-columns`` adds them as
-    nullable columns under the DDL lock (``IF NOT EXISTS``: writers starting at once agree). A type
-    change is refused either way, with the statement to run; nothing is ever dropped or renamed.
-    Runs on the driver before the first write; every failure is a ConfigError with the fix.
-    """
-    skip = set(skip)
+    """The DataFrame's columns as they will be staged and written; the key and version must be among them."""
     df_names = [f.name for f in df_schema.fields]
     for role, col in [("key", k) for k in key] + ([("version", version)] if version else []):
         if col not in df_names:
@@ -368,6 +353,13 @@ def check_table(
                 option="key",
                 column=c.name,
             )
+    return columns
+
+
+def _table_or_created(
+    conn: psycopg.Connection, table: TableName, columns: list[Column], key: Sequence[str], create: bool
+) -> TableInfo:
+    """The table's description; with ``create``, the table is created from ``columns`` when missing."""
     info = describe_table(conn, table)
     if info is None:
         if not create:
@@ -386,6 +378,14 @@ def check_table(
             conn.commit()
         info = describe_table(conn, table)
         assert info is not None
+    return info
+
+
+def _resolved_columns(
+    conn: psycopg.Connection, info: TableInfo, columns: list[Column], evolution: str
+) -> tuple[TableInfo, list[Column]]:
+    """Each planned column matched to the table's (added first under schema.evolution=add-columns),
+    its type checked: (the table as it is now, the columns with their targets)."""
     name = f"{info.schema}.{info.name}"
     new_columns = [c for c in columns if _match_column(info, c.target) is None]
     if new_columns:
@@ -405,6 +405,14 @@ def check_table(
                 column=found,
             )
         resolved.append(replace(c, target=found, target_type=type_name))
+    return info, resolved
+
+
+def _check_writes_required_and_key(
+    conn: psycopg.Connection, info: TableInfo, resolved: list[Column], key: Sequence[str], require_unique_key: bool
+) -> None:
+    """Every NOT NULL column without a default is written, and (upserts) a unique key matches ``key``."""
+    name = f"{info.schema}.{info.name}"
     written = {c.target for c in resolved}
     missing_required = [
         col
@@ -431,6 +439,34 @@ def check_table(
                 table=name,
                 column=",".join(key_targets),
             )
+
+
+def check_table(
+    conn: psycopg.Connection,
+    table: TableName,
+    df_schema: StructType,
+    key: Sequence[str],
+    columns_map: Mapping[str, str] | None = None,
+    *,
+    create: bool = False,
+    require_unique_key: bool = True,
+    version: str | None = None,
+    skip: Iterable[str] = (),
+    evolution: str = "none",
+) -> list[Column]:
+    """Check (or create) ``table`` for writing ``df_schema``; return the planned columns.
+
+    ``skip`` names DataFrame columns that are not written to the table (e.g. a delete flag).
+    ``evolution`` (option ``schema.evolution``): ``none`` refuses DataFrame columns the table lacks,
+    listing them all with the ``ALTER TABLE`` that would add them; ``add-columns`` adds them as
+    nullable columns under the DDL lock (``IF NOT EXISTS``: writers starting at once agree). A type
+    change is refused either way, with the statement to run; nothing is ever dropped or renamed.
+    Runs on the driver before the first write; every failure is a ConfigError with the fix.
+    """
+    columns = _planned_columns(df_schema, key, columns_map, set(skip), version)
+    info = _table_or_created(conn, table, columns, key, create)
+    info, resolved = _resolved_columns(conn, info, columns, evolution)
+    _check_writes_required_and_key(conn, info, resolved, key, require_unique_key)
     return resolved
 
 
