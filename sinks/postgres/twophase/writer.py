@@ -333,67 +333,75 @@ class TwoPhaseWriter:
                     if plan.divert is None or not deadletter.refusable(exc):
                         raise
                     cur.execute(b"ROLLBACK TO SAVEPOINT eos_copy")  # the refused rows are found below
-            # Widening, casts, the merge or refused rows: through a staging table of this transaction
-            # only (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
-            # dropped before PREPARE).
-            columns = self._stage_columns()
-            staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), columns, temporary=False)
-            rows = copy_arrow(cur, staging, columns, self._screen(gid)(batches))
-            unique = self._keys is not None and self._keys.unique
-            if plan.divert is not None:
-                letters = deadletter.DeadLetters(
-                    self.opts.errors.table,  # type: ignore[arg-type]  # set whenever divert is
-                    plan.target,
-                    gid.batch,
-                    gid.partition,
-                    attempt=str(gid),
-                    sink_id=plan.sink_id,
-                )
-                where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
-                errors = self.opts.errors
-                deadletter.merge_diverting(
-                    cur,
-                    staging,
-                    plan.divert,
-                    rows,
-                    letters,
-                    unique=unique,
-                    limit=lambda n: errors.check(n, rows, where, partial=True),  # after each diversion
-                )
-            elif plan.merge is not None:
-                merge_staged(cur, staging, plan.merge, unique=unique)
-            else:
-                targets = ", ".join(quote_ident(c.target) for c in plan.columns)
-                cur.execute(
-                    f"INSERT INTO {plan.target.sql} ({targets}) SELECT {select_list(plan)} FROM {staging}".encode()
-                )
-            drop_staging(cur, staging)
-            return rows
+            return self._write_staged(cur, batches, gid)
         except psycopg.Error as exc:
-            state = exc.sqlstate or ""
-            if state == "55P03":
-                raise FatalError(
-                    f"{FORMAT} {plan.sink_id}: rows of {plan.target.sql} stayed locked for lock.timeout "
-                    f"({self.opts.lock_timeout:g}s) with visibility=partition. A sibling task of this batch holds the "
-                    "same key, or the same value of another unique column, in its prepared transaction (it lets go "
-                    "only when the batch commits; errors.tolerance cannot divert such a row): partition the "
-                    "DataFrame by that column (df.repartition(*key)) so each value is written by one task, or use "
-                    "visibility=batch; otherwise another session holds the rows",
-                    sqlstate=state,
-                ) from exc
-            if state.startswith(TAKE_BACK_CLASSES) or state in TAKE_BACK_STATES:
-                names = {c.target if plan.copy_direct else c.name: c.name for c in plan.columns}
-                sent = copy_value(exc, batches, names)
-                raise DataRefused(
-                    f"{FORMAT} {plan.sink_id}: {describe(exc, target=plan.target, sent=sent)}. Nothing of the batch "
-                    "was written; "
-                    "fix the query (filter or repair the rows) or the table, and restart from the same checkpoint",
-                    sink_id=plan.sink_id,
-                    sqlstate=state,
-                ) from exc
+            self._explain_direct_failure(exc, batches)
             raise
 
-    # -- commit / abort (driver, separate process, fresh writer) ---------------------------
+    def _write_staged(self, cur: psycopg.Cursor, batches: Iterable[pa.RecordBatch], gid: Gid) -> int:
+        """visibility=partition through a staging table of this transaction: widening, casts, the upsert
+        merge, or refused rows to divert; returns the rows the task was given."""
+        plan = self.plan
+        # Widening, casts, the merge or refused rows: through a staging table of this transaction
+        # only (Postgres refuses PREPARE after touching a temporary table, so an unlogged one,
+        # dropped before PREPARE).
+        columns = self._stage_columns()
+        staging = create_staging(cur, TableName(self.opts.eos_schema, "x"), columns, temporary=False)
+        rows = copy_arrow(cur, staging, columns, self._screen(gid)(batches))
+        unique = self._keys is not None and self._keys.unique
+        if plan.divert is not None:
+            letters = deadletter.DeadLetters(
+                self.opts.errors.table,  # type: ignore[arg-type]  # set whenever divert is
+                plan.target,
+                gid.batch,
+                gid.partition,
+                attempt=str(gid),
+                sink_id=plan.sink_id,
+            )
+            where = f"{FORMAT} {plan.sink_id} into {plan.target} (batch {gid.batch}, partition {gid.partition})"
+            errors = self.opts.errors
+            deadletter.merge_diverting(
+                cur,
+                staging,
+                plan.divert,
+                rows,
+                letters,
+                unique=unique,
+                limit=lambda n: errors.check(n, rows, where, partial=True),  # after each diversion
+            )
+        elif plan.merge is not None:
+            merge_staged(cur, staging, plan.merge, unique=unique)
+        else:
+            targets = ", ".join(quote_ident(c.target) for c in plan.columns)
+            cur.execute(f"INSERT INTO {plan.target.sql} ({targets}) SELECT {select_list(plan)} FROM {staging}".encode())
+        drop_staging(cur, staging)
+        return rows
+
+    def _explain_direct_failure(self, exc: psycopg.Error, batches: Iterable[pa.RecordBatch]) -> None:
+        """A failure of the direct write as the error a user can act on: a lock held past lock.timeout (a
+        sibling's prepared transaction), or a value the table refuses (DataRefused, naming it); else nothing."""
+        plan = self.plan
+        state = exc.sqlstate or ""
+        if state == "55P03":
+            raise FatalError(
+                f"{FORMAT} {plan.sink_id}: rows of {plan.target.sql} stayed locked for lock.timeout "
+                f"({self.opts.lock_timeout:g}s) with visibility=partition. A sibling task of this batch holds the "
+                "same key, or the same value of another unique column, in its prepared transaction (it lets go "
+                "only when the batch commits; errors.tolerance cannot divert such a row): partition the "
+                "DataFrame by that column (df.repartition(*key)) so each value is written by one task, or use "
+                "visibility=batch; otherwise another session holds the rows",
+                sqlstate=state,
+            ) from exc
+        if state.startswith(TAKE_BACK_CLASSES) or state in TAKE_BACK_STATES:
+            names = {c.target if plan.copy_direct else c.name: c.name for c in plan.columns}
+            sent = copy_value(exc, batches, names)
+            raise DataRefused(
+                f"{FORMAT} {plan.sink_id}: {describe(exc, target=plan.target, sent=sent)}. Nothing of the batch "
+                "was written; "
+                "fix the query (filter or repair the rows) or the table, and restart from the same checkpoint",
+                sink_id=plan.sink_id,
+                sqlstate=state,
+            ) from exc
 
 
 def _with_ordinals(batches: Iterable[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
