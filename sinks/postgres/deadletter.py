@@ -27,6 +27,10 @@ order, so the version guard and "last row wins" give the target what one merge o
 would. The cost is one merge when nothing is refused, and grows with the number of refused rows
 (measured in ``bench/upsert.py``).
 
+Values the COPY itself cannot take (a NUL in text, NaN inside JSON, ...) never reach the merge: the
+task stages such a row with its refusal in ``refusal.WHY`` (the value NULL), and ``merge_diverting``
+moves those rows to the dead-letter table first, the value escaped into ``row``.
+
 Exactly once. The dead-letter rows are inserted in the task's transaction, so they commit with the
 good rows or not at all. A batch Spark replays (a crash after the task's commit, before Spark's
 commit log) inserts them again: the table's primary key (target, batch, row digest) turns that into

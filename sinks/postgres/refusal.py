@@ -5,6 +5,11 @@ key or the failing row in its DETAIL; for data exceptions (class 22: a value too
 ``varchar(n)``, out of range, not castable) it names neither column nor value. There
 :func:`describe` probes the staged rows column by column for the first value the target's column
 type refuses. Probing costs work proportional to the batch, and only runs on the failure path.
+
+Before any of that, ``Screen`` checks each Arrow batch a task COPYs for the values Postgres cannot
+take as sent (the COPY itself would fail, naming nothing) or would change without a word
+(``unstorable``): refused here naming column, value, row and reason, or staged with the refusal in
+``WHY`` for ``deadletter.merge_diverting`` (errors.tolerance=all).
 """
 
 from __future__ import annotations
@@ -28,7 +33,19 @@ from connectors.core.errors import FatalError
 from sinks.postgres.options import TableName, quote_ident
 from sinks.postgres.types import Column, base_type
 
-__all__ = ["REFUSED_CLASSES", "DataRefused", "copy_value", "describe", "shorten"]
+__all__ = [
+    "REFUSED_CLASSES",
+    "WHY",
+    "DataRefused",
+    "Screen",
+    "Unstaged",
+    "Unstorable",
+    "copy_value",
+    "describe",
+    "shorten",
+    "unstorable",
+    "why_of",
+]
 
 log = logging.getLogger(__name__)
 
