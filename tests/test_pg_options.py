@@ -202,3 +202,51 @@ def test_errors_max_is_checked_per_task() -> None:
     by_share.errors.check(1, 10, "t")
     with pytest.raises(FatalError, match=r"refused 2 of 10 rows, more than errors.max=10.0000% of the task's rows"):
         by_share.errors.check(2, 10, "t")
+
+
+# ---- issue 27 item 10: values accepted at start that failed later -----------------------------------
+
+
+def test_errors_max_share_above_100_percent_is_refused_naming_the_option() -> None:
+    from connectors.core.errors import ConfigError
+    from sinks.postgres.options import UpsertOptions
+
+    base = {"dsn": "host=h", "table": "t", "key": "id", "errors.tolerance": "all", "errors.table": "t_dead"}
+    with pytest.raises(ConfigError, match=r"errors\.max.*150%.*above 100%"):
+        UpsertOptions.from_options({**base, "errors.max": "150%"})
+    assert UpsertOptions.from_options({**base, "errors.max": "100%"}).errors.max_fraction == 1.0
+
+
+def test_batch_id_beyond_bigint_is_refused_at_start() -> None:
+    from connectors.core.errors import ConfigError
+    from sinks.postgres.twophase.options import TwoPhaseOptions
+
+    base = {"dsn": "host=h", "table": "t", "sink.id": "s"}
+    with pytest.raises(ConfigError, match=r"batch\.id"):
+        TwoPhaseOptions.from_options({**base, "batch.id": str(2**63)})
+    assert TwoPhaseOptions.from_options({**base, "batch.id": str(2**63 - 1)}).batch_id == 2**63 - 1
+
+
+@pytest.mark.parametrize("option", ["table", "errors.table"])
+def test_a_nul_in_a_table_name_is_refused_naming_the_option(option: str) -> None:
+    from connectors.core.errors import ConfigError
+    from sinks.postgres.options import UpsertOptions
+
+    raw = {"dsn": "host=h", "table": "t", "key": "id", "errors.tolerance": "all", "errors.table": "t_dead"}
+    raw[option] = "bad\x00name"
+    with pytest.raises(ConfigError, match=f"option '{option}' contains a NUL") as info:
+        UpsertOptions.from_options(raw)
+    assert "\x00" not in str(info.value)
+
+
+def test_a_table_name_is_shown_so_that_it_names_one_table_only() -> None:
+    # the dead-letter table's `target` column and every message show a table this way: "a.b" (one
+    # table whose name holds a dot) and a.b (table b of schema a) were the same text before
+    from sinks.postgres.options import TableName, parse_table_name
+
+    dotted, qualified = parse_table_name('"a.b"'), parse_table_name("a.b")
+    assert dotted != qualified and str(dotted) != str(qualified)
+    assert (str(dotted), str(qualified)) == ('"a.b"', "a.b")
+    for name in (dotted, qualified, TableName("My Schema", 'T"x'), TableName(None, "orders")):
+        assert parse_table_name(str(name)) == name
+    assert str(TableName("public", "orders")) == "public.orders"  # plain names read as before

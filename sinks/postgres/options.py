@@ -269,11 +269,26 @@ class TableName:
         return TableName(self.schema, name)
 
     def __str__(self) -> str:
-        return f"{self.schema}.{self.name}" if self.schema else self.name
+        """As a user writes it: a plain lower-case part bare, any other part quoted, so the text names one
+        table only (table ``"a.b"`` is not table ``b`` of schema ``a``) and ``parse_table_name`` reads it back."""
+        return ".".join(_shown(p) for p in (self.schema, self.name) if p is not None)
+
+
+_PLAIN_IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
+
+
+def _shown(part: str) -> str:
+    return part if _PLAIN_IDENT.match(part) else quote_ident(part)
 
 
 def parse_table_name(text: str, option: str = "table") -> TableName:
     """Parse ``table``, ``schema.table`` or quoted ``"Schema"."Table"``; unquoted parts fold to lower case."""
+    if "\x00" in (text or ""):
+        raise ConfigError(
+            f"postgres: option '{option}' contains a NUL character, which no Postgres identifier can hold; "
+            f"remove it (the value was {text.replace(chr(0), '<NUL>')!r})",
+            option=option,
+        )
     m = _TABLE_RE.match(text or "")
     if not m:
         raise ConfigError(
@@ -302,6 +317,12 @@ def _parse_max(text: object, context: str) -> tuple[int | None, float | None]:
         )
     number, percent = m.group(1), m.group(2)
     if percent:
+        if float(number) > 100:
+            raise ConfigError(
+                f"{context}: option 'errors.max' {text!r} is a share above 100%; use at most 100% (every row may "
+                "be diverted) or a row count (e.g. 100)",
+                option="errors.max",
+            )
         return None, float(number) / 100
     if "." in number:
         value = float(number)

@@ -59,6 +59,7 @@ class TwoPhaseOptions:
         None,
         "batch writes (df.write): the caller's batch number; re-running the same batch id is a no-op",
         min=0,
+        max=2**63 - 1,  # a bigint in the decision log
     )
     mode: str = option(
         "mode",
