@@ -60,6 +60,7 @@ __all__ = [
     "postgres_options",
     "retrying",
     "rollback_quietly",
+    "setup_connect",
     "sqlstate_of",
 ]
 
@@ -245,6 +246,15 @@ class RetryPolicy:
             what=what,
             on_retry=on_retry,
         )
+
+
+def setup_connect(opts: ConnectionOptions, application_name: str) -> psycopg.Connection:
+    """An autocommit connection for the driver's setup (table checks, protocol tables) that rides out a
+    server that is briefly unreachable (restarting, failing over) as the tasks do: ``retry.attempts``
+    tries with ``retry.backoff`` doubling up to ``retry.max.backoff``; a bad login or dsn fails at once."""
+    return RetryPolicy.of(opts).run(
+        lambda: connect(opts, autocommit=True, application_name=application_name), f"{application_name} connect"
+    )
 
 
 DDL_LOCK = 0x656F735F736368  # any constant, shared by every spark-eos version: serialises our DDL

@@ -20,7 +20,7 @@ from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, Struc
 
 from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
-from sinks.postgres.connection import close_quietly, connect
+from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, KeyTracker, MergePlan, ensure_tombstones
 from sinks.postgres.options import UpsertOptions
 from sinks.postgres.types import check_table
@@ -92,7 +92,7 @@ class UpsertPlanner:
         """Connect, check (or create) the table and tombstones, and return the merge plan."""
         self.validate_schema()
         opts = self.opts
-        conn = connect(opts.connection, autocommit=True, application_name="spark-eos check")
+        conn = setup_connect(opts.connection, "spark-eos check")
         try:
             columns = check_table(
                 conn,

@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 from connectors.core.checkpoint import Lineage, batch_lineage, display, last_planned
 from connectors.core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
-from sinks.postgres.connection import close_quietly, connect
+from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
@@ -167,7 +167,7 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
     if cached is not None:
         return cached
     tables = ProtocolTables(opts.eos_schema)
-    conn = connect(opts.connection, autocommit=True, application_name=f"spark-eos {FORMAT} setup")
+    conn = setup_connect(opts.connection, f"spark-eos {FORMAT} setup")
     try:
         check_max_prepared(conn, where=f" (sink {opts.sink_id!r})")
         tables.ensure(conn)

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from connectors.core.errors import ConfigError
-from sinks.postgres.connection import close_quietly, connect
+from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.options import option_text
 from sinks.postgres.twophase.committer import Committer
 from sinks.postgres.twophase.decisions import (
@@ -115,7 +115,7 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
     def write_batch(df: Any, batch_id: int) -> None:
         df.sparkSession.dataSource.register(Postgres2pcDataSource)
         partitions = df.rdd.getNumPartitions()
-        conn = connect(opts.connection, autocommit=True, application_name=f"spark-eos {FORMAT} check")
+        conn = setup_connect(opts.connection, f"spark-eos {FORMAT} check")
         try:
             check_max_prepared(conn, partitions, where=f" (sink {opts.sink_id!r})")
         finally:
