@@ -103,6 +103,9 @@ def test_a_task_behind_a_held_sink_lock_fails_after_lock_timeout_naming_the_hold
     holder.execute("SELECT pg_advisory_unlock_all()")
     msg = writer.write(iter([_batch(range(3))]))
     assert msg.gid is not None and msg.rows == 3
+    TwoPhaseStreamWriter(opts, SCHEMA).abort([msg], 0)  # leave nothing prepared behind (as Spark's abort)
+    with psycopg.connect(sink["dsn"], autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (msg.gid,)).fetchone() == (0,)
 
 
 def test_the_sink_lock_is_bounded_on_a_session_without_a_lock_timeout(
