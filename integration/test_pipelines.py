@@ -206,7 +206,8 @@ def test_poison_events_go_to_each_pipelines_dead_letter_table_once(
     assert report.info["sink_rows"] == 120 and report.info["dead_letters"] == len(POISON) + 1, report.info
     assert report.get("poison.dead_letters").counts == {"poison": len(POISON), "missing": 0, "extra": 0}
     args = ["verify", "--bootstrap", kafka_service.bootstrap, "--topic", ledger_topic, "--dsn", postgres_service.dsn,
-            "--table", cfg.table, "--payload", "account", "--dead-letters", str(cfg.dead_letter_table)]  # fmt: skip
+            "--table", cfg.table, "--payload", "account", "--dead-letters", str(cfg.dead_letter_table),
+            "--sink-id", cfg.effective_sink_id]  # fmt: skip  # its sink's prepared gids, not other tests' on the server
     assert cli.main([*args, "--poison-at", "src_partition,src_offset"]) == 0  # the same check from the CLI
     assert cli.main(args) == 1  # without it the poison rows are phantoms: the check can fail
     notes = sorted(
