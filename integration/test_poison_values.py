@@ -304,3 +304,35 @@ def test_a_nan_version_is_refused_not_frozen_into_the_key(twophase_pg: Any, new_
     _upsert(twophase_pg.dsn, table, schema, newer, version="v")
     with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:  # the key takes its newer rows
         assert conn.execute(f"SELECT id, v, s FROM {table} ORDER BY id").fetchall() == [(1, 1.0, "a"), (2, 5.0, "c")]  # type: ignore[arg-type]
+
+
+def test_replay_keeps_a_dead_letter_whose_value_is_escaped_until_it_is_repaired(
+    twophase_pg: Any, new_table: Any
+) -> None:
+    # replayed as stored, the escaped text ("x\\x00y", "NaN") would be written as data: the row stays,
+    # saying why, until an operator repairs the value and removes the note from its detail
+    from sinks.postgres.deadletter import replay
+    from sinks.postgres.options import parse_table_name
+    from sinks.postgres.refusal import ESCAPED_NOTE
+
+    table = new_table("pvr")
+    _create(twophase_pg.dsn, table)
+    errors = {"errors.tolerance": "all", "errors.table": f"{table}_refused"}
+    _upsert(twophase_pg.dsn, table, SCHEMA, _batch(), **errors)
+    dead, target = parse_table_name(f"{table}_refused"), parse_table_name(table)
+    with psycopg.connect(twophase_pg.dsn) as conn:
+        result = replay(conn, dead, target)
+        assert (result.moved, result.kept) == (0, 4), result
+        notes = conn.execute(f"SELECT replay_error FROM {table}_refused").fetchall()  # type: ignore[arg-type]
+        assert len(notes) == 4 and all("escaped" in n[0] and "repair" in n[0] for n in notes), notes
+        # the operator repairs row 5 (the NUL) and says so by removing the note
+        conn.execute(
+            f"UPDATE {table}_refused SET row = jsonb_set(row, '{{s}}', '\"xy\"'), "  # type: ignore[arg-type]
+            "detail = replace(detail, %s, 'repaired') WHERE (row->>'id')::bigint = 5",
+            ("; " + ESCAPED_NOTE,),
+        )
+        result = replay(conn, dead, target)
+        assert (result.moved, result.kept) == (1, 3), result
+    assert _ids(twophase_pg.dsn, table) == [1, 2, 3, 4, 5]
+    with psycopg.connect(twophase_pg.dsn, autocommit=True) as conn:
+        assert conn.execute(f"SELECT s FROM {table} WHERE id = 5").fetchone() == ("xy",)  # type: ignore[arg-type]

@@ -62,7 +62,7 @@ from sinks.postgres.merge import (
     on_conflict,
 )
 from sinks.postgres.options import ErrorsPolicy, TableName, quote_ident
-from sinks.postgres.refusal import REFUSED_CLASSES, WHY
+from sinks.postgres.refusal import ESCAPED_NOTE, REFUSED_CLASSES, WHY
 from sinks.postgres.types import Column
 
 __all__ = [
@@ -540,9 +540,10 @@ def replay(
         where = "target = %s" + ("" if batch is None else " AND batch_id = %s")
         params: tuple[Any, ...] = (str(target),) if batch is None else (str(target), batch)
         rows = cur.execute(
-            f"SELECT batch_id, row_digest, op, key_columns, version_column, row FROM {table.sql} WHERE {where} "
+            f"SELECT batch_id, row_digest, op, key_columns, version_column, row, "
+            f"coalesce(strpos(detail, %s) > 0, false) FROM {table.sql} WHERE {where} "
             "ORDER BY batch_id, partition, ordinal FOR UPDATE".encode(),
-            params,
+            (ESCAPED_NOTE, *params),
         ).fetchall()
         types = _column_types(cur, target) if rows else {}
         tombstones = _tombstones(cur, target) if rows else None
@@ -554,7 +555,11 @@ def replay(
                 (why, str(target), batch_id, digest),
             )
 
-        for batch_id, digest, op, keys, version, row in rows:
+        for batch_id, digest, op, keys, version, row, escaped in rows:
+            if escaped:  # replayed as stored, the escaped text (\\x00, "NaN") would be written: never
+                note(batch_id, digest, ESCAPED_KEPT)
+                kept += 1
+                continue
             cur.execute(b"SAVEPOINT eos_replay")
             try:
                 outcome, why = _replay_row(
@@ -581,6 +586,11 @@ def replay(
             superseded += outcome == "superseded"
     return ReplayResult(moved, refused, kept, superseded)
 
+
+ESCAPED_KEPT = (
+    "its row holds a value Postgres cannot store, escaped (see detail); replayed as stored the escaped text "
+    f"would be written: repair the value in row and remove '{ESCAPED_NOTE}' from detail, then replay"
+)
 
 _REPLAY_ROW = "pg_temp.eos_replay_row"
 

@@ -227,6 +227,11 @@ class Unstorable:
     replace: bool = True
 
 
+ESCAPED_NOTE = "the dead-letter row holds it escaped"
+"""In ``detail`` of a dead-letter row whose ``row`` holds a value Postgres could not store, escaped
+(``replay-errors`` keeps such a row until it is repaired)."""
+
+
 def why_of(found: Sequence[Unstorable], place: str) -> str:
     """The ``WHY`` value (JSON) of one row: the first refusal names the row's error; every value that
     cannot be staged is in ``values`` (target column -> escaped), for the dead-letter row."""
@@ -238,7 +243,7 @@ def why_of(found: Sequence[Unstorable], place: str) -> str:
             "column": first.target,
             "sqlstate": first.sqlstate,
             "message": f"column {quote_ident(first.target)} ({first.target_type}): {first.reason}",
-            "detail": f"{place}; {details}" + ("; the dead-letter row holds it escaped" if values else ""),
+            "detail": f"{place}; {details}" + (f"; {ESCAPED_NOTE}" if values else ""),
             "values": values,
         },
         ensure_ascii=False,
