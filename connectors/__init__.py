@@ -40,6 +40,7 @@ REDACTED_STRINGS = r"(?i)postgres(?:ql)?://[^:/@\s]*:[^@\s]*@|password\s*=\s*(?:
 _OPTIONS_REGEX = "spark.sql.redaction.options.regex"
 _STRING_REGEX = "spark.sql.redaction.string.regex"
 _CORE_STRING_REGEX = "spark.redaction.string.regex"  # what the SQL conf falls back to when unset
+_SPARK_OPTIONS_DEFAULT = "(?i)url"  # spark.sql.redaction.options.regex when the user set none
 
 
 def register(spark: Any, *, kafka_alias: bool = False) -> None:
@@ -69,6 +70,8 @@ def redact_secrets(spark: Any) -> None:
     """Add ``REDACTED_OPTIONS`` and ``REDACTED_STRINGS`` to the session's redaction regexes (idempotent)."""
     for key, ours in ((_OPTIONS_REGEX, REDACTED_OPTIONS), (_STRING_REGEX, REDACTED_STRINGS)):
         current = spark.conf.get(key, None)
+        if not current and key == _OPTIONS_REGEX:
+            current = _SPARK_OPTIONS_DEFAULT  # unset: Spark's default hides url options; keep it hiding them
         if not current and key == _STRING_REGEX:
             current = _core_conf(spark, _CORE_STRING_REGEX)
         if current and ours in current:

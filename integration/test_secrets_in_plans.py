@@ -193,6 +193,17 @@ class _Session:
         return Ctx()
 
 
+def test_register_keeps_sparks_default_url_redaction_when_nothing_is_set() -> None:
+    # spark.conf.get of an unset redaction conf gives None, not Spark's default "(?i)url": taken as
+    # empty, our regex alone would stop Spark hiding a JDBC `url` option (and its password) in plans
+    import connectors
+
+    s = _Session({}, {})
+    connectors.redact_secrets(s)
+    options = s.conf.values["spark.sql.redaction.options.regex"]
+    assert options == "(?i)url|" + connectors.REDACTED_OPTIONS
+
+
 def test_register_extends_the_users_redaction_regexes_once() -> None:
     import connectors
 
