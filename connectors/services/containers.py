@@ -182,6 +182,22 @@ class _Container:
     def unpause(self) -> None:
         self.container.unpause()
 
+    def _wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Until the service in the container answers (each service says how)."""
+        raise NotImplementedError
+
+    def _launch(self) -> None:
+        """Create and start the container, wait until the subclass's ``_wait_ready`` passes (the
+        container is removed again if it does not) and record how long that took."""
+        t0 = time.monotonic()
+        try:
+            self._create()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+
     def _start_again(self) -> None:
         self.container.start()
 
@@ -267,14 +283,7 @@ class ContainerKafka(_Container, KafkaService):
                 "KAFKA_BROKER_SESSION_TIMEOUT_MS": "3000",
             }
         super().__init__(engine, image, command=command, env=env, volumes=volumes)
-        t0 = time.monotonic()
-        try:
-            self._create()
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - t0
+        self._launch()
 
     def addresses(self) -> list[str]:
         return [self.bootstrap]
@@ -372,14 +381,7 @@ class ContainerPostgres(_Container, PostgresService):
         super().__init__(
             engine, image, command=command, env=env, volumes=((self.volume, target),), stop_signal="SIGINT"
         )
-        t0 = time.monotonic()
-        try:
-            self._create()
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.monotonic() - t0
+        self._launch()
 
     def addresses(self) -> list[str]:
         return [f"{LOOPBACK}:{self.port}"]
