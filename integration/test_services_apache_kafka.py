@@ -100,7 +100,9 @@ def test_a_real_broker_produces_and_consumes(broker: ApacheKafka) -> None:
     assert _produce(broker.bootstrap, topic, values) == list(range(10))
     assert _read(broker.bootstrap, topic) == list(enumerate(values))
     # the readiness probe cleans up after itself: no consumer group of its own is left
-    groups = AdminClient({"bootstrap.servers": broker.bootstrap}).list_consumer_groups().result(10)
+    # the client must outlive its future: a collected AdminClient purges its queue and the future never ends
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    groups = admin.list_consumer_groups(request_timeout=30).result(40)
     assert not [g.group_id for g in groups.valid if g.group_id.startswith("spark-eos-health-")]
     assert broker.log_path.is_file() and "Kafka Server started" in broker.log_path.read_text()
 
