@@ -482,6 +482,27 @@ def test_available_now_resolves_the_start_before_the_snapshot(start: dict[str, s
     assert reader.latestOffset(end, limit) == end  # caught up: no batch beyond the snapshot
 
 
+@pytest.mark.parametrize("start", ["earliest", '{"t":{"0":-2,"1":4}}'], ids=["earliest", "json-with--2"])
+def test_earliest_start_is_pinned_so_retention_cannot_move_a_replay(start: str) -> None:
+    """A replay of the first data batch reads from the earliest offset found when it was planned, not the one
+    retention has moved it to since: what is gone is then data loss for the reader (failOnDataLoss decides, F22),
+    never a silent skip. Before earliest was pinned, batch 0 re-resolved it on replay and read [5, 10) unseen."""
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    reader, client = _fake_reader({tp0: 10, tp1: 10}, startingOffsets=start)
+    first = _spark(reader.initialOffset())
+    assert first == {"t": {"0": EARLIEST, "1": EARLIEST if start == "earliest" else 4}}
+    pinned = _spark(reader.latestOffset(first, ReadAllAvailable()))
+    assert pinned == {"t": {"0": 0, "1": 0 if start == "earliest" else 4}}
+    assert reader.partitions(first, pinned) == []  # the pinning batch reads nothing
+    end = _spark(reader.latestOffset(pinned, ReadAllAvailable()))
+    client.earliest = lambda tps: {tp: 5 for tp in tps}  # type: ignore[method-assign]  # retention ran
+    restarted, _ = _fake_reader({tp0: 10, tp1: 10}, startingOffsets=start)
+    restarted.planner.client = client  # type: ignore[assignment]
+    planned = restarted.partitions(pinned, end)  # Spark replays batch 1 from offsets/0 and offsets/1
+    starts = {(p.range.partition, p.range.start) for p in planned}  # type: ignore[attr-defined]
+    assert starts == {(0, 0), (1, 0 if start == "earliest" else 4)}
+
+
 def test_min_offsets_compare_with_the_uncapped_latest_and_run_full_batches() -> None:
     # min = max = 1000 over 3 partitions and a 5,000-record backlog: the proportional split of a
     # capped batch is 999, so comparing min with the capped end waited out maxTriggerDelay forever
@@ -744,20 +765,6 @@ def test_deleted_topic_is_still_judged_by_fail_on_data_loss() -> None:
     planner.client.latest = lambda got: {}  # type: ignore[method-assign]
     with pytest.raises(DataLossError, match="is gone"):
         planner.latest_end({TopicPartition("t", 0): 5})
-
-
-def test_earliest_start_reads_in_batch_zero() -> None:
-    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
-    reader, _ = _fake_reader({tp0: 30, tp1: 20}, startingOffsets="earliest")
-    start = _spark(reader.initialOffset())
-    assert start == {"t": {"0": -2, "1": -2}}
-    end = _spark(reader.latestOffset(start, reader.getDefaultReadLimit()))
-    assert end == {"t": {"0": 30, "1": 20}}  # batch 0 ends at the topic's end, not at the start
-    parts = reader.partitions(start, end)  # and reads: it used to be an empty pinning batch
-    assert sorted(p.value for p in parts) == [("t", 0, 0, 30), ("t", 1, 0, 20)]
-    reader, _ = _fake_reader({tp0: 30}, startingOffsets="latest")
-    start = _spark(reader.initialOffset())
-    assert reader.partitions(start, _spark(reader.latestOffset(start, ReadAllAvailable()))) == []  # latest: pinned
 
 
 def test_a_partition_new_in_a_batch_is_read_from_earliest_like_spark() -> None:

@@ -1,6 +1,6 @@
 """Issue 27 item 10, the kafka-eos source: offsets past 64 bits refused at option parsing, secrets
 kept out of the options' repr, the batch reader's driver client closed on every planning failure,
-and a replayed batch 0 of startingOffsets=earliest that detects records lost to retention."""
+and (in tests/test_kafka_source.py) a replayed first batch of startingOffsets=earliest that reads from the pinned start."""
 
 from __future__ import annotations
 

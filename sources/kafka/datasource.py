@@ -30,7 +30,7 @@ from pyspark.sql.types import (
 from connectors.core import faults
 from connectors.core.errors import ConfigError
 from connectors.core.options import parse_bool
-from sources.kafka.offsets import LATEST, PartitionOffsets, from_json, is_symbolic, to_json
+from sources.kafka.offsets import PartitionOffsets, from_json, is_symbolic, to_json
 from sources.kafka.options import KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
 from sources.kafka.reader import read_partition
@@ -113,8 +113,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     The start of batch 0 is never written to the checkpoint by Spark and ``initialOffset`` is
     called again on restart, so a start that depends on time (latest, timestamps, group) is resolved
     once: into ``startingOffsetsLocation`` when set, otherwise by an empty batch 0 whose end pins the
-    resolved start in ``offsets/0``. Earliest needs no pin: batch 0 reads [earliest, end) and a
-    replay reads what retention left of the same range.
+    resolved start in ``offsets/0``. Earliest is pinned too: re-resolved on a replay of batch 0, it
+    would move past records that retention deleted meanwhile, a loss no check could see; pinned, the
+    replay reads from below the log start and failOnDataLoss decides.
     """
 
     def __init__(self, opts: KafkaSourceOptions) -> None:
@@ -170,10 +171,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start, symbolic=True, what="start offset")
         end_json: dict[str, dict[str, int]]
-        if is_symbolic(begin) and not _needs_pin(begin):
-            # earliest (-2) is resolved again when batch 0 is planned or replayed (see partitions()): no
-            # empty batch 0; a replay reads what is still there of [earliest, end)
-            begin = self.planner.resolve_sentinels(begin)
         if is_symbolic(begin):
             key = repr(start)
             if key not in self._pinned:
@@ -220,9 +217,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = from_json(start, symbolic=True, what="start offset")
         if is_symbolic(begin):
-            if _needs_pin(begin):
-                return []  # the pinning batch 0 (see the class docstring)
-            begin = self.planner.resolve_sentinels(begin)
+            return []  # the pinning batch 0 (see the class docstring)
         return self.planner.input_partitions(begin, from_json(end, what="end offset"))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -236,12 +231,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self.planner.client.close()
-
-
-def _needs_pin(offsets: PartitionOffsets) -> bool:
-    """A start that only a pinning batch 0 can keep: latest (-1; also timestamps and group resolve through it).
-    Earliest (-2) needs none: replaying [earliest, end) reads the same records, less any retention removed."""
-    return any(off == LATEST for off in offsets.values())
 
 
 class KafkaBatchReader(DataSourceReader):
