@@ -1,4 +1,4 @@
-"""Broker faults on Apache Kafka, rows F20-F24 of the crash matrix (docs/guarantees.md).
+"""Broker faults on Apache Kafka, rows F20-F25 of the crash matrix (docs/guarantees.md).
 
 The broker is a module-scoped embedded Apache Kafka of these tests alone (``ApacheKafka``, never tansu),
 with settings small enough that retention and the log cleaner act within a second, so crashing it or
@@ -432,6 +432,47 @@ def test_f22_retention_deletes_records_a_stopped_query_has_not_read(broker: Apac
     # record for record: the sink holds what was read before the deletion and what retention left, once each
     expected = [*read_0, *kept_0, *read_1, *more_1]
     checks = checker.compare_records(expected, rows, payload_fields=("key", "amount"))
+    assert all(c.ok for c in checks), [c.summary for c in checks]
+
+
+# ---------------------------------------------------------------------------------------------------
+# F25: records deleted between the plan of a query's first batch (startingOffsets=earliest) and its replay
+
+
+def test_f25_records_deleted_before_the_first_batch_is_replayed_are_data_loss(
+    broker: ApacheKafka, make_pipeline: Any
+) -> None:
+    pipe = make_pipeline("f25", max_offsets=400)
+    bootstrap, topic = broker.bootstrap, pipe.topic
+    _create_topic(bootstrap, topic, 1)
+    records = make_records(60, seed=25, prefix=f"{pipe.table}-")
+    _produce(bootstrap, topic, records, partition=0)
+    # the whole group dies as the first data batch starts reading: offsets/n written, nothing decided
+    out = pipe.run("source.read.start:action=kill-group:once", state="F25")
+    assert out.killed and pipe.fired("source.read.start", action="kill-group"), pipe.describe()
+    planned = _planned(pipe.checkpoint, topic)
+    first = min(b for b, ends in planned.items() if ends.get(0, 0) > 0)
+    assert planned[first - 1] == {0: 0} and planned[first] == {0: 60}, planned  # pinned at 0, then [0, 60)
+    before = _sink_state(pipe)
+    assert before[:3] == (0, first - 1, []), before
+    # the oldest 20 records go (DeleteRecords, as retention would) before the batch is replayed
+    admin = _admin(bootstrap)  # kept: the futures fail if their client is gone
+    admin.delete_records([TopicPartition(topic, 0, 20)])[TopicPartition(topic, 0, 20)].result(30)
+    assert _marks(bootstrap, topic) == {0: (20, 60)}
+
+    # failOnDataLoss=true: the replay asks for 0..59 and stops, naming them; nothing written or moved
+    out = pipe.run()
+    assert out.returncode == 2, pipe.describe()
+    assert f"records 0..19 of {topic}-0 are gone (earliest offset is now 20)" in out.log_tail, out.log_tail
+    assert _sink_state(pipe) == before
+
+    # failOnDataLoss=false: the documented, logged skip; the 40 left are read once
+    size = _log_size(pipe)
+    assert pipe.run(fail_on_data_loss="false").returncode == 0, pipe.describe()
+    assert f"skipped 20 offset(s) of {topic}-0, [0, 20) (failOnDataLoss=false)" in _log_from(pipe, size)
+    rows = _rows(pipe)
+    assert sorted(r["src_offset"] for r in rows) == list(range(20, 60))
+    checks = checker.compare_records(records[20:], rows, payload_fields=("key", "amount"))
     assert all(c.ok for c in checks), [c.summary for c in checks]
 
 

@@ -294,8 +294,12 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 6 and max(sizes) <= 10, sizes
-    first = q.recentProgress[0]
-    assert first["batchId"] == 0 and first["numInputRows"] == 9, first  # earliest: batch 0 reads (3 x 3), not empty
+    pin, first = q.recentProgress[:2]
+    # earliest is pinned by an empty batch 0 (its end: each partition's earliest offset), then (3 x 3) records
+    assert (pin["batchId"], pin["numInputRows"], first["batchId"], first["numInputRows"]) == (0, 0, 1, 9), (pin, first)
+    assert json.loads(Path(tmp_checkpoint, "offsets", "0").read_text().splitlines()[-1]) == {
+        topic: {"0": 0, "1": 0, "2": 0}
+    }
     assert memory_rows(spark, name, tmp_checkpoint) == truth
     # offsets/n holds the source state in Spark's JVM shape
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
