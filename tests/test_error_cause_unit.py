@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from connectors.core.errors import ConfigError, FatalError, error_cause
 
 WRAPPED = """[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [PYTHON_DATA_SOURCE_ERROR] Failed to
@@ -43,3 +45,28 @@ def test_anything_else_is_its_type_and_first_line_without_sparks_class() -> None
         "CapturedLike: The table x cannot be found."
     )
     assert error_cause(KeyError("id")) == "KeyError: 'id'"
+
+
+def test_spark_eos_run_prints_the_cause_not_the_wrapping(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``spark-eos run``: the give-up line and the log's ``error`` field are our line, the rest is ``detail``."""
+    import io
+
+    from connectors.pipelines import parse_config, supervisor
+    from tests.test_cli import GOOD, _FakeQuery
+
+    monkeypatch.setattr(supervisor, "prepare", lambda cfg: None)
+    monkeypatch.setattr(supervisor, "session", lambda cfg: type("S", (), {"stop": lambda self: None})())
+    monkeypatch.setattr(supervisor, "start", lambda spark, cfg: _FakeQuery(CapturedLike(WRAPPED)))
+    out = io.StringIO()
+    cfg = parse_config({**GOOD, "restart": {"strategy": "none"}})
+    assert supervisor.run(cfg, log=supervisor.Log("json", out=out, live=False)) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        "gives up: ConfigError: postgres-2pc: option 'sink.id' is required; give each query its own id"
+    )
+    failed = [json.loads(x) for x in out.getvalue().splitlines() if '"pipeline.failed"' in x]
+    assert (
+        failed
+        and failed[0]["error"].startswith("ConfigError: postgres-2pc")
+        and "PythonPlannerRunner" in failed[0]["detail"]
+    )
