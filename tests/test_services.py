@@ -163,6 +163,19 @@ def test_state_is_found_from_any_directory_and_env_exports_it(
     assert "kafka     DOWN" in out and "no services recorded" not in out
 
 
+def test_a_state_file_of_an_older_version_here_is_pointed_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("EOS_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    manage._save_state(Path(".eos") / "services.json", {"kafka": {"bootstrap": "127.0.0.1:1", "pid": 0}})
+    assert manage.main(["status"]) == 3
+    assert "older spark-eos: pass --state-dir .eos" in capsys.readouterr().out
+    assert manage.main(["status", "--state-dir", ".eos"]) == 3
+    assert "kafka     DOWN" in capsys.readouterr().out
+
+
 def test_cli_without_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert manage.main(["status", "--state-dir", str(tmp_path)]) == 3
     assert manage.main(["down", "--state-dir", str(tmp_path)]) == 0

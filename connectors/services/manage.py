@@ -45,6 +45,14 @@ def state_path(state_dir: str | None = None) -> Path:
     return Path(state_dir or os.environ.get(STATE_ENV) or default_state_dir()) / "services.json"
 
 
+def _legacy_hint(path: Path) -> str:
+    """Older spark-eos kept the state in ``./.eos``: say so when such a file is here and not the one read."""
+    old = Path(".eos") / "services.json"
+    if old.exists() and old.resolve() != path.resolve():
+        return f"; {old} here is from an older spark-eos: pass --state-dir .eos"
+    return ""
+
+
 def load_state(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -240,7 +248,7 @@ def down(*, state_dir: str | None = None, out: Any = None) -> int:
     path = state_path(state_dir)
     state = load_state(path)
     if not state:
-        print(f"no services recorded in {path}: nothing to stop", file=out)
+        print(f"no services recorded in {path}: nothing to stop{_legacy_hint(path)}", file=out)
         return 0
     n = 0
     for name in ("kafka", "postgres"):
@@ -260,7 +268,7 @@ def status(*, state_dir: str | None = None, out: Any = None) -> dict[str, bool]:
     path = state_path(state_dir)
     state = load_state(path)
     if not state:
-        print(f"no services recorded in {path} (start them with: spark-eos services up)", file=out)
+        print(f"no services recorded in {path} (start them with: spark-eos services up){_legacy_hint(path)}", file=out)
         return {}
     result = {}
     for name in ("kafka", "postgres"):
@@ -314,7 +322,10 @@ def _cmd_env(args: argparse.Namespace) -> int:
     path = state_path(args.state_dir)
     state = load_state(path)
     if not state:
-        print(f"no services recorded in {path} (start them with: spark-eos services up)", file=sys.stderr)
+        print(
+            f"no services recorded in {path} (start them with: spark-eos services up){_legacy_hint(path)}",
+            file=sys.stderr,
+        )
         return 3
     print("\n".join(_env_lines(state, path)))
     return 0
