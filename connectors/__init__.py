@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from connectors.core.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError
+from connectors.core.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError, error_cause
 
 __all__ = [
     "FORMATS",
@@ -15,7 +15,9 @@ __all__ = [
     "FatalError",
     "RetriableError",
     "__version__",
+    "error_cause",
     "postgres_options",
+    "query_error",
     "redact_secrets",
     "register",
     "twopc_batch",
@@ -26,6 +28,9 @@ try:
     __version__ = metadata.version("spark-eos")
 except metadata.PackageNotFoundError:  # imported from a clone that was never installed
     __version__ = "0+unknown"
+
+query_error = error_cause
+"""``connectors.query_error(exc)``: the one-line cause of a failed query (``error_cause``)."""
 
 FORMATS = ("kafka-eos", "postgres-upsert", "postgres-2pc")
 

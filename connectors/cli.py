@@ -10,12 +10,19 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["build_parser", "main"]
 
 EXIT_CONFIG = 64  # EX_USAGE: a bad command line or config file
-_ONE_LINE_COMMANDS = ("inspect", "verify")  # any error: one line on stderr, never a traceback
+EXIT_ERROR = 2  # a service failed, a command was refused, or anything unexpected
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with spark-eos's usage errors: one line on stderr, exit 64 (argparse's own is usage + 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _run_cmd(args: argparse.Namespace) -> int:
@@ -45,10 +52,29 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _savepoint_errors(what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A savepoint refusal (no such checkpoint, a target that exists, a damaged savepoint) as a ConfigError."""
+    from connectors.core.errors import ConfigError
+
+    try:
+        return fn()
+    except (ValueError, OSError) as exc:
+        text = f"{exc.strerror}: {exc.filename!r}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"savepoint {what}: {text}") from None
+
+
+def _must_exist(what: str, name: str, path: str) -> None:
+    from connectors.core.errors import ConfigError
+
+    if not os.path.isdir(path):
+        raise ConfigError(f"savepoint {what}: {name} {path!r} does not exist or is not a directory", option=name)
+
+
 def _savepoint_create(args: argparse.Namespace) -> int:
     from connectors.savepoint import create
 
-    manifest = create(args.checkpoint, args.dest, force=args.force)
+    _must_exist("create", "CHECKPOINT", args.checkpoint)
+    manifest = _savepoint_errors("create", lambda: create(args.checkpoint, args.dest, force=args.force))
     print(f"savepoint {args.dest}: batches 0..{manifest['last_commit']} committed"
           f" ({manifest['files']} files, {manifest['bytes']} bytes) from {args.checkpoint}")  # fmt: skip
     return 0
@@ -57,7 +83,8 @@ def _savepoint_create(args: argparse.Namespace) -> int:
 def _savepoint_restore(args: argparse.Namespace) -> int:
     from connectors.savepoint import restore
 
-    manifest = restore(args.savepoint, args.checkpoint, force=args.force)
+    _must_exist("restore", "DEST", args.savepoint)
+    manifest = _savepoint_errors("restore", lambda: restore(args.savepoint, args.checkpoint, force=args.force))
     print(f"restored {args.savepoint} into {args.checkpoint}: the query resumes after batch {manifest['last_commit']}")
     if manifest.get("warning"):
         print(f"WARNING: {manifest['warning']}", file=sys.stderr)
@@ -113,9 +140,17 @@ def _check_topic(bootstrap: str, topic: str) -> None:
 
 def _verify_cmd(args: argparse.Namespace) -> int:
     from connectors.core.conninfo import check_conninfo
+    from connectors.core.errors import ConfigError, FatalError
     from connectors.toolkit import checker
 
     check_conninfo(args.dsn, option="--dsn", context="verify")
+    if not args.table and not args.balances_table:
+        raise ConfigError(
+            "verify: nothing to compare: give --table TABLE (one row per record; --id-column names what "
+            "identifies one) or --balances-table TABLE; --sink-id alone checks no row",
+            option="--table",
+        )
+    id_columns = checker.parse_id_columns(args.id_column) if args.id_column else None
     _check_bootstrap(args.bootstrap)
     _check_topic(args.bootstrap, args.topic)
     aggregates = None
@@ -126,8 +161,13 @@ def _verify_cmd(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap, topic=args.topic, dsn=args.dsn, table=args.table or "",
         payload_fields=tuple(args.payload) if args.payload else None, sink_id=args.sink_id,
         checkpoint=args.checkpoint, decisions=bool(args.sink_id and args.checkpoint), aggregates=aggregates,
-        dead_letters=args.dead_letters, poison_position=_poison_at(args.poison_at),
+        dead_letters=args.dead_letters, poison_position=_poison_at(args.poison_at), id_columns=id_columns,
     )  # fmt: skip
+    if args.table and not report.info.get("source_records"):
+        raise FatalError(
+            f"verify: topic {args.topic!r} holds no records to compare with table {args.table!r} (the table has "
+            f"{report.info.get('sink_rows', 0)} rows); produce to it first, or name the topic the query reads"
+        )
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1
 
@@ -240,10 +280,15 @@ def _add_verify(sub: Any) -> None:
     p.add_argument("--topic", required=True)
     p.add_argument("--dsn", default=os.environ.get("EOS_POSTGRES_DSN"), required=not os.environ.get("EOS_POSTGRES_DSN"),
                    help="Postgres DSN (default $EOS_POSTGRES_DSN)")  # fmt: skip
-    p.add_argument("--table", default=None, help="table with one row per record (id column)")
+    p.add_argument("--table", default=None, help="table with one row per record (see --id-column)")
+    p.add_argument("--id-column", action="append", default=None, metavar="FIELD[=COLUMN][,...]",
+                   help="what identifies a record: a field of its JSON value and the table's column of it "
+                   "(default id=id); topic, partition, offset name the record's Kafka position, e.g. "
+                   "--id-column partition=src_partition,offset=src_offset")  # fmt: skip
     p.add_argument("--balances-table", default=None, help="table of per-account balances to recompute and compare")
     p.add_argument("--payload", nargs="*", default=None, help="columns compared with the record (default: all shared)")
-    p.add_argument("--sink-id", default=None, help="postgres-2pc sink id: check prepared transactions and decisions")
+    p.add_argument("--sink-id", default=None, help="postgres-2pc sink id: check its prepared transactions (without "
+                   "it: every eos sink's in the database) and decisions")  # fmt: skip
     p.add_argument("--checkpoint", default=None, help="with --sink-id: last decision must equal the last commits/n")
     p.add_argument("--dead-letters", default=None, help="the sink's errors.table: each record must be in exactly one "
                    "of --table and this dead-letter table")  # fmt: skip
@@ -270,7 +315,7 @@ def _wire(sub: Any, module: str, command: str, helptext: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spark-eos",
         description="Exactly-once Kafka -> Spark Structured Streaming -> Postgres. Start with: spark-eos demo",
     )
@@ -332,11 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         if not type(exc).__module__.startswith("psycopg"):
-            if args.command not in _ONE_LINE_COMMANDS or os.environ.get("SPARK_EOS_TRACEBACK"):
+            if os.environ.get("SPARK_EOS_TRACEBACK"):
                 raise
-            # inspect and verify read what the user points them at: any failure is one line, no traceback.
-            fail(f"spark-eos {args.command}: error: {type(exc).__name__}: {exc} (SPARK_EOS_TRACEBACK=1 shows where)")
-            return 2
+            # Every command: any failure is one line, no traceback (an error from inside Spark: its cause).
+            from connectors.core.errors import error_cause
+
+            fail(f"spark-eos {args.command}: error: {error_cause(exc)} (SPARK_EOS_TRACEBACK=1 shows where)")
+            return EXIT_ERROR
         # A driver error, e.g. a --dsn libpq rejects: its text can quote the password (and a traceback
         # would print it twice). Say what is wrong with the dsn instead, or else one scrubbed line.
         dsn = getattr(args, "dsn", None)

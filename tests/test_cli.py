@@ -196,7 +196,7 @@ def test_console_help_and_bad_command() -> None:
     bad = subprocess.run(
         [sys.executable, "-m", "connectors.cli", "frobnicate"], capture_output=True, text=True, timeout=120
     )
-    assert bad.returncode == 2 and "invalid choice: 'frobnicate'" in bad.stderr
+    assert bad.returncode == 64 and "invalid choice: 'frobnicate'" in bad.stderr  # usage error: documented 64
 
 
 def test_run_with_a_bad_config_exits_with_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -167,7 +167,7 @@ def test_cli_sinks_prints_one_clean_line_for_a_malformed_dsn(
 ) -> None:
     code = cli.main(["sinks", command[0], "--dsn", dsn, "--sink-id", "x", *command[1:]])
     out, err = capsys.readouterr()
-    assert code == 2
+    assert code == cli.EXIT_CONFIG  # a bad argument, as for every spark-eos command
     assert out == "" and err.endswith("\n") and err.count("\n") == 1, f"one line on stderr: {err!r}"
     assert "Traceback" not in err and f"sinks {command[0]}: config error:" in err and "option 'dsn'" in err
     assert "withheld" in err and ("percent-encode" in err if form == "URI" else "single-quote" in err)

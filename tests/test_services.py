@@ -125,7 +125,11 @@ def test_env_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_state_path_and_corrupt_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("EOS_STATE_DIR", raising=False)
-    assert manage.state_path() == Path(".eos/services.json")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert manage.state_path() == tmp_path / "xdg" / "spark-eos" / "services.json"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert manage.state_path() == tmp_path / "home" / ".local" / "state" / "spark-eos" / "services.json"
     monkeypatch.setenv("EOS_STATE_DIR", str(tmp_path))
     assert manage.state_path() == tmp_path / "services.json"
     assert manage.state_path("x") == Path("x/services.json")
@@ -133,6 +137,43 @@ def test_state_path_and_corrupt_state(monkeypatch: pytest.MonkeyPatch, tmp_path:
     (tmp_path / "services.json").write_text("{not json")
     with pytest.raises(ServiceError, match=r"cannot read the services state file.*delete it"):
         manage.load_state(tmp_path / "services.json")
+
+
+def test_state_is_found_from_any_directory_and_env_exports_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32 item 7: ``up`` in one directory, ``status``/``env`` in another find the same state."""
+    monkeypatch.delenv("EOS_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    state = {
+        "kafka": {"bootstrap": "127.0.0.1:1", "pid": 0},
+        "postgres": {"dsn": "postgresql://u:pw@127.0.0.1:2/d", "pid": 0},
+    }
+    manage._save_state(manage.state_path(), state)
+    monkeypatch.chdir(tmp_path / "b")
+    assert manage.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "export EOS_KAFKA_BOOTSTRAP=127.0.0.1:1" in out
+    assert f"export EOS_STATE_DIR={tmp_path / 'xdg' / 'spark-eos'}" in out
+    assert manage.main(["status"]) == 3  # recorded but not running: DOWN, not "no services recorded"
+    out = capsys.readouterr().out
+    assert "kafka     DOWN" in out and "no services recorded" not in out
+
+
+def test_a_state_file_of_an_older_version_here_is_pointed_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("EOS_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    manage._save_state(Path(".eos") / "services.json", {"kafka": {"bootstrap": "127.0.0.1:1", "pid": 0}})
+    assert manage.main(["status"]) == 3
+    assert "older spark-eos: pass --state-dir .eos" in capsys.readouterr().out
+    assert manage.main(["status", "--state-dir", ".eos"]) == 3
+    assert "kafka     DOWN" in capsys.readouterr().out
 
 
 def test_cli_without_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

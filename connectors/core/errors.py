@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "CommitUnknown",
     "ConfigError",
@@ -10,6 +12,7 @@ __all__ = [
     "FatalError",
     "RetriableError",
     "ServiceError",
+    "error_cause",
 ]
 
 
@@ -64,3 +67,57 @@ class ServiceError(EosError):
 
 class DataLossError(FatalError):
     """Records that a query was due to read are gone (topic deleted, retention, offsets reset)."""
+
+
+_OUR_ERRORS = "|".join(
+    ("CommitUnknown", "ConfigError", "DataLossError", "EosError", "FatalError", "RetriableError", "ServiceError")
+)
+_OUR_LINE = re.compile(rf"(?:^|[\s.(])({_OUR_ERRORS}): (\S.*)")
+_SPARK_CLASS = re.compile(r"^\s*(?:\w+(?:\.\w+)*(?:Exception|Error): )?(?:\[[A-Z0-9_.]+\] )?")
+
+
+def error_cause(exc: BaseException | str) -> str:
+    """The cause of a failure that crossed Spark, in one line: ``"ConfigError: <our message>"``.
+
+    A spark-eos error raised inside a query (in a Python worker, a data source's planning, the sink's
+    commit) reaches the driver wrapped: a ``StreamingQueryException`` or ``AnalysisException``
+    (``[PYTHON_DATA_SOURCE_ERROR] ...``) whose text holds Java and Python stack traces with our line
+    last. This finds the last spark-eos error line in ``exc`` (its text and its causes) and returns
+    it; when there is none, the exception's type and the first line of its text without Spark's error
+    class prefix.
+
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as exc:
+            sys.exit(connectors.error_cause(exc))
+    """
+    texts: list[str] = []
+    seen: set[int] = set()
+    cur: BaseException | str | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, str):
+            texts.append(cur)
+            break
+        for attr in ("desc", "message"):  # pyspark's CapturedException keeps the JVM text in desc
+            value = getattr(cur, attr, None)
+            if isinstance(value, str) and value:
+                texts.append(value)
+        texts.append(str(cur))
+        if isinstance(cur, EosError):
+            return f"{type(cur).__name__}: {' '.join(cur.message.split())}"
+        cur = cur.__cause__ or cur.__context__
+    found = None
+    for text in texts:
+        for line in text.splitlines():
+            m = _OUR_LINE.search(line)
+            if m:
+                found = f"{m.group(1)}: {m.group(2).strip()}"
+        if found:
+            return found
+    for text in texts:
+        for line in text.splitlines():
+            line = _SPARK_CLASS.sub("", line, count=1).strip()
+            if line:
+                return f"{type(exc).__name__}: {line}" if isinstance(exc, BaseException) else line
+    return type(exc).__name__ if isinstance(exc, BaseException) else ""

@@ -126,6 +126,10 @@ class Option:
     separated, stripped, empties dropped) or choice (one of ``choices``, compared
     case-insensitively and returned in the spelling of ``choices``).
 
+    ``aliases``: other names accepted for the option (the names users bring from another connector,
+    e.g. Spark JDBC's ``dbtable`` for ``table``); giving an alias and the option with different
+    values is an error.
+
     ``check(value)`` refuses a parsed value with a ValueError (its text is the reason given);
     ``convert(value, context)`` turns a given value into the field's value (a table name into a
     ``TableName``) and raises its own ConfigError; an option with one has no default but None.
@@ -140,6 +144,7 @@ class Option:
     min: float | None = None
     max: float | None = None
     attr: str = ""
+    aliases: tuple[str, ...] = ()
     check: Callable[[Any], None] | None = field(default=None, compare=False)
     convert: Callable[[Any, str], Any] | None = field(default=None, compare=False)
 
@@ -295,12 +300,14 @@ def option(
     max: float | None = None,
     check: Callable[[Any], None] | None = None,
     convert: Callable[[Any, str], Any] | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A field of an options dataclass, declared by its spec (see ``Option``): its default is the spec's
     (``REQUIRED``: none), its name is the option's attribute, its repr hides a secret."""
     spec = Option(
-        name, kind, default, description, secret=secret, choices=choices, min=min, max=max, check=check, convert=convert
-    )
+        name, kind, default, description, secret=secret, choices=choices, min=min, max=max, check=check,
+        convert=convert, aliases=aliases,
+    )  # fmt: skip
     return _field(spec)
 
 
@@ -402,7 +409,11 @@ class OptionSet(Generic[T]):
         self.passthrough_attr = passthrough_attr
         self.options = tuple(_derive(cls, "", passthrough_attr if self.passthrough else None))
         self.by_key = {o.name.lower(): o for o in self.options}
-        if len(self.by_key) != len(self.options):
+        names = len(self.options)
+        for o in self.options:
+            self.by_key.update({a.lower(): o for a in o.aliases})
+            names += len(o.aliases)
+        if len(self.by_key) != names:
             raise TypeError(f"{context}: duplicate option names")
         self.ignored = {k.lower() for k in ignored}
 
@@ -437,6 +448,7 @@ class OptionSet(Generic[T]):
         values: dict[str, Any] = {}
         extra: dict[str, str] = {}
         seen: dict[str, str] = {}
+        given: dict[str, tuple[str, Any]] = {}  # attr -> (the key that set it, its raw value)
         for key, value in raw.items():
             low = str(key).lower()
             if low in seen and seen[low] != key:
@@ -449,6 +461,17 @@ class OptionSet(Generic[T]):
             if opt is not None:
                 if value is None:
                     continue
+                if opt.attr in given:
+                    other, before = given[opt.attr]
+                    if str(before) != str(value):
+                        raise ConfigError(
+                            f"{self.context}: options '{other}' and '{key}' both set '{opt.name}' "
+                            f"({', '.join(repr(a) for a in opt.aliases)} {'is' if len(opt.aliases) == 1 else 'are'} "
+                            f"another name for it), with different values; give one of them",
+                            option=opt.name,
+                        )
+                    continue
+                given[opt.attr] = (str(key), value)
                 values[opt.attr] = opt.parse(value, self.context)
             elif any(low.startswith(p) for p in self.passthrough):
                 extra[str(key)] = "" if value is None else str(value)
@@ -469,15 +492,16 @@ class OptionSet(Generic[T]):
         return values
 
     def _unknown(self, key: str) -> str:
-        known = [o.name for o in self.options]
+        known = [o.name for o in self.options] + [a for o in self.options for a in o.aliases]
         close = difflib.get_close_matches(key.lower(), [k.lower() for k in known], n=1, cutoff=0.6)
         hint = ""
         if close:
-            hint = f"; did you mean '{self.by_key[close[0]].name}'?"
+            hint = f"; did you mean '{next(k for k in known if k.lower() == close[0])}'?"
         prefixes = (
             f" (or any option starting with {', '.join(repr(p) for p in self.passthrough)})" if self.passthrough else ""
         )
-        return f"{self.context}: unknown option '{key}'{hint} Known options: {', '.join(sorted(known))}{prefixes}"
+        names = sorted(o.name for o in self.options)
+        return f"{self.context}: unknown option '{key}'{hint} Known options: {', '.join(names)}{prefixes}"
 
     def markdown(self) -> str:
         """A markdown table of the options (the docs pages embed it: scripts/docs_options.py)."""
@@ -485,5 +509,6 @@ class OptionSet(Generic[T]):
         for o in self.options:
             default = "required" if o.required else ("" if o.default is None else f"`{o.default}`")
             kind = o.valid_values() if o.kind == "choice" else o.kind
-            rows.append(f"| `{o.name}` | {kind} | {default} | {o.description} |")
+            also = f" (also {', '.join(f'`{a}`' for a in o.aliases)})" if o.aliases else ""
+            rows.append(f"| `{o.name}`{also} | {kind} | {default} | {o.description} |")
         return "\n".join(rows)

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from connectors.core import faults
 from connectors.core.conninfo import scrub
+from connectors.core.errors import error_cause
 from connectors.pipelines import PipelineConfig, prepare, session, start
 from connectors.pipelines.restart import parse_strategy
 
@@ -184,14 +185,16 @@ def _run(
         # the error text carries the query's plan: Spark redacts it (connectors.register), and a
         # password of the pipeline's dsn is taken out here too before anything is logged
         message = scrub(str(error), conninfo=cfg.dsn).replace("\n", " ")[:2000]
+        cause = scrub(error_cause(error), conninfo=cfg.dsn)[:1000]  # our error's line, not Spark's wrapping
         delay = strategy.on_failure(clock())
         if delay is None:
-            log.event("pipeline.failed", level="error", error=message, restarts=restarts, strategy=str(strategy))
-            print(f"error: pipeline {cfg.pipeline} failed and the restart strategy {strategy} gives up: {message}",
+            log.event("pipeline.failed", level="error", error=cause, detail=message, restarts=restarts,
+                      strategy=str(strategy))  # fmt: skip
+            print(f"error: pipeline {cfg.pipeline} failed and the restart strategy {strategy} gives up: {cause}",
                   file=sys.stderr)  # fmt: skip
             return 2
         restarts += 1
-        log.event("pipeline.restart", level="warn", error=message[:500], delay_s=delay, restart=restarts)
+        log.event("pipeline.restart", level="warn", error=cause[:500], delay_s=delay, restart=restarts)
         sleep(delay)
         # like Flink restarting the job: a fresh SparkContext (and Python workers), nothing carried over
         # from the failed attempt (no cached plan, connection or Python worker of the old query)

@@ -107,7 +107,8 @@ def check_postgres(dsn: str, *, timeout: float, source: str = POSTGRES_ENV) -> i
             f"{source}={shown!r}: max_prepared_transactions is {mpt}, so two-phase commit (PREPARE TRANSACTION) is "
             "disabled. Set it to at least the number of writer tasks, e.g. 64: "
             "'ALTER SYSTEM SET max_prepared_transactions = 64' and restart the server, or start it with "
-            "'-c max_prepared_transactions=64' (docker: command: postgres -c max_prepared_transactions=64).",
+            "'-c max_prepared_transactions=64' (docker: command: postgres -c max_prepared_transactions=64; a managed "
+            "Postgres: docs/deployment.md#managed-postgres).",
             dsn=shown,
             max_prepared_transactions=mpt,
         )

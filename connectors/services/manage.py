@@ -15,14 +15,42 @@ from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import redact_dsn
 
-__all__ = ["STATE_ENV", "add_subparser", "down", "load_state", "main", "state_path", "status", "up"]
+__all__ = [
+    "STATE_ENV",
+    "add_subparser",
+    "default_state_dir",
+    "down",
+    "load_state",
+    "main",
+    "state_path",
+    "status",
+    "up",
+]
 
 STATE_ENV = "EOS_STATE_DIR"
 
 
+def default_state_dir() -> Path:
+    """The per-user state directory: ``${XDG_STATE_HOME:-~/.local/state}/spark-eos``.
+
+    Per user, not per working directory, so ``spark-eos services status`` (and ``env``, ``down``)
+    finds what ``up`` started from any directory."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "spark-eos"
+
+
 def state_path(state_dir: str | None = None) -> Path:
-    """``<state dir>/services.json``; the state dir is ``--state-dir``, ``EOS_STATE_DIR`` or ``./.eos``."""
-    return Path(state_dir or os.environ.get(STATE_ENV) or ".eos") / "services.json"
+    """``<state dir>/services.json``; the state dir is ``--state-dir``, ``EOS_STATE_DIR`` or the per-user
+    ``default_state_dir()``."""
+    return Path(state_dir or os.environ.get(STATE_ENV) or default_state_dir()) / "services.json"
+
+
+def _legacy_hint(path: Path) -> str:
+    """Older spark-eos kept the state in ``./.eos``: say so when such a file is here and not the one read."""
+    old = Path(".eos") / "services.json"
+    if old.exists() and old.resolve() != path.resolve():
+        return f"; {old} here is from an older spark-eos: pass --state-dir .eos"
+    return ""
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -220,7 +248,7 @@ def down(*, state_dir: str | None = None, out: Any = None) -> int:
     path = state_path(state_dir)
     state = load_state(path)
     if not state:
-        print(f"no services recorded in {path}: nothing to stop", file=out)
+        print(f"no services recorded in {path}: nothing to stop{_legacy_hint(path)}", file=out)
         return 0
     n = 0
     for name in ("kafka", "postgres"):
@@ -240,7 +268,7 @@ def status(*, state_dir: str | None = None, out: Any = None) -> dict[str, bool]:
     path = state_path(state_dir)
     state = load_state(path)
     if not state:
-        print(f"no services recorded in {path} (start them with: spark-eos services up)", file=out)
+        print(f"no services recorded in {path} (start them with: spark-eos services up){_legacy_hint(path)}", file=out)
         return {}
     result = {}
     for name in ("kafka", "postgres"):
@@ -254,7 +282,7 @@ def status(*, state_dir: str | None = None, out: Any = None) -> dict[str, bool]:
     return result
 
 
-def _env_lines(state: dict[str, Any]) -> list[str]:
+def _env_lines(state: dict[str, Any], path: Path | None = None) -> list[str]:
     import shlex
 
     lines = []
@@ -262,6 +290,8 @@ def _env_lines(state: dict[str, Any]) -> list[str]:
         lines.append(f"export EOS_KAFKA_BOOTSTRAP={shlex.quote(state['kafka']['bootstrap'])}")
     if "postgres" in state:
         lines.append(f"export EOS_POSTGRES_DSN={shlex.quote(state['postgres']['dsn'])}")
+    if path is not None:  # later commands in this shell find the same state, whatever their directory
+        lines.append(f"export {STATE_ENV}={shlex.quote(str(path.parent.resolve()))}")
     return lines
 
 
@@ -289,17 +319,25 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    state = load_state(state_path(args.state_dir))
+    path = state_path(args.state_dir)
+    state = load_state(path)
     if not state:
-        print("no services are up (start them with: spark-eos services up)", file=sys.stderr)
+        print(
+            f"no services recorded in {path} (start them with: spark-eos services up){_legacy_hint(path)}",
+            file=sys.stderr,
+        )
         return 3
-    print("\n".join(_env_lines(state)))
+    print("\n".join(_env_lines(state, path)))
     return 0
 
 
 def _add_commands(sub: Any) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--state-dir", default=None, help=f"where services.json lives (default ${STATE_ENV} or ./.eos)")
+        p.add_argument(
+            "--state-dir",
+            default=None,
+            help=f"where services.json lives (default ${STATE_ENV}, else ~/.local/state/spark-eos)",
+        )
         return p
 
     p = common(sub.add_parser("up", help="start embedded Kafka and Postgres and keep them running"))

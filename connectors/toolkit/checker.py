@@ -14,6 +14,7 @@ from typing import Any
 from connectors.core.checkpoint import numbered
 
 __all__ = [
+    "POSITION_FIELDS",
     "SHOW_IDS",
     "Check",
     "Report",
@@ -26,6 +27,7 @@ __all__ = [
     "last_commit",
     "last_decided_batch",
     "last_offsets",
+    "parse_id_columns",
     "prepared_gids",
     "read_table",
     "read_topic",
@@ -33,6 +35,10 @@ __all__ = [
 ]
 
 SHOW_IDS = 20  # ids listed per finding; the counts are always complete
+
+POSITION_FIELDS = {"topic": "_topic", "partition": "_partition", "offset": "_offset"}
+"""``--id-column`` names that mean a record's Kafka position (the kafka-eos source's columns of those
+names), not a field of its JSON value."""
 
 
 @dataclass
@@ -356,7 +362,9 @@ def check_end_state(
         Check(
             "end.prepared",
             not gids,
-            f"{len(gids)} prepared transactions of {'sink ' + sink_id if sink_id else 'eos sinks'} left",
+            f"{len(gids)} prepared transactions of "
+            + (f"sink {sink_id}" if sink_id else "any eos sink in this database (give --sink-id to count only yours)")
+            + " left",
             {"prepared": len(gids)},
             {"prepared": gids[:SHOW_IDS]},
         )
@@ -438,8 +446,13 @@ def check_exit(
 # reading both sides
 
 
-def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json: bool = True) -> list[dict[str, Any]]:
+def read_topic(
+    bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json: bool = True, with_position: bool = False
+) -> list[dict[str, Any]]:
     """Every committed record of ``topic`` (read_committed), values parsed as JSON objects.
+
+    ``with_position``: each parsed record also holds its Kafka position as ``_topic``, ``_partition``
+    and ``_offset`` (poison records always do).
 
     Reads up to each partition's high watermark. Records whose value is not a JSON object (poison
     records) are returned as ``{"_raw": value, "_offset": ...}`` so the caller decides about them.
@@ -488,11 +501,14 @@ def read_topic(bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json:
                     done.add(p)
                 if off >= ends[p]:
                     continue
-                out.append(
+                rec: dict[str, Any] = (
                     _parse(msg.value(), p, off)
                     if parse_json
                     else {"value": msg.value(), "_partition": p, "_offset": off}
                 )
+                if with_position and "_raw" not in rec:
+                    rec.update(_topic=topic, _partition=p, _offset=off)
+                out.append(rec)
             # a partition whose tail is a transaction marker has no record at hi-1
             for p, hi in ends.items():
                 if p not in done:
@@ -556,6 +572,81 @@ def read_dead_letters(conn: Any, table: str, target: str) -> list[dict[str, Any]
         return [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
 
 
+_ID = "__eos_id__"
+
+
+def parse_id_columns(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """``["id"]``, ``["partition=src_partition,offset=src_offset"]``: FIELD[=COLUMN] items, comma-separated."""
+    from connectors.core.errors import ConfigError
+
+    out: list[tuple[str, str]] = []
+    for spec in specs:
+        for item in spec.split(","):
+            field_name, eq, column = item.strip().partition("=")
+            field_name, column = field_name.strip(), (column.strip() if eq else field_name.strip())
+            if not field_name or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", column):
+                raise ConfigError(
+                    f"verify: --id-column {spec!r}: {item.strip()!r} is not FIELD or FIELD=COLUMN (a record field, "
+                    "or topic/partition/offset for the record's Kafka position, and a plain column name); e.g. "
+                    "--id-column id or --id-column partition=src_partition,offset=src_offset",
+                    option="--id-column",
+                )
+            out.append((field_name, column))
+    return out
+
+
+def _columns(conn: Any, table: str) -> list[str]:
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {_ident(table)} LIMIT 0")
+        return [d.name for d in cur.description]
+
+
+def _has(conn: Any, table: str, column: str) -> bool:
+    return column in _columns(conn, table)
+
+
+def _keyed(
+    conn: Any,
+    topic: str,
+    table: str,
+    source: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    letters: list[dict[str, Any]],
+    idc: Sequence[tuple[str, str]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Source records and table rows with their identity under ``_ID``; refuses what cannot be compared."""
+    from connectors.core.errors import ConfigError
+
+    columns = _columns(conn, table)
+    missing = [c for _, c in idc if c not in columns]
+    if missing:
+        raise ConfigError(
+            f"verify: table {table!r} has no column {', '.join(map(repr, missing))} (its columns: "
+            f"{', '.join(columns)}); name the column(s) that identify a record with --id-column FIELD=COLUMN "
+            "(e.g. --id-column partition=src_partition,offset=src_offset)",
+            option="--id-column",
+        )
+    fields = [POSITION_FIELDS.get(f, f) for f, _ in idc]
+    lacking = [r for r in source if any(f not in r for f in fields)]
+    if lacking:
+        seen = sorted({k for r in lacking[:50] for k in r if not k.startswith("_")})
+        raise ConfigError(
+            f"verify: {len(lacking)} of the {len(source)} records of topic {topic!r} have no field "
+            f"{', '.join(repr(f) for f, _ in idc if POSITION_FIELDS.get(f, f) not in lacking[0])} (fields seen: "
+            f"{', '.join(seen) or 'none'}); name the record's id with --id-column FIELD=COLUMN, or use its Kafka "
+            "position: --id-column partition=COLUMN,offset=COLUMN",
+            option="--id-column",
+        )
+
+    def key(values: Sequence[Any]) -> str:
+        return "/".join(str(_norm(v)) for v in values)
+
+    src = [{**r, _ID: key([r[f] for f in fields])} for r in source]
+    out = [{**r, _ID: key([r.get(c) for _, c in idc])} for r in rows]
+    out += [{**r, _ID: key([r.get(c) for _, c in idc])} for r in letters if all(c in r for _, c in idc)]
+    return src, out
+
+
 def verify(
     *,
     bootstrap: str,
@@ -574,8 +665,14 @@ def verify(
     min_faults: int = 0,
     dead_letters: str | None = None,
     poison_position: Callable[[Mapping[str, Any]], tuple[int, int] | None] | None = None,
+    id_columns: Sequence[tuple[str, str]] | None = None,
 ) -> Report:
     """Run every applicable check for a topic and a table and return the report.
+
+    ``id_columns``: what identifies a record, as (record field, table column) pairs (default
+    ``[(id_field, id_field)]``); a field named ``topic``, ``partition`` or ``offset`` is the record's
+    Kafka position (``POSITION_FIELDS``). A table without one of the columns, or records without one
+    of the fields, is a ConfigError: nothing could be compared.
 
     ``dead_letters``: the sink's ``errors.table``; its rows for ``table`` count as delivered, so each
     source record must be in exactly one of the two (``info["dead_letters"]`` says how many went there).
@@ -589,7 +686,8 @@ def verify(
     """
     import psycopg
 
-    raw = read_topic(bootstrap, topic)
+    idc = list(id_columns or [(id_field, id_field)])
+    raw = read_topic(bootstrap, topic, with_position=any(f in POSITION_FIELDS for f, _ in idc))
     source = [r for r in raw if "_raw" not in r]
     report = Report(info={"source_records": len(source), "poison_records": len(raw) - len(source)})
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -606,8 +704,12 @@ def verify(
         if table:
             rows = read_table(conn, table)
             report.info["sink_rows"] = len(rows)
-            rows += letters
-            report.add(*compare_records(source, rows, id_field=id_field, payload_fields=payload_fields))
+            if id_columns is None and all(id_field in r for r in source) and _has(conn, table, id_field):
+                rows += letters
+                report.add(*compare_records(source, rows, id_field=id_field, payload_fields=payload_fields))
+            else:
+                src, out = _keyed(conn, topic, table, source, rows, letters, idc)
+                report.add(*compare_records(src, out, id_field=_ID, payload_fields=payload_fields))
         if aggregates:
             agg_rows = read_table(conn, aggregates["table"])
             report.add(

@@ -66,6 +66,12 @@ KEEPALIVE_DEFAULTS: dict[str, int] = {
 is given up after 30 + 3 x 10 = 60 s, unacknowledged data after 60 s."""
 
 
+def _jdbc_url(value: str, _context: str) -> str:
+    """A JDBC URL (Spark JDBC's ``url``: ``jdbc:postgresql://host:port/db?user=...``) as the libpq URL it
+    names; any other dsn as it is."""
+    return value[len("jdbc:") :] if value[:16].lower() == "jdbc:postgresql:" else value
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConnectionOptions:
     """Where and how to connect; ``repr``/``str`` never show the password."""
@@ -74,8 +80,11 @@ class ConnectionOptions:
         "dsn",
         "str",
         None,
-        "libpq conninfo ('host=... dbname=...') or URL ('postgresql://user@host:5432/db')",
+        "libpq conninfo ('host=... dbname=...') or URL ('postgresql://user@host:5432/db'); `url`, as in Spark's "
+        "JDBC source, takes a JDBC URL too ('jdbc:postgresql://host:5432/db')",
         secret=True,
+        aliases=("url",),
+        convert=_jdbc_url,
     )
     host: str | None = option("host", "str", None, "server host (when no dsn is given; default localhost)")
     port: int | None = option("port", "int", None, "server port (default 5432)", min=1, max=65535)
@@ -452,6 +461,7 @@ class UpsertOptions:
         REQUIRED,
         'target table, optionally schema-qualified (schema.table; quote mixed case: "My"."T")',
         convert=_table_name,
+        aliases=("dbtable",),
     )
     key: tuple[str, ...] = option(
         "key",

@@ -28,8 +28,10 @@ tables, or that knows nothing of the sink while prepared transactions of it exis
 refused, naming the schema that does know the sink when the database has one (I3, I4: a recovery
 by the wrong decision log would roll back decided batches).
 
-A failure (a bad ``--dsn``, a server that does not answer, a refused command) is one line on
-stderr and exit code 2, never a traceback; no part of the password is ever printed.
+A failure is one line on stderr, never a traceback, and no part of the password is ever printed:
+exit code 64 for a bad argument (a malformed ``--dsn``, a ``--sink-id`` nothing in the database
+knows), 2 for a server that does not answer or a refused command. ``--dsn`` defaults to
+``$EOS_POSTGRES_DSN``.
 """
 
 from __future__ import annotations
@@ -61,7 +63,20 @@ from sinks.postgres.twophase.decisions import (
 from sinks.postgres.twophase.gid import sink_prefix
 from sinks.postgres.twophase.recovery import ROLLBACK, Action, resolve
 
-__all__ = ["add_subparser", "main", "prune", "recover", "release", "resolve_lost", "retire", "sink_status"]
+EXIT_CONFIG = 64
+"""Exit code of a bad argument (a malformed --dsn, an unknown --sink-id), as every spark-eos command."""
+
+__all__ = [
+    "EXIT_CONFIG",
+    "add_subparser",
+    "main",
+    "prune",
+    "recover",
+    "release",
+    "resolve_lost",
+    "retire",
+    "sink_status",
+]
 
 
 def _connect(dsn: str) -> psycopg.Connection:
@@ -147,6 +162,25 @@ def _check_known(
             )
 
 
+def _unknown_sink(conn: psycopg.Connection, tables: ProtocolTables, sink_id: str) -> str:
+    """Why a ``--sink-id`` that nothing in the database knows is refused, with the ids that exist."""
+    import difflib
+
+    rows = conn.execute(
+        sql.SQL("SELECT sink_id FROM {} UNION SELECT sink_id FROM {} UNION SELECT sink_id FROM {} ORDER BY 1").format(
+            tables.batches, tables.parts, tables.owners
+        )
+    ).fetchall()
+    ids = [str(r[0]) for r in rows]
+    close = difflib.get_close_matches(sink_id, ids, n=1)
+    return (
+        f"no sink {sink_id!r} in this database: no schema knows it (no decision, marker or owner) and no prepared "
+        "transaction of it exists; check --sink-id (the query's sink.id option)"
+        + (f": did you mean {close[0]!r}?" if close else "")
+        + (f" Sinks in schema {tables.schema!r}: {', '.join(ids[:20])}{' ...' if len(ids) > 20 else ''}" if ids else "")
+    )
+
+
 def sink_status(
     dsn: str,
     sink_id: str,
@@ -170,6 +204,8 @@ def sink_status(
         prepared = {str(p.gid): p for p in list_prepared(conn, sink_id)}
         plan = resolve(conn, tables, sink_id, dry_run=True)
         known = tables.knows(conn, sink_id)
+        if not known and not prepared and not plan and not schemas_knowing(conn, sink_id)[0]:
+            raise ConfigError(_unknown_sink(conn, tables, sink_id), option="--sink-id")
         return {
             "sink_id": sink_id,
             "eos_schema": tables.schema,
@@ -523,7 +559,7 @@ def _one_line_errors(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argp
             what = "config error" if isinstance(err, ConfigError) else f"error: {type(err).__name__}"
             text = " ".join(scrub(str(err), conninfo=getattr(args, "dsn", None)).split())
             print(f"spark-eos sinks {getattr(args, 'sinks_command', '')}: {what}: {text}", file=sys.stderr)
-            return 2
+            return EXIT_CONFIG if isinstance(err, ConfigError) else 2
 
     return run
 
@@ -668,7 +704,12 @@ def _cmd_replay_errors(args: argparse.Namespace) -> int:
 
 
 def _dsn(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dsn", required=True, help="libpq URL or conninfo of the sink's database")
+    import os
+
+    env = os.environ.get("EOS_POSTGRES_DSN")
+    p.add_argument(
+        "--dsn", default=env, required=not env, help="libpq URL or conninfo of the sink's database ($EOS_POSTGRES_DSN)"
+    )
 
 
 def _errors_common(p: argparse.ArgumentParser) -> None:

@@ -173,7 +173,8 @@ def check_max_prepared(conn: psycopg.Connection, writers: int | None = None, whe
     fix = (
         "set max_prepared_transactions in postgresql.conf (or `-c max_prepared_transactions=64` on the command line, "
         "`ALTER SYSTEM SET max_prepared_transactions = 64`) to at least the number of concurrent writer tasks "
-        "(plus other users of prepared transactions), then restart Postgres"
+        "(plus other users of prepared transactions), then restart Postgres (a managed Postgres such as RDS or "
+        "Cloud SQL: its parameter group or flags, docs/deployment.md#managed-postgres)"
     )
     if limit == 0:
         raise ConfigError(

@@ -1,0 +1,72 @@
+"""``error_cause``: the one line that says why, out of Spark's wrapping (issue 32 item 9)."""
+
+from __future__ import annotations
+
+import json
+
+from connectors.core.errors import ConfigError, FatalError, error_cause
+
+WRAPPED = """[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [PYTHON_DATA_SOURCE_ERROR] Failed to
+plan Python data source `postgres-2pc` in batch write: Traceback (most recent call last):
+  File "/x/worker.py", line 10, in main
+    raise ConfigError(...)
+connectors.core.errors.ConfigError: postgres-2pc: option 'sink.id' is required; give each query its own id
+\tat org.apache.spark.sql.execution.python.PythonPlannerRunner.runInPython(PythonPlannerRunner.scala:191)
+\tat org.apache.spark.sql.execution.streaming.MicroBatchExecution.runBatch(MicroBatchExecution.scala:1)
+"""
+
+
+class CapturedLike(Exception):
+    def __init__(self, desc: str) -> None:
+        super().__init__(desc)
+        self.desc = desc
+
+
+def test_our_line_is_found_in_the_wrapped_text() -> None:
+    assert error_cause(CapturedLike(WRAPPED)) == (
+        "ConfigError: postgres-2pc: option 'sink.id' is required; give each query its own id"
+    )
+    assert error_cause(WRAPPED).startswith("ConfigError: postgres-2pc:")
+
+
+def test_our_error_as_such_or_as_a_cause() -> None:
+    assert error_cause(FatalError("sink id 'x'\n  belongs to q")) == "FatalError: sink id 'x' belongs to q"
+    try:
+        try:
+            raise ConfigError("bad 'table'")
+        except ConfigError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert error_cause(outer) == "ConfigError: bad 'table'"
+
+
+def test_anything_else_is_its_type_and_first_line_without_sparks_class() -> None:
+    assert error_cause(CapturedLike("[TABLE_OR_VIEW_NOT_FOUND] The table x cannot be found.\nmore")) == (
+        "CapturedLike: The table x cannot be found."
+    )
+    assert error_cause(KeyError("id")) == "KeyError: 'id'"
+
+
+def test_spark_eos_run_prints_the_cause_not_the_wrapping(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``spark-eos run``: the give-up line and the log's ``error`` field are our line, the rest is ``detail``."""
+    import io
+
+    from connectors.pipelines import parse_config, supervisor
+    from tests.test_cli import GOOD, _FakeQuery
+
+    monkeypatch.setattr(supervisor, "prepare", lambda cfg: None)
+    monkeypatch.setattr(supervisor, "session", lambda cfg: type("S", (), {"stop": lambda self: None})())
+    monkeypatch.setattr(supervisor, "start", lambda spark, cfg: _FakeQuery(CapturedLike(WRAPPED)))
+    out = io.StringIO()
+    cfg = parse_config({**GOOD, "restart": {"strategy": "none"}})
+    assert supervisor.run(cfg, log=supervisor.Log("json", out=out, live=False)) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        "gives up: ConfigError: postgres-2pc: option 'sink.id' is required; give each query its own id"
+    )
+    failed = [json.loads(x) for x in out.getvalue().splitlines() if '"pipeline.failed"' in x]
+    assert (
+        failed
+        and failed[0]["error"].startswith("ConfigError: postgres-2pc")
+        and "PythonPlannerRunner" in failed[0]["detail"]
+    )
