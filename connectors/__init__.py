@@ -35,8 +35,9 @@ query_error = error_cause
 FORMATS = ("kafka-eos", "postgres-upsert", "postgres-2pc")
 
 
-REDACTED_OPTIONS = r"(?i)^(?:dsn|password|sslpassword)$"
-"""Sink option keys whose values Spark hides in plans (``spark.sql.redaction.options.regex``)."""
+REDACTED_OPTIONS = r"(?i)^(?:dsn|url|password|sslpassword)$"
+"""Sink option keys whose values Spark hides in plans (``spark.sql.redaction.options.regex``); ``url`` is the
+sinks' alias of ``dsn`` (Spark's default hides it too, but a regex the user sets replaces that default)."""
 
 REDACTED_STRINGS = r"(?i)postgres(?:ql)?://[^:/@\s]*:[^@\s]*@|password\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)"
 """What Spark hides in any plan text it prints (``spark.sql.redaction.string.regex``): the

@@ -204,6 +204,17 @@ def test_register_keeps_sparks_default_url_redaction_when_nothing_is_set() -> No
     assert options == "(?i)url|" + connectors.REDACTED_OPTIONS
 
 
+def test_a_users_own_options_regex_still_hides_the_url_alias() -> None:
+    # a regex the user sets replaces Spark's default "(?i)url": ours must hide the sinks' `url` alias itself
+    import connectors
+
+    s = _Session({"spark.sql.redaction.options.regex": "(?i)token"}, {})
+    connectors.redact_secrets(s)
+    options = s.conf.values["spark.sql.redaction.options.regex"]
+    assert options == "(?i)token|" + connectors.REDACTED_OPTIONS
+    assert re.search(connectors.REDACTED_OPTIONS, "url") and not re.search("(?i)token", "url")
+
+
 def test_register_extends_the_users_redaction_regexes_once() -> None:
     import connectors
 
@@ -215,9 +226,9 @@ def test_register_extends_the_users_redaction_regexes_once() -> None:
     assert options == "(?i)url|" + connectors.REDACTED_OPTIONS
     assert strings == "(?i)token=\\w+|" + connectors.REDACTED_STRINGS  # the core regex it fell back to is kept
     # (Java takes "(?i)" anywhere in a pattern; Python only at the start: ours is checked on its own)
-    for key in ("dsn", "DSN", "password", "sslpassword"):
+    for key in ("dsn", "DSN", "password", "sslpassword", "url", "URL"):  # url: the sinks' alias of dsn
         assert re.search(connectors.REDACTED_OPTIONS, key), key
-    for key in ("table", "dsn.extra", "key", "url"):
+    for key in ("table", "dsn.extra", "key", "dbtable", "url.extra"):
         assert not re.search(connectors.REDACTED_OPTIONS, key), key
     text = "WriteTo [dsn=postgresql://app:hunter2@db:5432/shop, x=host=db password='a b\\' c' user=app]"
     hidden = re.sub(connectors.REDACTED_STRINGS, "***", text)
