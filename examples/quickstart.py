@@ -1,6 +1,6 @@
 """Quick start: JSON payments from a Kafka topic into a Postgres table, exactly once.
 
-Run it as the README's Quick start shows (the test ``examples/test_quickstart.py`` runs those very
+Run it as the README's Quick start shows (``integration/test_quickstart_readme.py`` runs those very
 lines, parsed from the README):
 
     spark-eos services up
