@@ -249,6 +249,19 @@ def test_split_ranges_like_spark_offset_range_calculator() -> None:
     assert p0[0].start == 3 and p0[-1].end == 1003 and all(a.end == b.start for a, b in itertools.pairwise(p0))
 
 
+def test_split_counts_round_like_spark_and_key_small_ranges_by_partition() -> None:
+    # Spark 4.2's getPartCount rounds (half up): 3 ranges of 15 with minPartitions=7 give 2 pieces each
+    # (15/45 x 7 = 2.33), 6 tasks; ceil gave 9 (found by integration/spark_peer/test_differential.py)
+    assert len(split_ranges([r(0, 0, 15), r(1, 0, 15), r(2, 0, 15)], min_partitions=7)) == 6
+    assert len(split_ranges([r(0, 0, 10), r(1, 0, 10)], min_partitions=5)) == 6  # 2.5 rounds up to 3 each
+    # after maxRecordsPerPartition, a topic-partition with one small piece keeps all its pieces whole
+    assert split_ranges([r(0, 0, 1), r(1, 0, 3)], min_partitions=4, max_records_per_partition=2) == [
+        r(0, 0, 1),
+        r(1, 0, 1),
+        r(1, 1, 3),
+    ]
+
+
 def test_offset_range_invariants() -> None:
     with pytest.raises(ValueError, match=r"\[5, 3\) is invalid"):
         r(0, 5, 3)
