@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST  := -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: demo test test-unit test-integration lint bench check-tools venv clean
+.PHONY: demo test test-unit test-integration test-spark-peer lint bench check-tools venv peer-venv clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "spark-eos needs Python >= 3.10, found " + sys.version' 
@@ -18,6 +18,25 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# The peer environment of the differential suite (integration/spark_peer/): Spark's own format("kafka")
+# beside kafka-eos in one Spark session. Maven Central serves no spark-sql-kafka-0-10 for PySpark 4.3,
+# so the peer runs on the nearest Spark it serves, with PySpark of the same version from PyPI, and our
+# package installed without its PySpark pin (--no-deps, then its other requirements).
+SPARK_PEER_VERSION := 4.2.0
+PEER_VENV  := .venv-peer
+PEER_PY    := $(PEER_VENV)/bin/python
+PEER_STAMP := $(PEER_VENV)/.installed-$(SPARK_PEER_VERSION)
+
+$(PEER_STAMP): pyproject.toml $(STAMP)
+	@test -x $(PEER_PY) || $(PY) -m venv $(PEER_VENV)
+	@$(PEER_PY) -m pip install -q --upgrade pip
+	$(PY) -c 'import tomllib as t; p = t.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["dev"] if not d.startswith("pyspark")))' > $(PEER_VENV)/requirements.txt
+	$(PEER_PY) -m pip install -q 'pyspark[sql]==$(SPARK_PEER_VERSION)' -r $(PEER_VENV)/requirements.txt
+	$(PEER_PY) -m pip install -q --no-deps -e .
+	@touch $(PEER_STAMP)
+
+peer-venv: $(PEER_STAMP)
 
 check-tools:
 	@scripts/check-tools.sh
@@ -31,8 +50,14 @@ ifeq ($(shell id -u),0)
 test test-integration: export EOS_START_DOCKERD ?= 1
 endif
 
-test: $(STAMP) check-tools
+test: $(STAMP) $(PEER_STAMP) check-tools
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-spark-peer
+
+# The differential and checkpoint-interchange suite in the peer environment, on the embedded Apache Kafka
+# (integration/spark_peer/conftest.py starts it); a run that collects no test fails (pytest exit code 5).
+test-spark-peer: $(PEER_STAMP) check-tools
+	$(PEER_PY) -m pytest integration/spark_peer -p no:cacheprovider $(PEER_PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)
@@ -49,4 +74,4 @@ bench: $(STAMP) check-tools
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse .eos
+	rm -rf $(VENV) $(PEER_VENV) .pytest_cache .mypy_cache .ruff_cache spark-warehouse .eos

@@ -562,78 +562,8 @@ def test_latest_start_is_pinned_and_group_offsets(
     assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 7}}
 
 
-# ---- checkpoint interchange with Spark's own Kafka source --------------------------------------------
-
-SPARK_OFFSET_METADATA = {
-    "batchWatermarkMs": 0,
-    "batchTimestampMs": 1_700_000_000_000,
-    "conf": {
-        "spark.sql.streaming.stateStore.providerClass": (
-            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-        ),
-        "spark.sql.streaming.multipleWatermarkPolicy": "min",
-        "spark.sql.shuffle.partitions": "2",
-    },
-}
-
-
-def write_spark_kafka_checkpoint(checkpoint: str, batches: list[dict[str, dict[str, int]]], committed: int) -> None:
-    """The checkpoint Spark's ``format("kafka")`` writes: offsets/n = ``v1``, the batch metadata, then the
-    source's end offsets in its compact JSON; commits/n for the batches that completed; sources/0/0 with
-    the resolved startingOffsets (kafka-eos never reads it)."""
-    root = Path(checkpoint)
-    for sub in ("offsets", "commits", "sources/0"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    (root / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
-    first = {t: {p: 0 for p in parts} for t, parts in batches[0].items()}
-    (root / "sources" / "0" / "0").write_text("v1\n" + json.dumps(first, separators=(",", ":")))
-    for n, ends in enumerate(batches):
-        meta = json.dumps(SPARK_OFFSET_METADATA, separators=(",", ":"))
-        (root / "offsets" / str(n)).write_text(f"v1\n{meta}\n{json.dumps(ends, separators=(',', ':'))}")
-        if n <= committed:
-            (root / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
-
-
-def test_checkpoint_of_sparks_kafka_source_continues_under_kafka_eos(
-    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_path: Path
-) -> None:
-    # Spark's format("kafka") read batch 0 = [0, 4) of both partitions of topic a (its offsets/0 holds the END
-    # of batch 0; the start was the resolved startingOffsets=earliest), committed it, planned batch 1 = a up to 7
-    # plus b-0, a partition new in that batch that Spark reads from earliest ([0, 3)), and died before
-    # committing it. kafka-eos takes the checkpoint over: it replays batch 1 exactly and reads on.
-    a, b = new_topic(partitions=2), new_topic()
-    produce(a, [(None, b"a%d" % i, i % 2) for i in range(20)])
-    produce(b, [(None, b"b%d" % i) for i in range(6)])
-    truth = sorted(topic_content(kafka_service.bootstrap, a) + topic_content(kafka_service.bootstrap, b))
-    cp, out = str(tmp_path / "checkpoint"), tmp_path / "out"
-    write_spark_kafka_checkpoint(cp, [{a: {"0": 4, "1": 4}}, {a: {"0": 7, "1": 7}, b: {"0": 3}}], committed=0)
-    # what Spark's query wrote for batch 0, into the same idempotent by-batch sink
-    done = [t for t in topic_content(kafka_service.bootstrap, a) if t[1] < 4]
-    spark.createDataFrame(done, OUT_SCHEMA).write.mode("overwrite").parquet(str(out / "batch=0"))
-
-    def write(df: Any, batch_id: int) -> None:
-        df.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
-
-    df = spark.readStream.format("kafka-eos").options(
-        **base_options(kafka_service.bootstrap, subscribe=f"{a},{b}", startingOffsets="earliest")
-    )
-    q = (
-        df.load()
-        .select("partition", "offset", "value")
-        .writeStream.foreachBatch(write)
-        .option("checkpointLocation", cp)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(180)
-    assert q.exception() is None, q.exception()
-    replayed = q.recentProgress[0]
-    assert replayed["batchId"] == 1 and replayed["numInputRows"] == 3 + 3 + 3, replayed  # Spark's batch 1, exactly
-    got = rows_of(spark.read.parquet(str(out)).select("partition", "offset", "value"))
-    assert got == truth  # record by record: no gap, no duplicate
-    last = max(int(f) for f in os.listdir(os.path.join(cp, "offsets")) if f.isdigit())
-    state = json.loads(Path(cp, "offsets", str(last)).read_text().splitlines()[-1])
-    assert state == {a: {"0": 10, "1": 10}, b: {"0": 6}}  # what Spark's source would resume from (the other way)
+# ---- checkpoint interchange with Spark's own Kafka source: integration/spark_peer/test_interchange.py runs
+# both sources on one checkpoint (Spark's connector is in the peer environment only) -----------------------
 
 
 # ---- Python workers that cannot import the package ---------------------------------------------------

@@ -249,6 +249,19 @@ def test_split_ranges_like_spark_offset_range_calculator() -> None:
     assert p0[0].start == 3 and p0[-1].end == 1003 and all(a.end == b.start for a, b in itertools.pairwise(p0))
 
 
+def test_split_counts_round_like_spark_and_key_small_ranges_by_partition() -> None:
+    # Spark 4.2's getPartCount rounds (half up): 3 ranges of 15 with minPartitions=7 give 2 pieces each
+    # (15/45 x 7 = 2.33), 6 tasks; ceil gave 9 (found by integration/spark_peer/test_differential.py)
+    assert len(split_ranges([r(0, 0, 15), r(1, 0, 15), r(2, 0, 15)], min_partitions=7)) == 6
+    assert len(split_ranges([r(0, 0, 10), r(1, 0, 10)], min_partitions=5)) == 6  # 2.5 rounds up to 3 each
+    # after maxRecordsPerPartition, a topic-partition with one small piece keeps all its pieces whole
+    assert split_ranges([r(0, 0, 1), r(1, 0, 3)], min_partitions=4, max_records_per_partition=2) == [
+        r(0, 0, 1),
+        r(1, 0, 1),
+        r(1, 1, 3),
+    ]
+
+
 def test_offset_range_invariants() -> None:
     with pytest.raises(ValueError, match=r"\[5, 3\) is invalid"):
         r(0, 5, 3)
@@ -384,6 +397,9 @@ class _FakePlanner:
         self.resolves += 1
         return dict(self.resolved)
 
+    def input_partitions(self, start: dict, end: dict) -> list:
+        return [(tp, start[tp], e) for tp, e in end.items() if start.get(tp, e) < e]  # non-empty ranges
+
 
 def test_symbolic_start_is_pinned_by_an_empty_batch_zero() -> None:
     reader = KafkaStreamReader(opts(subscribe="t"))
@@ -501,6 +517,21 @@ def test_earliest_start_is_pinned_so_retention_cannot_move_a_replay(start: str) 
     planned = restarted.partitions(pinned, end)  # Spark replays batch 1 from offsets/0 and offsets/1
     starts = {(p.range.partition, p.range.start) for p in planned}  # type: ignore[attr-defined]
     assert starts == {(0, 0), (1, 0 if start == "earliest" else 4)}
+    # a batch 0 that Spark's format("kafka") planned from this start and did not commit (its start is in
+    # sources/0/0, out of kafka-eos's reach): earliest partitions are read from their earliest offset, as Spark would
+    spark_batch_0 = restarted.partitions(first, end)
+    taken = {(p.range.partition, p.range.start, p.range.end) for p in spark_batch_0}  # type: ignore[attr-defined]
+    assert taken == {(0, 5, 10), (1, 5 if start == "earliest" else 4, 10)}
+
+
+def test_a_latest_start_cannot_take_over_sparks_uncommitted_batch_0() -> None:
+    # Spark resolved "latest" when its query started and kept it in sources/0/0 only: nothing tells kafka-eos
+    # where its batch 0 began, so it reads nothing there (documented: let Spark commit batch 0 before switching)
+    tp0 = TopicPartition("t", 0)
+    reader, _ = _fake_reader({tp0: 10})
+    first = _spark(reader.initialOffset())
+    assert first == {"t": {"0": LATEST}}
+    assert reader.partitions(first, {"t": {"0": 10}}) == []
 
 
 def test_min_offsets_compare_with_the_uncapped_latest_and_run_full_batches() -> None:

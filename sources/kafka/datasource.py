@@ -30,7 +30,7 @@ from pyspark.sql.types import (
 from connectors.core import faults
 from connectors.core.errors import ConfigError
 from connectors.core.options import parse_bool
-from sources.kafka.offsets import PartitionOffsets, from_json, is_symbolic, to_json
+from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, from_json, is_symbolic, to_json
 from sources.kafka.options import KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
 from sources.kafka.reader import read_partition
@@ -216,9 +216,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = from_json(start, symbolic=True, what="start offset")
+        end_offsets = from_json(end, what="end offset")
         if is_symbolic(begin):
-            return []  # the pinning batch 0 (see the class docstring)
-        return self.planner.input_partitions(begin, from_json(end, what="end offset"))
+            # Batch 0 of a start that is pinned (see the class docstring). kafka-eos's own pinning batch reads
+            # nothing: its end is the resolved start. A batch 0 that Spark's format("kafka") planned and did not
+            # commit keeps its start in sources/0/0, which a Python data source cannot read: an earliest
+            # partition is read from its earliest offset to that end, as Spark would; a latest one cannot be.
+            known = {tp: (end_offsets.get(tp, 0) if off == LATEST else off) for tp, off in begin.items()}
+            concrete = {tp: off for tp, off in known.items() if off != EARLIEST}  # earliest: read as new partitions
+            return self.planner.input_partitions(concrete, end_offsets)
+        return self.planner.input_partitions(begin, end_offsets)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, KafkaInputPartition):

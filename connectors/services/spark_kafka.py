@@ -1,0 +1,116 @@
+"""Spark's own Kafka connector (``format("kafka")``, the JVM ``spark-sql-kafka-0-10``) as a peer of kafka-eos.
+
+The differential suite (``integration/spark_peer/``) reads the same topics with Spark's source and
+with kafka-eos in one Spark session. Maven Central serves no ``spark-sql-kafka-0-10_2.13`` for
+PySpark 4.3 (checked 2026-11: 4.3.0 is missing), so the peer runs on the nearest Spark 4.x it serves,
+``SPARK_KAFKA_VERSION``, in its own environment (``make peer-venv``: PySpark of that version from PyPI).
+
+``connector_jars()`` fetches the connector and its runtime dependencies that PySpark does not ship
+(``spark-token-provider-kafka-0-10``, ``kafka-clients`` and ``commons-pool2`` at the versions the
+connector's pom names; ``kafka-clients``' own dependencies, lz4, snappy, zstd and slf4j, are in
+``pyspark/jars``) once, with the Apache Ivy PySpark ships and the embedded broker's jar machinery
+(``connectors.services.apache_kafka``), into ``${XDG_CACHE_HOME:-~/.cache}/spark-eos/spark-sql-kafka-<version>/``.
+They are given to Spark with ``spark.jars`` (``session_conf()``): ``spark.jars.packages`` resolves
+through ``~/.m2`` first, where a pom without its jar makes the resolution fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from connectors.core.errors import ServiceError
+from connectors.services import apache_kafka
+
+__all__ = ["ARTIFACTS", "SPARK_KAFKA_VERSION", "connector_jars", "ivy_module", "session_conf"]
+
+SPARK_KAFKA_VERSION = "4.2.0"
+# (organisation, module, revision) of each jar, fetched without its dependencies: what
+# spark-sql-kafka-0-10_2.13-4.2.0.pom names with compile scope and PySpark 4.2 does not ship.
+ARTIFACTS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "4.2.0": (
+        ("org.apache.spark", "spark-sql-kafka-0-10_2.13", "4.2.0"),
+        ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4.2.0"),
+        ("org.apache.kafka", "kafka-clients", "3.9.2"),
+        ("org.apache.commons", "commons-pool2", "2.13.1"),
+    ),
+}
+
+
+def ivy_module(version: str = SPARK_KAFKA_VERSION) -> str:
+    """The ivy.xml of the resolution: the connector's jars, each intransitive (Spark's own jars are PySpark's)."""
+    if version not in ARTIFACTS:
+        raise ServiceError(
+            f"no jar list for Spark's Kafka connector {version!r}; known: {', '.join(sorted(ARTIFACTS))}",
+            version=version,
+        )
+    deps = "\n".join(
+        f'    <dependency org="{org}" name="{name}" rev="{rev}" transitive="false" conf="default->default"/>'
+        for org, name, rev in ARTIFACTS[version]
+    )
+    return f"""<ivy-module version="2.0">
+  <info organisation="spark-eos" module="spark-kafka-peer"/>
+  <configurations><conf name="default"/></configurations>
+  <dependencies>
+{deps}
+  </dependencies>
+</ivy-module>
+"""
+
+
+def connector_jars(
+    version: str = SPARK_KAFKA_VERSION, *, cache: Path | None = None, timeout: float = apache_kafka.RESOLVE_TIMEOUT
+) -> list[Path]:
+    """The jars of Spark's Kafka connector ``version``, fetched with Ivy the first time (then cached).
+
+    As for the broker's jars, the cache entry is built in a temp dir and renamed into place under a
+    lock, and is complete when its marker exists.
+    """
+    module = ivy_module(version)
+    root = cache or apache_kafka.cache_root()
+    target = root / f"spark-sql-kafka-{version}"
+    if not (target / apache_kafka.MARKER).is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        with apache_kafka._locked(root / f"spark-sql-kafka-{version}.lock", timeout + 60):
+            if not (target / apache_kafka.MARKER).is_file():
+                _resolve(module, root, target, version, timeout)
+    jars = sorted(target.glob("*.jar"))
+    wanted = [name for _, name, _ in ARTIFACTS[version]]
+    missing = [n for n in wanted if not any(j.name.startswith(n + "-") for j in jars)]
+    if missing:
+        raise ServiceError(f"the jar cache {target} lacks {', '.join(missing)}; delete the directory to fetch again")
+    return jars
+
+
+def _resolve(module: str, root: Path, target: Path, version: str, timeout: float) -> None:
+    for stale in root.glob(f".spark-sql-kafka-{version}-*"):  # left by a resolver that died; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f".spark-sql-kafka-{version}-", dir=root))
+    try:
+        (work / "ivy.xml").write_text(module)
+        repo = os.environ.get(apache_kafka.REPO_ENV) or apache_kafka.DEFAULT_REPO
+        (work / "ivysettings.xml").write_text(apache_kafka.ivy_settings(work / "ivy-cache", repo))
+        jars = work / "jars"
+        argv = apache_kafka.ivy_command(
+            apache_kafka.java_binary(), apache_kafka.ivy_jar(), work / "ivysettings.xml", work / "ivy.xml", jars
+        )
+        started = time.monotonic()
+        apache_kafka._run_ivy(argv, log_path=work / "ivy.log", timeout=timeout)
+        names = sorted(p.name for p in jars.glob("*.jar"))
+        marker = {"version": version, "command": argv, "seconds": round(time.monotonic() - started, 1),
+                  "jars": names, "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        (jars / apache_kafka.MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(jars, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def session_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
+    """The Spark conf that puts Spark's Kafka connector ``version`` on the driver's and executors' class path."""
+    return {"spark.jars": ",".join(str(p) for p in connector_jars(version))}
