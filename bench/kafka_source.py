@@ -1,7 +1,11 @@
 """Benchmark: kafka-eos in Spark vs a plain confluent-kafka consumer loop, and a read task's peak memory.
 
 Run: ``.venv/bin/python -m bench.kafka_source [--quick] [--records N] [--size B] [--partitions P]
-[--repeat R] [--big-mb M] [--bootstrap HOST:PORT] [--broker apache|tansu]``.
+[--repeat R] [--big-mb M] [--bootstrap HOST:PORT] [--broker apache|tansu] [--spark-source]``.
+With ``--spark-source`` (in the peer environment: ``make peer-venv``, then ``PYSPARK_PYTHON=.venv-peer/bin/python
+.venv-peer/bin/python -m bench.kafka_source --spark-source``; Maven Central serves Spark's Kafka connector for
+PySpark 4.2.0, not 4.3) Spark's own ``format("kafka")`` reads the same topic in the same session, its runs
+interleaved with kafka-eos's, and the ratio kafka-eos / Spark's source is printed.
 
 1. Throughput: one topic of ``--records`` records (default 1M) of ``--size`` bytes (100) in
    ``--partitions`` partitions (4), read to the end by
@@ -222,14 +226,34 @@ def plain_loops(
     return total, elapsed
 
 
-def spark_read(spark: object, bootstrap: str, topic: str) -> tuple[int, float]:
+def spark_read(spark: object, bootstrap: str, topic: str, fmt: str = "kafka-eos") -> tuple[int, float]:
+    """(records, seconds) of one read of ``topic`` to its end into Spark's noop sink by ``fmt``."""
     opts = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "60000"}
-    count_df = spark.read.format("kafka-eos").options(**opts).load()  # type: ignore[attr-defined]
+    count_df = spark.read.format(fmt).options(**opts).load()  # type: ignore[attr-defined]
     t0 = time.perf_counter()
     count_df.write.format("noop").mode("overwrite").save()
     elapsed = time.perf_counter() - t0
-    total = spark.read.format("kafka-eos").options(**opts).load().count()  # type: ignore[attr-defined]
+    total = spark.read.format(fmt).options(**opts).load().count()  # type: ignore[attr-defined]
     return total, elapsed
+
+
+def spark_connector_conf() -> dict[str, str]:
+    """Session settings that put Spark's own Kafka connector beside kafka-eos (``--spark-source``); it exists
+    for PySpark 4.2.0, not 4.3 (Maven Central serves no 4.3.0), so this runs in the peer environment."""
+    import pyspark
+
+    from connectors.services.spark_kafka import SPARK_KAFKA_VERSION, connector_jars
+
+    if pyspark.__version__ != SPARK_KAFKA_VERSION:
+        raise SystemExit(
+            f"--spark-source needs PySpark {SPARK_KAFKA_VERSION} (the newest Spark whose Kafka connector Maven Central "
+            f"serves), found {pyspark.__version__}: run make peer-venv, then .venv-peer/bin/python -m bench.<name> "
+            "--spark-source"
+        )
+    from bench.upsert import find_jdbc_jar
+
+    jdbc = find_jdbc_jar()
+    return {"spark.jars": ",".join([*([jdbc] if jdbc else []), *(str(j) for j in connector_jars())])}
 
 
 def _median(repeat: int, run: Callable[[], tuple[int, float]]) -> tuple[int, float]:
@@ -293,8 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-mb", type=int)
     p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"))
     p.add_argument("--broker", choices=BROKERS, default="apache", help="the embedded broker when no --bootstrap")
+    p.add_argument(
+        "--spark-source",
+        action="store_true",
+        help="also read with Spark's own format(\"kafka\"), runs interleaved with kafka-eos's (needs the peer "
+        "environment: make peer-venv, then .venv-peer/bin/python -m bench.kafka_source --spark-source)",
+    )
     args = p.parse_args(argv)
     records = args.records or (100_000 if args.quick else 1_000_000)
+    conf = spark_connector_conf() if args.spark_source else {}
     big_mb = args.big_mb or (150 if args.quick else 500)
     small_mb = min(50, big_mb)
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -309,13 +340,28 @@ def main(argv: list[str] | None = None) -> int:
 
         from bench.upsert import bench_session
 
-        spark = bench_session("bench-kafka-source")
+        spark = bench_session("bench-kafka-source", **conf)
+        t_jvm: float | None = None
         try:
             for _ in range(2):  # Python workers started, the JVM's Arrow path compiled
                 spark_read(spark, bootstrap, topic)
-            cpu0 = broker_cpu_seconds(bootstrap)
-            n_spark, t_spark = _median(args.repeat, lambda: spark_read(spark, bootstrap, topic))
-            cpu_spark = _spent(cpu0, broker_cpu_seconds(bootstrap), args.repeat)
+                if args.spark_source:
+                    spark_read(spark, bootstrap, topic, "kafka")
+            if args.spark_source:  # rounds interleaved: each pair shares the machine's load of the moment
+                eos_runs, jvm_runs = [], []
+                for _ in range(max(1, args.repeat)):
+                    eos_runs.append(spark_read(spark, bootstrap, topic))
+                    jvm_runs.append(spark_read(spark, bootstrap, topic, "kafka"))
+                n_jvm, t_jvm = _median(len(jvm_runs), iter(jvm_runs).__next__)
+                if n_jvm != records:
+                    print(f'Spark\'s format("kafka") read {n_jvm} records, not {records}')
+                    return 1
+                n_spark, t_spark = _median(len(eos_runs), iter(eos_runs).__next__)
+                cpu_spark = None
+            else:
+                cpu0 = broker_cpu_seconds(bootstrap)
+                n_spark, t_spark = _median(args.repeat, lambda: spark_read(spark, bootstrap, topic))
+                cpu_spark = _spent(cpu0, broker_cpu_seconds(bootstrap), args.repeat)
         finally:
             spark.stop()
         n_plain, t_plain = _median(args.repeat, lambda: plain_loop(bootstrap, topic, args.partitions))
@@ -348,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     limit = grown_small + extra // 4  # a reader buffering its range would grow by about `extra` more
     rows = [
         ("kafka-eos (Spark local[2], noop sink)", f"{n_spark:,}", f"{t_spark:.2f}", f"{rs:,.0f}"),
+        *(
+            [('Spark\'s format("kafka") (same session)', f"{records:,}", f"{t_jvm:.2f}", f"{records / t_jvm:,.0f}")]
+            if t_jvm
+            else []
+        ),
         ("plain confluent-kafka loop (1 process)", f"{n_plain:,}", f"{t_plain:.2f}", f"{rp:,.0f}"),
         ("plain loop, tuned (1 process)", f"{n_tuned:,}", f"{t_tuned:.2f}", f"{rt:,.0f}"),
         ("plain loops, tuned, 2 processes (limit)", f"{n_two:,}", f"{t_two:.2f}", f"{r2:,.0f}"),
@@ -356,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'reader':42} {'records':>12} {'seconds':>9} {'records/s':>12}")
     for r in rows:
         print(f"{r[0]:42} {r[1]:>12} {r[2]:>9} {r[3]:>12}")
+    if t_jvm:
+        print(f"{'ratio kafka-eos / Spark format(kafka)':42} {'':>12} {'':>9} {t_jvm / t_spark:>12.2f}")
     print(f"{'ratio kafka-eos / 1-process loop':42} {'':>12} {'':>9} {rs / rp:>12.2f}")
     print(f"{'ratio kafka-eos / tuned 1-process loop':42} {'':>12} {'':>9} {rs / rt:>12.2f}")
     print(f"{'ratio kafka-eos / tuned 2-process loops':42} {'':>12} {'':>9} {rs / r2:>12.2f}")

@@ -1,7 +1,11 @@
 """Benchmark: Kafka -> kafka-eos -> each sink, as a streaming query: rows/s, per-batch time, latency.
 
 Run: ``.venv/bin/python -m bench.streaming [--quick] [--records N] [--batches B] [--interval S]
-[--dsn URL] [--bootstrap HOST:PORT] [--broker apache|tansu]``.
+[--dsn URL] [--bootstrap HOST:PORT] [--broker apache|tansu] [--spark-source]``.
+``--spark-source`` adds what users run today, Spark's own ``format("kafka")`` into ``df.write.jdbc`` in
+``foreachBatch`` (at-least-once; the base of the "x Spark JDBC" column then), and Spark's source into
+``postgres-2pc``; it runs in the peer environment (``make peer-venv``, then ``PYSPARK_PYTHON=.venv-peer/bin/python
+.venv-peer/bin/python -m bench.streaming --spark-source``: Spark's connector exists for PySpark 4.2.0, not 4.3).
 
 Kafka is a throwaway embedded broker (``--broker``: Apache Kafka, the default, or tansu;
 ``bench.kafka_source.kafka``) unless ``--bootstrap``/EOS_KAFKA_BOOTSTRAP names one; Postgres is ``--dsn``/EOS_POSTGRES_DSN or a throwaway
@@ -61,7 +65,7 @@ from typing import Any
 
 import psycopg
 
-from bench.kafka_source import BROKERS, kafka
+from bench.kafka_source import BROKERS, kafka, spark_connector_conf
 from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
 
 __all__ = ["main"]
@@ -280,31 +284,43 @@ def _check(dsn: str, table: str, records: int) -> str:
     return "exact" if ok else f"WRONG: {n} rows, {distinct} distinct, ids {lo}..{hi}"
 
 
-def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | None, skip_latency: bool) -> int:
+SPARK_JDBC = "spark kafka -> spark jdbc (foreachBatch)"
+
+
+def run(
+    dsn: str,
+    bootstrap: str,
+    records: int,
+    batches: int,
+    interval: float | None,
+    skip_latency: bool,
+    spark_source: bool = False,
+) -> int:
     root = tempfile.mkdtemp(prefix="eos-bench-stream-")
     timings = os.path.join(root, "timings.jsonl")
     os.environ["EOS_2PC_TIMINGS"] = timings  # before the JVM starts: its Python processes inherit it
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     jar = find_jdbc_jar()
-    spark = bench_session(
-        "bench-streaming",
-        **{
-            "spark.driver.memory": "2g",
-            "spark.python.authenticate.socketTimeout": "120s",  # a loaded machine starts workers slowly
-        },
-    )
+    conf = {
+        "spark.driver.memory": "2g",
+        "spark.python.authenticate.socketTimeout": "120s",  # a loaded machine starts workers slowly
+    }
+    if spark_source:  # Spark's own format("kafka"): its connector's jars beside the JDBC driver
+        conf.update(spark_connector_conf())
+    spark = bench_session("bench-streaming", **conf)
     spark.dataSource.register(noop_source())
     suffix = uuid.uuid4().hex[:6]
 
-    def stream(topic: str, cap: int | None) -> Any:
+    def stream(topic: str, cap: int | None, fmt: str = "kafka-eos") -> Any:
         r = (
-            spark.readStream.format("kafka-eos")
+            spark.readStream.format(fmt)
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")
-            .option("kafkaConsumer.pollTimeoutMs", "60000")
         )
+        if fmt == "kafka-eos":
+            r = r.option("kafkaConsumer.pollTimeoutMs", "60000")
         if cap:
             r = r.option("maxOffsetsPerTrigger", str(cap))
         return r.load().selectExpr("CAST(CAST(key AS STRING) AS BIGINT) AS id", "CAST(value AS STRING) AS v")
@@ -341,27 +357,30 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
             df.writeStream.foreachBatch(jdbc_batch(table)).option("checkpointLocation", ckpt).trigger(**trigger).start()
         )
 
-    contenders: list[tuple[str, Any, bool, str]] = [
-        (NOOP, sink("bench-noop"), False, "reads the rows, commit() does nothing"),
+    eos = "kafka-eos"
+    two_pc_batch = sink("postgres-2pc", **{"sink.id": "bench-{table}", "visibility": "batch"})
+    contenders: list[tuple[str, Any, bool, str, str]] = [
+        (NOOP, sink("bench-noop"), False, "reads the rows, commit() does nothing", eos),
         (
             "postgres-2pc visibility=partition",
             sink("postgres-2pc", **{"sink.id": "bench-{table}", "visibility": "partition"}),
             False,
             "exactly-once",
+            eos,
         ),
-        (
-            "postgres-2pc visibility=batch",
-            sink("postgres-2pc", **{"sink.id": "bench-{table}", "visibility": "batch"}),
-            False,
-            "exactly-once",
-        ),
-        ("postgres-upsert (key id)", sink("postgres-upsert", key="id"), True, "idempotent"),
+        ("postgres-2pc visibility=batch", two_pc_batch, False, "exactly-once", eos),
+        ("postgres-upsert (key id)", sink("postgres-upsert", key="id"), True, "idempotent", eos),
     ]
     if jar:
-        contenders.append(("spark jdbc (foreachBatch)", jdbc_start, False, "at-least-once"))
+        contenders.append(("spark jdbc (foreachBatch)", jdbc_start, False, "at-least-once", eos))
+    if spark_source:  # what users run today, and our sink behind Spark's own source
+        contenders.append((SPARK_JDBC, jdbc_start, False, "at-least-once", "kafka"))
+        contenders.append(
+            ("spark kafka -> postgres-2pc visibility=batch", two_pc_batch, False, "exactly-once", "kafka")
+        )
     # the floor again, last: the machine's load drifts over a run; the lower of the two counts
-    contenders.append((NOOP_AGAIN, sink("bench-noop"), False, "the floor measured again at the end"))
-    results = {name: Result(name, note=note) for name, _, _, note in contenders}
+    contenders.append((NOOP_AGAIN, sink("bench-noop"), False, "the floor measured again at the end", eos))
+    results = {name: Result(name, note=note) for name, _, _, note, _ in contenders}
     if not jar:
         results["spark jdbc (foreachBatch)"] = Result(
             "spark jdbc (foreachBatch)",
@@ -376,21 +395,21 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
         print(f"produced {records:,} records in {PARTITIONS} partitions in {time.perf_counter() - t0:.1f}s", flush=True)
 
         # warm the JVM paths and the Python workers once per contender, outside every measurement
-        for k, (_name, start, key, _) in enumerate(contenders[:-1]):
+        for k, (_name, start, key, _, fmt) in enumerate(contenders[:-1]):
             table = f"st_warm{k}_{suffix}"
             _make_table(dsn, table, key=key, index=False)
             start(
-                stream(warm, 1000), table, os.path.join(root, f"ckpt-warm{k}"), {"availableNow": True}
+                stream(warm, 1000, fmt), table, os.path.join(root, f"ckpt-warm{k}"), {"availableNow": True}
             ).awaitTermination()
 
         # 1. throughput: the backlog in `batches` micro-batches
         cap = records // batches
-        for k, (name, start, key, _) in enumerate(contenders):
+        for k, (name, start, key, _, fmt) in enumerate(contenders):
             table = f"st_tp{k}_{suffix}"
             _make_table(dsn, table, key=key, index=False)
             open(timings, "w").close()
             t = time.perf_counter()
-            q = start(stream(topic, cap), table, os.path.join(root, f"ckpt-tp{k}"), {"availableNow": True})
+            q = start(stream(topic, cap, fmt), table, os.path.join(root, f"ckpt-tp{k}"), {"availableNow": True})
             q.awaitTermination()
             r = results[name]
             r.seconds = time.perf_counter() - t
@@ -413,14 +432,14 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
         rate = records / (batches * interval)
         if not skip_latency:
             print(f"latency: trigger every {interval:g}s, {rate:,.0f} records/s", flush=True)
-            for k, (name, start, key, _) in enumerate(contenders):
+            for k, (name, start, key, _, fmt) in enumerate(contenders):
                 if name.startswith("noop"):
                     continue
                 table = f"st_lat{k}_{suffix}"
                 _make_table(dsn, table, key=key, index=True)
                 ltopic = _create_topic(bootstrap)
                 q = start(
-                    stream(ltopic, None),
+                    stream(ltopic, None, fmt),
                     table,
                     os.path.join(root, f"ckpt-lat{k}"),
                     {"processingTime": f"{interval:g} seconds"},
@@ -450,7 +469,7 @@ def run(dsn: str, bootstrap: str, records: int, batches: int, interval: float | 
         spark.stop()
 
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
-    report(results, records, batches, interval, rate, skip_latency)
+    report(results, records, batches, interval, rate, skip_latency, spark_source)
     ok = all(r.check in ("exact", "read all") for r in results.values() if r.seconds is not None)
     ok = ok and (skip_latency or all(r.latency_check == "exact" for r in results.values() if r.latency_check))
     return 0 if ok else 1
@@ -461,11 +480,18 @@ def _med(r: Result, key: str) -> float:
 
 
 def report(
-    results: dict[str, Result], records: int, batches: int, interval: float, rate: float, skip_latency: bool
+    results: dict[str, Result],
+    records: int,
+    batches: int,
+    interval: float,
+    rate: float,
+    skip_latency: bool,
+    spark_source: bool = False,
 ) -> None:
     floors = [r for r in (results[NOOP], results[NOOP_AGAIN]) if r.batches]
     floor = min(floors, key=lambda r: _med(r, "addBatch")) if floors else results[NOOP]
-    jdbc = results.get("spark jdbc (foreachBatch)")
+    # the pipeline a user runs today is the base: Spark's own source into df.write.jdbc, when it ran
+    jdbc = results.get(SPARK_JDBC) if spark_source else results.get("spark jdbc (foreachBatch)")
     base = jdbc.seconds if jdbc is not None and jdbc.seconds else None
     print(
         f"\nstreaming: Kafka ({BROKER_LABEL}, {PARTITIONS} partitions) -> kafka-eos -> sink, {records:,} records "
@@ -473,6 +499,8 @@ def report(
         "availableNow), local[2], logged tables, one run\n"
     )
     floor_s = min((r.seconds for r in (results[NOOP], results[NOOP_AGAIN]) if r.seconds), default=None)
+    base_name = SPARK_JDBC if spark_source else "spark jdbc (foreachBatch), behind kafka-eos"
+    print(f"(x Spark JDBC: against {base_name})\n")
     print("| contender | seconds | rows/s | x Spark JDBC | x noop floor | rows |")
     print("|---|---|---|---|---|---|")
     for r in results.values():
@@ -547,15 +575,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dsn", default=os.environ.get("EOS_POSTGRES_DSN"))
     p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"))
     p.add_argument("--broker", choices=BROKERS, default="apache", help="the embedded broker when no --bootstrap")
+    p.add_argument(
+        "--spark-source",
+        action="store_true",
+        help='also run Spark\'s own format("kafka") into df.write.jdbc and into postgres-2pc (needs the peer '
+        "environment: make peer-venv, then run this module with .venv-peer/bin/python)",
+    )
     args = p.parse_args(argv)
     records = 100_000 if args.quick else args.records
     global BROKER_LABEL
     BROKER_LABEL = "named broker" if args.bootstrap else args.broker
     with kafka(args.bootstrap, args.broker) as bootstrap:
         if args.dsn:
-            return run(args.dsn, bootstrap, records, args.batches, args.interval, args.no_latency)
+            return run(args.dsn, bootstrap, records, args.batches, args.interval, args.no_latency, args.spark_source)
         with throwaway_postgres() as dsn:
-            return run(dsn, bootstrap, records, args.batches, args.interval, args.no_latency)
+            return run(dsn, bootstrap, records, args.batches, args.interval, args.no_latency, args.spark_source)
 
 
 if __name__ == "__main__":
