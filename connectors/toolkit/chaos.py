@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.core import faults
-from connectors.toolkit import checker
+from connectors.core.errors import ConfigError
+from connectors.toolkit import checker, oracle
 from connectors.toolkit.app_runner import sink_id_of
 from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 
@@ -178,6 +179,222 @@ def produce_records(
 
 
 # ---------------------------------------------------------------------------------------------
+# the user's records
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a user's workload, as it goes to Kafka.
+
+    ``topic`` "" is the run's main topic (``job.topic``); a name is the run's topic of that name
+    (``job.topics[name]``: several topics, for joins). ``timestamp``: the Kafka timestamp, in ms since
+    the epoch (the source's ``timestamp`` column: event time for windows and watermarks), or None
+    (the broker's clock). ``partition`` None: by the key's CRC32 (by the record's index without a key).
+    """
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
+    timestamp: int | None = None
+    topic: str = ""
+
+
+_RECORD_FIELDS = ("key", "value", "headers", "partition", "timestamp", "topic")
+
+
+def _as_bytes(v: Any, what: str) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (dict, list, int, float, bool)):
+        return json.dumps(v, sort_keys=True).encode()
+    raise ConfigError(f"{what}: {type(v).__name__} is not bytes, str or JSON (dict, list, number)")
+
+
+def _as_timestamp(v: Any, what: str) -> int | None:
+    import datetime as dt
+
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is None:
+            raise ConfigError(f"{what}: a naive datetime {v.isoformat()}; give it a tzinfo (or ms since the epoch)")
+        return int(v.timestamp() * 1000)
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise ConfigError(f"{what}: {v!r} is not a timestamp (ms since the epoch as an int >= 0, or an aware datetime)")
+
+
+def to_record(item: Any, where: str) -> Record:
+    """A user's record -> Record: a tuple ``(key, value[, headers[, partition[, timestamp]]])`` or a
+    dict with keys among key, value, headers, partition, timestamp, topic. ``where`` names the source
+    (``--generator myjob:records, record 3``) in the error a bad record gets."""
+    if isinstance(item, Mapping):
+        unknown = sorted(set(item) - set(_RECORD_FIELDS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {unknown}; a record dict has {', '.join(_RECORD_FIELDS)}")
+        fields = dict(item)
+    elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
+        fields = dict(zip(_RECORD_FIELDS, item, strict=False))
+    else:
+        raise ConfigError(
+            f"{where}: {type(item).__name__} is not a record; give (key, value[, headers[, partition[, timestamp]]]) "
+            "or a dict with key, value, headers, partition, timestamp, topic"
+        )
+    raw_headers = fields.get("headers") or ()
+    pairs = raw_headers.items() if isinstance(raw_headers, Mapping) else raw_headers
+    headers = []
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise ConfigError(f"{where}: headers: {pair!r} is not a (name, value) pair")
+        headers.append((pair[0], _as_bytes(pair[1], f"{where}: header {pair[0]!r}") or b""))
+    partition = fields.get("partition")
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
+        raise ConfigError(f"{where}: partition {partition!r} is not an int >= 0")
+    topic = fields.get("topic") or ""
+    if not isinstance(topic, str) or not all(c.isalnum() or c in "_-" for c in topic):
+        raise ConfigError(f"{where}: topic {topic!r}: a name of letters, digits, _ and - (the run makes it unique)")
+    return Record(
+        key=_as_bytes(fields.get("key"), f"{where}: key"),
+        value=_as_bytes(fields.get("value"), f"{where}: value"),
+        headers=tuple(headers),
+        partition=partition,
+        timestamp=_as_timestamp(fields.get("timestamp"), f"{where}: timestamp"),
+        topic=topic,
+    )
+
+
+def load_generator(spec: str, *, option: str = "--generator") -> Any:
+    """``module:function`` -> the user's ``records(seed, n)``; a bad spec names ``option``."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{option} {spec!r}: expected module:function, e.g. myjob:records")
+    if os.getcwd() not in sys.path:  # the job's directory, as for --app (the runs get it on PYTHONPATH)
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{option} {spec!r}: cannot import {module_name!r} ({exc}); run from its directory or put it on PYTHONPATH"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{option} {spec!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+def generate_records(spec: Any, seed: int, n: int, *, option: str = "--generator") -> list[Record]:
+    """The user's generator's records for ``seed`` and ``n``, checked (each bad one named by its index).
+    ``spec``: ``module:function``, or the function itself (the pytest plugin's ``generator=``)."""
+    fn = spec if callable(spec) else load_generator(spec, option=option)
+    name = getattr(spec, "__qualname__", spec)
+    try:
+        items = iter(fn(seed, n))
+    except TypeError as exc:
+        raise ConfigError(f"{option} {name}: records(seed, n) must return an iterable of records ({exc})") from exc
+    out = [to_record(item, f"{option} {name}, record {i}") for i, item in enumerate(items)]
+    if not out:
+        raise ConfigError(f"{option} {name}: records({seed}, {n}) gave no record")
+    return out
+
+
+def read_records_file(path: str, n: int | None = None, *, option: str = "--records-file") -> list[Record]:
+    """A file of sample records: ``*.jsonl`` / ``*.json``: one JSON object a line in the dict form of
+    ``to_record`` (``{"key": ..., "value": {...}, "timestamp": ms, "topic": ...}``; a value that is
+    JSON is sent as its JSON text); any other name: one raw value a line (bytes, no key). The first
+    ``n`` records (all when ``n`` is None or larger)."""
+    try:
+        with open(path, "rb") as fh:
+            lines = [line.rstrip(b"\r\n") for line in fh]
+    except OSError as exc:
+        raise ConfigError(f"{option} {path!r}: cannot read it ({exc.strerror})") from exc
+    lines = [line for line in lines if line.strip()]
+    if n is not None:
+        lines = lines[:n]
+    if not lines:
+        raise ConfigError(f"{option} {path!r}: no record in it")
+    if not path.endswith((".jsonl", ".json")):
+        return [Record(key=None, value=line) for line in lines]
+    out = []
+    for i, line in enumerate(lines, start=1):
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{option} {path!r}, line {i}: not JSON ({exc})") from exc
+        if not isinstance(item, dict):
+            raise ConfigError(f"{option} {path!r}, line {i}: a JSON object with key, value, timestamp... expected")
+        if isinstance(item.get("headers"), Mapping):
+            item["headers"] = list(item["headers"].items())
+        out.append(to_record(item, f"{option} {path}, line {i}"))
+    return out
+
+
+def topics_of(records: Sequence[Record], main: str) -> dict[str, str]:
+    """The run's topics: ``{"": main, name: f"{main}_{name}", ...}`` for every topic the records name."""
+    return {"": main, **{r.topic: f"{main}_{r.topic}" for r in records if r.topic}}
+
+
+def _user_partition(rec: Record, index: int, partitions: int) -> int:
+    if rec.partition is not None:
+        if rec.partition >= partitions:
+            raise ConfigError(
+                f"record {index}: partition {rec.partition}, but the run's topics have {partitions} "
+                f"(--partitions {partitions}): raise --partitions or drop the record's partition"
+            )
+        return rec.partition
+    return (zlib.crc32(rec.key) if rec.key is not None else index) % partitions
+
+
+def produce_user_records(
+    bootstrap: str, topics: Mapping[str, str], records: Sequence[Record], *, partitions: int, first: int = 0
+) -> None:
+    """Write the user's records (``first``: the index of ``records[0]`` in the whole workload, which
+    spreads keyless records). On tansu each touched partition ends with a one-record batch (see
+    ``produce_records``)."""
+    from confluent_kafka import Producer
+
+    from connectors.services.env import broker_is_tansu
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    tansu = broker_is_tansu(producer)
+    last: dict[tuple[str, int], int] = {}
+    placed = []
+    for i, rec in enumerate(records):
+        where = (topics[rec.topic], _user_partition(rec, first + i, partitions))
+        last[where] = i
+        placed.append(where)
+
+    def send(rec: Record, where: tuple[str, int]) -> None:
+        kw: dict[str, Any] = {"key": rec.key, "partition": where[1]}
+        if rec.headers:
+            kw["headers"] = list(rec.headers)
+        if rec.timestamp is not None:
+            kw["timestamp"] = rec.timestamp
+        producer.produce(where[0], value=rec.value, **kw)
+
+    tails = []
+    for i, (rec, where) in enumerate(zip(records, placed, strict=True)):
+        if tansu and last[where] == i:
+            tails.append((rec, where))
+            continue
+        send(rec, where)
+        if len(producer) > 50_000:
+            producer.poll(0.05)
+    if producer.flush(60):
+        raise TimeoutError(f"producer could not deliver to {sorted(set(topics.values()))} in 60s")
+    for rec, where in tails:
+        send(rec, where)
+        if producer.flush(30):
+            raise TimeoutError(f"producer could not deliver to {where[0]!r} in 30s")
+
+
+# ---------------------------------------------------------------------------------------------
 # the kill schedule
 
 
@@ -246,6 +463,17 @@ class ChaosConfig:
     payload_fields: tuple[str, ...] = ()  # fields the table must hold unchanged
     dead_letters: str | None = None  # the job sink's errors.table ({table}: the run's table): rows count as delivered
     options: dict[str, str] = field(default_factory=dict)  # handed to the job (Job.options)
+    # the workload: the user's generator (module:function, records(seed, n)) or file, else make_records
+    generator: Any = None  # "module:function" or the function
+    records_file: str | None = None
+    # the oracle: "append" | "upsert" (then oracle_key), reference runs of the job without faults
+    oracle: str | None = None
+    oracle_key: tuple[str, ...] = ()
+    tolerance: float = 0.0
+    ignore_columns: tuple[str, ...] = ()
+    reference_runs: int = 2
+    workload: list[Record] | None = None  # the user's records, loaded by run()
+    topics: dict[str, str] = field(default_factory=dict)  # the run's topics by name ("" the main one)
 
     @property
     def points(self) -> str:
@@ -320,8 +548,14 @@ class _Producer(threading.Thread):
         self.tick.set()
 
     def _write(self, n: int) -> None:
-        recs = make_records(n, seed=self.cfg.seed, start=self.written)
-        produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+        if self.cfg.workload is not None:
+            part = self.cfg.workload[self.written : self.written + n]
+            produce_user_records(
+                self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
+            )
+        else:
+            recs = make_records(n, seed=self.cfg.seed, start=self.written)
+            produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
         self.written += n
 
     def _planned(self) -> int:
@@ -376,6 +610,7 @@ def _runner_argv(
 ) -> list[str]:
     if cfg.app:
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+        options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
         return python_argv(
             "connectors.toolkit.app_runner",
             "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", _argv_dsn(cfg.dsn), "--table", table,
@@ -464,7 +699,7 @@ def _checked(
         bootstrap=cfg.bootstrap,
         topic=topic,
         dsn=cfg.dsn,
-        table="" if cfg.pipeline == "stateful" else table,
+        table="" if cfg.pipeline == "stateful" or cfg.oracle else table,
         id_field=cfg.id_field,
         payload_fields=cfg.payload_fields if cfg.app else ("key", "amount"),
         sink_id=sink_id_of(table) if is_2pc else None,
@@ -474,6 +709,8 @@ def _checked(
         dead_letters=cfg.dead_letters.replace("{table}", table) if cfg.dead_letters else None,
     )
     fault_kills = sum(1 for e in faults.fired(fault_log) if e.get("action") == "kill-group")
+    if cfg.workload is not None:
+        report.info["source_records"] = len(cfg.workload)
     report.add(
         checker.Check(
             "chaos.kills",
@@ -503,7 +740,10 @@ def run(cfg: ChaosConfig) -> checker.Report:
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
     fault_log = os.path.join(cfg.workdir, "faults.jsonl")
     log_path = os.path.join(cfg.workdir, "pipeline.log")
-    create_topic(cfg.bootstrap, topic, cfg.partitions)
+    load_workload(cfg)
+    cfg.topics = topics_of(cfg.workload or [], topic)
+    for name in cfg.topics.values():
+        create_topic(cfg.bootstrap, name, cfg.partitions)
     plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
@@ -541,6 +781,8 @@ def run(cfg: ChaosConfig) -> checker.Report:
     with psycopg.connect(cfg.dsn, autocommit=True):
         pass
     report = _checked(cfg, topic, table, checkpoint, fault_log, runs, last)
+    if cfg.oracle:
+        report.extend(_reference_verdict(cfg, topic, table, env, root))
     report.info.update(
         {
             "pipeline": cfg.pipeline,
@@ -558,6 +800,67 @@ def run(cfg: ChaosConfig) -> checker.Report:
             "table": table,
         }
     )
+    return report
+
+
+def load_workload(cfg: ChaosConfig) -> None:
+    """Load the user's records (``--generator`` / ``--records-file``) into ``cfg.workload``; ``cfg.records``
+    becomes their number. The default workload (``make_records``) stays None: it is made as it goes."""
+    if cfg.generator and cfg.records_file:
+        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
+    if cfg.generator:
+        cfg.workload = generate_records(cfg.generator, cfg.seed, cfg.records)
+    elif cfg.records_file:
+        cfg.workload = read_records_file(cfg.records_file, cfg.records)
+    if cfg.workload is not None:
+        for i, rec in enumerate(cfg.workload):
+            _user_partition(rec, i, cfg.partitions)  # a partition out of range: refused before anything runs
+        cfg.records = len(cfg.workload)
+    if cfg.oracle and not cfg.app:
+        raise ConfigError("--oracle compares YOUR job's table with its fault-free runs: it needs --app")
+    if cfg.oracle not in (None, *oracle.MODES):
+        raise ConfigError(f"--oracle {cfg.oracle!r}: expected append or upsert:KEY[,KEY...]")
+    if cfg.reference_runs < 1:
+        raise ConfigError(
+            f"--reference-runs {cfg.reference_runs}: at least 1 (2, the default, also proves the job deterministic)"
+        )
+
+
+def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, str], root: str) -> checker.Report:
+    """Run the job ``cfg.reference_runs`` times without any fault, on the same topics, each from a fresh
+    checkpoint with availableNow into ``<table>_ref<i>``; the oracle's report on the chaos run's table."""
+    import psycopg
+
+    clean = {k: v for k, v in env.items() if k not in ("EOS_FAULTS", "EOS_FAULTS_STATE")}
+    tables = []
+    for i in range(1, cfg.reference_runs + 1):
+        ref_table = f"{table}_ref{i}"
+        ref_checkpoint = os.path.join(cfg.workdir, f"reference{i}", "checkpoint")
+        log = os.path.join(cfg.workdir, f"reference{i}.log")
+        drain = max(cfg.timeout * 3, cfg.records / 20)
+        argv = _runner_argv(cfg, topic, ref_table, ref_checkpoint, "available-now", drain)
+        out = PipelineProcess(argv, clean, log, root).run(drain + 60)
+        if out.returncode != 0:
+            return checker.Report(
+                checks=[
+                    checker.Check(
+                        "oracle.reference_run",
+                        False,
+                        f"{oracle.CANNOT_JUDGE}: reference run {i} (no faults) ended with "
+                        f"{describe_exit(out.returncode)}; see {log}",
+                    )
+                ],
+                info={"verdict": oracle.CANNOT_JUDGE},
+            )
+        tables.append(ref_table)
+    with psycopg.connect(cfg.dsn, autocommit=True) as conn:
+        got = checker.read_table(conn, table)
+        refs = [checker.read_table(conn, t) for t in tables]
+    report = oracle.judge(
+        got, refs, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
+        ignore=cfg.ignore_columns, table=table,
+    )  # fmt: skip
+    report.info.update({"reference_tables": tables, "sink_rows": len(got)})
     return report
 
 
@@ -615,6 +918,20 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         help="with --app: the job sink's errors.table ('{table}' stands for the run's table, e.g. {table}_refused); "
         "a record there counts as delivered (each record once in the table or the dead-letter table)",
     )
+    p.add_argument("--generator", default=None, metavar="MODULE:FUNCTION",
+                   help="with --app: YOUR records: records(seed, n) yields (key, value[, headers[, partition[, timestamp]]]) "
+                   "or dicts with key, value, headers, partition, timestamp (ms), topic (several topics: job.topics)")  # fmt: skip
+    p.add_argument("--records-file", default=None, metavar="PATH",
+                   help="with --app: YOUR sample records: *.jsonl one {key, value, timestamp, topic...} object a line, "
+                   "any other file one raw value a line (the first --records of them)")  # fmt: skip
+    p.add_argument("--oracle", default=None, metavar="append|upsert:KEY[,KEY]",
+                   help="with --app: judge the table against fault-free reference runs of the job (availableNow, "
+                   "fresh checkpoint, table <table>_ref1..), as multisets (append) or by key (upsert)")  # fmt: skip
+    p.add_argument("--tolerance", type=float, default=0.0, help="with --oracle: float columns may differ this much "
+                   "(relative and absolute; default 0: exact)")  # fmt: skip
+    p.add_argument("--ignore-columns", default="", help="with --oracle: comma-separated columns allowed to differ")
+    p.add_argument("--reference-runs", type=int, default=2,
+                   help="with --oracle: fault-free runs (default 2: they must agree, else the verdict is CANNOT JUDGE)")  # fmt: skip
     p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
@@ -642,6 +959,35 @@ def _command(args: argparse.Namespace) -> int:
     bad = [kv for kv in args.option if "=" not in kv]
     if bad:
         raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+    mode: str | None = None
+    key: tuple[str, ...] = ()
+    if args.oracle:
+        try:
+            mode, key = oracle.parse_mode(args.oracle)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if args.tolerance < 0 or args.tolerance != args.tolerance:
+        raise ConfigError(f"--tolerance {args.tolerance}: a number >= 0 (e.g. 1e-9)")
+    if args.reference_runs < 1:
+        raise ConfigError(
+            f"--reference-runs {args.reference_runs}: at least 1 (2, the default, also checks the job is deterministic)"
+        )
+    given = {"--tolerance": args.tolerance != 0, "--ignore-columns": bool(args.ignore_columns),
+             "--reference-runs": args.reference_runs != 2}  # fmt: skip
+    for flag, used in given.items():
+        if used and not args.oracle:
+            raise ConfigError(f"{flag} tunes the oracle's comparison: it needs --oracle append|upsert:KEY")
+    for name in ("generator", "records_file", "oracle"):
+        if getattr(args, name) and not args.app:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} needs --app (the reference pipelines make their own records)"
+            )
+    if args.generator and args.records_file:
+        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
+    if args.records_file and not os.path.isfile(args.records_file):
+        raise ConfigError(f"--records-file {args.records_file!r}: no such file")
+    if args.generator:
+        load_generator(args.generator)  # a bad module or function: refused before any service starts
     stack = _services(args)
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
@@ -651,6 +997,9 @@ def _command(args: argparse.Namespace) -> int:
             max_offsets=args.max_offsets, progress=not args.quiet, app=args.app, sink_kind=args.sink_kind,
             id_field=args.id_field, payload_fields=tuple(f for f in args.payload.split(",") if f),
             options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
+            generator=args.generator, records_file=args.records_file, oracle=mode, oracle_key=key,
+            tolerance=args.tolerance, ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
+            reference_runs=args.reference_runs,
         )  # fmt: skip
         report = run(cfg)
         write_results(report, cfg)
@@ -684,7 +1033,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     _arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return _command(args)
+    try:
+        return _command(args)
+    except ConfigError as exc:
+        print(f"chaos: config error: {exc}", file=sys.stderr)
+        return 64
 
 
 if __name__ == "__main__":
