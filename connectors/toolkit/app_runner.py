@@ -167,6 +167,35 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
     return 0
 
 
+def foreach_batch_with_fault_points(func: Callable[[Any, int], Any]) -> Callable[[Any, int], None]:
+    """The user's foreachBatch function between two fault points, on the driver: ``pipeline.batch``
+    before it runs and ``sink.after_commit`` after it returned, before Spark writes ``commits/n``
+    (the moment a non-idempotent foreachBatch write is replayed). Both carry ``batch=batch_id``."""
+
+    def run_batch(df: Any, batch_id: int) -> None:
+        faults.point("pipeline.batch", batch=batch_id)
+        func(df, batch_id)
+        faults.point("sink.after_commit", batch=batch_id)
+
+    run_batch.__name__ = getattr(func, "__name__", "foreach_batch")
+    return run_batch
+
+
+def _wrap_foreach_batch() -> None:
+    """Every ``foreachBatch`` the user's ``build`` sets gets the fault points (this process only)."""
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    original = DataStreamWriter.foreachBatch
+    if getattr(original, "_eos_wrapped", False):
+        return
+
+    def foreachBatch(self: Any, func: Callable[[Any, int], Any]) -> Any:  # Spark's name
+        return original(self, foreach_batch_with_fault_points(func))
+
+    foreachBatch._eos_wrapped = True  # type: ignore[attr-defined]
+    DataStreamWriter.foreachBatch = foreachBatch  # type: ignore[method-assign]
+
+
 def with_trigger(writer: Any, trigger: str) -> Any:
     """``available-now`` or ``processing:SECONDS`` applied to a DataStreamWriter."""
     if trigger == "available-now":
@@ -190,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     def start() -> Any:
         if setup is not None:
             setup(job)
-        writer = build(_spark(args.master), job)
+        spark = _spark(args.master)
+        _wrap_foreach_batch()
+        writer = build(spark, job)
         if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
             raise TypeError(
                 f"{args.app} returned {type(writer).__name__}; it must return the query's DataStreamWriter "

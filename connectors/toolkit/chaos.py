@@ -18,6 +18,7 @@ points and delays (the exact batch a kill hits still depends on timing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -70,9 +71,12 @@ FAULT_POINTS: dict[str, tuple[str, ...]] = {
     ),
     "upsert": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
     "stateful": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    # a user's foreachBatch (any writer inside): before it runs, and after it returned but before
+    # Spark's commits/n (app_runner.foreach_batch_with_fault_points); a non-idempotent write is replayed
+    "foreachbatch": ("source.read.mid", "pipeline.batch", "sink.after_commit"),
     "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
 }
-SINK_KINDS = ("2pc", "upsert", "other")
+SINK_KINDS = ("2pc", "upsert", "foreachbatch", "other")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,7 +421,7 @@ class KillPlan:
         if not self.point:
             return ""
         batch = (-1 if last_commit is None else last_commit) + 1 + self.skip
-        cond = f":batch={batch}" if self.point.startswith("sink.") else ""
+        cond = f":batch={batch}" if self.point.startswith(("sink.", "pipeline.")) else ""
         return f"{self.point}{cond}:action=kill-group:once"
 
 
@@ -838,7 +842,12 @@ def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, 
         ref_checkpoint = os.path.join(cfg.workdir, f"reference{i}", "checkpoint")
         log = os.path.join(cfg.workdir, f"reference{i}.log")
         drain = max(cfg.timeout * 3, cfg.records / 20)
-        argv = _runner_argv(cfg, topic, ref_table, ref_checkpoint, "available-now", drain)
+        # the whole workload in one batch (the job's result must not depend on how it is batched; the
+        # chaos run batched it its own way already), which keeps a reference run short
+        argv = _runner_argv(
+            dataclasses.replace(cfg, max_offsets=max(cfg.max_offsets, cfg.records * len(cfg.topics or {"": ""}))),
+            topic, ref_table, ref_checkpoint, "available-now", drain,
+        )  # fmt: skip
         out = PipelineProcess(argv, clean, log, root).run(drain + 60)
         if out.returncode != 0:
             return checker.Report(
@@ -908,7 +917,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "--app", default=None, help="module:function building YOUR query instead (see connectors.toolkit.app_runner)"
     )
     p.add_argument("--sink-kind", choices=SINK_KINDS, default="2pc",
-                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc)")  # fmt: skip
+                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc; "
+                   "foreachbatch: points around your foreachBatch function, before Spark's commit)")  # fmt: skip
     p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
     p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
     p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
