@@ -96,6 +96,10 @@ USAGE = [
     (("chaos", "--app", "j:build", "--oracle", "append", "--tolerance", "tiny"), 64, "invalid float value"),
     (("chaos", "--app", "j:build", "--ignore-columns", "at"), 64, "--ignore-columns tunes the oracle"),
     (("chaos", "--app", "j:build", "--oracle", "append", "--reference-runs", "0"), 64, "--reference-runs 0: at least 1"),
+    (("chaos", "--only-kills", "0,x"), 64, "--only-kills '0,x': comma-separated kill numbers"),
+    (("chaos", "--kills", "2", "--only-kills", "2"), 64, "--only-kills 2: kill numbers from 0 to 1 (--kills 2)"),
+    (("chaos", "--kills", "1", "--minimise"), 64, "--minimise drops kills one at a time"),
+    (("chaos", "--kills", "5", "--only-kills", "3", "--minimise"), 64, "needs at least 2"),
 ]  # fmt: skip
 SINKS = ["status", "recover", "release", "resolve-lost", "retire", "prune", "errors", "replay-errors"]
 SINK_ARGS = {

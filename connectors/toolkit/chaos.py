@@ -477,7 +477,14 @@ class ChaosConfig:
     ignore_columns: tuple[str, ...] = ()
     reference_runs: int = 2
     workload: list[Record] | None = None  # the user's records, loaded by run()
+    only_kills: tuple[int, ...] | None = None  # run only these kills of the seed's schedule (--only-kills)
+    reference_rows: list[list[dict[str, Any]]] | None = None  # the reference runs' tables, once read
     topics: dict[str, str] = field(default_factory=dict)  # the run's topics by name ("" the main one)
+
+    @property
+    def planned(self) -> int:
+        """How many kills this run makes (``only_kills`` of the seed's ``kills``)."""
+        return self.kills if self.only_kills is None else len(self.only_kills)
 
     @property
     def points(self) -> str:
@@ -718,10 +725,10 @@ def _checked(
     report.add(
         checker.Check(
             "chaos.kills",
-            runs.sigkilled == cfg.kills and runs.sigkilled > 0,
-            f"{runs.sigkilled} of {cfg.kills} planned kills ended the pipeline by SIGKILL "
+            runs.sigkilled == cfg.planned and runs.sigkilled > 0,
+            f"{runs.sigkilled} of {cfg.planned} planned kills ended the pipeline by SIGKILL "
             f"({fault_kills} from fault points, logged)",
-            {"planned": cfg.kills, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
+            {"planned": cfg.planned, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
         ),
         checker.Check(
             "chaos.final_run",
@@ -748,13 +755,13 @@ def run(cfg: ChaosConfig) -> checker.Report:
     cfg.topics = topics_of(cfg.workload or [], topic)
     for name in cfg.topics.values():
         create_topic(cfg.bootstrap, name, cfg.partitions)
-    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    plans = schedule(cfg)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
     env.pop("EOS_FAULTS", None)
     # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
-    producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)
-    progress = _Progress(cfg.kills, cfg.progress)
+    producer = _Producer(cfg, topic, cfg.planned + 1, checkpoint)
+    progress = _Progress(cfg.planned, cfg.progress)
     started = time.monotonic()
     producer.start()
     runs = _Runs()
@@ -793,8 +800,9 @@ def run(cfg: ChaosConfig) -> checker.Report:
             **({"app": cfg.app, "sink_kind": cfg.sink_kind} if cfg.app else {}),
             "seed": cfg.seed,
             "records": cfg.records,
-            "kills": cfg.kills,
-            "restarts": cfg.kills,
+            "kills": cfg.planned,
+            "restarts": cfg.planned,
+            **({"only_kills": list(cfg.only_kills)} if cfg.only_kills is not None else {}),
             "kill_kinds": dict(sorted(runs.kinds.items())),
             "exits": dict(runs.outcomes),
             "wall_seconds": round(wall, 1),
@@ -805,6 +813,80 @@ def run(cfg: ChaosConfig) -> checker.Report:
         }
     )
     return report
+
+
+def schedule(cfg: ChaosConfig) -> list[KillPlan]:
+    """The seed's kill schedule, or the kills ``cfg.only_kills`` keeps of it (indices stay the seed's)."""
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    if cfg.only_kills is None:
+        return plans
+    bad = [i for i in cfg.only_kills if not 0 <= i < cfg.kills]
+    if bad or not cfg.only_kills:
+        raise ConfigError(
+            f"--only-kills {','.join(map(str, cfg.only_kills))}: kill numbers from 0 to {cfg.kills - 1} "
+            f"(--kills {cfg.kills}), at least one"
+        )
+    return [p for p in plans if p.index in cfg.only_kills]
+
+
+def reproduce_command(cfg: ChaosConfig, kills: Sequence[int]) -> str:
+    """The ``spark-eos chaos`` command that re-runs ``cfg`` with only ``kills`` of its schedule."""
+    import shlex
+
+    gen = cfg.generator
+    if callable(gen):
+        gen = f"{gen.__module__}:{gen.__qualname__}"
+    argv = ["spark-eos", "chaos", *(("--app", cfg.app) if cfg.app else ("--pipeline", cfg.pipeline))]
+    if cfg.app:
+        argv += ["--sink-kind", cfg.sink_kind]
+    argv += [
+        *(("--generator", gen) if gen else ()),
+        *(("--records-file", cfg.records_file) if cfg.records_file else ()),
+    ]
+    argv += ["--seed", str(cfg.seed), "--kills", str(cfg.kills), "--only-kills", ",".join(map(str, kills))]
+    argv += ["--records", str(cfg.records), "--partitions", str(cfg.partitions), "--max-offsets", str(cfg.max_offsets)]
+    if cfg.oracle:
+        argv += ["--oracle", cfg.oracle + (":" + ",".join(cfg.oracle_key) if cfg.oracle_key else "")]
+        argv += [*(("--tolerance", repr(cfg.tolerance)) if cfg.tolerance else ())]
+        argv += [*(("--ignore-columns", ",".join(cfg.ignore_columns)) if cfg.ignore_columns else ())]
+    if cfg.payload_fields:
+        argv += ["--payload", ",".join(cfg.payload_fields)]
+    if cfg.dead_letters:
+        argv += ["--dead-letters", cfg.dead_letters]
+    argv += [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+    return shlex.join(argv)
+
+
+def minimise(cfg: ChaosConfig, report: checker.Report) -> dict[str, Any]:
+    """Re-run a failing seed dropping its kills one at a time (a kill stays dropped when the run
+    still fails without it); the smallest failing schedule, each kill's kind and point, and the
+    command that reproduces it. Trials reuse the reference runs' tables (same records, no faults).
+    Also put in ``report.info["minimised"]``."""
+    keep = [p.index for p in schedule(cfg)]
+    trials: list[dict[str, Any]] = []
+    for index in list(keep):
+        if len(keep) == 1:
+            break
+        trial = [k for k in keep if k != index]
+        tcfg = dataclasses.replace(
+            cfg, only_kills=tuple(trial), events=[], progress=False,
+            workdir=os.path.join(cfg.workdir, f"minimise-{len(trials)}"),
+        )  # fmt: skip
+        tcfg.workload, tcfg.topics = None, {}
+        result = run(tcfg)
+        fails = not result.ok and result.info.get("verdict") != oracle.CANNOT_JUDGE
+        trials.append({"kills": trial, "fails": fails, "workdir": tcfg.workdir})
+        if fails:
+            keep = trial
+    plans = {p.index: p for p in plan_kills(cfg.points, cfg.kills, cfg.seed)}
+    found = {
+        "kills": keep,
+        "schedule": [f"{i}: {plans[i].kind}" + (f" {plans[i].point}" if plans[i].point else "") for i in keep],
+        "trials": trials,
+        "command": reproduce_command(cfg, keep),
+    }
+    report.info["minimised"] = found
+    return found
 
 
 def load_workload(cfg: ChaosConfig) -> None:
@@ -835,6 +917,15 @@ def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, 
     checkpoint with availableNow into ``<table>_ref<i>``; the oracle's report on the chaos run's table."""
     import psycopg
 
+    if cfg.reference_rows is not None:  # a minimisation trial: the same records, the same references
+        with psycopg.connect(cfg.dsn, autocommit=True) as conn:
+            got = checker.read_table(conn, table)
+        report = oracle.judge(
+            got, cfg.reference_rows, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
+            ignore=cfg.ignore_columns, table=table,
+        )  # fmt: skip
+        report.info["sink_rows"] = len(got)
+        return report
     clean = {k: v for k, v in env.items() if k not in ("EOS_FAULTS", "EOS_FAULTS_STATE")}
     tables = []
     for i in range(1, cfg.reference_runs + 1):
@@ -865,6 +956,7 @@ def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, 
     with psycopg.connect(cfg.dsn, autocommit=True) as conn:
         got = checker.read_table(conn, table)
         refs = [checker.read_table(conn, t) for t in tables]
+    cfg.reference_rows = refs
     report = oracle.judge(
         got, refs, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
         ignore=cfg.ignore_columns, table=table,
@@ -942,6 +1034,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-columns", default="", help="with --oracle: comma-separated columns allowed to differ")
     p.add_argument("--reference-runs", type=int, default=2,
                    help="with --oracle: fault-free runs (default 2: they must agree, else the verdict is CANNOT JUDGE)")  # fmt: skip
+    p.add_argument("--only-kills", default=None, metavar="I,J",
+                   help="run only these kills (numbered from 0) of the seed's schedule: what --minimise prints")  # fmt: skip
+    p.add_argument("--minimise", action="store_true",
+                   help="when the run fails, re-run the seed dropping kills one at a time; print the smallest "
+                   "failing schedule and the command reproducing it")  # fmt: skip
     p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
@@ -998,6 +1095,18 @@ def _command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--records-file {args.records_file!r}: no such file")
     if args.generator:
         load_generator(args.generator)  # a bad module or function: refused before any service starts
+    only = None
+    if args.only_kills is not None:
+        try:
+            only = tuple(sorted({int(x) for x in args.only_kills.split(",")}))
+        except ValueError:
+            raise ConfigError(f"--only-kills {args.only_kills!r}: comma-separated kill numbers, e.g. 0,3") from None
+        if any(not 0 <= i < args.kills for i in only):
+            raise ConfigError(
+                f"--only-kills {args.only_kills}: kill numbers from 0 to {args.kills - 1} (--kills {args.kills})"
+            )
+    if args.minimise and (len(only) if only is not None else args.kills) < 2:
+        raise ConfigError("--minimise drops kills one at a time: it needs at least 2 (--kills)")
     stack = _services(args)
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
@@ -1009,9 +1118,13 @@ def _command(args: argparse.Namespace) -> int:
             options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
             generator=args.generator, records_file=args.records_file, oracle=mode, oracle_key=key,
             tolerance=args.tolerance, ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
-            reference_runs=args.reference_runs,
+            reference_runs=args.reference_runs, only_kills=only,
         )  # fmt: skip
         report = run(cfg)
+        if args.minimise and not report.ok and report.info.get("verdict") != oracle.CANNOT_JUDGE:
+            if not args.quiet:
+                print(f"minimising: re-running seed {cfg.seed} dropping kills one at a time", file=sys.stderr)
+            minimise(cfg, report)
         write_results(report, cfg)
         print(report.to_json() if args.json else report.table())
         return 0 if report.ok else 1
