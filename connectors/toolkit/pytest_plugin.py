@@ -30,7 +30,10 @@ Your own records and the reference-run oracle (any job: aggregations, joins, sta
 ``records_file``: a ``*.jsonl`` of such dicts or a file of raw values, one a line. ``oracle``:
 ``"append"`` or ``"upsert:KEY,..."``: the table is compared with ``reference_runs`` (2) fault-free
 runs of the job on the same records (``connectors.toolkit.oracle``); when those disagree the report
-fails with ``info["verdict"] == "CANNOT JUDGE"``.
+fails with ``info["verdict"] == "CANNOT JUDGE"``. ``sink_kind="foreachbatch"`` adds fault points around
+your foreachBatch function (after its write, before Spark's commit). ``minimise=True``: a failing run
+is re-run dropping kills one at a time; ``report.info["minimised"]`` holds the smallest failing
+schedule and the ``spark-eos chaos ... --only-kills`` command that reproduces it.
 
 The job's module is imported from the current directory or ``PYTHONPATH``; each call gets a fresh
 topic, table name and workdir (under pytest's ``tmp_path``), so runs never see each other's data.
@@ -98,6 +101,8 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
         tolerance: float = 0.0,
         ignore_columns: Sequence[str] = (),
         reference_runs: int = 2,
+        only_kills: Sequence[int] | None = None,
+        minimise: bool = False,
     ) -> Any:
         from connectors.core.errors import ConfigError
         from connectors.toolkit import oracle as oracle_mod
@@ -137,8 +142,11 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
             tolerance=tolerance,
             ignore_columns=tuple(ignore_columns),
             reference_runs=reference_runs,
+            only_kills=tuple(only_kills) if only_kills is not None else None,
         )
         report = chaos.run(cfg)
+        if minimise and not report.ok and report.info.get("verdict") != oracle_mod.CANNOT_JUDGE:
+            chaos.minimise(cfg, report)  # report.info["minimised"]: the smallest failing schedule, its command
         chaos.write_results(report, cfg)
         return report
 
