@@ -24,6 +24,9 @@ chaos producer (``{"id", "key", "amount"}``) unless the run names the user's own
 whose ``topic`` is ``orders`` is in ``job.topic_named("orders")`` (``job.topics``, for joins). A
 reference run (``--oracle``) calls the same ``setup`` and ``build`` with ``job.table`` set to the
 reference table (``<table>_ref1``): derive every name the job writes from ``job.table``.
+Every ``foreachBatch`` function the job sets runs between two fault points (``pipeline.batch``
+before it, ``sink.after_commit`` after it returned, before Spark's commit; ``batch=`` the batch id),
+which ``--sink-kind foreachbatch`` kills at.
 
 Exit code 0 when the query ended (availableNow drained the topic), 2 when it failed (the error is
 printed last on stderr after ``RUNNER FAILED:``), 3 on ``--timeout``. ``RUNNER STARTED`` on stdout
