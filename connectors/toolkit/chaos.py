@@ -407,7 +407,8 @@ class KillPlan:
     """One kill: ``sigkill`` after ``delay`` seconds (from the query's start), or a fault ``point``.
 
     A fault kill fires at the point in the ``skip``-th batch after the last committed one (sink
-    points carry the batch id; source points fire in the first batch that reaches them).
+    points carry the batch id; source points fire in the first batch that reaches them); on a fresh
+    checkpoint, from batch 1 (batch 0 runs on the empty topic).
     """
 
     index: int
@@ -420,7 +421,9 @@ class KillPlan:
     def spec(self, last_commit: int | None) -> str:
         if not self.point:
             return ""
-        batch = (-1 if last_commit is None else last_commit) + 1 + self.skip
+        # on a fresh checkpoint batch 0 is the empty first batch (the query starts before the producer
+        # writes): a kill there proves nothing, so the first target is batch 1
+        batch = (1 if last_commit is None else last_commit + 1) + self.skip
         cond = f":batch={batch}" if self.point.startswith(("sink.", "pipeline.")) else ""
         return f"{self.point}{cond}:action=kill-group:once"
 
