@@ -83,6 +83,23 @@ USAGE = [
     (("services", "env", "--bogus"), 64, "unrecognized arguments"),
     (("sinks",), 64, "required"),
     (("chaos", "--kills", "some"), 64, "invalid int value"),
+    (("chaos", "--generator", "j:records"), 64, "--generator needs --app"),
+    (("chaos", "--app", "j:build", "--generator", "no_such_module_x:records"), 64, "--generator 'no_such_module_x:records': cannot import"),
+    (("chaos", "--app", "j:build", "--generator", "nocolon"), 64, "expected module:function"),
+    (("chaos", "--app", "j:build", "--records-file", "/nope/r.jsonl"), 64, "--records-file '/nope/r.jsonl': no such file"),
+    (("chaos", "--app", "j:build", "--records-file", "x", "--generator", "j:r"), 64, "pick one"),
+    (("chaos", "--app", "j:build", "--oracle", "upsert"), 64, "--oracle 'upsert': upsert needs the key columns"),
+    (("chaos", "--app", "j:build", "--oracle", "merge"), 64, "--oracle 'merge': expected append or upsert"),
+    (("chaos", "--oracle", "append"), 64, "--oracle needs --app"),
+    (("chaos", "--app", "j:build", "--tolerance", "1e-9"), 64, "--tolerance tunes the oracle"),
+    (("chaos", "--app", "j:build", "--oracle", "append", "--tolerance", "-1"), 64, "--tolerance -1.0: a number >= 0"),
+    (("chaos", "--app", "j:build", "--oracle", "append", "--tolerance", "tiny"), 64, "invalid float value"),
+    (("chaos", "--app", "j:build", "--ignore-columns", "at"), 64, "--ignore-columns tunes the oracle"),
+    (("chaos", "--app", "j:build", "--oracle", "append", "--reference-runs", "0"), 64, "--reference-runs 0: at least 1"),
+    (("chaos", "--only-kills", "0,x"), 64, "--only-kills '0,x': comma-separated kill numbers"),
+    (("chaos", "--kills", "2", "--only-kills", "2"), 64, "--only-kills 2: kill numbers from 0 to 1 (--kills 2)"),
+    (("chaos", "--kills", "1", "--minimise"), 64, "--minimise drops kills one at a time"),
+    (("chaos", "--kills", "5", "--only-kills", "3", "--minimise"), 64, "needs at least 2"),
 ]  # fmt: skip
 SINKS = ["status", "recover", "release", "resolve-lost", "retire", "prune", "errors", "replay-errors"]
 SINK_ARGS = {

@@ -19,7 +19,14 @@ The runner sets ``checkpointLocation`` and the trigger (the chaos run needs both
 query from the checkpoint after each kill and drains the topic with ``availableNow`` at the end).
 An optional ``setup(job)`` in the same module runs before each start (make it idempotent: e.g.
 ``CREATE TABLE IF NOT EXISTS``). The records in ``job.topic`` are JSON objects written by the
-chaos producer (``{"id", "key", "amount"}`` unless the run names its own generator).
+chaos producer (``{"id", "key", "amount"}``) unless the run names the user's own records
+(``--generator`` / ``--records-file`` of ``spark-eos chaos``): then they are the user's, and a record
+whose ``topic`` is ``orders`` is in ``job.topic_named("orders")`` (``job.topics``, for joins). A
+reference run (``--oracle``) calls the same ``setup`` and ``build`` with ``job.table`` set to the
+reference table (``<table>_ref1``): derive every name the job writes from ``job.table``.
+Every ``foreachBatch`` function the job sets runs between two fault points (``pipeline.batch``
+before it, ``sink.after_commit`` after it returned, before Spark's commit; ``batch=`` the batch id),
+which ``--sink-kind foreachbatch`` kills at.
 
 Exit code 0 when the query ended (availableNow drained the topic), 2 when it failed (the error is
 printed last on stderr after ``RUNNER FAILED:``), 3 on ``--timeout``. ``RUNNER STARTED`` on stdout
@@ -52,6 +59,15 @@ class Job:
     table: str
     max_offsets: int = 1000
     options: dict[str, str] = field(default_factory=dict)  # --option key=value, for the job's own use
+    topics: dict[str, str] = field(default_factory=dict)  # the run's other topics by the records' names
+
+    def topic_named(self, name: str) -> str:
+        """The run's topic for the records whose ``topic`` is ``name`` ("" or absent: ``self.topic``)."""
+        if not name:
+            return self.topic
+        if name not in self.topics:
+            raise KeyError(f"no topic named {name!r} in this run: the records name {sorted(self.topics) or 'none'}")
+        return self.topics[name]
 
     @property
     def sink_id(self) -> str:
@@ -96,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default="local[2,2]")
     p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
     p.add_argument("--option", action="append", default=[], help="key=value handed to the job (repeatable)")
+    p.add_argument(
+        "--topics", action="append", default=[], help="name=topic: the run's topic of that name (repeatable)"
+    )
     return p
 
 
@@ -151,6 +170,35 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
     return 0
 
 
+def foreach_batch_with_fault_points(func: Callable[[Any, int], Any]) -> Callable[[Any, int], None]:
+    """The user's foreachBatch function between two fault points, on the driver: ``pipeline.batch``
+    before it runs and ``sink.after_commit`` after it returned, before Spark writes ``commits/n``
+    (the moment a non-idempotent foreachBatch write is replayed). Both carry ``batch=batch_id``."""
+
+    def run_batch(df: Any, batch_id: int) -> None:
+        faults.point("pipeline.batch", batch=batch_id)
+        func(df, batch_id)
+        faults.point("sink.after_commit", batch=batch_id)
+
+    run_batch.__name__ = getattr(func, "__name__", "foreach_batch")
+    return run_batch
+
+
+def _wrap_foreach_batch() -> None:
+    """Every ``foreachBatch`` the user's ``build`` sets gets the fault points (this process only)."""
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    original = DataStreamWriter.foreachBatch
+    if getattr(original, "_eos_wrapped", False):
+        return
+
+    def foreachBatch(self: Any, func: Callable[[Any, int], Any]) -> Any:  # Spark's name
+        return original(self, foreach_batch_with_fault_points(func))
+
+    foreachBatch._eos_wrapped = True  # type: ignore[attr-defined]
+    DataStreamWriter.foreachBatch = foreachBatch  # type: ignore[method-assign]
+
+
 def with_trigger(writer: Any, trigger: str) -> Any:
     """``available-now`` or ``processing:SECONDS`` applied to a DataStreamWriter."""
     if trigger == "available-now":
@@ -162,18 +210,21 @@ def with_trigger(writer: Any, trigger: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    bad = [kv for kv in args.option if "=" not in kv]
+    bad = [kv for kv in args.option + args.topics if "=" not in kv]
     if bad:
-        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+        raise SystemExit(f"--{'option' if bad[0] in args.option else 'topics'} {bad[0]!r}: expected key=value")
     options = dict(kv.split("=", 1) for kv in args.option)
+    topics = dict(kv.split("=", 1) for kv in args.topics)
     mark_process_group()  # only once the job will run: a refusal leaves the caller's environment alone
-    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options)
+    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics)
     build, setup = load_app(args.app)
 
     def start() -> Any:
         if setup is not None:
             setup(job)
-        writer = build(_spark(args.master), job)
+        spark = _spark(args.master)
+        _wrap_foreach_batch()
+        writer = build(spark, job)
         if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
             raise TypeError(
                 f"{args.app} returned {type(writer).__name__}; it must return the query's DataStreamWriter "

@@ -18,6 +18,7 @@ points and delays (the exact batch a kill hits still depends on timing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -33,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.core import faults
-from connectors.toolkit import checker
+from connectors.core.errors import ConfigError
+from connectors.toolkit import checker, oracle
 from connectors.toolkit.app_runner import sink_id_of
 from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 
@@ -69,9 +71,12 @@ FAULT_POINTS: dict[str, tuple[str, ...]] = {
     ),
     "upsert": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
     "stateful": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    # a user's foreachBatch (any writer inside): before it runs, and after it returned but before
+    # Spark's commits/n (app_runner.foreach_batch_with_fault_points); a non-idempotent write is replayed
+    "foreachbatch": ("source.read.mid", "pipeline.batch", "sink.after_commit"),
     "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
 }
-SINK_KINDS = ("2pc", "upsert", "other")
+SINK_KINDS = ("2pc", "upsert", "foreachbatch", "other")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,6 +183,222 @@ def produce_records(
 
 
 # ---------------------------------------------------------------------------------------------
+# the user's records
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a user's workload, as it goes to Kafka.
+
+    ``topic`` "" is the run's main topic (``job.topic``); a name is the run's topic of that name
+    (``job.topics[name]``: several topics, for joins). ``timestamp``: the Kafka timestamp, in ms since
+    the epoch (the source's ``timestamp`` column: event time for windows and watermarks), or None
+    (the broker's clock). ``partition`` None: by the key's CRC32 (by the record's index without a key).
+    """
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
+    timestamp: int | None = None
+    topic: str = ""
+
+
+_RECORD_FIELDS = ("key", "value", "headers", "partition", "timestamp", "topic")
+
+
+def _as_bytes(v: Any, what: str) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (dict, list, int, float, bool)):
+        return json.dumps(v, sort_keys=True).encode()
+    raise ConfigError(f"{what}: {type(v).__name__} is not bytes, str or JSON (dict, list, number)")
+
+
+def _as_timestamp(v: Any, what: str) -> int | None:
+    import datetime as dt
+
+    if v is None:
+        return None
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is None:
+            raise ConfigError(f"{what}: a naive datetime {v.isoformat()}; give it a tzinfo (or ms since the epoch)")
+        return int(v.timestamp() * 1000)
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise ConfigError(f"{what}: {v!r} is not a timestamp (ms since the epoch as an int >= 0, or an aware datetime)")
+
+
+def to_record(item: Any, where: str) -> Record:
+    """A user's record -> Record: a tuple ``(key, value[, headers[, partition[, timestamp]]])`` or a
+    dict with keys among key, value, headers, partition, timestamp, topic. ``where`` names the source
+    (``--generator myjob:records, record 3``) in the error a bad record gets."""
+    if isinstance(item, Mapping):
+        unknown = sorted(set(item) - set(_RECORD_FIELDS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {unknown}; a record dict has {', '.join(_RECORD_FIELDS)}")
+        fields = dict(item)
+    elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
+        fields = dict(zip(_RECORD_FIELDS, item, strict=False))
+    else:
+        raise ConfigError(
+            f"{where}: {type(item).__name__} is not a record; give (key, value[, headers[, partition[, timestamp]]]) "
+            "or a dict with key, value, headers, partition, timestamp, topic"
+        )
+    raw_headers = fields.get("headers") or ()
+    pairs = raw_headers.items() if isinstance(raw_headers, Mapping) else raw_headers
+    headers = []
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise ConfigError(f"{where}: headers: {pair!r} is not a (name, value) pair")
+        headers.append((pair[0], _as_bytes(pair[1], f"{where}: header {pair[0]!r}") or b""))
+    partition = fields.get("partition")
+    if partition is not None and (not isinstance(partition, int) or isinstance(partition, bool) or partition < 0):
+        raise ConfigError(f"{where}: partition {partition!r} is not an int >= 0")
+    topic = fields.get("topic") or ""
+    if not isinstance(topic, str) or not all(c.isalnum() or c in "_-" for c in topic):
+        raise ConfigError(f"{where}: topic {topic!r}: a name of letters, digits, _ and - (the run makes it unique)")
+    return Record(
+        key=_as_bytes(fields.get("key"), f"{where}: key"),
+        value=_as_bytes(fields.get("value"), f"{where}: value"),
+        headers=tuple(headers),
+        partition=partition,
+        timestamp=_as_timestamp(fields.get("timestamp"), f"{where}: timestamp"),
+        topic=topic,
+    )
+
+
+def load_generator(spec: str, *, option: str = "--generator") -> Any:
+    """``module:function`` -> the user's ``records(seed, n)``; a bad spec names ``option``."""
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{option} {spec!r}: expected module:function, e.g. myjob:records")
+    if os.getcwd() not in sys.path:  # the job's directory, as for --app (the runs get it on PYTHONPATH)
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{option} {spec!r}: cannot import {module_name!r} ({exc}); run from its directory or put it on PYTHONPATH"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{option} {spec!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+def generate_records(spec: Any, seed: int, n: int, *, option: str = "--generator") -> list[Record]:
+    """The user's generator's records for ``seed`` and ``n``, checked (each bad one named by its index).
+    ``spec``: ``module:function``, or the function itself (the pytest plugin's ``generator=``)."""
+    fn = spec if callable(spec) else load_generator(spec, option=option)
+    name = getattr(spec, "__qualname__", spec)
+    try:
+        items = iter(fn(seed, n))
+    except TypeError as exc:
+        raise ConfigError(f"{option} {name}: records(seed, n) must return an iterable of records ({exc})") from exc
+    out = [to_record(item, f"{option} {name}, record {i}") for i, item in enumerate(items)]
+    if not out:
+        raise ConfigError(f"{option} {name}: records({seed}, {n}) gave no record")
+    return out
+
+
+def read_records_file(path: str, n: int | None = None, *, option: str = "--records-file") -> list[Record]:
+    """A file of sample records: ``*.jsonl`` / ``*.json``: one JSON object a line in the dict form of
+    ``to_record`` (``{"key": ..., "value": {...}, "timestamp": ms, "topic": ...}``; a value that is
+    JSON is sent as its JSON text); any other name: one raw value a line (bytes, no key). The first
+    ``n`` records (all when ``n`` is None or larger)."""
+    try:
+        with open(path, "rb") as fh:
+            lines = [line.rstrip(b"\r\n") for line in fh]
+    except OSError as exc:
+        raise ConfigError(f"{option} {path!r}: cannot read it ({exc.strerror})") from exc
+    lines = [line for line in lines if line.strip()]
+    if n is not None:
+        lines = lines[:n]
+    if not lines:
+        raise ConfigError(f"{option} {path!r}: no record in it")
+    if not path.endswith((".jsonl", ".json")):
+        return [Record(key=None, value=line) for line in lines]
+    out = []
+    for i, line in enumerate(lines, start=1):
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{option} {path!r}, line {i}: not JSON ({exc})") from exc
+        if not isinstance(item, dict):
+            raise ConfigError(f"{option} {path!r}, line {i}: a JSON object with key, value, timestamp... expected")
+        if isinstance(item.get("headers"), Mapping):
+            item["headers"] = list(item["headers"].items())
+        out.append(to_record(item, f"{option} {path}, line {i}"))
+    return out
+
+
+def topics_of(records: Sequence[Record], main: str) -> dict[str, str]:
+    """The run's topics: ``{"": main, name: f"{main}_{name}", ...}`` for every topic the records name."""
+    return {"": main, **{r.topic: f"{main}_{r.topic}" for r in records if r.topic}}
+
+
+def _user_partition(rec: Record, index: int, partitions: int) -> int:
+    if rec.partition is not None:
+        if rec.partition >= partitions:
+            raise ConfigError(
+                f"record {index}: partition {rec.partition}, but the run's topics have {partitions} "
+                f"(--partitions {partitions}): raise --partitions or drop the record's partition"
+            )
+        return rec.partition
+    return (zlib.crc32(rec.key) if rec.key is not None else index) % partitions
+
+
+def produce_user_records(
+    bootstrap: str, topics: Mapping[str, str], records: Sequence[Record], *, partitions: int, first: int = 0
+) -> None:
+    """Write the user's records (``first``: the index of ``records[0]`` in the whole workload, which
+    spreads keyless records). On tansu each touched partition ends with a one-record batch (see
+    ``produce_records``)."""
+    from confluent_kafka import Producer
+
+    from connectors.services.env import broker_is_tansu
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    tansu = broker_is_tansu(producer)
+    last: dict[tuple[str, int], int] = {}
+    placed = []
+    for i, rec in enumerate(records):
+        where = (topics[rec.topic], _user_partition(rec, first + i, partitions))
+        last[where] = i
+        placed.append(where)
+
+    def send(rec: Record, where: tuple[str, int]) -> None:
+        kw: dict[str, Any] = {"key": rec.key, "partition": where[1]}
+        if rec.headers:
+            kw["headers"] = list(rec.headers)
+        if rec.timestamp is not None:
+            kw["timestamp"] = rec.timestamp
+        producer.produce(where[0], value=rec.value, **kw)
+
+    tails = []
+    for i, (rec, where) in enumerate(zip(records, placed, strict=True)):
+        if tansu and last[where] == i:
+            tails.append((rec, where))
+            continue
+        send(rec, where)
+        if len(producer) > 50_000:
+            producer.poll(0.05)
+    if producer.flush(60):
+        raise TimeoutError(f"producer could not deliver to {sorted(set(topics.values()))} in 60s")
+    for rec, where in tails:
+        send(rec, where)
+        if producer.flush(30):
+            raise TimeoutError(f"producer could not deliver to {where[0]!r} in 30s")
+
+
+# ---------------------------------------------------------------------------------------------
 # the kill schedule
 
 
@@ -186,7 +407,8 @@ class KillPlan:
     """One kill: ``sigkill`` after ``delay`` seconds (from the query's start), or a fault ``point``.
 
     A fault kill fires at the point in the ``skip``-th batch after the last committed one (sink
-    points carry the batch id; source points fire in the first batch that reaches them).
+    points carry the batch id; source points fire in the first batch that reaches them); on a fresh
+    checkpoint, from batch 1 (batch 0 runs on the empty topic).
     """
 
     index: int
@@ -199,8 +421,10 @@ class KillPlan:
     def spec(self, last_commit: int | None) -> str:
         if not self.point:
             return ""
-        batch = (-1 if last_commit is None else last_commit) + 1 + self.skip
-        cond = f":batch={batch}" if self.point.startswith("sink.") else ""
+        # on a fresh checkpoint batch 0 is the empty first batch (the query starts before the producer
+        # writes): a kill there proves nothing, so the first target is batch 1
+        batch = (1 if last_commit is None else last_commit + 1) + self.skip
+        cond = f":batch={batch}" if self.point.startswith(("sink.", "pipeline.")) else ""
         return f"{self.point}{cond}:action=kill-group:once"
 
 
@@ -246,6 +470,24 @@ class ChaosConfig:
     payload_fields: tuple[str, ...] = ()  # fields the table must hold unchanged
     dead_letters: str | None = None  # the job sink's errors.table ({table}: the run's table): rows count as delivered
     options: dict[str, str] = field(default_factory=dict)  # handed to the job (Job.options)
+    # the workload: the user's generator (module:function, records(seed, n)) or file, else make_records
+    generator: Any = None  # "module:function" or the function
+    records_file: str | None = None
+    # the oracle: "append" | "upsert" (then oracle_key), reference runs of the job without faults
+    oracle: str | None = None
+    oracle_key: tuple[str, ...] = ()
+    tolerance: float = 0.0
+    ignore_columns: tuple[str, ...] = ()
+    reference_runs: int = 2
+    workload: list[Record] | None = None  # the user's records, loaded by run()
+    only_kills: tuple[int, ...] | None = None  # run only these kills of the seed's schedule (--only-kills)
+    reference_rows: list[list[dict[str, Any]]] | None = None  # the reference runs' tables, once read
+    topics: dict[str, str] = field(default_factory=dict)  # the run's topics by name ("" the main one)
+
+    @property
+    def planned(self) -> int:
+        """How many kills this run makes (``only_kills`` of the seed's ``kills``)."""
+        return self.kills if self.only_kills is None else len(self.only_kills)
 
     @property
     def points(self) -> str:
@@ -320,8 +562,14 @@ class _Producer(threading.Thread):
         self.tick.set()
 
     def _write(self, n: int) -> None:
-        recs = make_records(n, seed=self.cfg.seed, start=self.written)
-        produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+        if self.cfg.workload is not None:
+            part = self.cfg.workload[self.written : self.written + n]
+            produce_user_records(
+                self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
+            )
+        else:
+            recs = make_records(n, seed=self.cfg.seed, start=self.written)
+            produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
         self.written += n
 
     def _planned(self) -> int:
@@ -376,6 +624,7 @@ def _runner_argv(
 ) -> list[str]:
     if cfg.app:
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+        options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
         return python_argv(
             "connectors.toolkit.app_runner",
             "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", _argv_dsn(cfg.dsn), "--table", table,
@@ -464,7 +713,7 @@ def _checked(
         bootstrap=cfg.bootstrap,
         topic=topic,
         dsn=cfg.dsn,
-        table="" if cfg.pipeline == "stateful" else table,
+        table="" if cfg.pipeline == "stateful" or cfg.oracle else table,
         id_field=cfg.id_field,
         payload_fields=cfg.payload_fields if cfg.app else ("key", "amount"),
         sink_id=sink_id_of(table) if is_2pc else None,
@@ -474,13 +723,17 @@ def _checked(
         dead_letters=cfg.dead_letters.replace("{table}", table) if cfg.dead_letters else None,
     )
     fault_kills = sum(1 for e in faults.fired(fault_log) if e.get("action") == "kill-group")
+    if cfg.workload is not None:  # the user's records (with --oracle, not JSON for the checker: not "poison")
+        report.info["source_records"] = len(cfg.workload)
+        if cfg.oracle:
+            report.info.pop("poison_records", None)
     report.add(
         checker.Check(
             "chaos.kills",
-            runs.sigkilled == cfg.kills and runs.sigkilled > 0,
-            f"{runs.sigkilled} of {cfg.kills} planned kills ended the pipeline by SIGKILL "
+            runs.sigkilled == cfg.planned and runs.sigkilled > 0,
+            f"{runs.sigkilled} of {cfg.planned} planned kills ended the pipeline by SIGKILL "
             f"({fault_kills} from fault points, logged)",
-            {"planned": cfg.kills, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
+            {"planned": cfg.planned, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
         ),
         checker.Check(
             "chaos.final_run",
@@ -503,14 +756,17 @@ def run(cfg: ChaosConfig) -> checker.Report:
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
     fault_log = os.path.join(cfg.workdir, "faults.jsonl")
     log_path = os.path.join(cfg.workdir, "pipeline.log")
-    create_topic(cfg.bootstrap, topic, cfg.partitions)
-    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    load_workload(cfg)
+    cfg.topics = topics_of(cfg.workload or [], topic)
+    for name in cfg.topics.values():
+        create_topic(cfg.bootstrap, name, cfg.partitions)
+    plans = schedule(cfg)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
     env.pop("EOS_FAULTS", None)
     # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
-    producer = _Producer(cfg, topic, cfg.kills + 1, checkpoint)
-    progress = _Progress(cfg.kills, cfg.progress)
+    producer = _Producer(cfg, topic, cfg.planned + 1, checkpoint)
+    progress = _Progress(cfg.planned, cfg.progress)
     started = time.monotonic()
     producer.start()
     runs = _Runs()
@@ -541,14 +797,17 @@ def run(cfg: ChaosConfig) -> checker.Report:
     with psycopg.connect(cfg.dsn, autocommit=True):
         pass
     report = _checked(cfg, topic, table, checkpoint, fault_log, runs, last)
+    if cfg.oracle:
+        report.extend(_reference_verdict(cfg, topic, table, env, root))
     report.info.update(
         {
             "pipeline": cfg.pipeline,
             **({"app": cfg.app, "sink_kind": cfg.sink_kind} if cfg.app else {}),
             "seed": cfg.seed,
             "records": cfg.records,
-            "kills": cfg.kills,
-            "restarts": cfg.kills,
+            "kills": cfg.planned,
+            "restarts": cfg.planned,
+            **({"only_kills": list(cfg.only_kills)} if cfg.only_kills is not None else {}),
             "kill_kinds": dict(sorted(runs.kinds.items())),
             "exits": dict(runs.outcomes),
             "wall_seconds": round(wall, 1),
@@ -558,6 +817,156 @@ def run(cfg: ChaosConfig) -> checker.Report:
             "table": table,
         }
     )
+    return report
+
+
+def schedule(cfg: ChaosConfig) -> list[KillPlan]:
+    """The seed's kill schedule, or the kills ``cfg.only_kills`` keeps of it (indices stay the seed's)."""
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    if cfg.only_kills is None:
+        return plans
+    bad = [i for i in cfg.only_kills if not 0 <= i < cfg.kills]
+    if bad or not cfg.only_kills:
+        raise ConfigError(
+            f"--only-kills {','.join(map(str, cfg.only_kills))}: kill numbers from 0 to {cfg.kills - 1} "
+            f"(--kills {cfg.kills}), at least one"
+        )
+    return [p for p in plans if p.index in cfg.only_kills]
+
+
+def reproduce_command(cfg: ChaosConfig, kills: Sequence[int]) -> str:
+    """The ``spark-eos chaos`` command that re-runs ``cfg`` with only ``kills`` of its schedule."""
+    import shlex
+
+    gen = cfg.generator
+    if callable(gen):
+        gen = f"{gen.__module__}:{gen.__qualname__}"
+    argv = ["spark-eos", "chaos", *(("--app", cfg.app) if cfg.app else ("--pipeline", cfg.pipeline))]
+    if cfg.app:
+        argv += ["--sink-kind", cfg.sink_kind]
+    argv += [
+        *(("--generator", gen) if gen else ()),
+        *(("--records-file", cfg.records_file) if cfg.records_file else ()),
+    ]
+    argv += ["--seed", str(cfg.seed), "--kills", str(cfg.kills), "--only-kills", ",".join(map(str, kills))]
+    argv += ["--records", str(cfg.records), "--partitions", str(cfg.partitions), "--max-offsets", str(cfg.max_offsets)]
+    if cfg.oracle:
+        argv += ["--oracle", cfg.oracle + (":" + ",".join(cfg.oracle_key) if cfg.oracle_key else "")]
+        argv += [*(("--tolerance", repr(cfg.tolerance)) if cfg.tolerance else ())]
+        argv += [*(("--ignore-columns", ",".join(cfg.ignore_columns)) if cfg.ignore_columns else ())]
+    if cfg.payload_fields:
+        argv += ["--payload", ",".join(cfg.payload_fields)]
+    if cfg.dead_letters:
+        argv += ["--dead-letters", cfg.dead_letters]
+    argv += [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+    return shlex.join(argv)
+
+
+def minimise(cfg: ChaosConfig, report: checker.Report) -> dict[str, Any]:
+    """Re-run a failing seed dropping its kills one at a time (a kill stays dropped when the run
+    still fails without it); the smallest failing schedule, each kill's kind and point, and the
+    command that reproduces it. Trials reuse the reference runs' tables (same records, no faults).
+    Also put in ``report.info["minimised"]``."""
+    keep = [p.index for p in schedule(cfg)]
+    trials: list[dict[str, Any]] = []
+    for index in list(keep):
+        if len(keep) == 1:
+            break
+        trial = [k for k in keep if k != index]
+        tcfg = dataclasses.replace(
+            cfg, only_kills=tuple(trial), events=[], progress=False,
+            workdir=os.path.join(cfg.workdir, f"minimise-{len(trials)}"),
+        )  # fmt: skip
+        tcfg.workload, tcfg.topics = None, {}
+        result = run(tcfg)
+        fails = not result.ok and result.info.get("verdict") != oracle.CANNOT_JUDGE
+        trials.append({"kills": trial, "fails": fails, "workdir": tcfg.workdir})
+        if fails:
+            keep = trial
+    plans = {p.index: p for p in plan_kills(cfg.points, cfg.kills, cfg.seed)}
+    found = {
+        "kills": keep,
+        "schedule": [f"{i}: {plans[i].kind}" + (f" {plans[i].point}" if plans[i].point else "") for i in keep],
+        "trials": trials,
+        "command": reproduce_command(cfg, keep),
+    }
+    report.info["minimised"] = found
+    return found
+
+
+def load_workload(cfg: ChaosConfig) -> None:
+    """Load the user's records (``--generator`` / ``--records-file``) into ``cfg.workload``; ``cfg.records``
+    becomes their number. The default workload (``make_records``) stays None: it is made as it goes."""
+    if cfg.generator and cfg.records_file:
+        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
+    if cfg.generator:
+        cfg.workload = generate_records(cfg.generator, cfg.seed, cfg.records)
+    elif cfg.records_file:
+        cfg.workload = read_records_file(cfg.records_file, cfg.records)
+    if cfg.workload is not None:
+        for i, rec in enumerate(cfg.workload):
+            _user_partition(rec, i, cfg.partitions)  # a partition out of range: refused before anything runs
+        cfg.records = len(cfg.workload)
+    if cfg.oracle and not cfg.app:
+        raise ConfigError("--oracle compares YOUR job's table with its fault-free runs: it needs --app")
+    if cfg.oracle not in (None, *oracle.MODES):
+        raise ConfigError(f"--oracle {cfg.oracle!r}: expected append or upsert:KEY[,KEY...]")
+    if cfg.reference_runs < 1:
+        raise ConfigError(
+            f"--reference-runs {cfg.reference_runs}: at least 1 (2, the default, also proves the job deterministic)"
+        )
+
+
+def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, str], root: str) -> checker.Report:
+    """Run the job ``cfg.reference_runs`` times without any fault, on the same topics, each from a fresh
+    checkpoint with availableNow into ``<table>_ref<i>``; the oracle's report on the chaos run's table."""
+    import psycopg
+
+    if cfg.reference_rows is not None:  # a minimisation trial: the same records, the same references
+        with psycopg.connect(cfg.dsn, autocommit=True) as conn:
+            got = checker.read_table(conn, table)
+        report = oracle.judge(
+            got, cfg.reference_rows, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
+            ignore=cfg.ignore_columns, table=table,
+        )  # fmt: skip
+        report.info["sink_rows"] = len(got)
+        return report
+    clean = {k: v for k, v in env.items() if k not in ("EOS_FAULTS", "EOS_FAULTS_STATE")}
+    tables = []
+    for i in range(1, cfg.reference_runs + 1):
+        ref_table = f"{table}_ref{i}"
+        ref_checkpoint = os.path.join(cfg.workdir, f"reference{i}", "checkpoint")
+        log = os.path.join(cfg.workdir, f"reference{i}.log")
+        drain = max(cfg.timeout * 3, cfg.records / 20)
+        # the whole workload in one batch (the job's result must not depend on how it is batched; the
+        # chaos run batched it its own way already), which keeps a reference run short
+        argv = _runner_argv(
+            dataclasses.replace(cfg, max_offsets=max(cfg.max_offsets, cfg.records * len(cfg.topics or {"": ""}))),
+            topic, ref_table, ref_checkpoint, "available-now", drain,
+        )  # fmt: skip
+        out = PipelineProcess(argv, clean, log, root).run(drain + 60)
+        if out.returncode != 0:
+            return checker.Report(
+                checks=[
+                    checker.Check(
+                        "oracle.reference_run",
+                        False,
+                        f"{oracle.CANNOT_JUDGE}: reference run {i} (no faults) ended with "
+                        f"{describe_exit(out.returncode)}; see {log}",
+                    )
+                ],
+                info={"verdict": oracle.CANNOT_JUDGE},
+            )
+        tables.append(ref_table)
+    with psycopg.connect(cfg.dsn, autocommit=True) as conn:
+        got = checker.read_table(conn, table)
+        refs = [checker.read_table(conn, t) for t in tables]
+    cfg.reference_rows = refs
+    report = oracle.judge(
+        got, refs, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
+        ignore=cfg.ignore_columns, table=table,
+    )  # fmt: skip
+    report.info.update({"reference_tables": tables, "sink_rows": len(got)})
     return report
 
 
@@ -605,7 +1014,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "--app", default=None, help="module:function building YOUR query instead (see connectors.toolkit.app_runner)"
     )
     p.add_argument("--sink-kind", choices=SINK_KINDS, default="2pc",
-                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc)")  # fmt: skip
+                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc; "
+                   "foreachbatch: points around your foreachBatch function, before Spark's commit)")  # fmt: skip
     p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
     p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
     p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
@@ -615,6 +1025,25 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         help="with --app: the job sink's errors.table ('{table}' stands for the run's table, e.g. {table}_refused); "
         "a record there counts as delivered (each record once in the table or the dead-letter table)",
     )
+    p.add_argument("--generator", default=None, metavar="MODULE:FUNCTION",
+                   help="with --app: YOUR records: records(seed, n) yields (key, value[, headers[, partition[, timestamp]]]) "
+                   "or dicts with key, value, headers, partition, timestamp (ms), topic (several topics: job.topics)")  # fmt: skip
+    p.add_argument("--records-file", default=None, metavar="PATH",
+                   help="with --app: YOUR sample records: *.jsonl one {key, value, timestamp, topic...} object a line, "
+                   "any other file one raw value a line (the first --records of them)")  # fmt: skip
+    p.add_argument("--oracle", default=None, metavar="append|upsert:KEY[,KEY]",
+                   help="with --app: judge the table against fault-free reference runs of the job (availableNow, "
+                   "fresh checkpoint, table <table>_ref1..), as multisets (append) or by key (upsert)")  # fmt: skip
+    p.add_argument("--tolerance", type=float, default=0.0, help="with --oracle: float columns may differ this much "
+                   "(relative and absolute; default 0: exact)")  # fmt: skip
+    p.add_argument("--ignore-columns", default="", help="with --oracle: comma-separated columns allowed to differ")
+    p.add_argument("--reference-runs", type=int, default=2,
+                   help="with --oracle: fault-free runs (default 2: they must agree, else the verdict is CANNOT JUDGE)")  # fmt: skip
+    p.add_argument("--only-kills", default=None, metavar="I,J",
+                   help="run only these kills (numbered from 0) of the seed's schedule: what --minimise prints")  # fmt: skip
+    p.add_argument("--minimise", action="store_true",
+                   help="when the run fails, re-run the seed dropping kills one at a time; print the smallest "
+                   "failing schedule and the command reproducing it")  # fmt: skip
     p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
@@ -642,6 +1071,47 @@ def _command(args: argparse.Namespace) -> int:
     bad = [kv for kv in args.option if "=" not in kv]
     if bad:
         raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+    mode: str | None = None
+    key: tuple[str, ...] = ()
+    if args.oracle:
+        try:
+            mode, key = oracle.parse_mode(args.oracle)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if args.tolerance < 0 or args.tolerance != args.tolerance:
+        raise ConfigError(f"--tolerance {args.tolerance}: a number >= 0 (e.g. 1e-9)")
+    if args.reference_runs < 1:
+        raise ConfigError(
+            f"--reference-runs {args.reference_runs}: at least 1 (2, the default, also checks the job is deterministic)"
+        )
+    given = {"--tolerance": args.tolerance != 0, "--ignore-columns": bool(args.ignore_columns),
+             "--reference-runs": args.reference_runs != 2}  # fmt: skip
+    for flag, used in given.items():
+        if used and not args.oracle:
+            raise ConfigError(f"{flag} tunes the oracle's comparison: it needs --oracle append|upsert:KEY")
+    for name in ("generator", "records_file", "oracle"):
+        if getattr(args, name) and not args.app:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} needs --app (the reference pipelines make their own records)"
+            )
+    if args.generator and args.records_file:
+        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
+    if args.records_file and not os.path.isfile(args.records_file):
+        raise ConfigError(f"--records-file {args.records_file!r}: no such file")
+    if args.generator:
+        load_generator(args.generator)  # a bad module or function: refused before any service starts
+    only = None
+    if args.only_kills is not None:
+        try:
+            only = tuple(sorted({int(x) for x in args.only_kills.split(",")}))
+        except ValueError:
+            raise ConfigError(f"--only-kills {args.only_kills!r}: comma-separated kill numbers, e.g. 0,3") from None
+        if any(not 0 <= i < args.kills for i in only):
+            raise ConfigError(
+                f"--only-kills {args.only_kills}: kill numbers from 0 to {args.kills - 1} (--kills {args.kills})"
+            )
+    if args.minimise and (len(only) if only is not None else args.kills) < 2:
+        raise ConfigError("--minimise drops kills one at a time: it needs at least 2 (--kills)")
     stack = _services(args)
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
@@ -651,8 +1121,15 @@ def _command(args: argparse.Namespace) -> int:
             max_offsets=args.max_offsets, progress=not args.quiet, app=args.app, sink_kind=args.sink_kind,
             id_field=args.id_field, payload_fields=tuple(f for f in args.payload.split(",") if f),
             options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
+            generator=args.generator, records_file=args.records_file, oracle=mode, oracle_key=key,
+            tolerance=args.tolerance, ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
+            reference_runs=args.reference_runs, only_kills=only,
         )  # fmt: skip
         report = run(cfg)
+        if args.minimise and not report.ok and report.info.get("verdict") != oracle.CANNOT_JUDGE:
+            if not args.quiet:
+                print(f"minimising: re-running seed {cfg.seed} dropping kills one at a time", file=sys.stderr)
+            minimise(cfg, report)
         write_results(report, cfg)
         print(report.to_json() if args.json else report.table())
         return 0 if report.ok else 1
@@ -684,7 +1161,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     _arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return _command(args)
+    try:
+        return _command(args)
+    except ConfigError as exc:
+        print(f"chaos: config error: {exc}", file=sys.stderr)
+        return 64
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ class Report:
                     lines.append(f"  {c.name}.{kind}: {', '.join(map(str, ids))}{tail}")
         for key, value in self.info.items():
             lines.append(f"{key}: {value}")
-        lines.append("verdict: " + ("EXACTLY-ONCE HELD" if self.ok else "EXACTLY-ONCE VIOLATED"))
+        verdict = "EXACTLY-ONCE HELD" if self.ok else "EXACTLY-ONCE VIOLATED"
+        lines.append("verdict: " + (str(self.info["verdict"]) if not self.ok and self.info.get("verdict") else verdict))
         return "\n".join(lines)
 
     def __str__(self) -> str:

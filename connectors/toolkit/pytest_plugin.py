@@ -18,6 +18,23 @@ Installed with the package (``pytest11`` entry point ``spark_eos``); nothing to 
         report = eos_chaos("myjob:build", kills=3, payload=("key", "amount"))
         assert report.ok, report.table()
 
+Your own records and the reference-run oracle (any job: aggregations, joins, state)::
+
+    def test_my_windows_are_exactly_once(eos_chaos):
+        report = eos_chaos("myjob:build", generator=myjob.records, oracle="upsert:window_start,sensor",
+                           tolerance=1e-9, ignore_columns=("updated_at",), sink_kind="other")
+        assert report.ok, report.table()
+
+``generator``: ``records(seed, n)`` (the function or ``"module:function"``) yielding
+``(key, value[, headers[, partition[, timestamp]]])`` tuples or dicts (also ``topic``);
+``records_file``: a ``*.jsonl`` of such dicts or a file of raw values, one a line. ``oracle``:
+``"append"`` or ``"upsert:KEY,..."``: the table is compared with ``reference_runs`` (2) fault-free
+runs of the job on the same records (``connectors.toolkit.oracle``); when those disagree the report
+fails with ``info["verdict"] == "CANNOT JUDGE"``. ``sink_kind="foreachbatch"`` adds fault points around
+your foreachBatch function (after its write, before Spark's commit). ``minimise=True``: a failing run
+is re-run dropping kills one at a time; ``report.info["minimised"]`` holds the smallest failing
+schedule and the ``spark-eos chaos ... --only-kills`` command that reproduces it.
+
 The job's module is imported from the current directory or ``PYTHONPATH``; each call gets a fresh
 topic, table name and workdir (under pytest's ``tmp_path``), so runs never see each other's data.
 """
@@ -78,7 +95,27 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
         options: Mapping[str, str] | None = None,
         timeout: float = 300.0,
         dead_letters: str | None = None,
+        generator: Any = None,
+        records_file: str | None = None,
+        oracle: str | None = None,
+        tolerance: float = 0.0,
+        ignore_columns: Sequence[str] = (),
+        reference_runs: int = 2,
+        only_kills: Sequence[int] | None = None,
+        minimise: bool = False,
     ) -> Any:
+        from connectors.core.errors import ConfigError
+        from connectors.toolkit import oracle as oracle_mod
+
+        mode: str | None = None
+        key: tuple[str, ...] = ()
+        if oracle is not None:
+            try:
+                mode, key = oracle_mod.parse_mode(oracle, option="oracle=")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if tolerance < 0:
+            raise ConfigError(f"tolerance={tolerance!r}: a number >= 0 (e.g. 1e-9)")
         workdir = tmp_path / f"chaos-{next(runs)}"
         cfg = chaos.ChaosConfig(
             pipeline="app",
@@ -98,8 +135,18 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
             payload_fields=tuple(payload),
             options=dict(options or {}),
             dead_letters=dead_letters,
+            generator=generator,
+            records_file=records_file,
+            oracle=mode,
+            oracle_key=key,
+            tolerance=tolerance,
+            ignore_columns=tuple(ignore_columns),
+            reference_runs=reference_runs,
+            only_kills=tuple(only_kills) if only_kills is not None else None,
         )
         report = chaos.run(cfg)
+        if minimise and not report.ok and report.info.get("verdict") != oracle_mod.CANNOT_JUDGE:
+            chaos.minimise(cfg, report)  # report.info["minimised"]: the smallest failing schedule, its command
         chaos.write_results(report, cfg)
         return report
 

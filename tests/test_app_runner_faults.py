@@ -1,0 +1,43 @@
+"""The fault points the chaos runner puts around a user's foreachBatch function (--sink-kind foreachbatch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from connectors.core import faults
+from connectors.toolkit import app_runner, chaos
+
+
+def test_foreach_batch_points_fire_before_the_users_write_and_after_it_before_spark_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+    wrapped = app_runner.foreach_batch_with_fault_points(lambda df, batch_id: calls.append((df, batch_id)))
+    log = tmp_path / "faults.jsonl"
+    monkeypatch.setenv(faults.ENV_LOG, str(log))
+    monkeypatch.setenv(faults.ENV_STATE, str(tmp_path / "state"))
+    monkeypatch.setenv(faults.ENV_SPEC, "sink.after_commit:batch=4:action=raise")
+    wrapped("df3", 3)  # another batch: no fault
+    with pytest.raises(faults.FaultInjected):
+        wrapped("df4", 4)
+    assert calls == [("df3", 3), ("df4", 4)]  # the user's write ran, then the fault (a replay would repeat it)
+    monkeypatch.setenv(faults.ENV_SPEC, "pipeline.batch:batch=5:action=raise")
+    with pytest.raises(faults.FaultInjected):
+        wrapped("df5", 5)
+    assert calls[-1] == ("df4", 4)  # before the write: the user's function never ran
+    assert [(e["point"], e["batch"]) for e in faults.fired(str(log))] == [
+        ("sink.after_commit", 4),
+        ("pipeline.batch", 5),
+    ]
+
+
+def test_foreachbatch_kills_carry_the_batch_they_strike() -> None:
+    plans = [p for p in chaos.plan_kills("foreachbatch", 40, 2) if p.point]
+    assert {p.point for p in plans} == {"source.read.mid", "pipeline.batch", "sink.after_commit"}
+    after = next(p for p in plans if p.point == "sink.after_commit")
+    assert after.spec(6) == f"sink.after_commit:batch={7 + after.skip}:action=kill-group:once"
+    before = next(p for p in plans if p.point == "pipeline.batch")
+    # a fresh checkpoint: batch 0 runs on the empty topic (the producer starts with the query), so from batch 1
+    assert before.spec(None) == f"pipeline.batch:batch={1 + before.skip}:action=kill-group:once"
