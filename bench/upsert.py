@@ -62,7 +62,7 @@ def bench_session(app: str, **conf: str) -> Any:
 
     jar = find_jdbc_jar()
     if jar:
-        conf["spark.jars"] = jar
+        conf.setdefault("spark.jars", jar)
     return local_session(app, "local[2]", **conf)
 
 
