@@ -29,6 +29,10 @@ fresh table, every table checked afterwards to hold exactly the input ids (then 
 - ``postgres-upsert`` (key ``id``, into a keyed table);
 - extra rows: the three sinks with ``arrow.maxRecordsPerBatch=65536`` (set for those writes only).
 
+CPU seconds per component (``bench._cpu``: the Spark JVM, its Python workers, the PostgreSQL server,
+the limit's loaders) are printed for each contender too: they hold on a busy machine where wall
+times do not, and say where a contender's time goes.
+
 Every warm contender runs ``--repeat`` times (default 3), interleaved round by round; the tables
 show each round and the medians. Ratios: ``x JDBC`` = JDBC's time / this time (above 1 is faster),
 ``x limit`` = the limit's time / this time, both within the same round. The load average at the
@@ -52,11 +56,13 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from bench._cpu import COMPONENTS, CpuMeter
 from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
 
 __all__ = ["main"]
 
 LIMIT_METHODS = ("write_row", "pgpq", "file")
+LAST_CLIENT_CPU = [0.0]  # CPU seconds of the last limit's two loaders from the start signal (their data made before)
 ARROW_BIG = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
@@ -99,6 +105,7 @@ def _load_half(
     with psycopg.connect(dsn) as conn:
         ready.set()
         go.wait()
+        cpu = time.process_time()
         with conn.cursor() as cur:
             if method == "write_row":
                 with cur.copy(sql) as cp:
@@ -115,7 +122,7 @@ def _load_half(
             else:
                 cur.execute(f"COPY {table} (id, k, v) FROM {psycopg.sql.quote(path)} (FORMAT BINARY)")  # type: ignore[arg-type]
         conn.commit()
-    done.put(time.perf_counter())  # CLOCK_MONOTONIC: one clock for every process
+    done.put((time.perf_counter(), time.process_time() - cpu))  # CLOCK_MONOTONIC: one clock for every process
 
 
 def bench_limit(dsn: str, table: str, rows: int, method: str = "pgpq", paths: list[str] | None = None) -> float:
@@ -136,12 +143,13 @@ def bench_limit(dsn: str, table: str, rows: int, method: str = "pgpq", paths: li
         r.wait(300)
     t0 = time.perf_counter()
     go.set()
-    ends = [done.get(timeout=600) for _ in procs if True]
+    ends = [done.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
     if any(p.exitcode for p in procs):
         raise RuntimeError(f"a {method} COPY process failed")
-    return max(ends) - t0
+    LAST_CLIENT_CPU[0] = sum(cpu for _, cpu in ends)
+    return max(end for end, _ in ends) - t0
 
 
 def _table(conn: psycopg.Connection, name: str, *, key: bool, unlogged: bool = False) -> None:
@@ -192,12 +200,23 @@ def run(dsn: str, rows: int, repeat: int = 3, pg_label: str = "stock") -> int:
     suffix = uuid.uuid4().hex[:6]
     wrong: list[str] = []
 
-    def timed(table: str, key: bool, write: Callable[[str], Any], *, unlogged: bool = False) -> float:
+    meter = CpuMeter(spark, dsn)
+    cpu: dict[str, list[dict[str, float | None]]] = {}
+
+    def timed(
+        table: str, key: bool, write: Callable[[str], Any], *, unlogged: bool = False, name: str | None = None
+    ) -> float:
         with psycopg.connect(dsn, autocommit=True) as conn:
             _table(conn, table, key=key, unlogged=unlogged)
+        before = meter.snapshot()
         t0 = time.perf_counter()
         write(table)
         secs = time.perf_counter() - t0
+        used = meter.used(before, meter.snapshot())
+        if name is not None and name.startswith(("limit", "2 processes")):
+            used["driver"] = LAST_CLIENT_CPU[0]  # the loaders only, from the start signal
+        if name is not None:
+            cpu.setdefault(name, []).append(used)
         with psycopg.connect(dsn, autocommit=True) as conn:
             check = _check(conn, table, rows)
             conn.execute(f"DROP TABLE {table}")  # type: ignore[arg-type]
@@ -274,11 +293,13 @@ def run(dsn: str, rows: int, repeat: int = 3, pg_label: str = "stock") -> int:
     for r in range(repeat):
         secs: dict[str, float] = {}
         for i, (name, key, write, unlogged) in enumerate(contenders):
-            secs[name] = timed(f"bl_{r}_{i}_{suffix}", key, write, unlogged=unlogged)
+            secs[name] = timed(f"bl_{r}_{i}_{suffix}", key, write, unlogged=unlogged, name=name)
             print(f"  round {r + 1}: {name}: {secs[name]:.2f}s", flush=True)
         logged = {m: secs[f"limit: 2 processes, {m}, logged"] for m in methods}
         best = min(logged, key=logged.__getitem__)
-        secs["limit into a keyed table"] = timed(f"bl_{r}_k_{suffix}", True, limit(best))
+        secs["limit into a keyed table"] = timed(
+            f"bl_{r}_k_{suffix}", True, limit(best), name=f"limit into a keyed table ({best})"
+        )
         secs["__limit__"] = logged[best]
         secs["__limit_method__"] = float(methods.index(best))
         rounds.append(secs)
@@ -323,6 +344,22 @@ def run(dsn: str, rows: int, repeat: int = 3, pg_label: str = "stock") -> int:
         "(x JDBC: postgres-upsert and the keyed rows against Spark's JDBC writer into a keyed table, the others "
         "against it into a heap; x limit: postgres-upsert against the limit into a keyed table)"
     )
+    print("\nCPU seconds per component (median of the rounds; robust to other work on the machine, unlike the")
+    print("wall times above: on 2 cores a load cannot take less wall time than its total CPU / 2):")
+    print("| writer | Spark JVM | Python workers | PostgreSQL server | bench processes | total CPU |")
+    print("|---|---|---|---|---|---|")
+    for name, runs in cpu.items():
+        med = {
+            k: (
+                statistics.median(v for r in runs if (v := r[k]) is not None)
+                if all(r[k] is not None for r in runs)
+                else None
+            )
+            for k in COMPONENTS
+        }
+        total = sum(v for v in med.values() if v is not None)
+        cells = " | ".join("n/a" if med[k] is None else f"{med[k]:.2f}" for k in COMPONENTS)
+        print(f"| {name} | {cells} | {total:.2f} |")
     warm = {
         "spark jdbc": statistics.median(s["spark jdbc (df.write.jdbc)"] for s in rounds),
         "postgres-2pc visibility=batch": statistics.median(s["postgres-2pc visibility=batch"] for s in rounds),
