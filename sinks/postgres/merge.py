@@ -150,11 +150,7 @@ class KeyTracker:
     def _codes(self, batch: pa.RecordBatch) -> np.ndarray:
         cols = [batch.column(batch.schema.get_field_index(k)) for k in self.key]
         if len(cols) == 1 and pa.types.is_integer(cols[0].type):
-            # from the buffer: to_numpy imports pandas in a cold worker (nulls were refused before)
-            col = cols[0].cast(pa.int64())
-            data = col.buffers()[1]
-            codes: np.ndarray = np.frombuffer(data, dtype=np.int64, count=len(col), offset=col.offset * 8).copy()
-            return codes
+            return np.asarray(cols[0].cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
         from pandas.util import hash_array
 
         codes = np.zeros(batch.num_rows, dtype=np.uint64)

@@ -364,7 +364,7 @@ def unstorable(batch: pa.RecordBatch, columns: Sequence[Column], version: str | 
                     )
                 if leaf.null_count < len(leaf):
                     try:
-                        mask = _false_for_null(pc.match_substring(leaf, "\x00"))
+                        mask = pc.fill_null(pc.match_substring(leaf, "\x00"), False)
                     except pa.ArrowInvalid:  # invalid UTF-8 found above
                         mask = None
                     if mask is not None and pc.any(mask).as_py():
@@ -375,7 +375,7 @@ def unstorable(batch: pa.RecordBatch, columns: Sequence[Column], version: str | 
                                 f"{what} cannot hold the NUL character (0x00)",
                                 shorten(repr(leaf[int(k)].as_py())), _escape_value(array, row))  # fmt: skip
             elif json_staged and pa.types.is_floating(kind) and len(leaf):
-                values = np.asarray(_numbers(leaf), dtype=np.float64)
+                values = np.asarray(leaf.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
                 for k in np.flatnonzero(~np.isfinite(values)):
                     row = int(where[k])
                     add(row, c, "22P02", f"JSON has no {_escape_json(float(values[k]))}: jsonb cannot hold the value",
@@ -397,41 +397,18 @@ def _escape_value(array: pa.Array, row: int) -> Any:
     return _escape_json(value)
 
 
-def _numbers(array: pa.Array) -> np.ndarray:
-    """The values of a fixed-width integer or float array as numpy, nulls as 0 (read-only).
-
-    Read from the array's buffer: pyarrow's ``to_numpy`` (and ``fill_null(0)``, which makes a Python
-    scalar) import pandas, 0.2-1 s in a cold Python worker that would not need it otherwise."""
-    if array.null_count:
-        array = array.fill_null(0)  # rare: pays the import
-    kind = "f" if pa.types.is_floating(array.type) else "i"
-    dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
-    data = array.buffers()[1]
-    if data is None:
-        return np.zeros(len(array), dtype=dtype)
-    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
-
-
-def _false_for_null(mask: pa.Array) -> pa.Array:
-    """A boolean mask with nulls as false, without a Python scalar (see ``_zero_for_null``)."""
-    return mask if mask.null_count == 0 else pc.and_kleene(mask, pc.is_valid(mask))
-
-
 def _changed(array: pa.Array, c: Column, target: str, add: Any, version: str | None) -> None:
     """Values Postgres would take but change: name cut, timestamp(p) rounding, float -> numeric rounding,
     a NaN version; dates and timestamps outside Postgres' range."""
     type_ = array.type
-    if array.null_count == 0:  # a boolean array's to_numpy imports pandas (see _zero_for_null)
-        valid = np.ones(len(array), dtype=bool)
-    else:
-        valid = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    valid = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     if target == "name" and _is_text(type_):
-        lengths = _numbers(pc.binary_length(array))
+        lengths = np.asarray(pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False))
         for i in np.flatnonzero(lengths > NAME_BYTES):
             add(int(i), c, "22001", f"value too long for type name ({NAME_BYTES} bytes): Postgres would cut it to "
                 f"{NAME_BYTES} bytes", shorten(repr(array[int(i)].as_py())), replace=False)  # fmt: skip
     if pa.types.is_timestamp(type_) and len(array):
-        micros = np.asarray(_numbers(array.view(pa.int64())), dtype=np.int64)
+        micros = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
         unit = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": 0}[type_.unit]
         if unit:
             low = PG_MIN_TIMESTAMP_US // unit
@@ -445,12 +422,12 @@ def _changed(array: pa.Array, c: Column, target: str, add: Any, version: str | N
                     add(int(i), c, "22001", f"{c.target_type} would round the value to {places} fractional digits",
                         shorten(repr(str(array[int(i)].as_py()))), replace=False)  # fmt: skip
     if pa.types.is_date32(type_) and len(array):
-        days = np.asarray(_numbers(array.view(pa.int32())), dtype=np.int64)
+        days = np.asarray(array.cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
         for i in np.flatnonzero(valid & ((days < PG_MIN_DATE_DAYS) | (days >= PG_END_DATE_DAYS))):
             add(int(i), c, "22008", "date out of range for Postgres (4713 BC to 5874897 AD)",
                 f"{int(days[i])} days since 1970-01-01", f"{int(days[i])} days since 1970")  # fmt: skip
     if pa.types.is_floating(type_) and len(array):
-        values = np.asarray(_numbers(array), dtype=np.float64)
+        values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
         if c.name == version:
             for i in np.flatnonzero(valid & np.isnan(values)):
                 add(int(i), c, "22000", "a NaN version sorts above every number in Postgres: the key would never "

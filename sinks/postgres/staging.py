@@ -25,7 +25,7 @@ from sinks.postgres.merge import DELETE_FLAG, ORDINAL, KeyTracker, MergePlan, en
 from sinks.postgres.options import UpsertOptions
 from sinks.postgres.types import check_table
 
-__all__ = ["SPILL_BYTES", "BatchBuffer", "Replayable", "UpsertPlanner", "ordinals", "prepared_rows"]
+__all__ = ["SPILL_BYTES", "BatchBuffer", "Replayable", "UpsertPlanner", "prepared_rows"]
 
 FORMAT = "postgres-upsert"
 
@@ -136,7 +136,7 @@ def prepared_rows(
                     column=col,
                 )
         arrays = [batch.column(batch.schema.get_field_index(n)) for n in names]
-        arrays.append(ordinals(ordinal, batch.num_rows))
+        arrays.append(pa.array(np.arange(ordinal, ordinal + batch.num_rows, dtype=np.int64)))
         fields = [*names, ORDINAL]
         if plan.deletes:
             arrays.append(_delete_flags(batch, opts, payload))
@@ -146,14 +146,6 @@ def prepared_rows(
         if keys is not None:
             keys.see(out)
         yield out
-
-
-def ordinals(start: int, count: int) -> pa.Array:
-    """int64 ``start .. start + count - 1`` as an Arrow array, built on numpy's buffer: ``pa.array``
-    of a numpy array (or of Python values) makes pyarrow import pandas, 0.2-1 s in a cold Python worker."""
-    return pa.Array.from_buffers(
-        pa.int64(), count, [None, pa.py_buffer(np.arange(start, start + count, dtype=np.int64))]
-    )
 
 
 SPILL_BYTES = 64 * 1024 * 1024
@@ -260,12 +252,10 @@ class Replayable:
 
 
 def _delete_flags(batch: pa.RecordBatch, opts: UpsertOptions, payload: list[str]) -> pa.Array:
-    flags = pa.Array.from_buffers(
-        pa.bool_(), batch.num_rows, [None, pa.py_buffer(np.zeros((batch.num_rows + 7) // 8, np.uint8))]
-    )
+    flags = pa.array([False] * batch.num_rows, pa.bool_())
     if opts.delete_column is not None:
         col = batch.column(batch.schema.get_field_index(opts.delete_column))
-        flags = pc.or_(flags, col if col.null_count == 0 else pc.and_kleene(col, pc.is_valid(col)))
+        flags = pc.or_(flags, pc.fill_null(col, False))
     if opts.delete_tombstones:
         all_null = None
         for name in payload:

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import sql
@@ -27,7 +28,7 @@ from sinks.postgres.options import (
     quote_ident,
 )
 from sinks.postgres.refusal import WHY, DataRefused, Screen, Unstaged, copy_value, describe
-from sinks.postgres.staging import Replayable, ordinals, prepared_rows
+from sinks.postgres.staging import Replayable, prepared_rows
 from sinks.postgres.twophase.decisions import (
     ProtocolTables,
     sink_lock,
@@ -408,7 +409,7 @@ def _with_ordinals(batches: Iterable[pa.RecordBatch], names: list[str]) -> Itera
     ordinal = 0
     for batch in batches:
         if batch.num_rows:
-            arrays = [*batch.select(names).columns, ordinals(ordinal, batch.num_rows)]
+            arrays = [*batch.select(names).columns, pa.array(np.arange(ordinal, ordinal + batch.num_rows))]
             ordinal += batch.num_rows
             yield pa.RecordBatch.from_arrays(arrays, names=[*names, ORDINAL])
 
