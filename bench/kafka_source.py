@@ -252,8 +252,7 @@ def spark_connector_conf() -> dict[str, str]:
         )
     from bench.upsert import find_jdbc_jar
 
-    jdbc = find_jdbc_jar()
-    return {"spark.jars": ",".join([*([jdbc] if jdbc else []), *(str(j) for j in connector_jars())])}
+    return {"spark.jars": ",".join([find_jdbc_jar(), *(str(j) for j in connector_jars())])}
 
 
 def _median(repeat: int, run: Callable[[], tuple[int, float]]) -> tuple[int, float]:

@@ -20,7 +20,7 @@ as text and value = 100 bytes, in 2 topic partitions; partition p holds the ids
 - ``postgres-2pc visibility=partition`` and ``visibility=batch`` (exactly-once);
 - ``postgres-upsert`` (key ``id``; the table has the primary key);
 - ``spark jdbc (foreachBatch)``: what a user would write instead, ``df.write.jdbc`` in
-  ``foreachBatch`` (at-least-once; needs the PostgreSQL JDBC jar, skipped with a message without).
+  ``foreachBatch`` (at-least-once; the PostgreSQL JDBC jar is fetched once, ``bench._jdbc``).
 
 1. Throughput: all records are produced first; each contender reads them from the earliest offset
    with ``maxOffsetsPerTrigger`` = records / ``--batches`` and ``trigger(availableNow=True)``, so
@@ -66,7 +66,7 @@ from typing import Any
 import psycopg
 
 from bench.kafka_source import BROKERS, kafka, spark_connector_conf
-from bench.upsert import bench_session, find_jdbc_jar, throwaway_postgres
+from bench.upsert import bench_session, throwaway_postgres
 
 __all__ = ["main"]
 
@@ -301,7 +301,6 @@ def run(
     os.environ["EOS_2PC_TIMINGS"] = timings  # before the JVM starts: its Python processes inherit it
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    jar = find_jdbc_jar()
     conf = {
         "spark.driver.memory": "2g",
         "spark.python.authenticate.socketTimeout": "120s",  # a loaded machine starts workers slowly
@@ -370,9 +369,8 @@ def run(
         ),
         ("postgres-2pc visibility=batch", two_pc_batch, False, "exactly-once", eos),
         ("postgres-upsert (key id)", sink("postgres-upsert", key="id"), True, "idempotent", eos),
+        ("spark jdbc (foreachBatch)", jdbc_start, False, "at-least-once", eos),
     ]
-    if jar:
-        contenders.append(("spark jdbc (foreachBatch)", jdbc_start, False, "at-least-once", eos))
     if spark_source:  # what users run today, our sink behind Spark's own source, and the Python writer's floor there
         contenders.append((SPARK_JDBC, jdbc_start, False, "at-least-once", "kafka"))
         contenders.append(("spark kafka -> noop Python writer", sink("bench-noop"), False, "the floor", "kafka"))
@@ -382,11 +380,6 @@ def run(
     # the floor again, last: the machine's load drifts over a run; the lower of the two counts
     contenders.append((NOOP_AGAIN, sink("bench-noop"), False, "the floor measured again at the end", eos))
     results = {name: Result(name, note=note) for name, _, _, note, _ in contenders}
-    if not jar:
-        results["spark jdbc (foreachBatch)"] = Result(
-            "spark jdbc (foreachBatch)",
-            note="SKIPPED: no PostgreSQL JDBC jar (apt-get install libpostgresql-jdbc-java)",
-        )
 
     print(f"load average at the start: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs", flush=True)
     try:

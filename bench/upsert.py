@@ -12,7 +12,7 @@ default, two Spark partitions that do not share keys), each into a fresh LOGGED 
   every 100th / 10th key, rows the merge would write): the cost of finding and diverting them
   against the same load with none refused;
 - ``jdbc (foreachBatch)``: Spark's JDBC writer, what a foreachBatch sink does: plain INSERTs into a
-  table without a key (at-least-once); skipped with a message when no PostgreSQL JDBC jar is found;
+  table without a key (at-least-once; the PostgreSQL JDBC jar is fetched once, see ``bench._jdbc``);
 - ``limit: 1 process COPY+merge``: this process alone, the same Arrow data, binary COPY into a
   staging table and the same INSERT ... ON CONFLICT (``merge_staged``): no Spark at all.
 
@@ -22,7 +22,6 @@ Postgres: ``--dsn`` or EOS_POSTGRES_DSN, else a throwaway cluster from the syste
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
 import subprocess
@@ -40,35 +39,29 @@ from connectors.services._proc import free_port
 
 __all__ = ["main"]
 
-JDBC_GLOBS = (
-    os.path.expanduser("~/.m2/repository/org/postgresql/postgresql/*/postgresql-*.jar"),
-    "/usr/share/java/postgresql.jar",
-    "/usr/share/java/postgresql-jdbc4.jar",
-)
 
+def find_jdbc_jar() -> str:
+    """The PostgreSQL JDBC jar of the JDBC peers (``bench._jdbc``: fetched from Maven Central once)."""
+    from bench._jdbc import jdbc_jar
 
-def find_jdbc_jar() -> str | None:
-    for pattern in JDBC_GLOBS:
-        hits = sorted(glob.glob(pattern))
-        if hits:
-            return hits[-1]
-    return None
+    return jdbc_jar()
 
 
 def bench_session(app: str, **conf: str) -> Any:
     """The benchmarks' SparkSession: ``local[2]`` (no task retries), quiet, every format registered,
-    the PostgreSQL JDBC jar on the classpath when the machine has one (for the JDBC peers)."""
+    the PostgreSQL JDBC jar on the classpath (for the JDBC peers; fetched once, see ``bench._jdbc``)."""
     from connectors.services.spark import local_session
 
-    jar = find_jdbc_jar()
-    if jar:
-        conf.setdefault("spark.jars", jar)
+    conf.setdefault("spark.jars", find_jdbc_jar())
     return local_session(app, "local[2]", **conf)
 
 
 @contextmanager
-def throwaway_postgres() -> Iterator[str]:
-    """A temporary cluster (initdb/pg_ctl), run as user 'postgres' when we are root."""
+def throwaway_postgres(settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A temporary cluster (initdb/pg_ctl), run as user 'postgres' when we are root.
+
+    Stock postgresql.conf except what the two-phase sink needs (``max_prepared_transactions=16``);
+    ``settings`` adds or overrides server settings (``{"shared_buffers": "256MB"}``)."""
     root = tempfile.mkdtemp(prefix="eos-bench-pg-")
     data = os.path.join(root, "data")
     port = free_port()
@@ -77,7 +70,8 @@ def throwaway_postgres() -> Iterator[str]:
         shutil.chown(root, "postgres")
         run_as = ["runuser", "-u", "postgres", "--"]
     subprocess.run([*run_as, "initdb", "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_prepared_transactions=16 -c shared_buffers=256MB"
+    conf = {"listen_addresses": "127.0.0.1", "max_prepared_transactions": "16", **(settings or {})}
+    opts = f"-p {port} -k {root} " + " ".join(f"-c {k}={v}" for k, v in conf.items())
     subprocess.run(
         [*run_as, "pg_ctl", "-D", data, "-o", opts, "-l", os.path.join(root, "log"), "-w", "start"],
         check=True,

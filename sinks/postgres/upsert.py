@@ -14,6 +14,9 @@ shared with the two-phase sink's upsert mode.
 Each task, in ONE transaction: CREATE TEMP staging, binary COPY of its Arrow batches as Spark
 yields them (a copy kept for a retry: memory up to 64 MiB, then a local file), merge (dedup unless
 every key is distinct, INSERT ... ON CONFLICT ... WHERE version guard, deletes, tombstones), COMMIT.
+When the first keys of the task are new (and no deletes, casts or rules are involved), the rows are
+first COPYed straight into the table under a savepoint (``copy_new_keys``: one write per row); a key
+present or repeated, or a refused value, rolls that back and the rows take the staged merge.
 Retriable failures rerun the whole transaction with bounded backoff. A crash after COMMIT and
 before Spark's commit log replays the batch, which the version guard (or plain key equality)
 turns into a no-op: that is the exactly-once argument of this sink.
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -48,8 +52,8 @@ from sinks.postgres.merge import (
     MergePlan,
     merge_staged,
 )
-from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text
-from sinks.postgres.refusal import WHY, Screen
+from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text, quote_ident
+from sinks.postgres.refusal import WHY, Screen, Unstaged
 from sinks.postgres.staging import Replayable, UpsertPlanner, prepared_rows
 
 __all__ = [
@@ -107,7 +111,14 @@ class _UpsertWriterMixin:
             if batches is None:
                 return MergeCounts()
             return write_transaction(
-                self.opts, self.plan, batches, fault_context=ctx, keys=keys, partition=partition, batch_id=batch_id
+                self.opts,
+                self.plan,
+                batches,
+                fault_context=ctx,
+                keys=keys,
+                partition=partition,
+                batch_id=batch_id,
+                probe=first,
             )
 
         counts = RetryPolicy.of(self.opts.connection).run(
@@ -135,11 +146,17 @@ def write_transaction(
     keys: KeyTracker | None = None,
     partition: int = 0,
     batch_id: int | None = None,
+    probe: pa.RecordBatch | None = None,
 ) -> MergeCounts:
     """One try: connect, stage (COPY as the batches come), merge, commit. Any failure rolls back and
     propagates unchanged; ``batches`` is iterated once per try (a ``Replayable`` for retries).
     ``keys``, fed by ``prepared_rows``, lets the merge skip its dedup when every key is distinct.
-    With ``errors.tolerance=all`` refused rows go to ``errors.table`` in this transaction."""
+    With ``errors.tolerance=all`` refused rows go to ``errors.table`` in this transaction.
+
+    ``probe`` (the task's first prepared batch): when none of its keys is in the table yet, the rows
+    are first COPYed straight into the table (``copy_new_keys``: one write per row); a key already
+    there, a key twice in the task, or any value the table refuses rolls that back to a savepoint
+    and the rows take the staged merge below, which decides, dedups and diverts as always."""
     divert = opts.errors.table is not None
     columns = plan.staging_columns() + ([(WHY, "text")] if divert else [])
     where = f"{FORMAT} into {plan.target} (partition {partition})"
@@ -150,6 +167,15 @@ def write_transaction(
     try:
         with conn.cursor() as cur:
             cur.execute(b"SET CONSTRAINTS ALL IMMEDIATE")  # deferred ones are checked by the merge, not COMMIT
+            if probe is not None and direct_copy(cur, plan, probe):
+                direct = Screen(
+                    plan.columns, where=where, version=plan.version, on_found="raise" if divert else "refuse"
+                )
+                rows = copy_new_keys(cur, plan, direct, batches)
+                if rows is not None:
+                    faults.point("sink.after_write", spec=opts.faults, **dict(fault_context or {}))
+                    conn.commit()
+                    return MergeCounts(staged=rows, upserted=rows)
             staging = create_staging(cur, plan.target, columns)
             staged = copy_arrow(cur, staging, columns, screen(batches))
             unique = keys is not None and keys.unique
@@ -174,6 +200,60 @@ def write_transaction(
         raise
     finally:
         close_quietly(conn)
+
+
+PROBE_KEYS = 10_000
+"""Keys of the first batch looked up before a direct COPY (one index probe each, about 10 ms)."""
+
+
+def direct_copy(cur: psycopg.Cursor, plan: MergePlan, probe: pa.RecordBatch) -> bool:
+    """Whether to try ``copy_new_keys``: an upsert without deletes whose staged columns are the table's
+    binary types (no widening, no cast), into a table without rules (COPY ignores them), none of
+    ``probe``'s first keys present (one key column; with several, an empty table)."""
+    from sinks.postgres.twophase.plan import _same_binary  # the same test postgres-2pc's direct COPY makes
+
+    if plan.deletes or not plan.key or not all(_same_binary(c) for c in plan.columns):
+        return False
+    rules = cur.execute("SELECT relhasrules FROM pg_class WHERE oid = %s::regclass", (plan.target.sql,)).fetchone()
+    if rules is None or rules[0]:
+        return False
+    if len(plan.key) == 1:
+        key = plan.column(plan.key[0])
+        values = probe.column(probe.schema.get_field_index(key.name)).slice(0, PROBE_KEYS).to_pylist()
+        found = cur.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {plan.target.sql} WHERE {quote_ident(key.target)} = ANY(%s))",
+            (values,),
+        ).fetchone()
+    else:
+        found = cur.execute(f"SELECT EXISTS (SELECT 1 FROM {plan.target.sql})").fetchone()
+    return found is not None and not found[0]
+
+
+def copy_new_keys(
+    cur: psycopg.Cursor, plan: MergePlan, screen: Screen, batches: Iterable[pa.RecordBatch]
+) -> int | None:
+    """COPY the rows straight into the target (their keys new: inserting them is what the merge would
+    do); the row count, or None when the COPY was rolled back to its savepoint (a key present or
+    repeated, a refused value): then the caller merges from staging as usual."""
+    cur.execute(b"SAVEPOINT eos_direct")
+    try:
+        rows = copy_arrow(
+            cur,
+            plan.target.sql,
+            [(c.name, c.pg_type) for c in plan.columns],
+            screen(batches),
+            targets=[c.target for c in plan.columns],
+        )
+    except Unstaged:  # a value to divert (errors.tolerance=all): the staged merge diverts it
+        cur.execute(b"ROLLBACK TO SAVEPOINT eos_direct")
+        return None
+    except psycopg.Error as exc:
+        if not deadletter.refusable(exc):  # a lost connection, a timeout: the retry runs the transaction again
+            raise
+        cur.execute(b"ROLLBACK TO SAVEPOINT eos_direct")
+        return None
+    cur.execute(b"RELEASE SAVEPOINT eos_direct")
+    return rows
 
 
 def _log_commit(messages: Iterable[WriterCommitMessage | None], batch_id: int | None, table: object) -> MergeCounts:
