@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spark(master: str) -> Any:
+    # On a local master the Python workers run on this machine: unless the user chose their interpreter,
+    # they run this one, which has spark-eos (python3 on PATH may not; the chaos tool starts us with it)
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     import connectors

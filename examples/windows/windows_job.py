@@ -18,12 +18,13 @@ sums within a tolerance. From this directory:
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from connectors.toolkit.app_runner import Job
 
-START_MS = 1_795_000_000_000  # the readings' first event time (2026-11-18)
+HOUR_MS = 3_600_000
 SENSORS = 8
 
 
@@ -31,10 +32,13 @@ def records(seed: int, n: int) -> Iterator[tuple[str, str, tuple[()], None, int]
     """``n`` readings (key, value, headers, partition, timestamp): four a second, in event-time order
     up to 200 ms of jitter (far inside the watermark: no reading is ever late, in any batching)."""
     rng = random.Random(seed)
+    # the readings start at the top of the hour before the current one: recent enough that no broker's
+    # retention (7 days by default) deletes them under the run, and the same for every call within the hour
+    start_ms = (int(time.time() * 1000) // HOUR_MS - 1) * HOUR_MS
     for i in range(n):
         sensor = f"s{rng.randrange(SENSORS):02d}"
         reading = round(rng.uniform(-20.0, 40.0), 3)
-        yield sensor, f"{sensor};{reading}", (), None, START_MS + i * 250 + rng.randrange(200)
+        yield sensor, f"{sensor};{reading}", (), None, start_ms + i * 250 + rng.randrange(200)
 
 
 def build(spark: Any, job: Job) -> Any:
