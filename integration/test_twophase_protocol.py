@@ -426,4 +426,7 @@ def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.Captur
     assert _rows(sink) == [0, 1, 2]
     assert status.main(["release", *base]) == 2  # needs --yes
     assert status.main(["release", *base, "--yes"]) == 0
-    assert status.sink_status(sink["dsn"], sink["sink_id"])["owner"] is None
+    # released: nothing of the sink is left (owner, decisions, markers), so its id is unknown, as a misspelled one
+    with pytest.raises(ConfigError, match=f"no sink '{sink['sink_id']}' in this database"):
+        status.sink_status(sink["dsn"], sink["sink_id"])
+    assert status.main(["status", *base]) == 64
