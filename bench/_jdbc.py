@@ -11,8 +11,6 @@ skipped for want of a jar: a machine that cannot fetch it fails with the reason.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from connectors.services import apache_kafka as _ivy
@@ -49,31 +47,16 @@ def jdbc_jar(version: str = JDBC_VERSION, *, cache: Path | None = None, timeout:
         return str(m2)
     root = cache or _ivy.cache_root()
     target = root / f"postgresql-jdbc-{version}"
-    if (target / name).is_file():
-        return str(target / name)
-    root.mkdir(parents=True, exist_ok=True)
-    with _ivy._locked(root / f"postgresql-jdbc-{version}.lock", timeout + 60):
-        if (target / name).is_file():
-            return str(target / name)
-        work = Path(tempfile.mkdtemp(prefix=f".postgresql-jdbc-{version}-", dir=root))
-        try:
-            (work / "ivy.xml").write_text(_module(version))
-            repo = os.environ.get(_ivy.REPO_ENV) or _ivy.DEFAULT_REPO
-            (work / "ivysettings.xml").write_text(_ivy.ivy_settings(work / "ivy-cache", repo))
-            jars = work / "jars"
-            argv = _ivy.ivy_command(
-                _ivy.java_binary(), _ivy.ivy_jar(), work / "ivysettings.xml", work / "ivy.xml", jars
-            )
-            _ivy._run_ivy(argv, log_path=work / "ivy.log", timeout=timeout)
+    if not (target / _ivy.MARKER).is_file():
+        root.mkdir(parents=True, exist_ok=True)
+
+        def check(jars: Path) -> None:
             if not (jars / name).is_file():
                 raise FileNotFoundError(
                     f"Ivy resolved org.postgresql:postgresql:{version} but left no {name} in {jars}"
                 )
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(jars, target)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+
+        _ivy.resolve_module(_module(version), root, target.name, version, timeout, check=check)
     return str(target / name)
 
 

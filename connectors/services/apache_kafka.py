@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -347,14 +347,43 @@ def resolve_jars(
             f"cannot create the Kafka jar cache {root}: {e}. Set {CACHE_ENV} to a writable directory, or "
             f"{JARS_ENV} to a directory of Kafka jars."
         ) from e
-    with _locked(root / f"kafka-{version}.lock", timeout + 60):
+
+    def check(jars: Path) -> None:
+        _check_jars(jars, version, "the Ivy resolution")
+        names = [p.name for p in jars.glob("*.jar")]
+        missing = [a for a in ("log4j-core-", "log4j-slf4j-impl-") if not any(n.startswith(a) for n in names)]
+        if missing:
+            raise ServiceError(f"the Ivy resolution of Kafka {version} lacks {', '.join(missing)}*.jar")
+
+    return resolve_module(ivy_module(version), root, f"kafka-{version}", version, timeout, java=java, check=check)
+
+
+def resolve_module(
+    module: str,
+    root: Path,
+    stem: str,
+    version: str,
+    timeout: float,
+    *,
+    java: str | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> Path:
+    """``root/stem``: the jars of the Ivy ``module``, resolved once (then cached) under a lock.
+
+    The entry is built in a temp dir (``.stem-*``, removed when a resolver died), checked by ``check``,
+    marked complete by its marker file and renamed into place, so concurrent callers (pytest workers)
+    fetch once and never see half a directory. Used for the broker's jars and for other Maven jars
+    (Spark's Kafka connector, the benchmarks' JDBC driver).
+    """
+    target = root / stem
+    with _locked(root / f"{stem}.lock", timeout + 60):
         if (target / MARKER).is_file():
             return target  # another process finished while we waited
-        for stale in root.glob(f".kafka-{version}-*"):  # left by a resolver that died; we hold the lock
+        for stale in root.glob(f".{stem}-*"):  # left by a resolver that died; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".kafka-{version}-", dir=root))
+        work = Path(tempfile.mkdtemp(prefix=f".{stem}-", dir=root))
         try:
-            (work / "ivy.xml").write_text(ivy_module(version))
+            (work / "ivy.xml").write_text(module)
             (work / "ivysettings.xml").write_text(
                 ivy_settings(work / "ivy-cache", os.environ.get(REPO_ENV) or DEFAULT_REPO)
             )
@@ -363,11 +392,9 @@ def resolve_jars(
             started = time.monotonic()
             _run_ivy(argv, log_path=work / "ivy.log", timeout=timeout)
             seconds = time.monotonic() - started
-            _check_jars(jars, version, "the Ivy resolution")
+            if check is not None:
+                check(jars)
             names = sorted(p.name for p in jars.glob("*.jar"))
-            missing = [a for a in ("log4j-core-", "log4j-slf4j-impl-") if not any(n.startswith(a) for n in names)]
-            if missing:
-                raise ServiceError(f"the Ivy resolution of Kafka {version} lacks {', '.join(missing)}*.jar")
             marker = {"version": version, "command": argv, "seconds": round(seconds, 1), "jars": names,
                       "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
             (jars / MARKER).write_text(json.dumps(marker, indent=2) + "\n")

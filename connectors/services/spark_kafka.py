@@ -16,11 +16,6 @@ through ``~/.m2`` first, where a pom without its jar makes the resolution fail.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
 from connectors.core.errors import ServiceError
@@ -75,40 +70,13 @@ def connector_jars(
     target = root / f"spark-sql-kafka-{version}"
     if not (target / apache_kafka.MARKER).is_file():
         root.mkdir(parents=True, exist_ok=True)
-        with apache_kafka._locked(root / f"spark-sql-kafka-{version}.lock", timeout + 60):
-            if not (target / apache_kafka.MARKER).is_file():
-                _resolve(module, root, target, version, timeout)
+        apache_kafka.resolve_module(module, root, target.name, version, timeout)
     jars = sorted(target.glob("*.jar"))
     wanted = [name for _, name, _ in ARTIFACTS[version]]
     missing = [n for n in wanted if not any(j.name.startswith(n + "-") for j in jars)]
     if missing:
         raise ServiceError(f"the jar cache {target} lacks {', '.join(missing)}; delete the directory to fetch again")
     return jars
-
-
-def _resolve(module: str, root: Path, target: Path, version: str, timeout: float) -> None:
-    for stale in root.glob(f".spark-sql-kafka-{version}-*"):  # left by a resolver that died; we hold the lock
-        shutil.rmtree(stale, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix=f".spark-sql-kafka-{version}-", dir=root))
-    try:
-        (work / "ivy.xml").write_text(module)
-        repo = os.environ.get(apache_kafka.REPO_ENV) or apache_kafka.DEFAULT_REPO
-        (work / "ivysettings.xml").write_text(apache_kafka.ivy_settings(work / "ivy-cache", repo))
-        jars = work / "jars"
-        argv = apache_kafka.ivy_command(
-            apache_kafka.java_binary(), apache_kafka.ivy_jar(), work / "ivysettings.xml", work / "ivy.xml", jars
-        )
-        started = time.monotonic()
-        apache_kafka._run_ivy(argv, log_path=work / "ivy.log", timeout=timeout)
-        names = sorted(p.name for p in jars.glob("*.jar"))
-        marker = {"version": version, "command": argv, "seconds": round(time.monotonic() - started, 1),
-                  "jars": names, "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
-        (jars / apache_kafka.MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(jars, target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def session_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
