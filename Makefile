@@ -66,8 +66,8 @@ test-integration: $(STAMP) check-tools
 	$(PY) -m pytest integration $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check conftest.py connectors sources sinks integration tests bench examples scripts
-	$(VENV)/bin/ruff format --check conftest.py connectors sources sinks integration tests bench examples scripts
+	$(VENV)/bin/ruff check conftest.py connectors eos_core sources sinks integration tests bench examples scripts
+	$(VENV)/bin/ruff format --check conftest.py connectors eos_core sources sinks integration tests bench examples scripts
 	$(VENV)/bin/mypy
 
 bench: $(STAMP) check-tools

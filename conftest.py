@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from connectors.core import faults
+from eos_core import faults
 
 # Every JVM the suite starts (Spark drivers in-process and in the harness's subprocesses, local-cluster
 # executors, standalone workers) is short-lived and small: C1 only and the serial GC cut its start-up

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from connectors.core.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError, error_cause
+from eos_core.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError, error_cause
 
 __all__ = [
     "FORMATS",

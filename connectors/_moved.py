@@ -10,9 +10,9 @@ __all__ = ["MOVED", "alias"]
 
 # old path -> new path; each old module is a two-line file that calls ``alias``. Gone in 0.3.
 MOVED = {
-    "connectors.errors": "connectors.core.errors",
-    "connectors.faults": "connectors.core.faults",
-    "connectors.options": "connectors.core.options",
+    "connectors.errors": "eos_core.errors",
+    "connectors.faults": "eos_core.faults",
+    "connectors.options": "eos_core.options",
     "connectors.checker": "connectors.toolkit.checker",
     "connectors.chaos": "connectors.toolkit.chaos",
     "connectors.harness": "connectors.toolkit.harness",

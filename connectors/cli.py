@@ -54,7 +54,7 @@ def _inspect_cmd(args: argparse.Namespace) -> int:
 
 def _savepoint_errors(what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A savepoint refusal (no such checkpoint, a target that exists, a damaged savepoint) as a ConfigError."""
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
 
     try:
         return fn()
@@ -64,7 +64,7 @@ def _savepoint_errors(what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, 
 
 
 def _must_exist(what: str, name: str, path: str) -> None:
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
 
     if not os.path.isdir(path):
         raise ConfigError(f"savepoint {what}: {name} {path!r} does not exist or is not a directory", option=name)
@@ -101,7 +101,7 @@ def _check_bootstrap(bootstrap: str) -> None:
     for server in bootstrap.split(","):
         m = _BOOTSTRAP_SERVER.fullmatch(server.strip())
         if not server.strip() or m is None or (m.group(1) is not None and not 0 < int(m.group(1)) < 65536):
-            from connectors.core.errors import ConfigError
+            from eos_core.errors import ConfigError
 
             raise ConfigError(
                 f"verify: --bootstrap {bootstrap!r} is not a Kafka bootstrap list: {server.strip()!r} is not "
@@ -114,7 +114,7 @@ def _check_topic(bootstrap: str, topic: str) -> None:
     """The cluster answers and ``topic`` exists on it, or one clear error (unreachable: exit 2; no topic: 64)."""
     from confluent_kafka import Consumer, KafkaException
 
-    from connectors.core.errors import ConfigError, EosError
+    from eos_core.errors import ConfigError, EosError
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "spark-eos-verify-check", "log_level": 0})
     try:
@@ -139,9 +139,9 @@ def _check_topic(bootstrap: str, topic: str) -> None:
 
 
 def _verify_cmd(args: argparse.Namespace) -> int:
-    from connectors.core.conninfo import check_conninfo
-    from connectors.core.errors import ConfigError, FatalError
     from connectors.toolkit import checker
+    from eos_core.conninfo import check_conninfo
+    from eos_core.errors import ConfigError, FatalError
 
     check_conninfo(args.dsn, option="--dsn", context="verify")
     if not args.table and not args.balances_table:
@@ -353,8 +353,8 @@ def _submit_file_cmd(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
-    from connectors.core.conninfo import conninfo_error, conninfo_problem, conninfo_secrets, scrub
-    from connectors.core.errors import ConfigError, EosError
+    from eos_core.conninfo import conninfo_error, conninfo_problem, conninfo_secrets, scrub
+    from eos_core.errors import ConfigError, EosError
 
     # Second line of defence: whatever the error, its one line on stderr is scrubbed of the password
     # of a --dsn (read leniently: a malformed one too). Commands that own their errors (``sinks``)
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if os.environ.get("SPARK_EOS_TRACEBACK"):
                 raise
             # Every command: any failure is one line, no traceback (an error from inside Spark: its cause).
-            from connectors.core.errors import error_cause
+            from eos_core.errors import error_cause
 
             fail(f"spark-eos {args.command}: error: {error_cause(exc)} (SPARK_EOS_TRACEBACK=1 shows where)")
             return EXIT_ERROR

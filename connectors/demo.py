@@ -301,7 +301,7 @@ def _verdict(
     rep_b: Any,
 ) -> bool:
     """The checkers' reports and the runs as one verdict, printed (a table, or JSON with --json)."""
-    from connectors.core import faults
+    from eos_core import faults
 
     fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
     crashes = sum(1 for tr, _ in tracks for k in tr.kills if k["killed"])

@@ -14,9 +14,9 @@ import os
 import re
 from typing import Any
 
-from connectors.core.checkpoint import STATE_FILE, numbered, read_log_file
-from connectors.core.conninfo import check_conninfo
-from connectors.core.errors import ConfigError
+from eos_core.checkpoint import STATE_FILE, numbered, read_log_file
+from eos_core.conninfo import check_conninfo
+from eos_core.errors import ConfigError
 
 __all__ = ["inspect", "read_log_file", "render"]
 

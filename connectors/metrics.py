@@ -230,7 +230,7 @@ class EosMetrics:
             try:
                 _sink_side(metrics, self.dsn, eos_schema=self.eos_schema, errors_table=self.errors_table)
             except Exception as exc:  # metrics never fail the query
-                from connectors.core.conninfo import scrub
+                from eos_core.conninfo import scrub
 
                 log.warning(
                     "spark-eos metrics: reading the sink's records failed: %s", scrub(str(exc), conninfo=self.dsn)

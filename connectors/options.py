@@ -1,4 +1,4 @@
-"""Deprecated alias of ``connectors.core.options`` (moved in 0.2; this path goes in 0.3)."""
+"""Deprecated alias of ``eos_core.options`` (moved in 0.2; this path goes in 0.3)."""
 
 from connectors._moved import alias
 

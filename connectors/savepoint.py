@@ -16,7 +16,7 @@ import shutil
 import time
 from typing import Any
 
-from connectors.core.checkpoint import STATE_FILE, numbered
+from eos_core.checkpoint import STATE_FILE, numbered
 
 __all__ = ["MANIFEST", "create", "moved_on", "restore"]
 

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors.core.errors import EosError, RetriableError
+from eos_core.errors import EosError, RetriableError
 from integration.test_twophase_protocol import SCHEMA, _batch, plan, sink
 from integration.test_twophase_support import twophase_pg
 from sinks.postgres.connection import connect

@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from connectors.core import faults
 from connectors.launch import spark_submit
 from connectors.pipelines.events import generate, produce
 from connectors.toolkit import checker
+from eos_core import faults
 from integration.fixtures.cluster import StandaloneCluster, clean_env, spark_home, unpack_env, wait_for_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CkTP
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from connectors.core import faults
+from eos_core import faults
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ import pytest
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from connectors.cli import main as cli
-from connectors.core.errors import FatalError
+from eos_core.errors import FatalError
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, plan
 from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter

@@ -248,7 +248,7 @@ def test_a_table_that_would_take_malformed_rows_is_refused(
 ) -> None:
     """A ledger table whose 'malformed' column lacks the CHECK (say, added by hand) would store the
     malformed events' rows: prepare() refuses it with the statement that fixes it; with the fix it passes."""
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
 
     table = new_table("ledger")
     pg_conn.execute(f"CREATE TABLE {table} (id text, account text, counterparty text, amount bigint, ts timestamptz, "  # type: ignore[arg-type]

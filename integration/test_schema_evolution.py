@@ -108,7 +108,7 @@ def test_add_columns_waits_for_a_held_table_only_so_long_and_says_why(
     spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    from connectors.core.errors import RetriableError
+    from eos_core.errors import RetriableError
     from sinks.postgres import types
     from sinks.postgres.options import parse_table_name
 

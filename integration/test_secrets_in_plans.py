@@ -152,7 +152,7 @@ def test_no_password_in_plans_progress_errors_event_log_or_logs(postgres_service
 
 def test_postgres_options_take_the_password_out_of_the_dsn() -> None:
     import connectors
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
 
     safe = connectors.postgres_options("postgresql://app:hunter%402@db:5432/shop?sslmode=require")
     assert safe["password"] == "hunter@2" and "hunter" not in safe["dsn"]

@@ -15,10 +15,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from connectors import services
-from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services import apache_kafka as ak
 from connectors.services.apache_kafka import ApacheKafka
+from eos_core.errors import ServiceError
 
 pytestmark = pytest.mark.integration
 

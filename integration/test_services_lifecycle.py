@@ -15,11 +15,11 @@ import psycopg
 import pytest
 
 from connectors import services
-from connectors.core.errors import ServiceError
 from connectors.services import _proc, embedded_postgres
 from connectors.services.base import KafkaService, PostgresService
 from connectors.services.embedded_kafka import EmbeddedKafka
 from connectors.services.embedded_postgres import EmbeddedPostgres
+from eos_core.errors import ServiceError
 
 pytestmark = pytest.mark.integration
 

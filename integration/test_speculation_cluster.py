@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors.core.faults import fired
+from eos_core.faults import fired
 from integration import test_twophase_support as support
 from integration.fixtures.cluster import StandaloneCluster
 from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared

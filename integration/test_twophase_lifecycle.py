@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from connectors.core.errors import FatalError
+from eos_core.errors import FatalError
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, _prepared, _rows, _task, plan, sink
 from sinks.postgres.twophase import (
@@ -300,7 +300,7 @@ def test_a_publish_failing_for_another_reason_keeps_the_decision(sink: dict[str,
 def test_a_twin_that_prepares_after_the_decision_rolls_itself_back(
     sink: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from connectors.core import faults
+    from eos_core import faults
 
     w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
     winner = _task(sink, w, 0, range(0, 3), batch=0, attempt=0, task=1)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
-from connectors.core.errors import ConfigError, FatalError
+from eos_core.errors import ConfigError, FatalError
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, _prepared, _rows, _task, plan, sink
 from sinks.postgres.twophase import DIRECT, DataRefused, TwoPhaseStreamWriter

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from connectors.core.errors import CommitUnknown, ConfigError, FatalError, RetriableError
+from eos_core.errors import CommitUnknown, ConfigError, FatalError, RetriableError
 from integration import test_twophase_support as support
 from integration.test_twophase_support import start_cluster
 from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter

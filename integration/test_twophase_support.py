@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors.core.faults import fired
 from connectors.services._proc import free_port
+from eos_core.faults import fired
 from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
 __all__ = ["AppRun", "EmbeddedPg", "Scenario", "start_cluster", "twophase_pg"]

@@ -54,7 +54,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.core.errors import EosError
+from eos_core.errors import EosError
 from integration.test_twophase_protocol import plan, sink
 from integration.test_twophase_support import twophase_pg
 from sinks.postgres.copy import json_dumps

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core import faults
 from connectors.toolkit import app_runner, chaos
+from eos_core import faults
 
 
 def test_foreach_batch_points_fire_before_the_users_write_and_after_it_before_spark_commits(

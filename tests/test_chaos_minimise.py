@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.errors import ConfigError
 from connectors.toolkit import chaos, checker, oracle
+from eos_core.errors import ConfigError
 
 
 def _cfg(tmp_path: Path, **kw: object) -> chaos.ChaosConfig:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.errors import ConfigError
 from connectors.toolkit import app_runner, chaos
+from eos_core.errors import ConfigError
 
 
 def test_tuples_and_dicts_become_records_with_timestamps_headers_partitions_and_topics() -> None:

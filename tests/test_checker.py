@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from connectors.core import faults
 from connectors.toolkit import checker
 from connectors.toolkit.checker import Check, Report, compare_aggregates, compare_records
+from eos_core import faults
 
 
 def _src(n=10):

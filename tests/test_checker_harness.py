@@ -181,7 +181,7 @@ def test_kill_plan_is_seeded_and_mixed():
 
 
 def test_fault_points_of_chaos_exist():
-    from connectors.core import faults
+    from eos_core import faults
 
     for points in chaos.FAULT_POINTS.values():
         for p in points:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.checkpoint import batch_lineage, display, last_planned, query_id
-from connectors.core.errors import FatalError
+from eos_core.checkpoint import batch_lineage, display, last_planned, query_id
+from eos_core.errors import FatalError
 
 
 def _offsets(ck: Path, batch: int, *sources: str, stamp: int = 0) -> None:

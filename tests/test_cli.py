@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from connectors import cli
-from connectors.core.errors import ConfigError
 from connectors.inspect import inspect, render
 from connectors.pipelines.config import load_config, parse_config, parse_trigger
 from connectors.pipelines.restart import ExponentialBackoff, FailureRate, FixedDelay, NoRestart, parse_strategy
 from connectors.savepoint import create, restore
+from eos_core.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------
 # restart strategies (fake clock: the strategy only sees the times we pass)
@@ -349,8 +349,8 @@ def test_supervisor_names_the_fault_group_only_while_it_runs(monkeypatch: pytest
     kill-group faults at this process's group (it once SIGKILLed the whole test run)."""
     import os
 
-    from connectors.core import faults
     from connectors.pipelines import supervisor
+    from eos_core import faults
 
     monkeypatch.delenv(faults.ENV_PGID, raising=False)
     seen: list[str | None] = []
@@ -386,8 +386,8 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
 
 
 def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from connectors.core import faults
     from connectors.toolkit import app_runner, chaos
+    from eos_core import faults
 
     monkeypatch.delenv(faults.ENV_PGID, raising=False)
     with pytest.raises(SystemExit, match="pick one"):

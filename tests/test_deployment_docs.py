@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 from sinks.postgres.twophase.decisions import check_max_prepared
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "deployment.md"

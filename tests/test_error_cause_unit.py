@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from connectors.core.errors import ConfigError, FatalError, error_cause
+from eos_core.errors import ConfigError, FatalError, error_cause
 
 WRAPPED = """[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: [PYTHON_DATA_SOURCE_ERROR] Failed to
 plan Python data source `postgres-2pc` in batch write: Traceback (most recent call last):
   File "/x/worker.py", line 10, in main
     raise ConfigError(...)
-connectors.core.errors.ConfigError: postgres-2pc: option 'sink.id' is required; give each query its own id
+eos_core.errors.ConfigError: postgres-2pc: option 'sink.id' is required; give each query its own id
 \tat org.apache.spark.sql.execution.python.PythonPlannerRunner.runInPython(PythonPlannerRunner.scala:191)
 \tat org.apache.spark.sql.execution.streaming.MicroBatchExecution.runBatch(MicroBatchExecution.scala:1)
 """

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from connectors.core.errors import (
+from eos_core.errors import (
     CommitUnknown,
     ConfigError,
     DataLossError,

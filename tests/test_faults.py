@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from connectors.core import faults
-from connectors.core.errors import ConfigError
+from eos_core import faults
+from eos_core.errors import ConfigError
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 from sinks.postgres.twophase.gid import (
     MAX_GID_BYTES,
     MAX_SINK_ID_BYTES,

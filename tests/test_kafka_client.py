@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from connectors.core.errors import ServiceError
+from eos_core.errors import ServiceError
 from sources.kafka import client as client_module
 from sources.kafka.client import KafkaMetadataClient
 from sources.kafka.offsets import TopicPartition

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
-from connectors.core.errors import ConfigError, DataLossError
+from eos_core.errors import ConfigError, DataLossError
 from sources.kafka import KafkaEosDataSource, kafka_schema, parse_options
 from sources.kafka.datasource import KafkaBatchReader, KafkaStreamReader
 from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition, dumps, from_json, to_json
@@ -757,7 +757,7 @@ def test_unknown_subscribed_topic_fails_at_once_naming_topic_and_option() -> Non
 def test_authorization_error_fails_at_once_naming_the_topic(option: str) -> None:
     from confluent_kafka import KafkaError
 
-    from connectors.core.errors import FatalError
+    from eos_core.errors import FatalError
 
     value = {"subscribe": "t", "assign": '{"t":[0]}', "subscribePattern": "^t$"}[option]
     denied = _Topic(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
@@ -770,7 +770,7 @@ def test_authorization_error_fails_at_once_naming_the_topic(option: str) -> None
 def test_metadata_error_is_not_a_deleted_topic(no_sleep: list[float]) -> None:
     from confluent_kafka import KafkaError
 
-    from connectors.core.errors import ServiceError
+    from eos_core.errors import ServiceError
 
     tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
     sick = {"t": _Topic(2, KafkaError(KafkaError.LEADER_NOT_AVAILABLE))}
@@ -845,7 +845,7 @@ def _read_with(consumer: _ErrConsumer, monkeypatch: pytest.MonkeyPatch, **kw: ob
 def test_reader_fails_at_once_on_authorization_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     from confluent_kafka import KafkaError
 
-    from connectors.core.errors import FatalError
+    from eos_core.errors import FatalError
 
     consumer = _ErrConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(FatalError, match=r"access to topic 't' .*refused by b:9: TOPIC_AUTHORIZATION_FAILED"):
@@ -864,7 +864,7 @@ def test_reader_tells_a_deleted_topic_from_a_transient_unknown_topic(monkeypatch
         == []
     )
     still_there = _ErrConsumer(KafkaError.UNKNOWN_TOPIC_OR_PART, exists=True)  # metadata not yet propagated
-    from connectors.core.errors import RetriableError
+    from eos_core.errors import RetriableError
 
     with pytest.raises(RetriableError, match="no record of t-0 arrived"):
         _read_with(still_there, monkeypatch)  # retried until the poll timeout, never taken for data loss

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 from sources.kafka import parse_options
 from sources.kafka.offsets import from_json
 

@@ -2,9 +2,9 @@
 
 The rule is stated by package, not by a list of files:
 
-1. connectors users import: ``sources``, ``sinks`` and ``connectors.core``, plus the ``connectors``
-   package itself (``register``). ``connectors.core`` imports only ``connectors.core``; ``sources``
-   and ``sinks`` import only themselves and ``connectors.core`` (``register`` imports the formats).
+1. connectors users import: ``sources``, ``sinks`` and ``eos_core``, plus the ``connectors``
+   package itself (``register``). ``eos_core`` imports only ``eos_core``; ``sources``
+   and ``sinks`` import only themselves and ``eos_core`` (``register`` imports the formats).
 2. the product around them: every other ``connectors`` package (``toolkit``, ``pipelines``,
    ``services``, ``launch``, the CLI, savepoints): imports layer 1 and itself, never layer 3.
 3. the repo's own machinery (``integration``, ``tests``, ``bench``): may import anything; nothing in
@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("connectors", "sources", "sinks", "integration", "tests", "bench")
-WHEEL = ("connectors", "sources", "sinks")
+OURS = ("connectors", "eos_core", "sources", "sinks", "integration", "tests", "bench")
+WHEEL = ("connectors", "eos_core", "sources", "sinks")
 
 
 def _module(path: Path) -> str:
@@ -41,7 +41,7 @@ def _imports(path: Path) -> set[str]:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}  # "from connectors.core import faults"
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # "from eos_core import faults"
     return {m for m in found if m.split(".")[0] in OURS}
 
 
@@ -50,13 +50,13 @@ def _in(module: str, package: str) -> bool:
 
 
 def _layer(module: str) -> int:
-    if module == "connectors" or any(_in(module, p) for p in ("sources", "sinks", "connectors.core")):
+    if module == "connectors" or any(_in(module, p) for p in ("sources", "sinks", "eos_core")):
         return 1
     return 2 if _in(module, "connectors") else 3
 
 
 def _known(name: str) -> str | None:
-    """The module ``name`` denotes (``from connectors.core import faults`` names connectors.core.faults)."""
+    """The module ``name`` denotes (``from eos_core import faults`` names eos_core.faults)."""
     for candidate in (name, name.rsplit(".", 1)[0]):
         path = ROOT / Path(*candidate.split("."))
         if path.with_suffix(".py").exists() or (path / "__init__.py").exists():
@@ -75,12 +75,12 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _allowed(here: str, target: str) -> bool:
-    if _in(here, "connectors.core"):
-        return _in(target, "connectors.core")
+    if _in(here, "eos_core"):
+        return _in(target, "eos_core")
     if here == "connectors":  # register(): the formats and the errors it re-exports
         return _layer(target) == 1
     if _in(here, "sources") or _in(here, "sinks"):
-        return any(_in(target, p) for p in ("sources", "sinks", "connectors.core"))
+        return any(_in(target, p) for p in ("sources", "sinks", "eos_core"))
     return _layer(target) <= 2
 
 
@@ -142,10 +142,10 @@ def test_no_import_circle_between_modules() -> None:
 
 def test_the_check_sees_imports_inside_functions() -> None:
     runner = _imports(ROOT / "connectors" / "toolkit" / "app_runner.py")
-    assert "connectors.core.faults" in runner and _layer("connectors.toolkit.app_runner") == 2
+    assert "eos_core.faults" in runner and _layer("connectors.toolkit.app_runner") == 2
     assert _layer("sinks.postgres.twophase.writer") == 1 and _layer("integration.harness.runner") == 3
     assert not _allowed("sinks.postgres.upsert", "connectors.toolkit.checker")
-    assert not _allowed("connectors.core.errors", "connectors.services")
+    assert not _allowed("eos_core.errors", "connectors.services")
 
 
 def test_the_circle_check_finds_a_circle() -> None:

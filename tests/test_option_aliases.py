@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.core.errors import ConfigError
-from connectors.core.options import OptionSet, option
+from eos_core.errors import ConfigError
+from eos_core.options import OptionSet, option
 from sinks.postgres.options import UPSERT_OPTIONS
 from sinks.postgres.twophase.options import TWOPC_OPTIONS
 

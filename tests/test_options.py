@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from connectors.core.errors import ConfigError
-from connectors.core.options import (
+from eos_core.errors import ConfigError
+from eos_core.options import (
     REQUIRED,
     Option,
     OptionSet,

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from psycopg import errors as pgerr
 
-from connectors.core.errors import ConfigError, FatalError, RetriableError
+from eos_core.errors import ConfigError, FatalError, RetriableError
 from sinks.postgres import connection
 from sinks.postgres.connection import classify, connect, retrying
 from sinks.postgres.options import ConnectionOptions

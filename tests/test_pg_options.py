@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 from sinks.postgres.options import (
     ConnectionOptions,
     TableName,
@@ -189,7 +189,7 @@ def test_errors_options_refused(sink: str, extra: dict[str, str], option: str, n
 
 
 def test_errors_max_is_checked_per_task() -> None:
-    from connectors.core.errors import FatalError
+    from eos_core.errors import FatalError
 
     by_count = UpsertOptions.from_options({**BASE, "errors.tolerance": "all", "errors.table": "b", "errors.max": "2"})
     by_count.errors.check(2, 10, "t")  # at the limit: fine
@@ -208,7 +208,7 @@ def test_errors_max_is_checked_per_task() -> None:
 
 
 def test_errors_max_share_above_100_percent_is_refused_naming_the_option() -> None:
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
     from sinks.postgres.options import UpsertOptions
 
     base = {"dsn": "host=h", "table": "t", "key": "id", "errors.tolerance": "all", "errors.table": "t_dead"}
@@ -218,7 +218,7 @@ def test_errors_max_share_above_100_percent_is_refused_naming_the_option() -> No
 
 
 def test_batch_id_beyond_bigint_is_refused_at_start() -> None:
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
     from sinks.postgres.twophase.options import TwoPhaseOptions
 
     base = {"dsn": "host=h", "table": "t", "sink.id": "s"}
@@ -229,7 +229,7 @@ def test_batch_id_beyond_bigint_is_refused_at_start() -> None:
 
 @pytest.mark.parametrize("option", ["table", "errors.table"])
 def test_a_nul_in_a_table_name_is_refused_naming_the_option(option: str) -> None:
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
     from sinks.postgres.options import UpsertOptions
 
     raw = {"dsn": "host=h", "table": "t", "key": "id", "errors.tolerance": "all", "errors.table": "t_dead"}

@@ -26,7 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 from sinks.postgres.copy import copy_type
 from sinks.postgres.options import TableName
 from sinks.postgres.types import Column, compatible, create_table_sql, pg_type, plan_columns

@@ -23,9 +23,9 @@ import connectors.services
 import connectors.services.base
 import sinks.postgres.options
 from connectors import cli
-from connectors.core import conninfo as core
-from connectors.core import options as core_options
-from connectors.core.errors import ConfigError, EosError, RetriableError
+from eos_core import conninfo as core
+from eos_core import options as core_options
+from eos_core.errors import ConfigError, EosError, RetriableError
 from sinks.postgres import status
 from sinks.postgres.connection import connect
 from sinks.postgres.options import ConnectionOptions, UpsertOptions

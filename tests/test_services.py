@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from connectors.core.errors import ServiceError
 from connectors.services import _proc, choose, manage
 from connectors.services.base import PostgresService, redact_dsn
 from connectors.services.env import env_timeout
+from eos_core.errors import ServiceError
 
 
 # ---- provider choice ------------------------------------------------------------------------------

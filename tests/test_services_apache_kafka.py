@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.errors import ServiceError
 from connectors.services import _proc, embedded_kafka_kind, manage
 from connectors.services import apache_kafka as ak
+from eos_core.errors import ServiceError
 
 
 # ---- server.properties ----------------------------------------------------------------------------

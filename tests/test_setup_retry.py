@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from connectors.core.errors import ConfigError, RetriableError
+from eos_core.errors import ConfigError, RetriableError
 from sinks.postgres import connection
 from sinks.postgres.options import ConnectionOptions
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.core.errors import ServiceError
 from connectors.services import spark_kafka
+from eos_core.errors import ServiceError
 
 
 def test_ivy_module_fetches_the_connector_and_its_non_spark_jars_intransitively() -> None:

@@ -1,4 +1,4 @@
-"""Spark's task context: one reader (connectors.core.spark_task) for both sinks and the source."""
+"""Spark's task context: one reader (eos_core.spark_task) for both sinks and the source."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pyspark import TaskContext
 
-from connectors.core import spark_task
-from connectors.core.spark_task import TaskIdentity, task_identity
+from eos_core import spark_task
+from eos_core.spark_task import TaskIdentity, task_identity
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def test_the_source_labels_its_fault_points_with_the_batch_as_spark_spells_it(mo
 def test_nothing_else_in_the_wheel_reads_the_task_context() -> None:
     readers = sorted(
         str(p.relative_to(ROOT))
-        for top in ("connectors", "sources", "sinks")
+        for top in ("connectors", "eos_core", "sources", "sinks")
         for p in (ROOT / top).rglob("*.py")
         if re.search(r"\bTaskContext\b", p.read_text())
     )

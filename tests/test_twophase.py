@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from connectors.core.errors import CommitUnknown, ConfigError
+from eos_core.errors import CommitUnknown, ConfigError
 from sinks.postgres.twophase import TwoPhaseMessage, TwoPhaseOptions, recovery, twopc_batch
 from sinks.postgres.twophase.decisions import Decision, Prepared, ProtocolTables, sink_lock_key
 from sinks.postgres.twophase.gid import Gid

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from connectors.core.errors import ConfigError, FatalError
+from eos_core.errors import ConfigError, FatalError
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergePlan
 from sinks.postgres.options import TableName, UpsertOptions
 from sinks.postgres.staging import prepared_rows

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from connectors import cli
-from connectors.core.errors import ConfigError
 from connectors.toolkit import checker
+from eos_core.errors import ConfigError
 
 TOPIC = [
     {"id": 1, "account": "a", "amount": 5, "_topic": "t", "_partition": 0, "_offset": 0},

@@ -55,8 +55,8 @@ def prepare(cfg: PipelineConfig) -> None:
     "dead-letter", check that it refuses malformed events' rows (else they would land in it)."""
     import psycopg
 
-    from connectors.core.errors import ConfigError
     from connectors.pipelines.ledger import MALFORMED_COLUMN
+    from eos_core.errors import ConfigError
     from sinks.postgres.connection import ddl_lock
 
     with psycopg.connect(cfg.dsn, autocommit=True, connect_timeout=15) as conn, ddl_lock(conn):
@@ -135,7 +135,7 @@ def require_extras() -> None:
 
     missing = [pkg for module, pkg in EXTRAS.items() if importlib.util.find_spec(module) is None]
     if missing:
-        from connectors.core.errors import ConfigError
+        from eos_core.errors import ConfigError
 
         raise ConfigError(
             f"the reference pipelines need {', '.join(missing)}, which the connectors themselves do not: "

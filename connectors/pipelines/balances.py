@@ -145,7 +145,7 @@ class BalanceProcessor(_processor_base()):  # type: ignore[misc]
 def write_batch(cfg: PipelineConfig) -> Any:
     """The foreachBatch function: fault points around the upsert sink's adapter (version-guarded)."""
     import connectors
-    from connectors.core import faults
+    from eos_core import faults
 
     options = {**dead_letter_options(cfg), **cfg.sink_options}
     # the password goes in the option Spark redacts by key, never inside the dsn its plans print
@@ -165,7 +165,7 @@ def build(spark: Any, cfg: PipelineConfig) -> Any:
     """The balances query's DataStreamWriter (not started)."""
     provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", "")
     if "RocksDB" not in provider:
-        from connectors.core.errors import ConfigError
+        from eos_core.errors import ConfigError
 
         raise ConfigError(
             "balances: transformWithStateInPandas needs the RocksDB state store; start the session with "

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from connectors.core.errors import ConfigError
-from connectors.core.options import parse_duration
+from eos_core.errors import ConfigError
+from eos_core.options import parse_duration
 
 __all__ = [
     "ExponentialBackoff",

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from connectors.core import faults
-from connectors.core.conninfo import scrub
-from connectors.core.errors import error_cause
 from connectors.pipelines import PipelineConfig, prepare, session, start
 from connectors.pipelines.restart import parse_strategy
+from eos_core import faults
+from eos_core.conninfo import scrub
+from eos_core.errors import error_cause
 
 __all__ = ["Log", "kafka_lag", "prepared_pending", "run"]
 

@@ -18,9 +18,9 @@ import os
 from types import ModuleType
 from typing import Any, Literal
 
-from connectors.core.errors import ServiceError
 from connectors.services.base import KafkaService, Kind, PostgresService, redact_dsn
 from connectors.services.env import KAFKA_ENV, POSTGRES_ENV, EnvKafka, EnvPostgres
+from eos_core.errors import ServiceError
 
 __all__ = [
     "EMBEDDED_KAFKA_ENV",

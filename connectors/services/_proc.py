@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from connectors.core.errors import ServiceError
+from eos_core.errors import ServiceError
 
 __all__ = [
     "OWNER_FILE",

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import KafkaService
 from connectors.services.embedded_kafka import _silent_logger, kafka_reachable
+from eos_core.errors import ServiceError
 
 __all__ = [
     "CACHE_ENV",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from connectors.core.conninfo import redact_dsn  # the one redaction of spark-eos; re-exported here
-from connectors.core.errors import ServiceError
+from eos_core.conninfo import redact_dsn  # the one redaction of spark-eos; re-exported here
+from eos_core.errors import ServiceError
 
 __all__ = ["KafkaService", "Kind", "PostgresService", "redact_dsn"]
 

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.core.errors import ServiceError
 from connectors.services import docker as engines
 from connectors.services import images
 from connectors.services._proc import free_port
 from connectors.services.apache_kafka import cluster_id, coordinators_ready, kafka_version
 from connectors.services.base import KafkaService, PostgresService
 from connectors.services.embedded_kafka import tansu_args
+from eos_core.errors import ServiceError
 
 __all__ = [
     "BROKERS",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.core.errors import ServiceError
+from eos_core.errors import ServiceError
 
 __all__ = [
     "DEFAULT_SOCKET",

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import KafkaService
+from eos_core.errors import ServiceError
 
 __all__ = ["EmbeddedKafka", "kafka_reachable", "tansu_args", "tansu_binary"]
 

@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import PostgresService
+from eos_core.errors import ServiceError
 
 __all__ = ["PG_BIN_GLOBS", "EmbeddedPostgres", "pg_bin_dir", "postgres_ready"]
 

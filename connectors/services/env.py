@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from connectors.core.conninfo import conninfo_error
-from connectors.core.errors import ServiceError
 from connectors.services.base import KafkaService, PostgresService, redact_dsn
+from eos_core.conninfo import conninfo_error
+from eos_core.errors import ServiceError
 
 __all__ = [
     "KAFKA_ENV",

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from connectors.core.errors import ServiceError
 from connectors.services import _proc
 from connectors.services.base import redact_dsn
+from eos_core.errors import ServiceError
 
 __all__ = [
     "STATE_ENV",

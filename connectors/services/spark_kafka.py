@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connectors.core.errors import ServiceError
 from connectors.services import apache_kafka
+from eos_core.errors import ServiceError
 
 __all__ = ["ARTIFACTS", "SPARK_KAFKA_VERSION", "connector_jars", "ivy_module", "session_conf"]
 

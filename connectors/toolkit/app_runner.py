@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.core import faults
+from eos_core import faults
 
 __all__ = ["Job", "build_parser", "load_app", "main", "mark_process_group", "serve", "sink_id_of", "with_trigger"]
 

@@ -8,7 +8,7 @@
 the user's own job (``connectors.toolkit.app_runner`` says what the function returns), from a wheel too.
 
 Each kill is either a SIGKILL of the pipeline's whole process group at a random moment, or a
-fault point (``connectors.core.faults``) that kills the group from inside the sink or the source at a
+fault point (``eos_core.faults``) that kills the group from inside the sink or the source at a
 random protocol step. The pipeline restarts from its checkpoint after each kill; when the producer
 is done, a last run drains the topic (AvailableNow) and the checker compares the sink to the
 topic. Everything random comes from ``--seed``: the same seed gives the same schedule of kinds,
@@ -33,11 +33,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.core import faults
-from connectors.core.errors import ConfigError
 from connectors.toolkit import checker, oracle
 from connectors.toolkit.app_runner import sink_id_of
 from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
+from eos_core import faults
+from eos_core.errors import ConfigError
 
 __all__ = [
     "FAULT_POINTS",

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from connectors.core.checkpoint import numbered
+from eos_core.checkpoint import numbered
 
 __all__ = [
     "POSITION_FIELDS",
@@ -396,7 +396,7 @@ def check_faults(
     name: str = "fault.fired",
 ) -> list[Check]:
     """The injected fault really happened: the fault log holds ``min_count`` firings (of ``expect``)."""
-    from connectors.core.faults import fired
+    from eos_core.faults import fired
 
     entries = fired(log_path) if log_path else []
     relevant = [e for e in entries if expect is None or e.get("point") in expect]
@@ -578,7 +578,7 @@ _ID = "__eos_id__"
 
 def parse_id_columns(specs: Sequence[str]) -> list[tuple[str, str]]:
     """``["id"]``, ``["partition=src_partition,offset=src_offset"]``: FIELD[=COLUMN] items, comma-separated."""
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
 
     out: list[tuple[str, str]] = []
     for spec in specs:
@@ -616,7 +616,7 @@ def _keyed(
     idc: Sequence[tuple[str, str]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Source records and table rows with their identity under ``_ID``; refuses what cannot be compared."""
-    from connectors.core.errors import ConfigError
+    from eos_core.errors import ConfigError
 
     columns = _columns(conn, table)
     missing = [c for _, c in idc if c not in columns]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from connectors.core import faults
+from eos_core import faults
 
 __all__ = [
     "Outcome",

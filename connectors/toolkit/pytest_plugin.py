@@ -104,8 +104,8 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
         only_kills: Sequence[int] | None = None,
         minimise: bool = False,
     ) -> Any:
-        from connectors.core.errors import ConfigError
         from connectors.toolkit import oracle as oracle_mod
+        from eos_core.errors import ConfigError
 
         mode: str | None = None
         key: tuple[str, ...] = ()

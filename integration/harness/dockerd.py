@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from connectors.core.errors import ServiceError
 from connectors.services.docker import LABEL, Engine, get_engine, ping, shutdown, use_private_engine
+from eos_core.errors import ServiceError
 
 __all__ = [
     "DOCKERD_FLAGS",

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.core import faults
 from connectors.toolkit import checker
 from connectors.toolkit.harness import Outcome, PipelineProcess
+from eos_core import faults
 
 __all__ = ["REPO", "Pipeline"]
 

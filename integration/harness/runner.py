@@ -24,8 +24,8 @@ import os
 import sys
 from typing import Any
 
-from connectors.core import faults
 from connectors.toolkit.app_runner import mark_process_group, serve, with_trigger
+from eos_core import faults
 
 __all__ = ["SINKS", "build_parser", "create_tables", "main"]
 

@@ -5,7 +5,7 @@ Public API:
 - ``connect(opts, *, autocommit=False) -> psycopg.Connection``: a ConnectionError/OperationalError
   becomes a ``RetriableError`` naming user@host:port/db (never the password); a bad login or a
   conninfo libpq rejects is a ``ConfigError``. The driver's text is scrubbed of the password and of
-  every 3+ character fragment of it (``connectors.core.conninfo.scrub``), and the driver exception is not
+  every 3+ character fragment of it (``eos_core.conninfo.scrub``), and the driver exception is not
   chained: its own text may quote the password.
 - ``classify(exc) -> RetriableError | FatalError``: retriable are serialization failure (40001),
   deadlock (40P01), connection exceptions (08*), admin/crash shutdown (57P01/57P02/57P03),
@@ -46,8 +46,8 @@ from typing import TypeVar
 
 import psycopg
 
-from connectors.core.conninfo import check_conninfo, redact_conninfo, scrub
-from connectors.core.errors import ConfigError, EosError, FatalError, RetriableError
+from eos_core.conninfo import check_conninfo, redact_conninfo, scrub
+from eos_core.errors import ConfigError, EosError, FatalError, RetriableError
 from sinks.postgres.options import ConnectionOptions
 
 __all__ = [

@@ -49,7 +49,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.core.errors import FatalError
+from eos_core.errors import FatalError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.merge import (
     DELETE_FLAG,

@@ -1,7 +1,7 @@
 """Options of the Postgres sinks: connection (dsn or host/port/...), table, key, version, deletes.
 
 Public API (shared by ``postgres-upsert`` and ``postgres-2pc``); each option is declared once, as a
-field of its options class (``connectors.core.options.option``):
+field of its options class (``eos_core.options.option``):
 
 - ``ConnectionOptions``: ``dsn`` | ``host``/``port``/``dbname``/``user``/``password`` (secret),
   ``connect_timeout``, ``statement_timeout``, ``retry.attempts``, ``retry.backoff``,
@@ -10,12 +10,12 @@ field of its options class (``connectors.core.options.option``):
 - ``ErrorsPolicy``: ``errors.tolerance``, ``errors.table``, ``errors.max``.
 - ``UpsertOptions``: the connection and errors options, ``table`` (schema-qualified ok), ``key``
   (list), ``version``, ``delete.column``, ``delete.tombstones``, ``table.create``, ``columns`` (JSON
-  rename map), ``schema.evolution``, ``faults`` (a fault spec, see ``connectors.core.faults``).
+  rename map), ``schema.evolution``, ``faults`` (a fault spec, see ``eos_core.faults``).
   ``UPSERT_OPTIONS`` is its option set; ``postgres-2pc`` reuses these specs.
 - ``ConnectionOptions.from_options(raw)`` / ``UpsertOptions.from_options(raw)``: frozen dataclasses;
   ``ConnectionOptions.conninfo()`` is the libpq conninfo; its repr/str never show the password.
 - ``parse_table_name(text) -> (schema | None, name)`` and ``quote_ident``/``qualified``.
-- ``redact_conninfo`` / ``redact``: re-exported from ``connectors.core.options``, the one place of redaction.
+- ``redact_conninfo`` / ``redact``: re-exported from ``eos_core.options``, the one place of redaction.
 
 A ``dsn`` that libpq would reject (or misread) is a ``ConfigError`` naming the option, the form and
 the fix; libpq's own message is never passed on, since it quotes pieces of the string (the password).
@@ -32,9 +32,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from connectors.core.conninfo import check_conninfo, conninfo_error, redact_conninfo
-from connectors.core.errors import ConfigError, FatalError
-from connectors.core.options import REQUIRED, OptionSet, group, option, option_specs, redact
+from eos_core.conninfo import check_conninfo, conninfo_error, redact_conninfo
+from eos_core.errors import ConfigError, FatalError
+from eos_core.options import REQUIRED, OptionSet, group, option, option_specs, redact
 
 __all__ = [
     "CONNECTION_OPTIONS",
@@ -508,7 +508,7 @@ class UpsertOptions:
     )
     errors: ErrorsPolicy = group(ErrorsPolicy)
     faults: str | None = option(
-        "faults", "str", None, "fault spec for tests (see connectors.core.faults); EOS_FAULTS adds to it"
+        "faults", "str", None, "fault spec for tests (see eos_core.faults); EOS_FAULTS adds to it"
     )
 
     @property

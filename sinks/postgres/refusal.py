@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from connectors.core.errors import FatalError
+from eos_core.errors import FatalError
 from sinks.postgres.options import TableName, quote_ident
 from sinks.postgres.types import Column, base_type
 

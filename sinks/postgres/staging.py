@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, StructType
 
-from connectors.core.errors import ConfigError, FatalError
+from eos_core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, KeyTracker, MergePlan, ensure_tombstones

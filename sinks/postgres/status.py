@@ -46,8 +46,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from connectors.core.conninfo import scrub
-from connectors.core.errors import ConfigError, EosError, FatalError
+from eos_core.conninfo import scrub
+from eos_core.errors import ConfigError, EosError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import classify, connect
 from sinks.postgres.options import ConnectionOptions, parse_table_name
@@ -479,7 +479,7 @@ def prune(
     unpublished decision, the newest ``keep``, and with ``checkpoint`` (the query's location) every
     batch from Spark's last ``commits/n`` on, which the checkpoint may still replay. A batch job run
     again with a pruned ``batch.id`` writes that batch again."""
-    from connectors.core.checkpoint import display, numbered
+    from eos_core.checkpoint import display, numbered
 
     if keep < 1:
         raise ConfigError(

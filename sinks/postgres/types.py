@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.core.errors import ConfigError, RetriableError
+from eos_core.errors import ConfigError, RetriableError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
 

@@ -40,9 +40,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connectors.core import faults
-from connectors.core.errors import ConfigError
-from connectors.core.spark_task import task_identity
+from eos_core import faults
+from eos_core.errors import ConfigError
+from eos_core.spark_task import task_identity
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.core.errors import ConfigError, FatalError, ServiceError
+from eos_core.errors import ConfigError, FatalError, ServiceError
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
 
 __all__ = ["KafkaMetadataClient"]

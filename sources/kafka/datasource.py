@@ -27,9 +27,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from connectors.core import faults
-from connectors.core.errors import ConfigError
-from connectors.core.options import parse_bool
+from eos_core import faults
+from eos_core.errors import ConfigError
+from eos_core.options import parse_bool
 from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, from_json, is_symbolic, to_json
 from sources.kafka.options import KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 
 __all__ = ["EARLIEST", "LATEST", "PartitionOffsets", "TopicPartition", "dumps", "from_json", "is_symbolic", "to_json"]
 

@@ -53,7 +53,7 @@ def validate(opts: KafkaSourceOptions, *, streaming: bool) -> None:
         which = "commitOffsetsToGroup" if opts.commit_offsets_to_group else "startingOffsets"
         raise fail(f"option '{which}' needs the consumer group named by option 'kafka.group.id'; set it", which)
     if opts.faults:
-        from connectors.core.faults import parse_spec
+        from eos_core.faults import parse_spec
 
         parse_spec(opts.faults)
 

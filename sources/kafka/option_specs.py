@@ -1,6 +1,6 @@
 """The kafka-eos source's options: Spark's names, types, defaults and descriptions, one field each.
 
-``KafkaSourceOptions`` declares every option once (``connectors.core.options.option``); ``OPTIONS`` is
+``KafkaSourceOptions`` declares every option once (``eos_core.options.option``); ``OPTIONS`` is
 the option set derived from it (docs: ``scripts/docs_options.py``). The checks across options are in
 ``option_checks``, the ``kafka.*`` translation to librdkafka in ``librdkafka``, and ``options``
 parses a raw map with both.
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.core.errors import ConfigError
-from connectors.core.options import OptionSet, option, redact
+from eos_core.errors import ConfigError
+from eos_core.options import OptionSet, option, redact
 
 __all__ = [
     "CONTEXT",
@@ -210,7 +210,7 @@ class KafkaSourceOptions:
     faults: str | None = option(
         "faults",
         "str",
-        description="Fault-injection spec for tests (see connectors.core.faults); EOS_FAULTS adds to it.",
+        description="Fault-injection spec for tests (see eos_core.faults); EOS_FAULTS adds to it.",
     )
     topic: str | None = option(
         "topic",

@@ -12,8 +12,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from connectors.core import faults
-from connectors.core.errors import ConfigError, DataLossError, FatalError
+from eos_core import faults
+from eos_core.errors import ConfigError, DataLossError, FatalError
 from sources.kafka.client import KafkaMetadataClient
 from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, TopicPartition, from_json, to_json
 from sources.kafka.options import KafkaSourceOptions, consumer_config

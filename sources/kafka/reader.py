@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as CkTopicPartition
 
-from connectors.core import faults
-from connectors.core.errors import ConfigError, DataLossError, RetriableError
-from connectors.core.spark_task import task_identity
+from eos_core import faults
+from eos_core.errors import ConfigError, DataLossError, RetriableError
+from eos_core.spark_task import task_identity
 from sources.kafka.client import DENIED, UNKNOWN_TOPIC, access_denied
 from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 
 __all__ = ["check_python_workers", "worker_python"]
 

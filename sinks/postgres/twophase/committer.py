@@ -15,9 +15,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from connectors.core import faults
-from connectors.core.checkpoint import Lineage, display
-from connectors.core.errors import FatalError, RetriableError
+from eos_core import faults
+from eos_core.checkpoint import Lineage, display
+from eos_core.errors import FatalError, RetriableError
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect
 from sinks.postgres.deadletter import PART_SHIFT, DeadLetters, merge_diverting
 from sinks.postgres.merge import ORDINAL, merge_staged

@@ -11,7 +11,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from connectors.core.errors import ConfigError, FatalError
+from eos_core.errors import ConfigError, FatalError
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.twophase.gid import Gid, parse_gid, sink_prefix
 
@@ -109,7 +109,7 @@ def sink_lock(conn: psycopg.Connection, sink_id: str) -> Iterator[None]:
     ``SINK_LOCK_TIMEOUT`` on a session without one: a holder that never lets go (a stopped driver
     whose connection stays open) fails the wait with a ``RetriableError`` naming the holder's pid.
     """
-    from connectors.core.errors import RetriableError  # here: this function's change stays in one place
+    from eos_core.errors import RetriableError  # here: this function's change stays in one place
 
     key = sink_lock_key(sink_id)
     bound = f"{int(SINK_LOCK_TIMEOUT * 1000)}ms"

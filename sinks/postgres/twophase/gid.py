@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 
 __all__ = [
     "GID_PREFIX",

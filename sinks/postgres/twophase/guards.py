@@ -8,8 +8,8 @@ import logging
 
 import psycopg
 
-from connectors.core.checkpoint import Lineage, display
-from connectors.core.errors import FatalError
+from eos_core.checkpoint import Lineage, display
+from eos_core.errors import FatalError
 from sinks.postgres.options import (
     quote_ident,
 )

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.core.errors import ConfigError
-from connectors.core.options import OptionSet, group, option, reuse, spec_of
+from eos_core.errors import ConfigError
+from eos_core.options import OptionSet, group, option, reuse, spec_of
 from sinks.postgres.options import (
     ConnectionOptions,
     ErrorsPolicy,

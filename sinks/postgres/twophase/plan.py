@@ -16,8 +16,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connectors.core.checkpoint import Lineage, batch_lineage, display, last_planned
-from connectors.core.errors import ConfigError, FatalError
+from eos_core.checkpoint import Lineage, batch_lineage, display, last_planned
+from eos_core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones

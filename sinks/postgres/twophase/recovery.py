@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from connectors.core.errors import CommitUnknown, FatalError, RetriableError
+from eos_core.errors import CommitUnknown, FatalError, RetriableError
 from sinks.postgres.connection import classify, close_quietly
 from sinks.postgres.twophase.decisions import Prepared, ProtocolTables, list_prepared, sink_lock
 

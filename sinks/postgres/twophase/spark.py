@@ -15,7 +15,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.options import option_text
 from sinks.postgres.twophase.committer import Committer

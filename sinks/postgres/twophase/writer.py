@@ -14,11 +14,11 @@ import pyarrow as pa
 from psycopg import sql
 from pyspark.sql.types import StructType
 
-from connectors.core import faults
-from connectors.core.checkpoint import Lineage
-from connectors.core.errors import ConfigError, FatalError
-from connectors.core.spark_task import TaskIdentity
-from connectors.core.spark_task import task_identity as _task_context  # the protocol tests stand in for Spark here
+from eos_core import faults
+from eos_core.checkpoint import Lineage
+from eos_core.errors import ConfigError, FatalError
+from eos_core.spark_task import TaskIdentity
+from eos_core.spark_task import task_identity as _task_context  # the protocol tests stand in for Spark here
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging, drop_staging

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from connectors.core.errors import ConfigError, EosError
+from eos_core.errors import ConfigError, EosError
 
 __all__ = [
     "ENV_LOG",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from connectors.core.errors import ConfigError, FatalError
+from eos_core.errors import ConfigError, FatalError
 
 __all__ = ["STATE_FILE", "Lineage", "batch_lineage", "display", "last_planned", "numbered", "query_id", "read_log_file"]
 

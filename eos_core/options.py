@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from connectors.core.errors import ConfigError
+from eos_core.errors import ConfigError
 
 __all__ = [
     "REQUIRED",
