@@ -21,6 +21,14 @@ as text and value = 100 bytes, in 2 topic partitions; partition p holds the ids
 - ``postgres-upsert`` (key ``id``; the table has the primary key);
 - ``spark jdbc (foreachBatch)``: what a user would write instead, ``df.write.jdbc`` in
   ``foreachBatch`` (at-least-once; the PostgreSQL JDBC jar is fetched once, ``bench._jdbc``).
+- with a stateful step (throughput only): the same records through a windowed aggregation, count
+  and last id per 10-second window of the Kafka timestamp (watermark 1 hour) and id mod 1,000, in
+  update mode, into a table keyed by (window start, bucket). Ours: ``connectors.upsert_batch`` (the
+  ``postgres-upsert`` foreachBatch adapter). The peer a user writes: ``df.write.jdbc`` of each batch
+  into a staging table (overwrite, truncate) and an ``INSERT ... ON CONFLICT DO UPDATE`` from it
+  (psycopg), in ``foreachBatch``; it is the base of these rows' "x Spark JDBC" (Spark's source into
+  it with ``--spark-source``). Each such table is checked to count every record once (sum of counts
+  = records, last id = records - 1).
 
 1. Throughput: all records are produced first; each contender reads them from the earliest offset
    with ``maxOffsetsPerTrigger`` = records / ``--batches`` and ``trigger(availableNow=True)``, so
@@ -285,6 +293,45 @@ def _check(dsn: str, table: str, records: int) -> str:
 
 
 SPARK_JDBC = "spark kafka -> spark jdbc (foreachBatch)"
+# the stateful step: a windowed aggregation in update mode into a keyed table
+AGG_BUCKETS = 1000
+AGG = "window agg -> postgres-upsert (foreachBatch adapter)"
+AGG_JDBC = "window agg -> spark jdbc staging + ON CONFLICT (foreachBatch)"
+SPARK_AGG = "spark kafka -> " + AGG
+SPARK_AGG_JDBC = "spark kafka -> " + AGG_JDBC
+
+
+def _stateful(name: str) -> bool:
+    return "window agg" in name
+
+
+def _make_agg_table(dsn: str, table: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")  # type: ignore[arg-type]
+        conn.execute(  # type: ignore[arg-type]
+            f"CREATE TABLE {table} (window_start timestamptz, bucket bigint, n bigint, last_id bigint, "
+            "PRIMARY KEY (window_start, bucket))"
+        )
+
+
+def _check_agg(dsn: str, table: str, records: int) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*), sum(n), max(last_id) FROM {table}").fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    groups, n, last = row
+    ok = n == records and last == records - 1
+    return f"exact ({groups} groups)" if ok else f"WRONG: counts sum to {n}, last id {last}"
+
+
+def _aggregate(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return (
+        df.withWatermark("ts", "1 hour")
+        .groupBy(F.window("ts", "10 seconds"), (F.col("id") % AGG_BUCKETS).alias("bucket"))
+        .agg(F.count("*").alias("n"), F.max("id").alias("last_id"))
+        .select(F.col("window.start").alias("window_start"), "bucket", "n", "last_id")
+    )
 
 
 def run(
@@ -311,7 +358,7 @@ def run(
     spark.dataSource.register(noop_source())
     suffix = uuid.uuid4().hex[:6]
 
-    def stream(topic: str, cap: int | None, fmt: str = "kafka-eos") -> Any:
+    def stream(topic: str, cap: int | None, fmt: str = "kafka-eos", stateful: bool = False) -> Any:
         r = (
             spark.readStream.format(fmt)
             .option("kafka.bootstrap.servers", bootstrap)
@@ -322,9 +369,11 @@ def run(
             r = r.option("kafkaConsumer.pollTimeoutMs", "60000")
         if cap:
             r = r.option("maxOffsetsPerTrigger", str(cap))
-        return r.load().selectExpr("CAST(CAST(key AS STRING) AS BIGINT) AS id", "CAST(value AS STRING) AS v")
+        cols = ["CAST(CAST(key AS STRING) AS BIGINT) AS id", "CAST(value AS STRING) AS v"]
+        df = r.load().selectExpr(*cols, "timestamp AS ts") if stateful else r.load().selectExpr(*cols)
+        return _aggregate(df) if stateful else df
 
-    def jdbc_batch(table: str) -> Any:
+    def jdbc_batch(table: str, mode: str = "append") -> Any:
         rest = dsn.split("://", 1)[1]
         user = rest.split("@", 1)[0] if "@" in rest else "postgres"
         url = "jdbc:postgresql://" + rest.split("@", 1)[-1]
@@ -333,8 +382,13 @@ def run(
             df.write.jdbc(
                 url,
                 table,
-                mode="append",
-                properties={"user": user.split(":")[0], "driver": "org.postgresql.Driver", "batchsize": "10000"},
+                mode=mode,
+                properties={
+                    "user": user.split(":")[0],
+                    "driver": "org.postgresql.Driver",
+                    "batchsize": "10000",
+                    "truncate": "true",  # overwrite keeps the staging table's definition
+                },
             )
 
         return write
@@ -355,6 +409,34 @@ def run(
         return (
             df.writeStream.foreachBatch(jdbc_batch(table)).option("checkpointLocation", ckpt).trigger(**trigger).start()
         )
+
+    def agg_upsert_start(df: Any, table: str, ckpt: str, trigger: dict[str, Any]) -> Any:
+        import connectors
+
+        upsert = connectors.upsert_batch(dsn=dsn, table=table, key="window_start,bucket")
+        w = df.writeStream.outputMode("update").foreachBatch(upsert).option("checkpointLocation", ckpt)
+        return w.trigger(**trigger).start()
+
+    def agg_jdbc_start(df: Any, table: str, ckpt: str, trigger: dict[str, Any]) -> Any:
+        write_staging = jdbc_batch(f"{table}_staging", mode="overwrite")
+
+        def write(batch: Any, batch_id: int) -> None:
+            write_staging(batch, batch_id)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(  # type: ignore[arg-type]
+                    f"INSERT INTO {table} SELECT * FROM {table}_staging ON CONFLICT (window_start, bucket) "
+                    "DO UPDATE SET n = EXCLUDED.n, last_id = EXCLUDED.last_id"
+                )
+
+        w = df.writeStream.outputMode("update").foreachBatch(write).option("checkpointLocation", ckpt)
+        return w.trigger(**trigger).start()
+
+    def make_table(name: str, table: str, key: bool, index: bool) -> None:
+        if _stateful(name):
+            _make_agg_table(dsn, table)
+            _make_agg_table(dsn, f"{table}_staging")
+        else:
+            _make_table(dsn, table, key=key, index=index)
 
     eos = "kafka-eos"
     two_pc_batch = sink("postgres-2pc", **{"sink.id": "bench-{table}", "visibility": "batch"})
@@ -377,6 +459,11 @@ def run(
         contenders.append(
             ("spark kafka -> postgres-2pc visibility=batch", two_pc_batch, False, "exactly-once", "kafka")
         )
+    contenders.append((AGG, agg_upsert_start, True, "idempotent, stateful step", eos))
+    contenders.append((AGG_JDBC, agg_jdbc_start, True, "at-least-once, stateful step", eos))
+    if spark_source:
+        contenders.append((SPARK_AGG_JDBC, agg_jdbc_start, True, "at-least-once, stateful step", "kafka"))
+        contenders.append((SPARK_AGG, agg_upsert_start, True, "idempotent, stateful step", "kafka"))
     # the floor again, last: the machine's load drifts over a run; the lower of the two counts
     contenders.append((NOOP_AGAIN, sink("bench-noop"), False, "the floor measured again at the end", eos))
     results = {name: Result(name, note=note) for name, _, _, note, _ in contenders}
@@ -389,21 +476,25 @@ def run(
         print(f"produced {records:,} records in {PARTITIONS} partitions in {time.perf_counter() - t0:.1f}s", flush=True)
 
         # warm the JVM paths and the Python workers once per contender, outside every measurement
-        for k, (_name, start, key, _, fmt) in enumerate(contenders[:-1]):
+        for k, (name, start, key, _, fmt) in enumerate(contenders[:-1]):
             table = f"st_warm{k}_{suffix}"
-            _make_table(dsn, table, key=key, index=False)
+            make_table(name, table, key=key, index=False)
             start(
-                stream(warm, 1000, fmt), table, os.path.join(root, f"ckpt-warm{k}"), {"availableNow": True}
+                stream(warm, 1000, fmt, _stateful(name)),
+                table,
+                os.path.join(root, f"ckpt-warm{k}"),
+                {"availableNow": True},
             ).awaitTermination()
 
         # 1. throughput: the backlog in `batches` micro-batches
         cap = records // batches
         for k, (name, start, key, _, fmt) in enumerate(contenders):
             table = f"st_tp{k}_{suffix}"
-            _make_table(dsn, table, key=key, index=False)
+            make_table(name, table, key=key, index=False)
             open(timings, "w").close()
             t = time.perf_counter()
-            q = start(stream(topic, cap, fmt), table, os.path.join(root, f"ckpt-tp{k}"), {"availableNow": True})
+            df = stream(topic, cap, fmt, _stateful(name))
+            q = start(df, table, os.path.join(root, f"ckpt-tp{k}"), {"availableNow": True})
             q.awaitTermination()
             r = results[name]
             r.seconds = time.perf_counter() - t
@@ -412,7 +503,7 @@ def run(
                 r.commit_parts = [json.loads(line) for line in fh if line.strip()]
             r.commit_ms = [t["total"] * 1000 for t in r.commit_parts]
             floor_run = "noop" in name
-            r.check = "exact" if floor_run else _check(dsn, table, records)
+            r.check = "exact" if floor_run else (_check_agg if _stateful(name) else _check)(dsn, table, records)
             if floor_run:
                 got = sum(b["rows"] for b in r.batches)
                 r.check = "read all" if got == records else f"WRONG: read {got}"
@@ -428,7 +519,7 @@ def run(
         if not skip_latency:
             print(f"latency: trigger every {interval:g}s, {rate:,.0f} records/s", flush=True)
             for k, (name, start, key, _, fmt) in enumerate(contenders):
-                if "noop" in name:
+                if "noop" in name or _stateful(name):  # latency is of records, not of windows
                     continue
                 table = f"st_lat{k}_{suffix}"
                 _make_table(dsn, table, key=key, index=True)
@@ -465,7 +556,7 @@ def run(
 
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (1 min)")
     report(results, records, batches, interval, rate, skip_latency, spark_source)
-    ok = all(r.check in ("exact", "read all") for r in results.values() if r.seconds is not None)
+    ok = all(r.check.startswith("exact") or r.check == "read all" for r in results.values() if r.seconds is not None)
     ok = ok and (skip_latency or all(r.latency_check == "exact" for r in results.values() if r.latency_check))
     return 0 if ok else 1
 
@@ -488,6 +579,8 @@ def report(
     # the pipeline a user runs today is the base: Spark's own source into df.write.jdbc, when it ran
     jdbc = results.get(SPARK_JDBC) if spark_source else results.get("spark jdbc (foreachBatch)")
     base = jdbc.seconds if jdbc is not None and jdbc.seconds else None
+    agg_jdbc = results.get(SPARK_AGG_JDBC if spark_source else AGG_JDBC)
+    agg_base = agg_jdbc.seconds if agg_jdbc is not None and agg_jdbc.seconds else None
     print(
         f"\nstreaming: Kafka ({BROKER_LABEL}, {PARTITIONS} partitions) -> kafka-eos -> sink, {records:,} records "
         f"(id bigint, v text 100 B), {batches} micro-batches (maxOffsetsPerTrigger {records // batches:,}, "
@@ -495,14 +588,16 @@ def report(
     )
     floor_s = min((r.seconds for r in (results[NOOP], results[NOOP_AGAIN]) if r.seconds), default=None)
     base_name = SPARK_JDBC if spark_source else "spark jdbc (foreachBatch), behind kafka-eos"
-    print(f"(x Spark JDBC: against {base_name})\n")
+    agg_name = SPARK_AGG_JDBC if spark_source else AGG_JDBC
+    print(f"(x Spark JDBC: against {base_name}; the window agg rows against {agg_name})\n")
     print("| contender | seconds | rows/s | x Spark JDBC | x noop floor | rows |")
     print("|---|---|---|---|---|---|")
     for r in results.values():
         if r.seconds is None:
             print(f"| {r.name} | | | | | {r.note} |")
             continue
-        vs = f"{base / r.seconds:.2f}x" if base else "n/a"
+        b = agg_base if _stateful(r.name) else base
+        vs = f"{b / r.seconds:.2f}x" if b else "n/a"
         vf = f"{floor_s / r.seconds:.2f}x" if floor_s else "n/a"
         print(f"| {r.name} | {r.seconds:.2f} | {records / r.seconds:,.0f} | {vs} | {vf} | {r.check} |")
     print(
