@@ -311,8 +311,15 @@ def generate_records(spec: Any, seed: int, n: int, *, option: str = "--generator
 def read_records_file(path: str, n: int | None = None, *, option: str = "--records-file") -> list[Record]:
     """A file of sample records: ``*.jsonl`` / ``*.json``: one JSON object a line in the dict form of
     ``to_record`` (``{"key": ..., "value": {...}, "timestamp": ms, "topic": ...}``; a value that is
-    JSON is sent as its JSON text); any other name: one raw value a line (bytes, no key). The first
-    ``n`` records (all when ``n`` is None or larger)."""
+    JSON is sent as its JSON text); ``*.avro``: an Avro container file, each record sent as plain
+    Avro binary with the file's schema, what ``from_avro`` reads (``connectors.toolkit.avro``); any
+    other name: one raw value a line (bytes, no key). The first ``n`` records (all when ``n`` is None
+    or larger)."""
+    if path.endswith(".avro"):
+        from connectors.toolkit.avro import read_avro_records
+
+        values, _schema = read_avro_records(path, n, option=option)
+        return [Record(key=None, value=value) for value in values]
     try:
         with open(path, "rb") as fh:
             lines = [line.rstrip(b"\r\n") for line in fh]
@@ -1030,6 +1037,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    "or dicts with key, value, headers, partition, timestamp (ms), topic (several topics: job.topics)")  # fmt: skip
     p.add_argument("--records-file", default=None, metavar="PATH",
                    help="with --app: YOUR sample records: *.jsonl one {key, value, timestamp, topic...} object a line, "
+                   "*.avro an Avro container file (each record's value plain Avro binary, what from_avro reads), "
                    "any other file one raw value a line (the first --records of them)")  # fmt: skip
     p.add_argument("--oracle", default=None, metavar="append|upsert:KEY[,KEY]",
                    help="with --app: judge the table against fault-free reference runs of the job (availableNow, "
