@@ -5,7 +5,8 @@ Run: ``.venv/bin/python -m bench.publish_designs [--rows N] [--repeat R] [--dsn 
 Server side only, no Spark: one batch of ``--rows`` rows (default 1M, ``id bigint, k text, v text``
 with v 100 bytes, as ``bench.batch_load``) made visible to readers all at once, by each design, in
 one transaction on one connection, after a CHECKPOINT. Printed per design: the publish's wall time,
-the PostgreSQL server's CPU seconds for it (``bench._cpu``), and what a reader then pays to count the
+the PostgreSQL server's CPU seconds for it (``bench._cpu``), and what a reader (a role that is not a
+superuser: superusers bypass row-level security even when it is FORCE'd) then pays to count the
 batch (readers must never see part of a batch: invariant I3 of docs/postgres-2pc.md). Medians of
 ``--repeat`` rounds (default 3).
 
@@ -56,6 +57,12 @@ def _server_cpu(postmaster: int) -> float:
     return sum(sum(t[p][1:]) for p in _subtree(t, postmaster)) / TICK
 
 
+def _grant_reader(c: Any) -> None:
+    c.execute("DO $$ BEGIN CREATE ROLE eos_bench_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    c.execute("GRANT USAGE ON SCHEMA public TO eos_bench_reader")
+    c.execute("ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO eos_bench_reader")
+
+
 def measure(
     dsn: str, postmaster: int, rows: int, repeat: int, label: str, setup: list[str], publish: list[str], read: str
 ) -> None:
@@ -72,9 +79,11 @@ def measure(
                     c.execute(sql)  # type: ignore[arg-type]
             walls.append(time.perf_counter() - t0)
             cpus.append(_server_cpu(postmaster) - cpu0)
+            c.execute("SET ROLE eos_bench_reader")  # not a superuser: superusers bypass row-level security
             t0 = time.perf_counter()
             row = c.execute(read).fetchone()  # type: ignore[arg-type]
             reads.append(time.perf_counter() - t0)
+            c.execute("RESET ROLE")
             if row is None or row[0] != rows:
                 raise SystemExit(f"{label}: the reader counted {row}, not {rows:,}")
     print(
@@ -89,6 +98,7 @@ def designs(dsn: str, rows: int, repeat: int) -> None:
         row = c.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         postmaster = _table()[row[0]][0]
+        _grant_reader(c)
     staged = [
         *RESET,
         "CREATE TABLE t (id bigint, k text, v text)",
@@ -151,6 +161,7 @@ def designs(dsn: str, rows: int, repeat: int) -> None:
             "INSERT INTO t " + FILL.format(lo=0, hi=rows - 1),
         ]:
             c.execute(sql)  # type: ignore[arg-type]
+        c.execute("SET ROLE eos_bench_reader")
         t0 = time.perf_counter()
         c.execute(count).fetchone()
         print(f"| (a plain table's count(*), for the reader column) | | | {time.perf_counter() - t0:.3f} |")
