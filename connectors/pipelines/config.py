@@ -46,8 +46,8 @@ from typing import Any
 from connectors.pipelines.restart import parse_strategy
 from eos_core.conninfo import redact_dsn
 from eos_core.errors import ConfigError
+from eos_core.kafka_config import redact_options
 from eos_core.options import parse_duration
-from sources.kafka.option_specs import redact_options
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
 

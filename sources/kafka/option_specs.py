@@ -9,13 +9,12 @@ parses a raw map with both.
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eos_core.errors import ConfigError
-from eos_core.options import OptionSet, option, redact
+from eos_core.kafka_config import is_secret_option, redact_options
+from eos_core.options import OptionSet, option
 
 __all__ = [
     "CONTEXT",
@@ -26,24 +25,6 @@ __all__ = [
     "is_secret_option",
     "redact_options",
 ]
-
-# Option names whose values are secrets (Kafka's, librdkafka's, Spark's, Hadoop's, libpq's): passwords,
-# JAAS configs (they embed the password), keys, tokens, PEM contents. Matching more than the truth is fine.
-_SECRET_NAME = re.compile(
-    r"pass(word|wd|phrase)?($|[._])|secret|jaas|token|credential|private|(^|[._])key$|[._]pem$|keystore\.key|dsn$",
-    re.I,
-)
-
-
-def is_secret_option(name: str) -> bool:
-    """Whether the value of option ``name`` (e.g. ``kafka.sasl.jaas.config``) may be a secret."""
-    return bool(_SECRET_NAME.search(name))
-
-
-def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the value of every secret option shown as ``***``, for repr and logs."""
-    return {k: redact(v) if is_secret_option(str(k)) else v for k, v in options.items()}
-
 
 CONTEXT = "kafka-eos"
 INT64_MAX = 2**63 - 1  # Kafka's offsets and timestamps are signed 64-bit longs
