@@ -16,6 +16,7 @@ __all__ = [
     "RetriableError",
     "__version__",
     "error_cause",
+    "kafka_batch",
     "postgres_options",
     "query_error",
     "redact_secrets",
@@ -105,6 +106,14 @@ def upsert_batch(**options: Any) -> Any:
     from sinks.postgres import upsert_batch as make
 
     return make(**options)
+
+
+def kafka_batch(**options: Any) -> Any:
+    """A ``foreachBatch`` function writing each micro-batch exactly once into Kafka (the ``kafka-eos`` sink)."""
+    from sinks.kafka import kafka_batch as make
+    from sources.kafka import KafkaEosDataSource
+
+    return make(KafkaEosDataSource, **options)
 
 
 def twopc_batch(**options: Any) -> Any:

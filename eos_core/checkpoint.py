@@ -23,7 +23,17 @@ from urllib.parse import unquote, urlparse
 
 from eos_core.errors import ConfigError, FatalError
 
-__all__ = ["STATE_FILE", "Lineage", "batch_lineage", "display", "last_planned", "numbered", "query_id", "read_log_file"]
+__all__ = [
+    "STATE_FILE",
+    "Lineage",
+    "batch_lineage",
+    "display",
+    "last_planned",
+    "numbered",
+    "planned_lineage",
+    "query_id",
+    "read_log_file",
+]
 
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 
@@ -202,6 +212,23 @@ def batch_lineage(location: str, batch: int) -> Lineage:
     digest = hashlib.sha256("\n".join(identity).encode("utf-8")).hexdigest()[:32]
     shown = joined if len(joined) <= 160 else joined[:157] + "..."
     return Lineage(batch, digest, shown)
+
+
+def planned_lineage(location: str, batch_id: int | None, *, context: str) -> Lineage:
+    """The lineage of ``batch_id``, or of the batch Spark planned last when None: a sink's writer is built
+    on the driver after Spark wrote ``offsets/<n>`` for the batch it runs. ConfigError naming
+    ``checkpointLocation`` when the location has no ``offsets/``."""
+    batch = batch_id if batch_id is not None else last_planned(location)
+    if batch is None:
+        raise ConfigError(
+            f"{context}: no offsets/ under the checkpoint location {display(location)!r} (option "
+            "'checkpointLocation'), although Spark plans each batch there before it builds the sink's writer: this "
+            "is not the location Spark uses, or the sink cannot reach it from Python. A path without a scheme is "
+            "read as a local path; Spark resolves it against fs.defaultFS (HDFS on YARN), so give the full URI "
+            "(hdfs://..., s3a://...)",
+            option="checkpointLocation",
+        )
+    return batch_lineage(location, batch)
 
 
 def _log_offset(line: str) -> int | None:

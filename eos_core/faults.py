@@ -55,12 +55,16 @@ POINTS: dict[str, str] = {
     "source.read.start": "executor, before a Kafka read task polls its first record",
     "source.read.mid": "executor, after a Kafka read task yielded half of its range",
     "sink.before_write": "executor, before a sink task writes its first row",
-    "sink.after_write": "executor, rows written, before PREPARE / COMMIT of the task transaction",
+    "sink.after_write": "executor, rows written (Kafka: produced or staged), before PREPARE / COMMIT of the task transaction",
     "sink.after_prepare": "executor, after PREPARE TRANSACTION, before the task returns",
-    "sink.commit.before_decision": "driver, in commit(), before the decision row is written",
+    "sink.commit.before_decision": "driver, in commit(), before the decision row is written (Kafka: before the publish)",
     "sink.commit.after_decision": "driver, decision durable, before any COMMIT PREPARED",
     "sink.commit.after_k": "driver, after k of the batch's COMMIT PREPAREDs (condition k=)",
-    "sink.after_commit": "driver, every gid committed, before Spark writes commits/n",
+    "sink.after_commit": "driver, every gid committed (Kafka: the publish committed), before Spark writes commits/n",
+    "sink.task.after_commit": "executor, Kafka sink visibility=partition: the task's transaction (rows + marker) "
+    "committed, before the task returns",
+    "sink.publish.mid": "driver, Kafka sink visibility=batch: k staged records published into the open "
+    "transaction (condition k=)",
     "pipeline.batch": "driver, in a foreachBatch pipeline before the batch is written",
 }
 ACTIONS = ("raise", "kill", "kill-group", "exit", "sleep")

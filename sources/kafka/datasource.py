@@ -65,7 +65,8 @@ def kafka_schema(include_headers: bool = False) -> StructType:
 
 
 class KafkaEosDataSource(DataSource):
-    """``spark.readStream.format("kafka-eos")`` / ``spark.read.format("kafka-eos")``: Kafka as Spark reads it."""
+    """``format("kafka-eos")``: Kafka as Spark reads it (``readStream``, ``read``), and written exactly once
+    (``writeStream``, ``write``: the sink in ``sinks.kafka``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -105,6 +106,24 @@ class KafkaEosDataSource(DataSource):
     def reader(self, schema: StructType) -> KafkaBatchReader:
         self._check_schema(schema)
         return KafkaBatchReader(parse_options(dict(self.options), streaming=False))
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from sinks.kafka.spark import KafkaBatchWriter
+
+        if overwrite:
+            raise ConfigError(
+                f"{FORMAT}: save mode 'overwrite' cannot be honoured by a Kafka topic (records are appended); use "
+                "mode('append')",
+                option="mode",
+            )
+        return KafkaBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        # Complete output mode arrives as overwrite=True: as Spark's Kafka sink, every batch appends the whole
+        # result (once per batch).
+        from sinks.kafka.spark import KafkaStreamWriter
+
+        return KafkaStreamWriter(self.options, schema)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -16,7 +16,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eos_core.checkpoint import Lineage, batch_lineage, display, last_planned
+from eos_core.checkpoint import Lineage, batch_lineage
+from eos_core.checkpoint import planned_lineage as checkpoint_lineage
 from eos_core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, setup_connect
@@ -327,17 +328,7 @@ def planned_lineage(opts: TwoPhaseOptions) -> Lineage | None:
     without one); a ConfigError when the location has no ``offsets/``."""
     if opts.checkpoint is None:
         return None
-    batch = opts.batch_id if opts.batch_id is not None else last_planned(opts.checkpoint)
-    if batch is None:
-        raise ConfigError(
-            f"{FORMAT} {opts.sink_id}: no offsets/ under the checkpoint location "
-            f"{display(opts.checkpoint)!r} (option 'checkpointLocation'), although Spark plans each "
-            "batch there before it builds the sink's writer: this is not the location Spark uses, or the "
-            "sink cannot reach it from Python. A path without a scheme is read as a local path; Spark "
-            "resolves it against fs.defaultFS (HDFS on YARN), so give the full URI (hdfs://..., s3a://...)",
-            option="checkpointLocation",
-        )
-    return batch_lineage(opts.checkpoint, batch)
+    return checkpoint_lineage(opts.checkpoint, opts.batch_id, context=f"{FORMAT} {opts.sink_id}")
 
 
 def lineage_of(opts: TwoPhaseOptions, planned: Lineage | None, batch_id: int) -> Lineage | None:

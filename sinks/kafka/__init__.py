@@ -1,0 +1,71 @@
+"""The ``kafka-eos`` sink: the Kafka format on writes, exactly once into Kafka.
+
+librdkafka cannot resume another process's transaction, so no task may leave its rows prepared for the
+driver to commit, as ``postgres-2pc`` does. What Kafka gives instead: a ``transactional.id`` fences
+every older producer with that id (aborting its open transaction), and a transaction can carry
+consumer-group offsets, committed atomically with its records. Each writer of the sink keeps a
+*marker* that way ("batch n of lineage L is written", ``markers``), and everyone who writes first
+fences the writer's id and reads its marker.
+
+Protocol, ``visibility=batch`` (the default: ``read_committed`` readers never see part of a batch):
+
+- task ``write`` of batch n, partition p: read the publish's marker; if it says batch n of this
+  lineage is published, write nothing. Otherwise send the rows (screened, see below) to the staging
+  topic with an idempotent producer, each with a header naming this task attempt and where the record
+  goes, and return the offsets they landed at.
+- driver ``commit(messages, n)``: fence the publish's transactional id (an older driver's open
+  publish is aborted), read the marker; if batch n is published, do nothing; else in ONE transaction
+  read each task's staged records back by offset and attempt, send them to their topics, add the
+  marker (offset n + 1 of the publish's group) and commit.
+
+Protocol, ``visibility=partition`` (no second write; each task's rows appear when it commits):
+
+- task ``write`` of batch n, partition p: fence slot p's transactional id (every older attempt of p,
+  speculative or failed, is aborted), read slot p's marker; if it says batch n, check that the rows
+  are the rows it wrote (K2) and write nothing; else in ONE transaction send the rows and the marker
+  (offset n + 1 of slot p's group, with the rows' count and digest) and commit.
+- driver ``commit``: nothing is left to do (the tasks committed); it logs what they wrote.
+
+Invariants (the code and the tests that keep each one cite its number):
+
+- K1 A marker binds a batch number to the batch's lineage (a digest of what Spark planned in
+  ``offsets/n``) and to the query (its checkpoint's id): a writer that meets a marker of another
+  query, of a later batch, or of batch n with another lineage refuses before writing, never skips
+  (an older savepoint restored, a fresh checkpoint under an old sink id, two queries sharing one).
+- K2 A task slot skips batch n only for the rows it wrote: with ``visibility=partition`` a replay
+  that gives the slot other rows (the partitioning or the query changed between the crash and the
+  restart) is refused with what to do; the marker holds their count and digest.
+- K3 Nothing the data can cause fails after rows are visible: a row the broker would refuse (size,
+  no key on a compacted topic, unknown topic or partition) is found before the transaction commits
+  and either fails the batch with nothing visible or, with ``errors.tolerance=all``, goes to
+  ``errors.topic`` in the same transaction.
+- K4 Every transaction has a bounded life and an owner: the writer that runs next with the same id
+  fences and aborts it, or the broker aborts it after ``kafka.transaction.timeout.ms``; every wait of
+  the sink is bounded by ``kafkaProducer.timeoutMs``.
+
+Modules, by role: ``options``, ``records`` (the columns, Arrow rows, sizes, the row digest), ``screen``
+(K3), ``markers`` (names and markers, K1), ``plan`` (the driver-built plan, the commit message, the
+marker rules), ``client`` (producers and look-ups), ``writer`` (tasks), ``committer`` (driver),
+``spark`` (the writers Spark builds, the driver's checks, the foreachBatch adapter).
+"""
+
+from __future__ import annotations
+
+from sinks.kafka.options import CONTEXT, OPTIONS, KafkaSinkOptions, parse_options
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, LineageMismatch
+from sinks.kafka.screen import DataRefused
+from sinks.kafka.spark import KafkaBatchWriter, KafkaStreamWriter, kafka_batch
+
+__all__ = [
+    "CONTEXT",
+    "OPTIONS",
+    "DataRefused",
+    "KafkaBatchWriter",
+    "KafkaSinkMessage",
+    "KafkaSinkOptions",
+    "KafkaSinkPlan",
+    "KafkaStreamWriter",
+    "LineageMismatch",
+    "kafka_batch",
+    "parse_options",
+]

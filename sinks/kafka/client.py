@@ -1,0 +1,357 @@
+"""The sink's Kafka clients: a transactional producer whose every failure is sorted (fenced, abort and
+retry, retry the call, fatal), an idempotent producer that reports where its records landed, and the
+look-ups (topic limits, the broker's transaction timeout) the checks need. Every wait is bounded."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
+
+from eos_core.errors import ConfigError, FatalError, RetriableError
+from sinks.kafka.records import TopicLimits
+
+__all__ = ["Fenced", "KafkaLookups", "StagingProducer", "TxnProducer", "kafka_error"]
+
+log = logging.getLogger("sinks.kafka")
+T = TypeVar("T")
+
+_DEFAULT_MAX_MESSAGE_BYTES = 1048588  # the broker's message.max.bytes default (a topic's max.message.bytes)
+
+
+class Fenced(FatalError):
+    """A newer producer with the same transactional id took over: this attempt's transaction is aborted."""
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+class TxnProducer:
+    """One transactional producer (``transactional.id`` = ``name``) for one transaction at a time."""
+
+    def __init__(self, conf: dict[str, str], name: str, *, timeout: float, context: str) -> None:
+        self.name = name
+        self.conf = conf
+        self.timeout = timeout
+        self.context = context
+        self.errors: list[str] = []
+        self.producer = Producer(
+            {
+                **conf,
+                "transactional.id": name,
+                "enable.idempotence": "true",
+                "delivery.report.only.error": True,
+                "error_cb": self._error,
+                "on_delivery": self._delivered,
+            }
+        )
+
+    def _error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.errors.append(f"{err.name()}: {err.str()}")
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None and len(self.errors) < 5:
+            self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.name()} ({err.str()})")
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run a transactional call: retry while librdkafka says retriable, within the timeout; a fenced
+        producer is ``Fenced``; an abortable error aborts and is retriable (the task or batch runs again)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn()
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                if err is None:
+                    raise
+                if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                    raise Fenced(
+                        f"{self.context}: the producer {self.name!r} was fenced during {what}: a newer one with the "
+                        "same transactional id took over (another attempt of this task: speculation or a retry; or "
+                        "another query writing with the same sink.id). Its open transaction is aborted; nothing of "
+                        "it is visible",
+                        transactional_id=self.name,
+                    ) from None
+                if err.fatal():
+                    raise FatalError(f"{self.context}: {what} failed: {err.name()} ({err.str()})") from None
+                if err.txn_requires_abort():
+                    self.abort_quietly()
+                    detail = "; ".join(self.errors[:3]) or err.str()
+                    raise RetriableError(
+                        f"{self.context}: {what} failed and its transaction was aborted (nothing of it is visible): "
+                        f"{err.name()} ({detail})",
+                        transactional_id=self.name,
+                    ) from None
+                if err.retriable() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                raise RetriableError(
+                    f"{self.context}: {what} did not complete within {self.timeout:.0f} s (kafkaProducer.timeoutMs): "
+                    f"{err.name()} ({err.str()})",
+                    transactional_id=self.name,
+                ) from None
+
+    def init(self) -> None:
+        """Fence every older producer with this id and abort its open transaction."""
+        self._call("init_transactions", lambda: self.producer.init_transactions(self.timeout))
+
+    def begin(self) -> None:
+        self.errors.clear()
+        self._call("begin_transaction", self.producer.begin_transaction)
+
+    def send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None) -> None:
+        """Queue one record; waits (polling) while librdkafka's queue is full, within the timeout."""
+        kwargs: dict[str, Any] = {"key": key}
+        if headers:
+            kwargs["headers"] = headers
+        if partition is not None:
+            kwargs["partition"] = partition
+        try:
+            self.producer.produce(topic, value, **kwargs)
+        except BufferError:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                self.producer.poll(0.05)
+                try:
+                    self.producer.produce(topic, value, **kwargs)
+                    return
+                except BufferError:
+                    if time.monotonic() > deadline:
+                        raise RetriableError(
+                            f"{self.context}: librdkafka's queue stayed full for {self.timeout:.0f} s: the brokers take "
+                            "records slower than they come, or are unreachable"
+                        ) from None
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is not None and err.txn_requires_abort():
+                self.abort_quietly()
+                raise RetriableError(f"{self.context}: a produce failed: {err.name()} ({err.str()})") from None
+            raise FatalError(f"{self.context}: a produce to {topic!r} failed: {exc}") from None
+
+    def poll(self) -> None:
+        self.producer.poll(0)
+
+    def commit(self, offsets: list[TopicPartition], group: str) -> None:
+        """Commit the transaction with ``offsets`` of consumer group ``group`` in it (the marker)."""
+        # A consumer that never joins the group: only its group metadata (the group id) is used.
+        consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
+        try:
+            metadata = consumer.consumer_group_metadata()
+        finally:
+            consumer.close()
+        self._call(
+            "send_offsets_to_transaction",
+            lambda: self.producer.send_offsets_to_transaction(offsets, metadata, self.timeout),
+        )
+        self._call("commit_transaction", lambda: self.producer.commit_transaction(self.timeout))
+
+    def abort_quietly(self) -> None:
+        try:
+            self.producer.abort_transaction(min(self.timeout, 30.0))
+        except KafkaException as exc:
+            log.warning(
+                "%s: aborting the transaction of %s failed (%s); the broker aborts it after "
+                "transaction.timeout.ms, or the next producer with its id does",
+                self.context,
+                self.name,
+                exc,
+            )
+
+    def close(self) -> None:
+        self.producer.flush(0)
+
+
+class StagingProducer:
+    """An idempotent producer that keeps, per partition, the first and last offset and the count of what
+    it wrote, for the records' reader to find them again."""
+
+    def __init__(self, conf: dict[str, str], *, timeout: float, context: str) -> None:
+        self.timeout = timeout
+        self.context = context
+        self.errors: list[str] = []
+        self.ranges: dict[int, list[int]] = {}  # partition -> [first, last, count]
+        self.producer = Producer({**conf, "enable.idempotence": "true", "on_delivery": self._delivered})
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            if len(self.errors) < 5:
+                self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.name()} ({err.str()})")
+            return
+        offset = msg.offset()
+        found = self.ranges.get(msg.partition())
+        if found is None:
+            self.ranges[msg.partition()] = [offset, offset, 1]
+        else:
+            found[0] = min(found[0], offset)
+            found[1] = max(found[1], offset)
+            found[2] += 1
+
+    def send(self, topic: str, partition: int, value: Any, key: Any, headers: Any) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value, key=key, headers=headers, partition=partition)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def poll(self) -> None:
+        self.producer.poll(0)
+
+    def finish(self) -> dict[int, tuple[int, int, int]]:
+        """Wait for every record; the ranges, or RetriableError if any was not written."""
+        left = self.producer.flush(self.timeout)
+        if left or self.errors:
+            raise RetriableError(
+                f"{self.context}: staging failed ({left} records undelivered after {self.timeout:.0f} s; "
+                f"{'; '.join(self.errors) or 'no delivery error'}); the task fails and Spark runs it again"
+            )
+        return {p: (r[0], r[1], r[2]) for p, r in self.ranges.items()}
+
+
+class KafkaLookups:
+    """Admin look-ups of one sink, made lazily and cached for the process."""
+
+    def __init__(self, conf: dict[str, str], *, timeout: float, context: str) -> None:
+        self.conf = {k: v for k, v in conf.items() if not k.startswith(("partitioner", "transaction"))}
+        self.timeout = timeout
+        self.context = context
+        self._admin: AdminClient | None = None
+        self._limits: dict[str, TopicLimits | None] = {}
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(_admin_conf(self.conf))
+        return self._admin
+
+    def limits(self, topics: list[str]) -> dict[str, TopicLimits | None]:
+        """Each topic's partitions, max.message.bytes and cleanup policy; None for a topic that does not exist."""
+        wanted = [t for t in topics if t not in self._limits]
+        if wanted:
+            meta = self._retry("topic metadata", lambda: self.admin.list_topics(timeout=self.timeout))
+            present = [t for t in wanted if t in meta.topics and meta.topics[t].error is None]
+            for t in wanted:
+                if t not in present:
+                    self._limits[t] = None
+            if present:
+                configs = self._retry(
+                    "topic configs",
+                    lambda: {
+                        r.name: f.result(timeout=self.timeout)
+                        for r, f in self.admin.describe_configs(
+                            [ConfigResource(ResourceType.TOPIC, t) for t in present], request_timeout=self.timeout
+                        ).items()
+                    },
+                )
+                for t in present:
+                    entries = configs.get(t, {})
+                    max_bytes = entries.get("max.message.bytes")
+                    policy = entries.get("cleanup.policy")
+                    self._limits[t] = TopicLimits(
+                        partitions=len(meta.topics[t].partitions),
+                        max_message_bytes=int(max_bytes.value)
+                        if max_bytes and max_bytes.value
+                        else _DEFAULT_MAX_MESSAGE_BYTES,
+                        compacted="compact" in (policy.value if policy and policy.value else ""),
+                    )
+        return {t: self._limits[t] for t in topics}
+
+    def require(self, topic: str, option: str) -> TopicLimits:
+        found = self.limits([topic])[topic]
+        if found is None:
+            raise ConfigError(
+                f"{self.context}: topic {topic!r} (option '{option}') does not exist on {self.conf.get('bootstrap.servers')}; "
+                "the sink never creates the topics it writes: create it (kafka-topics --create --topic ...)",
+                option=option,
+            )
+        return found
+
+    def transaction_max_timeout_ms(self) -> int | None:
+        """The broker's transaction.max.timeout.ms (None when the principal may not describe the cluster)."""
+        try:
+            meta = self.admin.list_topics(timeout=self.timeout)
+            broker = next(iter(meta.brokers))
+            futures = self.admin.describe_configs(
+                [ConfigResource(ResourceType.BROKER, str(broker))], request_timeout=self.timeout
+            )
+            entries = next(iter(futures.values())).result(timeout=self.timeout)
+            value = entries.get("transaction.max.timeout.ms")
+            return int(value.value) if value and value.value else None
+        except (KafkaException, StopIteration, ValueError) as exc:
+            log.info("%s: cannot read the broker's transaction.max.timeout.ms (%s); not checked", self.context, exc)
+            return None
+
+    def ensure_topic(self, topic: str, partitions: int, config: dict[str, str], option: str) -> TopicLimits:
+        """The topic, created with ``partitions`` and ``config`` when missing."""
+        found = self.limits([topic])[topic]
+        if found is not None:
+            return found
+        future = self.admin.create_topics(
+            [NewTopic(topic, partitions, -1, config=config)], request_timeout=self.timeout
+        )[topic]
+        try:
+            future.result(timeout=self.timeout)
+            log.info("%s: created topic %s (%d partitions, %s)", self.context, topic, partitions, config)
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise ConfigError(
+                    f"{self.context}: topic {topic!r} (option '{option}') does not exist and could not be created: "
+                    f"{exc}. Create it, or grant the sink's principal CREATE on it",
+                    option=option,
+                ) from None
+        self._limits.pop(topic, None)
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            found = self.limits([topic])[topic]
+            if found is not None and found.partitions:
+                return found
+            self._limits.pop(topic, None)
+            time.sleep(0.1)
+        raise RetriableError(f"{self.context}: topic {topic!r} was created but its metadata did not appear")
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return fn()
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                if err is not None and err.retriable() and time.monotonic() < deadline:
+                    time.sleep(0.25)
+                    continue
+                raise RetriableError(
+                    f"{self.context}: {what} from {self.conf.get('bootstrap.servers')} failed: {exc}"
+                ) from None
+
+    def close(self) -> None:
+        self._admin = None
+
+
+def _admin_conf(conf: dict[str, str]) -> dict[str, str | int | float | bool]:
+    """The producer settings an admin client takes (connection and security ones)."""
+    producer_only = (
+        "acks",
+        "linger",
+        "batch.",
+        "compression",
+        "queue.",
+        "message.",
+        "retries",
+        "retry.",
+        "delivery.",
+        "enable.idempotence",
+        "max.in.flight",
+        "request.timeout",
+        "sticky",
+        "enable.gapless",
+    )
+    return {k: v for k, v in conf.items() if not k.startswith(producer_only)}

@@ -1,0 +1,103 @@
+"""The plan of a ``kafka-eos`` write, built once per batch on the driver and pickled to every task, the
+commit message a task returns, and the rules every writer meets the sink's last marker with (K1, K2)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from eos_core.checkpoint import display, planned_lineage, query_id
+from eos_core.errors import FatalError
+from sinks.kafka.markers import Marker
+from sinks.kafka.options import CONTEXT, KafkaSinkOptions
+from sinks.kafka.records import check_schema
+
+__all__ = ["BATCH_JOB", "KafkaSinkMessage", "KafkaSinkPlan", "LineageMismatch", "build_plan", "meet_marker"]
+
+log = logging.getLogger("sinks.kafka")
+
+BATCH_JOB = "batch-job"  # the "query" of df.write with batch.id
+
+
+class LineageMismatch(FatalError):
+    """K1: the sink's marker says another lineage (or another query, or a later batch) wrote here."""
+
+
+@dataclass(frozen=True)
+class KafkaSinkPlan:
+    """What tasks and the committer need (picklable): built on the driver when Spark builds the writer."""
+
+    opts: KafkaSinkOptions
+    columns: tuple[str, ...]
+    lineage: str | None  # digest of offsets/<batch> (None: a batch job without a checkpoint)
+    lineage_text: str  # for messages
+    query: str  # the query id in the checkpoint, or BATCH_JOB
+    nonce: str  # one per writer the driver builds: every task of this batch attempt shares it
+
+    @property
+    def context(self) -> str:
+        return f"{CONTEXT} {self.opts.sink_id!r}"
+
+
+def build_plan(opts: KafkaSinkOptions, schema: StructType) -> KafkaSinkPlan:
+    columns = check_schema(schema, topic_option=opts.topic, context=CONTEXT)
+    lineage, text, query = None, "a batch job", BATCH_JOB
+    if opts.checkpoint is not None:
+        planned = planned_lineage(opts.checkpoint, opts.batch_id, context=f"{CONTEXT} {opts.sink_id}")
+        lineage, text = planned.digest, str(planned)
+        query = query_id(opts.checkpoint) or display(opts.checkpoint) or BATCH_JOB
+    return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6))
+
+
+@dataclass(frozen=True)
+class KafkaSinkMessage(WriterCommitMessage):
+    """What a task returns: its slot (Spark partition), rows and their digest; staged ranges with batch visibility."""
+
+    slot: int
+    batch: int
+    attempt: int
+    rows: int
+    digest: str
+    skipped: bool = False  # the batch (or this slot's part of it) was written before
+    diverted: int = 0  # rows sent to errors.topic
+    tag: str | None = None  # visibility=batch: the header value that marks this attempt's staged records
+    staged: tuple[tuple[int, int, int, int], ...] = ()  # (staging partition, first offset, last offset, count)
+
+
+def meet_marker(plan: KafkaSinkPlan, marker: Marker | None, batch: int, where: str) -> bool:
+    """K1/K2: True when ``marker`` says batch ``batch`` of this lineage is written (skip it), False when the
+    batch is still to be written; LineageMismatch when writing would skip or duplicate rows."""
+    if marker is None:
+        return False
+    help_text = (
+        "Nothing was written. If the query was restored from an older checkpoint or savepoint after the sink went "
+        "on, restore the latest one; if this is a new query (a fresh checkpoint) or the sink id is shared by "
+        "mistake, give this query its own sink.id; to let this query write anyway, knowing that rows already "
+        f"written may be written again, run `spark-eos kafka-sink reset --sink-id {plan.opts.sink_id!r}`"
+    )
+    if marker.query != plan.query:
+        raise LineageMismatch(
+            f"{plan.context}: {where} last wrote {marker.describe()}, but this is "
+            f"{'a batch job' if plan.query == BATCH_JOB else 'query ' + plan.query} ({plan.lineage_text}). "
+            + help_text,
+            batch_id=batch,
+        )
+    if marker.batch > batch:
+        raise LineageMismatch(
+            f"{plan.context}: {where} already wrote {marker.describe()}, later than batch {batch} "
+            f"({plan.lineage_text}): the query went back. " + help_text,
+            batch_id=batch,
+        )
+    if marker.batch < batch:
+        return False
+    if marker.lineage != plan.lineage:
+        raise LineageMismatch(
+            f"{plan.context}: {where} wrote {marker.describe()}, but this query planned batch {batch} differently "
+            f"({plan.lineage_text}). " + help_text,
+            batch_id=batch,
+        )
+    return True

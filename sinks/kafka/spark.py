@@ -1,0 +1,146 @@
+"""The Spark classes of the ``kafka-eos`` sink (batch and stream writers, the checks the driver makes
+when it builds them) and the foreachBatch adapter ``kafka_batch``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from eos_core.errors import ConfigError
+from sinks.kafka.client import KafkaLookups
+from sinks.kafka.committer import commit_batch
+from sinks.kafka.options import CONTEXT, KafkaSinkOptions, parse_options
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan
+from sinks.kafka.writer import write_task
+
+__all__ = ["KafkaBatchWriter", "KafkaStreamWriter", "check_services", "kafka_batch"]
+
+log = logging.getLogger("sinks.kafka")
+
+_CHECKED: dict[tuple[object, ...], float] = {}  # what check_services found good, and when (per process)
+_CHECK_TTL = 300.0
+
+
+def check_services(opts: KafkaSinkOptions) -> None:
+    """On the driver, before any task: the topics exist (the staging topic is made), the transaction
+    timeout is one the broker accepts. Cached for a few minutes per process (the writer is built per batch)."""
+    key = (opts.bootstrap, opts.topic, opts.markers_on, opts.errors_topic, opts.staged and opts.staging_topic)
+    if time.monotonic() - _CHECKED.get(key, -_CHECK_TTL) < _CHECK_TTL:
+        return
+    conf = opts.producer_config()
+    lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=CONTEXT)
+    try:
+        target = lookups.require(opts.topic, "topic") if opts.topic else None
+        if opts.marker_topic:
+            lookups.require(opts.marker_topic, "marker.topic")
+        if opts.errors_topic:
+            lookups.require(opts.errors_topic, "errors.topic")
+        if opts.staged:
+            wanted = max(target.max_message_bytes if target else 0, int(conf.get("message.max.bytes", 1_000_000)))
+            staging = lookups.ensure_topic(
+                opts.staging_topic,
+                opts.staging_partitions,
+                {"retention.ms": str(opts.staging_retention_ms), "max.message.bytes": str(wanted + 4096)},
+                "staging.topic",
+            )
+            if target is not None and staging.max_message_bytes < target.max_message_bytes + 1024:
+                raise ConfigError(
+                    f"{CONTEXT}: the staging topic {opts.staging_topic!r} takes records up to "
+                    f"{staging.max_message_bytes} bytes (max.message.bytes), topic {opts.topic!r} up to "
+                    f"{target.max_message_bytes}: a record the target takes could not be staged. Raise the staging "
+                    "topic's max.message.bytes (kafka-configs --alter --add-config max.message.bytes=...)",
+                    option="staging.topic",
+                )
+        limit = lookups.transaction_max_timeout_ms()
+        ours = opts.transaction_timeout_ms
+        if limit is not None and ours > limit:
+            raise ConfigError(
+                f"{CONTEXT}: kafka.transaction.timeout.ms is {ours}, above the broker's transaction.max.timeout.ms "
+                f"{limit}: the broker refuses such producers. Lower kafka.transaction.timeout.ms (it must outlast a "
+                "task's write and a batch's publish), or raise the broker's limit",
+                option="kafka.transaction.timeout.ms",
+            )
+    finally:
+        lookups.close()
+    _CHECKED[key] = time.monotonic()
+
+
+class _Roles:
+    """Built by Spark on the driver for every batch (and again where it commits): the plan, once checked."""
+
+    plan: KafkaSinkPlan
+
+    def _setup(self, options: Mapping[str, str], schema: StructType, *, streaming: bool) -> None:
+        opts = parse_options(options, streaming=streaming)
+        self.plan = build_plan(opts, schema)
+        check_services(opts)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
+        return write_task(self.plan, iterator)
+
+
+class KafkaBatchWriter(_Roles, DataSourceArrowWriter):
+    """``df.write.format("kafka-eos")`` with ``sink.id`` and ``batch.id``."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self._setup(options, schema, streaming=False)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        assert self.plan.opts.batch_id is not None
+        commit_batch(self.plan, messages, self.plan.opts.batch_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("%s: batch %s aborted; nothing of it is visible beyond the tasks' own commits (visibility=%s)",
+                 self.plan.context, self.plan.opts.batch_id, self.plan.opts.visibility)  # fmt: skip
+
+
+class KafkaStreamWriter(_Roles, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("kafka-eos")`` (append output mode)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self._setup(options, schema, streaming=True)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        commit_batch(self.plan, messages, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info("%s: batch %d aborted; the query runs it again from its checkpoint", self.plan.context, batchId)
+
+
+def kafka_batch(data_source: Any, **options: Any) -> Callable[[Any, int], None]:
+    """A ``foreachBatch(df, batch_id)`` function writing each micro-batch through the exactly-once Kafka sink
+    of ``data_source`` (the ``kafka-eos`` format, which it registers with the batch's session).
+
+    ``sink.id`` and ``checkpointLocation`` (the query's own) are required; pass dotted names as
+    ``**{"sink.id": "orders"}`` or ``sink_id=``. The micro-batch id becomes ``batch.id``.
+    """
+    raw = {_DOTTED.get(k, k): str(v) for k, v in options.items()}
+    if "batch.id" in {k.lower() for k in raw}:
+        raise ConfigError(
+            f"{CONTEXT}: kafka_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"
+        )
+    parse_options({**raw, "batch.id": "0"}, streaming=False)  # refuse bad options now, not at the first batch
+    if not any(k.lower() == "checkpointlocation" for k in raw):
+        raise ConfigError(
+            f"{CONTEXT}: kafka_batch needs option 'checkpointLocation', the streaming query's own checkpoint location "
+            "(the one given to writeStream), so that each micro-batch's marker is bound to the offsets Spark planned",
+            option="checkpointLocation",
+        )
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        df.sparkSession.dataSource.register(data_source)
+        df.write.format(data_source.name()).options(**raw).option("batch.id", str(batch_id)).mode("append").save()
+
+    write_batch.__name__ = f"kafka_batch[{raw.get('sink.id')}]"
+    return write_batch
+
+
+_DOTTED = {"sink_id": "sink.id", "checkpoint_location": "checkpointLocation", "batch_id": "batch.id",
+           "marker_topic": "marker.topic", "staging_topic": "staging.topic", "errors_topic": "errors.topic",
+           "errors_tolerance": "errors.tolerance"}  # fmt: skip

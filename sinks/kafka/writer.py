@@ -1,0 +1,188 @@
+"""The task side of the ``kafka-eos`` sink: write (visibility=partition) or stage (visibility=batch) one
+task's rows (see the protocol in ``sinks.kafka``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from eos_core import faults
+from eos_core.errors import FatalError
+from eos_core.spark_task import TaskIdentity, task_identity
+from sinks.kafka.client import KafkaLookups, StagingProducer, TxnProducer
+from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
+from sinks.kafka.records import Record, RowBatch, RowDigest
+from sinks.kafka.screen import DEFAULT_MESSAGE_MAX_BYTES, Screen, dead_letter
+
+__all__ = ["STAGE_HEADER", "stage_route", "write_task"]
+
+log = logging.getLogger("sinks.kafka")
+
+STAGE_HEADER = "spark-eos.stage"  # on every staged record: the attempt's tag and where the record goes
+
+
+def stage_route(tag: str, rec: Record) -> bytes:
+    """The STAGE_HEADER value: the attempt's tag, the record's topic and explicit partition."""
+    return json.dumps([tag, rec.topic, rec.partition], separators=(",", ":")).encode()
+
+
+def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
+    who: TaskIdentity = task_identity()
+    opts = plan.opts
+    batch = opts.batch_id if opts.batch_id is not None else who.stream_batch
+    if batch is None:
+        raise FatalError(f"{plan.context}: no batch id: Spark did not set streaming.sql.batchId for this task")
+    fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt}
+    faults.point("sink.before_write", spec=opts.faults, **fctx)
+    conf = opts.producer_config()
+    lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
+    try:
+        if opts.staged:
+            return _TaskRun(plan, who, batch, lookups, conf).stage(iterator)
+        return _TaskRun(plan, who, batch, lookups, conf).write(iterator)
+    finally:
+        lookups.close()
+
+
+class _TaskRun:
+    def __init__(
+        self, plan: KafkaSinkPlan, who: TaskIdentity, batch: int, lookups: KafkaLookups, conf: dict[str, str]
+    ) -> None:
+        self.plan, self.who, self.batch, self.lookups, self.conf = plan, who, batch, lookups, conf
+        self.opts = plan.opts
+        self.timeout = self.opts.timeout_ms / 1000
+        self.fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt}
+        max_bytes = int(conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
+        self.screen = Screen(lookups, max_bytes, plan.context)
+        self.digest = RowDigest()
+        self.diverted = 0
+        self.where = f"batch {batch}, partition {who.partition}"
+        self._errors_limit: int | None = None
+
+    def message(self, **fields: object) -> KafkaSinkMessage:
+        return KafkaSinkMessage(
+            slot=self.who.partition,
+            batch=self.batch,
+            attempt=self.who.attempt,
+            rows=self.digest.rows,
+            digest=self.digest.hexdigest(),
+            diverted=self.diverted,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def _records(self, iterator: Iterator[pa.RecordBatch], on_refused: object = None) -> Iterator[Record | None]:
+        """Each row as the record to send: a refused one as its dead letter, or DataRefused."""
+        for arrow in iterator:
+            rows = RowBatch(arrow, self.plan.columns, self.opts.topic)
+            self.digest.add(rows)
+            refused = self.screen.refused(rows) if rows.n else {}
+            for i in range(rows.n):
+                why = refused.get(i)
+                if why is None:
+                    yield Record(
+                        rows.topics[i],
+                        rows.keys[i],
+                        rows.values[i],
+                        rows.headers[i] if rows.headers else None,
+                        rows.partitions[i],
+                    )
+                    continue
+                rec = rows.record(i)
+                if self.opts.errors_topic is None:
+                    raise self.screen.refuse(rec, why, self.where)
+                self.diverted += 1
+                yield dead_letter(rec, why, self.opts.errors_topic, self._dead_letter_limit())
+            yield None  # an Arrow batch ended: a moment to serve delivery reports
+
+    def _dead_letter_limit(self) -> int:
+        if self._errors_limit is None:
+            assert self.opts.errors_topic is not None
+            topic = self.lookups.require(self.opts.errors_topic, "errors.topic")
+            self._errors_limit = min(topic.max_message_bytes, self.screen.message_max_bytes)
+        return self._errors_limit
+
+    # -- visibility=partition: the task writes and commits its rows with its marker ------------------
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
+        name = slot_name(self.opts.sink_id, self.who.partition)
+        marker_topic = self.opts.markers_on
+        assert marker_topic is not None
+        producer = TxnProducer(self.conf, name, timeout=self.timeout, context=self.plan.context)
+        try:
+            producer.init()  # fences every older attempt of this slot, aborting its open transaction
+            marker = read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout)
+            if meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}"):
+                assert marker is not None
+                return self._replayed(iterator, marker)
+            producer.begin()
+            try:
+                for rec in self._records(iterator):
+                    if rec is None:
+                        producer.poll()
+                        continue
+                    producer.send(rec.topic, rec.value, rec.key, rec.headers, rec.partition)  # type: ignore[arg-type]
+            except BaseException:
+                producer.abort_quietly()
+                raise
+            faults.point("sink.after_write", spec=self.opts.faults, **self.fctx)
+            written = Marker(
+                batch=self.batch,
+                lineage=self.plan.lineage,
+                query=self.plan.query,
+                rows=self.digest.rows,
+                digest=self.digest.hexdigest(),
+                mode="partition",
+            )
+            producer.commit(marker_offsets(marker_topic, written), name)
+        finally:
+            producer.close()
+        faults.point("sink.task.after_commit", spec=self.opts.faults, **self.fctx)
+        return self.message()
+
+    def _replayed(self, iterator: Iterator[pa.RecordBatch], marker: Marker) -> KafkaSinkMessage:
+        """K2: this slot wrote the batch before; its rows now must be the rows it wrote."""
+        for arrow in iterator:
+            self.digest.add(RowBatch(arrow, self.plan.columns, self.opts.topic))
+        if (self.digest.rows, self.digest.hexdigest()) != (marker.rows, marker.digest):
+            raise FatalError(
+                f"{self.plan.context}: {self.where} was written before ({marker.describe()}), but this replay gives "
+                f"the partition {self.digest.rows} other rows: the query's partitioning or its transformations changed "
+                "between the crash and the restart (minPartitions, maxRecordsPerPartition, repartition, the code). "
+                "With visibility=partition a replay must give each task the rows it had. Nothing more was written. "
+                "Restore the query as it was to finish this batch, then change it; or use visibility=batch",
+                batch_id=self.batch,
+                partition=self.who.partition,
+            )
+        log.info("%s: %s was written before; this task writes nothing", self.plan.context, self.where)
+        return self.message(skipped=True)
+
+    # -- visibility=batch: the task stages its rows; the driver publishes the batch -------------------
+
+    def stage(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
+        marker_topic = self.opts.markers_on
+        assert marker_topic is not None
+        published = read_marker(self.lookups.admin, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout)
+        if meet_marker(self.plan, published, self.batch, "the publish"):
+            for _ in iterator:
+                pass
+            log.info("%s: batch %d was published before; nothing staged", self.plan.context, self.batch)
+            return self.message(skipped=True)
+        staging = self.lookups.require(self.opts.staging_topic, "staging.topic")
+        target = self.who.partition % staging.partitions
+        tag = f"{self.plan.nonce}:{self.who.partition}:{self.who.attempt}"
+        producer = StagingProducer(self.conf, timeout=self.timeout, context=self.plan.context)
+        for rec in self._records(iterator):
+            if rec is None:
+                producer.poll()
+                continue
+            route = [(STAGE_HEADER, stage_route(tag, rec))]
+            producer.send(self.opts.staging_topic, target, rec.value, rec.key, [*(rec.headers or []), *route])
+        ranges = producer.finish()
+        faults.point("sink.after_write", spec=self.opts.faults, **self.fctx)
+        return self.message(
+            tag=tag, staged=tuple((p, first, last, n) for p, (first, last, n) in sorted(ranges.items()))
+        )

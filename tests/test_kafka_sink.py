@@ -1,0 +1,292 @@
+"""The kafka-eos sink without a broker: options, names, markers and the rules writers meet them with (K1),
+the rows' digest (K2), the columns Spark's Kafka sink takes, and the screen for what a broker refuses (K3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+from eos_core.errors import ConfigError, FatalError
+from sinks.kafka.markers import Marker, publish_name, sink_names, slot_name
+from sinks.kafka.options import parse_options
+from sinks.kafka.plan import BATCH_JOB, KafkaSinkMessage, KafkaSinkPlan, LineageMismatch, meet_marker
+from sinks.kafka.records import RowBatch, RowDigest, TopicLimits, check_schema, record_size
+from sinks.kafka.screen import Screen, dead_letter
+
+BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "sink.id": "orders", "topic": "out"}
+
+
+def opts(streaming: bool = True, **extra: str) -> Any:
+    raw = {**BASE, **({"checkpointLocation": "/tmp/ck"} if streaming else {"batch.id": "1"}), **extra}
+    return parse_options(raw, streaming=streaming)
+
+
+# ---- options --------------------------------------------------------------------------------------
+
+
+def test_defaults_and_what_spark_users_bring() -> None:
+    o = opts(**{"subscribe": "in", "startingOffsets": "earliest", "kafka.acks": "all", "kafka.linger.ms": "5"})
+    assert o.visibility == "batch" and o.staged and o.markers_on == "out" and o.staging_topic == "spark-eos-staging"
+    conf = o.producer_config()
+    assert conf["partitioner"] == "murmur2_random" and conf["linger.ms"] == "5"
+    assert o.transaction_timeout_ms == 60_000
+
+
+@pytest.mark.parametrize(
+    ("raw", "option", "said"),
+    [
+        ({"sink.id": ""}, "sink.id", "printable name"),
+        ({"visibility": "task"}, "visibility", "one of batch, partition"),
+        ({"topic": "bad topic"}, "topic", "not a Kafka topic name"),
+        ({"errors.tolerance": "all"}, "errors.topic", "needs option 'errors.topic'"),
+        ({"errors.topic": "dlq"}, "errors.tolerance", "errors.tolerance is none"),
+        ({"staging.topic": "out"}, "staging.topic", "a topic of their own"),
+        ({"kafka.transactional.id": "x"}, "kafka.transactional.id", "derives its transactional ids"),
+        ({"kafka.bootstrap.servers": ""}, "kafka.bootstrap.servers", "is required"),
+        ({"batch.id": "3"}, "batch.id", "batch writes only"),
+        ({"topic": None}, "marker.topic", "needs option 'marker.topic'"),
+        ({"sinkid": "x"}, "sinkid", "sink.id"),
+    ],
+)
+def test_bad_options_are_refused_naming_them(raw: dict[str, Any], option: str, said: str) -> None:
+    merged = {**BASE, "checkpointLocation": "/tmp/ck", **raw}
+    merged = {k: v for k, v in merged.items() if v is not None}
+    with pytest.raises(ConfigError, match=said) as err:
+        parse_options(merged, streaming=True)
+    assert getattr(err.value, "option", None) == option
+
+
+def test_streaming_needs_the_checkpoint_and_batch_writes_a_batch_id() -> None:
+    with pytest.raises(ConfigError, match="checkpointLocation"):
+        parse_options(BASE, streaming=True)
+    with pytest.raises(ConfigError, match="batch.id"):
+        parse_options(BASE, streaming=False)
+
+
+def test_secrets_stay_out_of_the_options_repr() -> None:
+    o = opts(**{"kafka.sasl.password": "hunter2", "kafka.sasl.username": "u"})
+    assert "hunter2" not in repr(o) and "***" in repr(o)
+
+
+# ---- names and markers (K1) -------------------------------------------------------------------------
+
+
+def test_no_sink_id_names_a_part_of_anothers() -> None:
+    ids = ["a", "a:task:1", "a:publish", "a%3Atask", "a:", "ä", "a b"]
+    names = {i: {slot_name(i, 1), slot_name(i, 12), publish_name(i)} for i in ids}
+    for one in ids:
+        for other in ids:
+            if one != other:
+                assert not names[one] & names[other], (one, other)
+                assert not any(n.startswith(sink_names(other)) for n in names[one]), (one, other)
+
+
+def test_a_marker_round_trips_and_a_foreign_offset_is_refused() -> None:
+    m = Marker(batch=7, lineage="ab" * 16, query="q-1", rows=10, digest="d" * 32, mode="partition")
+    assert Marker.parse(8, m.metadata(), group="g") == m
+    with pytest.raises(FatalError, match="not a marker of the sink"):
+        Marker.parse(8, "someone else's commit", group="g")
+    with pytest.raises(FatalError, match="not a marker"):
+        Marker.parse(9, m.metadata(), group="g")  # the offset must be batch + 1
+
+
+def plan(lineage: str | None = "L1", query: str = "q-1", **extra: str) -> KafkaSinkPlan:
+    return KafkaSinkPlan(opts(**extra), ("value",), lineage, "batch n planned as ...", query, "n0nce")
+
+
+def marker(batch: int, lineage: str | None = "L1", query: str | None = "q-1") -> Marker:
+    return Marker(batch=batch, lineage=lineage, query=query, rows=1, digest="d", mode="partition")
+
+
+def test_a_marker_of_this_lineage_says_written_or_not_yet() -> None:
+    p = plan()
+    assert meet_marker(p, None, 0, "slot 0") is False
+    assert meet_marker(p, marker(4), 5, "slot 0") is False
+    assert meet_marker(p, marker(5), 5, "slot 0") is True
+
+
+@pytest.mark.parametrize(
+    ("found", "said"),
+    [
+        (marker(5, lineage="L0"), "planned batch 5 differently"),  # an older savepoint replanned batch 5
+        (marker(6), "later than batch 5"),  # an older savepoint restored after the sink went on
+        (marker(2, query="q-0"), "this is query q-1"),  # a fresh checkpoint, or two queries, on one sink id
+    ],
+)
+def test_k1_a_marker_of_another_lineage_is_refused_never_skipped(found: Marker, said: str) -> None:
+    with pytest.raises(LineageMismatch, match=said) as err:
+        meet_marker(plan(), found, 5, "slot 0")
+    assert "kafka-sink reset" in str(err.value) and "Nothing was written" in str(err.value)
+
+
+def test_batch_jobs_rerun_a_batch_id_as_a_no_op_and_refuse_a_lower_one() -> None:
+    p = plan(lineage=None, query=BATCH_JOB)
+    mine = marker(20240601, lineage=None, query=BATCH_JOB)
+    assert meet_marker(p, mine, 20240601, "the publish") is True
+    assert meet_marker(p, mine, 20240602, "the publish") is False
+    with pytest.raises(LineageMismatch, match="later than batch 20240531"):
+        meet_marker(p, mine, 20240531, "the publish")
+
+
+def test_plans_and_messages_cross_processes() -> None:
+    p = plan()
+    assert pickle.loads(pickle.dumps(p)) == p
+    msg = KafkaSinkMessage(slot=1, batch=2, attempt=0, rows=3, digest="d", tag="t", staged=((0, 5, 7, 3),))
+    assert pickle.loads(pickle.dumps(msg)) == msg
+    err = pickle.loads(pickle.dumps(LineageMismatch("x", batch_id=3)))
+    assert isinstance(err, LineageMismatch) and err.batch_id == 3  # type: ignore[attr-defined]
+
+
+# ---- columns, rows, digest (K2) ----------------------------------------------------------------------
+
+HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+def schema(*fields: tuple[str, Any]) -> StructType:
+    return StructType([StructField(n, t) for n, t in fields])
+
+
+def test_columns_as_sparks_kafka_sink_takes_them() -> None:
+    full = schema(("key", StringType()), ("value", BinaryType()), ("topic", StringType()), ("partition", IntegerType()),
+                  ("headers", HEADERS), ("extra", LongType()))  # fmt: skip
+    assert check_schema(full, topic_option=None, context="c") == ("topic", "key", "value", "headers", "partition")
+    assert "topic" not in check_schema(full, topic_option="out", context="c")  # the option overrides the column
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ((("key", StringType()),), "no 'value' column"),
+        ((("value", LongType()),), "must be string or binary"),
+        ((("Value", StringType()),), "must be named 'value'"),
+        ((("value", StringType()), ("partition", LongType())), "must be int"),
+        ((("value", StringType()), ("headers", ArrayType(StringType()))), "array<struct<key:string,value:binary>>"),
+    ],
+)
+def test_columns_spark_would_refuse_are_refused_with_the_fix(fields: Any, said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        check_schema(schema(*fields), topic_option="out", context="c")
+    with pytest.raises(ConfigError, match="set option 'topic'"):
+        check_schema(schema(("value", StringType())), topic_option=None, context="c")
+
+
+def arrow(n: int, start: int = 0, *, nulls: bool = False) -> pa.RecordBatch:
+    keys = [None if nulls and i % 3 == 0 else f"k{i}" for i in range(start, start + n)]
+    values = [None if nulls and i % 5 == 0 else f"value-{i}".encode() * (i % 4) for i in range(start, start + n)]
+    headers = [[{"key": "h", "value": str(i).encode()}] if i % 2 else None for i in range(start, start + n)]
+    htype = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, pa.string()), pa.array(values, pa.binary()), pa.array(headers, htype),
+         pa.array([i % 3 for i in range(start, start + n)], pa.int32())],
+        names=["key", "value", "headers", "partition"],
+    )  # fmt: skip
+
+
+COLS = ("key", "value", "headers", "partition")
+
+
+def digest_of(batches: list[pa.RecordBatch]) -> str:
+    d = RowDigest()
+    for b in batches:
+        d.add(RowBatch(b, COLS, "out"))
+    return d.hexdigest()
+
+
+@pytest.mark.parametrize("nulls", [False, True])
+def test_k2_the_digest_does_not_depend_on_where_spark_cut_the_batches(nulls: bool) -> None:
+    whole = arrow(100, nulls=nulls)
+    cuts = [whole.slice(0, 7), whole.slice(7, 50), whole.slice(57, 43)]
+    assert digest_of([whole]) == digest_of(cuts) == digest_of([arrow(30, nulls=nulls), arrow(70, 30, nulls=nulls)])
+    # ... and changes with any row: one value, its order, a key turned null, a header, one row fewer
+    assert digest_of([whole]) != digest_of([arrow(99, nulls=nulls)])
+    swapped = pa.Table.from_batches([whole]).take([1, 0, *range(2, 100)]).to_batches()
+    assert digest_of([whole]) != digest_of(swapped)
+    table = pa.Table.from_batches([whole])
+    for column, value in (
+        ("value", pa.array([b"X"] + [None] * 99).fill_null(b"")),
+        ("key", pa.array([None] * 100, pa.string())),
+    ):
+        changed = table.set_column(
+            table.schema.get_field_index(column),
+            column,
+            pa.chunked_array([value.cast(table.schema.field(column).type)]),
+        )
+        assert digest_of(changed.to_batches()) != digest_of([whole]), column
+
+
+def test_rows_come_out_as_the_producer_sends_them() -> None:
+    rows = RowBatch(arrow(4), COLS, "out")
+    rec = rows.record(1)
+    assert (rec.topic, rec.key, rec.value, rec.headers, rec.partition) == ("out", b"k1", b"value-1", [("h", b"1")], 1)
+    assert list(rows.payload_sizes()) == [
+        len(f"k{i}") + len(f"value-{i}") * (i % 4) + (2 if i % 2 else 0) for i in range(4)
+    ]
+
+
+# ---- the screen (K3) ----------------------------------------------------------------------------------
+
+
+class FakeLookups:
+    def __init__(self, limits: dict[str, TopicLimits | None]) -> None:
+        self._limits = limits
+
+    def limits(self, topics: list[str]) -> dict[str, TopicLimits | None]:
+        return {t: self._limits.get(t) for t in topics}
+
+
+def screen(**limits: TopicLimits | None) -> Screen:
+    return Screen(FakeLookups(limits), 1000, "kafka-eos sink 'x'")  # type: ignore[arg-type]
+
+
+def batch_of(rows: list[tuple[Any, ...]]) -> RowBatch:
+    topic, key, value, partition = zip(*rows)
+    b = pa.RecordBatch.from_arrays(
+        [pa.array(topic, pa.string()), pa.array(key, pa.binary()), pa.array(value, pa.binary()), pa.array(partition, pa.int32())],
+        names=["topic", "key", "value", "partition"],
+    )  # fmt: skip
+    return RowBatch(b, ("topic", "key", "value", "partition"), None)
+
+
+def test_k3_what_a_broker_refuses_is_found_row_by_row() -> None:
+    plain = TopicLimits(partitions=2, max_message_bytes=500, compacted=False)
+    compacted = TopicLimits(partitions=1, max_message_bytes=10_000, compacted=True)
+    rows = batch_of([
+        ("out", b"k", b"ok", None),
+        ("out", b"k", b"v" * 480, None),  # payload 481 fits, a one-record batch of it does not (61 + framing)
+        ("big", b"k", b"v" * 1200, None),  # over the producer's message.max.bytes (1000)
+        ("big", None, b"v", None),  # no key on a compacted topic
+        ("out", b"k", b"v", 2),  # partition 2 of a 2-partition topic
+        ("gone", b"k", b"v", None),  # no such topic
+        (None, b"k", b"v", None),  # no topic at all
+        ("out", b"k", b"v", 1),
+    ])  # fmt: skip
+    found = screen(out=plain, big=compacted).refused(rows)
+    assert sorted(found) == [1, 2, 3, 4, 5, 6]
+    assert "max.message.bytes 500" in found[1] and "message.max.bytes 1000" in found[2]
+    assert "compacted" in found[3] and "partition 2 does not exist" in found[4]
+    assert "'gone' does not exist" in found[5] and "null" in found[6]
+    assert record_size(rows.record(1))[1] > 500 >= record_size(rows.record(0))[1]
+
+
+def test_k3_a_clean_batch_is_screened_without_looking_at_each_row() -> None:
+    plain = TopicLimits(partitions=2, max_message_bytes=1_000_000, compacted=False)
+    rows = batch_of([("out", b"k", b"v" * 10, None)] * 1000)
+    s = screen(out=plain)
+    assert s._suspects(rows, {"out": plain}, rows.payload_sizes()) == []
+    assert s.refused(rows) == {}
+
+
+def test_a_dead_letter_keeps_the_row_where_it_fits_and_says_why() -> None:
+    rows = batch_of([("out", b"key", b"v" * 600, None)])
+    rec = rows.record(0)
+    kept = dead_letter(rec, "too big", "dlq", 10_000)
+    assert kept.topic == "dlq" and kept.value == rec.value and ("eos.error.reason", b"too big") in (kept.headers or [])
+    cut = dead_letter(rec, "too big", "dlq", 300)
+    assert cut.value is None and ("eos.error.truncated", b"true") in (cut.headers or [])
+    assert ("eos.error.size", b"600") in (cut.headers or []) and record_size(cut)[1] <= 300
+    assert dataclasses.replace(cut, headers=None).key == b"key"
