@@ -64,7 +64,7 @@ def test_bad_options_are_refused_naming_them(raw: dict[str, Any], option: str, s
 def test_streaming_needs_the_checkpoint_and_batch_writes_a_batch_id() -> None:
     with pytest.raises(ConfigError, match="checkpointLocation"):
         parse_options(BASE, streaming=True)
-    with pytest.raises(ConfigError, match="batch.id"):
+    with pytest.raises(ConfigError, match=r"batch\.id"):
         parse_options(BASE, streaming=False)
 
 
@@ -244,7 +244,7 @@ def screen(**limits: TopicLimits | None) -> Screen:
 
 
 def batch_of(rows: list[tuple[Any, ...]]) -> RowBatch:
-    topic, key, value, partition = zip(*rows)
+    topic, key, value, partition = zip(*rows, strict=True)
     b = pa.RecordBatch.from_arrays(
         [pa.array(topic, pa.string()), pa.array(key, pa.binary()), pa.array(value, pa.binary()), pa.array(partition, pa.int32())],
         names=["topic", "key", "value", "partition"],
