@@ -119,6 +119,22 @@ class Pipeline:
         decisions: bool | None = None,
         aggregates: Mapping[str, Any] | None = None,
     ) -> checker.Report:
+        if self.sink == "kafka":
+            from connectors.toolkit.topic_checker import verify_topic
+
+            errors = next((kv.split("=", 1)[1] for kv in self.options if kv.startswith("errors.topic=")), None)
+            return verify_topic(
+                bootstrap=self.bootstrap,
+                source_topic=self.topic,
+                sink_topic=self.table,
+                sink_id=self.sink_id,
+                checkpoint=self.checkpoint,
+                payload_fields=("key", "amount"),
+                errors_topic=errors,
+                fault_log=self.fault_log,
+                expect_faults=expect_faults,
+                min_faults=min_faults,
+            )
         stateful = self.sink == "stateful"
         return checker.verify(
             bootstrap=self.bootstrap,

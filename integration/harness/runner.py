@@ -9,6 +9,8 @@ Records are JSON objects ``{"id": str, "key": str, "amount": int, ...}``. Sinks:
 - ``upsert``: ``postgres-upsert`` keyed by ``id`` into ``table``;
 - ``stateful``: ``groupBy(key)`` sum/count (update mode) through the upsert sink's foreachBatch
   adapter into ``table`` (key, total, events);
+- ``kafka``: the ``kafka-eos`` sink into the topic ``table`` (created with 2 partitions when missing),
+  key = the record's key, value = the JSON of (id, key, amount, src_partition, src_offset);
 - ``broken``: a deliberately wrong sink that commits each task's rows directly (at-least-once),
   used to prove that the crash matrix's checker bites.
 
@@ -29,7 +31,7 @@ from eos_core import faults
 
 __all__ = ["SINKS", "build_parser", "create_tables", "main"]
 
-SINKS = ("2pc", "upsert", "stateful", "broken")
+SINKS = ("2pc", "upsert", "stateful", "broken", "kafka")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,10 +54,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def create_tables(dsn: str, sink: str, table: str) -> None:
-    """Create the target table (idempotent): the sink's expected schema, primary key where keyed."""
+def create_tables(dsn: str, sink: str, table: str, bootstrap: str = "") -> None:
+    """Create the target table (idempotent): the sink's expected schema, primary key where keyed; for the
+    Kafka sink, its topic."""
     import psycopg
 
+    if sink == "kafka":
+        from confluent_kafka import KafkaError, KafkaException
+
+        from connectors.toolkit.chaos import create_topic
+
+        try:
+            create_topic(bootstrap, table, 2)
+        except KafkaException as exc:  # a restarted run finds it
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+        return
     if sink == "stateful":
         ddl = (
             f"CREATE TABLE IF NOT EXISTS {table} (key text PRIMARY KEY, total bigint NOT NULL, events bigint NOT NULL)"
@@ -178,6 +192,13 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
         writer = agg.writeStream.outputMode("update").foreachBatch(_stateful_batch(args.dsn, args.table, extra))
     elif args.sink == "broken":
         writer = df.writeStream.foreachBatch(_broken_batch(args.dsn, args.table))
+    elif args.sink == "kafka":
+        row = F.to_json(F.struct("id", "key", "amount", "src_partition", "src_offset"))
+        writer = df.select(F.col("key"), row.alias("value")).writeStream.format("kafka-eos")
+        writer = writer.option("kafka.bootstrap.servers", args.bootstrap).option("topic", args.table)
+        writer = writer.option("sink.id", sink_id)
+        for k, v in extra.items():
+            writer = writer.option(k, v)
     else:
         fmt = "postgres-2pc" if args.sink == "2pc" else "postgres-upsert"
         writer = df.writeStream.format(fmt).option("dsn", args.dsn).option("table", args.table)
@@ -205,7 +226,7 @@ def _stateful_batch(dsn: str, table: str, extra: dict[str, str]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     mark_process_group()  # before the JVM starts: kill-group fault points in executors need it
-    create_tables(args.dsn, args.sink, args.table)
+    create_tables(args.dsn, args.sink, args.table, args.bootstrap)
     spark = _spark(args)
     return serve(lambda: _query(spark, args), args.timeout)
 

@@ -353,5 +353,7 @@ def _admin_conf(conf: dict[str, str]) -> dict[str, str | int | float | bool]:
         "request.timeout",
         "sticky",
         "enable.gapless",
+        "partitioner",
+        "transaction",
     )
     return {k: v for k, v in conf.items() if not k.startswith(producer_only)}

@@ -171,9 +171,10 @@ class _Publish:
                 kept = [(k, v) for k, v in headers if k != STAGE_HEADER]
                 producer.send(target, msg.value(), msg.key(), kept or None, partition)
                 got += 1
-                if (before + got) % 10_000 == 0:
-                    producer.poll()
+                if (before + got) % 100 == 0:
                     faults.point("sink.publish.mid", spec=self.opts.faults, batch=self.batch, k=before + got)
+                    if (before + got) % 10_000 == 0:
+                        producer.poll()
         if got != count:
             raise RetriableError(
                 f"{self.plan.context}: batch {self.batch}, task {m.slot}: {got} staged records found in {topic}-{part} "

@@ -1,0 +1,113 @@
+"""The exact checker for a Kafka -> Spark -> Kafka pipeline written by the ``kafka-eos`` sink.
+
+``verify_topic`` reads the source topic and the sink's topic (``read_committed``, what a reader of the
+sink sees) and compares them as multisets by record id (``checker.compare_records``: duplicates,
+losses, phantoms, changed payloads), counting the dead-letter topic's records as delivered; then the
+end state: no transaction of the sink left open on its topics (each partition's last stable offset
+equals its high watermark), and the sink's last marker equals Spark's last ``commits/n``; and the
+faults asked for really fired.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from connectors.toolkit.checker import Check, Report, check_faults, compare_records, last_commit, read_topic
+from sinks.kafka.markers import Marker, publish_name, sink_names
+
+__all__ = ["marker_batches", "open_transactions", "read_sink_topic", "verify_topic"]
+
+
+def read_sink_topic(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """The sink topic's committed records, each value's JSON object (with its Kafka position)."""
+    return read_topic(bootstrap, topic, with_position=True)
+
+
+def open_transactions(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0) -> dict[str, int]:
+    """``topic-partition`` -> offsets between its last stable offset and its high watermark (an open
+    transaction holds read_committed readers there); empty when every transaction ended."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    meta = admin.list_topics(timeout=timeout)
+    tps = [TopicPartition(t, p) for t in topics for p in sorted(meta.topics[t].partitions)]
+    ends = {}
+    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=timeout)
+        ends[level] = {f"{tp.topic}-{tp.partition}": f.result().offset for tp, f in futures.items()}
+    committed, all_ = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
+    return {tp: all_[tp] - committed[tp] for tp in all_ if all_[tp] != committed[tp]}
+
+
+def marker_batches(bootstrap: str, sink_id: str, marker_topic: str, *, timeout: float = 30.0) -> dict[str, Marker]:
+    """Every marker of the sink: its publish's and each task slot's, by group."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    prefix = sink_names(sink_id)
+    listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
+    groups = sorted({g.group_id for g in listed.valid if g.group_id.startswith(prefix)} | {publish_name(sink_id)})
+    found: dict[str, Marker] = {}
+    for group in groups:
+        futures = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, [TopicPartition(marker_topic, 0)])], request_timeout=timeout
+        )
+        (tp,) = futures[group].result().topic_partitions
+        if tp.error is None and tp.offset >= 0:
+            found[group] = Marker.parse(tp.offset, tp.metadata, group=group)
+    return found
+
+
+def verify_topic(
+    *,
+    bootstrap: str,
+    source_topic: str,
+    sink_topic: str,
+    sink_id: str,
+    checkpoint: str | None = None,
+    marker_topic: str | None = None,
+    id_field: str = "id",
+    payload_fields: Sequence[str] | None = None,
+    errors_topic: str | None = None,
+    fault_log: str | None = None,
+    expect_faults: Sequence[str] | None = None,
+    min_faults: int = 0,
+) -> Report:
+    """Every check for a topic written by the ``kafka-eos`` sink from ``source_topic``'s JSON records."""
+    source = [r for r in read_topic(bootstrap, source_topic) if "_raw" not in r]
+    rows = [r for r in read_sink_topic(bootstrap, sink_topic) if "_raw" not in r]
+    report = Report(info={"source_records": len(source), "sink_records": len(rows)})
+    letters: list[dict[str, Any]] = []
+    if errors_topic:
+        for rec in read_topic(bootstrap, errors_topic, parse_json=False):
+            if rec["value"] is not None:  # a dead letter whose value did not fit holds none (eos.error.truncated)
+                letters.append(json.loads(rec["value"]))
+        report.info["dead_letters"] = len(letters)
+    report.add(*compare_records(source, rows + letters, id_field=id_field, payload_fields=payload_fields))
+    topics = [sink_topic, *([errors_topic] if errors_topic else [])]
+    left = open_transactions(bootstrap, topics)
+    report.add(
+        Check(
+            "end.open_transactions",
+            not left,
+            f"{sum(left.values())} offsets of {len(left)} partitions behind an open transaction"
+            + (f": {left}" if left else ""),
+            {"open_partitions": len(left)},
+        )
+    )
+    markers = marker_batches(bootstrap, sink_id, marker_topic or sink_topic)
+    if checkpoint:
+        last = max((m.batch for m in markers.values()), default=None)
+        committed = last_commit(checkpoint)
+        report.add(
+            Check(
+                "end.marker_vs_commit",
+                last == committed and committed is not None,
+                f"sink's last marker batch {last} ({len(markers)} markers), Spark's last commits/n {committed}",
+                {"marker": -1 if last is None else last, "committed": -1 if committed is None else committed},
+            )
+        )
+    if fault_log is not None and (expect_faults or min_faults):
+        report.add(*check_faults(fault_log, expect=expect_faults, min_count=max(min_faults, 1)))
+    return report
