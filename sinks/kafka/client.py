@@ -76,8 +76,10 @@ class TxnProducer:
                     raise Fenced(
                         f"{self.context}: the producer {self.name!r} was fenced during {what}: a newer one with the "
                         "same transactional id took over (another attempt of this task: speculation or a retry; or "
-                        "another query writing with the same sink.id). Its open transaction is aborted; nothing of "
-                        "it is visible",
+                        "another query writing with the same sink.id), or its transaction outlived "
+                        f"kafka.transaction.timeout.ms ({self.conf.get('transaction.timeout.ms')} ms) and the broker "
+                        "aborted it (raise it, up to the broker's transaction.max.timeout.ms, if a task's write or a "
+                        "batch's publish takes that long). Its transaction is aborted; nothing of it is visible",
                         transactional_id=self.name,
                     ) from None
                 if err.fatal():
@@ -166,7 +168,12 @@ class TxnProducer:
             )
 
     def close(self) -> None:
-        self.producer.flush(0)
+        """Let go of the producer; never raises (a fenced or failed producer fails its flush too, and the
+        error that matters is the one already raised)."""
+        try:
+            self.producer.flush(0)
+        except KafkaException as exc:
+            log.debug("%s: closing %s: %s", self.context, self.name, exc)
 
 
 class StagingProducer:

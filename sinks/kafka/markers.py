@@ -118,9 +118,10 @@ def marker_offsets(topic: str, marker: Marker) -> list[TopicPartition]:
     return [TopicPartition(topic, 0, marker.batch + 1, metadata=marker.metadata())]
 
 
-def read_marker(admin: AdminClient, group: str, topic: str, *, timeout: float) -> Marker | None:
-    """The group's committed marker, waiting while a transaction holding one is open (require_stable),
-    for at most ``timeout`` seconds; None when the group has none."""
+def read_marker(admin: AdminClient, group: str, topic: str, *, timeout: float, stable: bool = True) -> Marker | None:
+    """The group's committed marker, waiting while a transaction holding one is open (``stable``: the
+    caller fenced the group's writer, so the wait is short), for at most ``timeout`` seconds; None when
+    the group has none. ``stable=False``: the last committed marker, whatever transaction is open."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
@@ -128,7 +129,7 @@ def read_marker(admin: AdminClient, group: str, topic: str, *, timeout: float) -
         try:
             futures = admin.list_consumer_group_offsets(
                 [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])],
-                require_stable=True,
+                require_stable=stable,
                 request_timeout=max(1.0, min(remaining, 30.0)),
             )
             result = futures[group].result()
