@@ -72,7 +72,9 @@ class DataLossError(FatalError):
 _OUR_ERRORS = "|".join(
     ("CommitUnknown", "ConfigError", "DataLossError", "EosError", "FatalError", "RetriableError", "ServiceError")
 )
-_OUR_LINE = re.compile(rf"(?:^|[\s.(])({_OUR_ERRORS}): (\S.*)")
+# "ConfigError: ..." anywhere, or any exception class of our packages as a traceback's last line names it
+# ("sinks.kafka.plan.LineageMismatch: ...")
+_OUR_LINE = re.compile(rf"(?:(?:^|[\s(])(?:eos_core|sources|sinks|connectors)(?:\.\w+)*\.(\w+)|(?:^|[\s.(])({_OUR_ERRORS})): (\S.*)")
 _SPARK_CLASS = re.compile(r"^\s*(?:\w+(?:\.\w+)*(?:Exception|Error): )?(?:\[[A-Z0-9_.]+\] )?")
 
 
@@ -112,7 +114,7 @@ def error_cause(exc: BaseException | str) -> str:
         for line in text.splitlines():
             m = _OUR_LINE.search(line)
             if m:
-                found = f"{m.group(1)}: {m.group(2).strip()}"
+                found = f"{m.group(1) or m.group(2)}: {m.group(3).strip()}"
         if found:
             return found
     for text in texts:

@@ -70,3 +70,16 @@ def test_spark_eos_run_prints_the_cause_not_the_wrapping(monkeypatch, capsys) ->
         and failed[0]["error"].startswith("ConfigError: postgres-2pc")
         and "PythonPlannerRunner" in failed[0]["detail"]
     )
+
+
+def test_a_subclass_of_ours_is_found_by_its_module_path() -> None:
+    # a connector's own error class (a FatalError subclass) raised in a Python worker reaches the driver as
+    # text: its traceback's last line names it by module path
+    text = (
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback (most recent call last):\n"
+        '  File "/x/sinks/kafka/plan.py", line 1, in meet_marker\n'
+        "sinks.kafka.plan.LineageMismatch: kafka-eos sink 's': task slot 0 already wrote batch 4\n"
+        "\tat org.apache.spark.sql.errors.QueryCompilationErrors$.pythonDataSourceError(QueryCompilationErrors.scala:1)"
+    )
+    assert error_cause(text) == "LineageMismatch: kafka-eos sink 's': task slot 0 already wrote batch 4"
+    assert error_cause("pyspark.errors.exceptions.base.PySparkValueError: [X] not ours") == "not ours"

@@ -141,18 +141,19 @@ class TxnProducer:
     def poll(self) -> None:
         self.producer.poll(0)
 
-    def commit(self, offsets: list[TopicPartition], group: str) -> None:
-        """Commit the transaction with ``offsets`` of consumer group ``group`` in it (the marker)."""
-        # A consumer that never joins the group: only its group metadata (the group id) is used.
-        consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
-        try:
-            metadata = consumer.consumer_group_metadata()
-        finally:
-            consumer.close()
-        self._call(
-            "send_offsets_to_transaction",
-            lambda: self.producer.send_offsets_to_transaction(offsets, metadata, self.timeout),
-        )
+    def commit(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
+        """Commit the transaction with each (offsets, consumer group) of ``markers`` in it."""
+        for offsets, group in markers:
+            # A consumer that never joins the group: only its group metadata (the group id) is used.
+            consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
+            try:
+                metadata = consumer.consumer_group_metadata()
+            finally:
+                consumer.close()
+            self._call(
+                "send_offsets_to_transaction",
+                lambda o=offsets, m=metadata: self.producer.send_offsets_to_transaction(o, m, self.timeout),  # type: ignore[misc]
+            )
         self._call("commit_transaction", lambda: self.producer.commit_transaction(self.timeout))
 
     def abort_quietly(self) -> None:

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from eos_core import faults
 from eos_core.errors import FatalError, RetriableError
 from sinks.kafka.client import KafkaLookups, TxnProducer
-from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker
+from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
 from sinks.kafka.writer import STAGE_HEADER
 
@@ -28,6 +28,9 @@ log = logging.getLogger("sinks.kafka")
 def commit_batch(plan: KafkaSinkPlan, messages: Sequence[object], batch: int) -> None:
     """Spark completed ``batch``: make it visible (visibility=batch) or check what the tasks wrote."""
     mine = sorted((m for m in messages if isinstance(m, KafkaSinkMessage)), key=lambda m: m.slot)
+    if not plan.opts.staged and any(m.tag is not None for m in mine):
+        _Publish(plan, batch).run(mine)  # a partly written batch's other slots staged (K2)
+        return
     if not plan.opts.staged:
         rows = sum(m.rows for m in mine)
         log.info(
@@ -35,7 +38,7 @@ def commit_batch(plan: KafkaSinkPlan, messages: Sequence[object], batch: int) ->
             plan.context, batch, len(mine), rows, sum(m.rows for m in mine if m.skipped),
             sum(m.diverted for m in mine),
         )  # fmt: skip
-        faults.point("sink.after_commit", spec=plan.opts.faults, batch=batch)
+        faults.point("sink.after_commit", spec=plan.opts.faults, batch=batch, sink=plan.opts.sink_id)
         return
     _Publish(plan, batch).run(mine)
 
@@ -44,52 +47,67 @@ class _Publish:
     def __init__(self, plan: KafkaSinkPlan, batch: int) -> None:
         self.plan, self.batch, self.opts = plan, batch, plan.opts
         self.timeout = self.opts.timeout_ms / 1000
-        self.conf = self.opts.producer_config()
+        self.conf = plan.producer_config()
         self.name = publish_name(self.opts.sink_id)
 
     def run(self, messages: list[KafkaSinkMessage]) -> None:
         opts, batch = self.opts, self.batch
         marker_topic = opts.markers_on
         assert marker_topic is not None
-        faults.point("sink.commit.before_decision", spec=opts.faults, batch=batch)
+        faults.point("sink.commit.before_decision", spec=opts.faults, batch=batch, sink=opts.sink_id)
         lookups = KafkaLookups(self.conf, timeout=self.timeout, context=self.plan.context)
         producer = TxnProducer(self.conf, self.name, timeout=self.timeout, context=self.plan.context)
         try:
             producer.init()  # fences an older driver (a zombie of a crashed run), aborting its open publish
-            marker = read_marker(lookups.admin, self.name, marker_topic, timeout=self.timeout)
-            if meet_marker(self.plan, marker, batch, "the publish"):
+            if opts.staged:
+                groups = [self.name]
+                staged = messages
+            else:  # visibility=partition, a partly written batch: the slots that staged get their markers here
+                staged = [m for m in messages if m.tag is not None]
+                groups = [slot_name(opts.sink_id, m.slot) for m in staged]
+            found = [read_marker(lookups.admin, g, marker_topic, timeout=self.timeout) for g in groups]
+            done = [
+                meet_marker(self.plan, marker, batch, f"group {g}") for g, marker in zip(groups, found, strict=True)
+            ]
+            if all(done):
                 log.info("%s: batch %d was published before; nothing to do", self.plan.context, batch)
                 return
-            skipped = [m.slot for m in messages if m.skipped]
-            if skipped:  # a task saw the batch published, the publish finds it not: the marker went away
+            skipped = [m.slot for m in staged if m.skipped]
+            if skipped or any(done):  # a task saw the batch published, the publish finds it not: a marker went away
                 raise FatalError(
                     f"{self.plan.context}: tasks {skipped} of batch {batch} found it published, the publish does "
-                    "not: the sink's marker group was deleted or reset meanwhile; restart the query",
+                    "not: the sink's marker groups were deleted or reset meanwhile; restart the query",
                     batch_id=batch,
                 )
             producer.begin()
             try:
-                published = self._copy(producer, messages)
+                published = self._copy(producer, staged)
             except BaseException:
                 producer.abort_quietly()
                 raise
-            digest = "+".join(f"{m.slot}:{m.digest}" for m in messages)
-            written = Marker(
-                batch=batch,
-                lineage=self.plan.lineage,
-                query=self.plan.query,
-                rows=published,
-                digest=hashlib.blake2b(digest.encode(), digest_size=16).hexdigest(),
-                mode="batch",
-            )
-            producer.commit(marker_offsets(marker_topic, written), self.name)
+            producer.commit(self._markers(staged, published, groups, marker_topic))
         finally:
             producer.close()
             lookups.close()
-        log.info(
-            "%s: batch %d published (%d records from %d tasks)", self.plan.context, batch, published, len(messages)
-        )
-        faults.point("sink.after_commit", spec=opts.faults, batch=batch)
+        log.info("%s: batch %d published (%d records from %d tasks)", self.plan.context, batch, published, len(staged))
+        faults.point("sink.after_commit", spec=opts.faults, batch=batch, sink=opts.sink_id)
+
+    def _markers(
+        self, staged: list[KafkaSinkMessage], published: int, groups: list[str], topic: str
+    ) -> list[tuple[list[TopicPartition], str]]:
+        """The publish's marker (visibility=batch), or each staged slot's own (visibility=partition)."""
+
+        def marker(rows: int, digest: str, mode: str) -> Marker:
+            return Marker(self.batch, self.plan.lineage, self.plan.query, rows, digest, mode)
+
+        if self.opts.staged:
+            joined = "+".join(f"{m.slot}:{m.digest}" for m in staged)
+            digest = hashlib.blake2b(joined.encode(), digest_size=16).hexdigest()
+            return [(marker_offsets(topic, marker(published, digest, "batch")), groups[0])]
+        return [
+            (marker_offsets(topic, marker(m.rows, m.digest, "partition")), g)
+            for m, g in zip(staged, groups, strict=True)
+        ]
 
     def _copy(self, producer: TxnProducer, messages: list[KafkaSinkMessage]) -> int:
         """Read every task's staged records and send them to their topics in the open transaction."""
@@ -172,7 +190,13 @@ class _Publish:
                 producer.send(target, msg.value(), msg.key(), kept or None, partition)
                 got += 1
                 if (before + got) % 100 == 0:
-                    faults.point("sink.publish.mid", spec=self.opts.faults, batch=self.batch, k=before + got)
+                    faults.point(
+                        "sink.publish.mid",
+                        spec=self.opts.faults,
+                        batch=self.batch,
+                        k=before + got,
+                        sink=self.opts.sink_id,
+                    )
                     if (before + got) % 10_000 == 0:
                         producer.poll()
         if got != count:

@@ -25,7 +25,16 @@ from confluent_kafka.admin import AdminClient
 
 from eos_core.errors import FatalError, RetriableError
 
-__all__ = ["NAME_PREFIX", "Marker", "marker_offsets", "publish_name", "read_marker", "sink_names", "slot_name"]
+__all__ = [
+    "NAME_PREFIX",
+    "Marker",
+    "marker_offsets",
+    "publish_name",
+    "read_marker",
+    "read_slot_markers",
+    "sink_names",
+    "slot_name",
+]
 
 NAME_PREFIX = "spark-eos:"
 MARKER_VERSION = 1
@@ -161,3 +170,35 @@ def read_marker(admin: AdminClient, group: str, topic: str, *, timeout: float, s
                 group=group,
             )
         time.sleep(0.2)
+
+
+def read_slot_markers(admin: AdminClient, sink_id: str, topic: str, *, timeout: float) -> dict[int, Marker]:
+    """The last committed marker of every task slot of the sink (visibility=partition), by slot: the sink's
+    groups are found by their names' prefix, their markers read at once."""
+    prefix = f"{sink_names(sink_id)}task:"
+    try:
+        listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
+    except KafkaException as exc:
+        raise RetriableError(
+            f"kafka-eos sink: listing consumer groups (to find the sink's markers) failed: {exc}"
+        ) from None
+    groups = sorted(
+        g.group_id for g in listed.valid if g.group_id.startswith(prefix) and g.group_id[len(prefix) :].isdigit()
+    )
+    futures = {
+        g: admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(g, [TopicPartition(topic, 0)])], request_timeout=timeout
+        )[g]
+        for g in groups
+    }
+    found: dict[int, Marker] = {}
+    for group, future in futures.items():
+        try:
+            (tp,) = future.result(timeout).topic_partitions
+        except KafkaException as exc:
+            raise RetriableError(
+                f"kafka-eos sink: reading the marker of consumer group {group!r} failed: {exc}"
+            ) from None
+        if tp.error is None and tp.offset >= 0:
+            found[int(group[len(prefix) :])] = Marker.parse(tp.offset, tp.metadata, group=group)
+    return found

@@ -37,20 +37,41 @@ class KafkaSinkPlan:
     lineage_text: str  # for messages
     query: str  # the query id in the checkpoint, or BATCH_JOB
     nonce: str  # one per writer the driver builds: every task of this batch attempt shares it
+    batch: int | None = None  # the batch Spark builds this writer for (None: not known on the driver)
+    # visibility=partition, K2: the task slots whose marker says this batch is written (slot, rows, digest);
+    # None when none is. Then the batch is a replay of one partly written, and the other slots stage
+    # their rows for the driver to publish with their markers, so a refusal of any slot comes before any write.
+    written: tuple[tuple[int, int, str], ...] | None = None
+    # producer settings the driver's checks derived (batch.size under the smallest max.message.bytes)
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @property
     def context(self) -> str:
         return f"{CONTEXT} {self.opts.sink_id!r}"
 
+    def producer_config(self) -> dict[str, str]:
+        return {**self.opts.producer_config(), **dict(self.overrides)}
+
 
 def build_plan(opts: KafkaSinkOptions, schema: StructType) -> KafkaSinkPlan:
     columns = check_schema(schema, topic_option=opts.topic, context=CONTEXT)
-    lineage, text, query = None, "a batch job", BATCH_JOB
+    lineage, text, query, batch = None, "a batch job", BATCH_JOB, opts.batch_id
     if opts.checkpoint is not None:
         planned = planned_lineage(opts.checkpoint, opts.batch_id, context=f"{CONTEXT} {opts.sink_id}")
-        lineage, text = planned.digest, str(planned)
+        lineage, text, batch = planned.digest, str(planned), planned.batch
         query = query_id(opts.checkpoint) or display(opts.checkpoint) or BATCH_JOB
-    return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6))
+    return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6), batch)
+
+
+def partly_written(plan: KafkaSinkPlan, slots: dict[int, Marker]) -> tuple[tuple[int, int, str], ...] | None:
+    """K1 on the driver, before any task runs: every slot's marker must belong to this query's lineage;
+    the slots that wrote this batch already (K2: the others stage), or None when none did."""
+    assert plan.batch is not None
+    written = []
+    for slot, marker in sorted(slots.items()):
+        if meet_marker(plan, marker, plan.batch, f"task slot {slot}"):
+            written.append((slot, marker.rows, marker.digest))
+    return tuple(written) or None
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def check_schema(schema: StructType, *, topic_option: str | None, context: str) 
             "(CAST(partition AS INT))",
             option="partition",
         )
-    if "headers" in fields and fields["headers"] != _header_type():
+    if "headers" in fields and fields["headers"].simpleString() != _header_type().simpleString():
         raise ConfigError(
             f"{context}: column 'headers' is {fields['headers'].simpleString()}; it must be "
             "array<struct<key:string,value:binary>> (as the source's includeHeaders column is)",

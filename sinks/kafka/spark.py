@@ -3,6 +3,7 @@ when it builds them) and the foreachBatch adapter ``kafka_batch``."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -13,27 +14,36 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from eos_core.errors import ConfigError
-from sinks.kafka.client import KafkaLookups
+from sinks.kafka.client import KafkaLookups, TxnProducer
 from sinks.kafka.committer import commit_batch
+from sinks.kafka.markers import publish_name, read_slot_markers
 from sinks.kafka.options import CONTEXT, KafkaSinkOptions, parse_options
-from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan, partly_written
 from sinks.kafka.writer import write_task
 
 __all__ = ["KafkaBatchWriter", "KafkaStreamWriter", "check_services", "kafka_batch"]
 
 log = logging.getLogger("sinks.kafka")
 
-_CHECKED: dict[tuple[object, ...], float] = {}  # what check_services found good, and when (per process)
+# what check_services found good (the producer settings it derived), and when: per process
+_CHECKED: dict[tuple[object, ...], tuple[float, tuple[tuple[str, str], ...]]] = {}
 _CHECK_TTL = 300.0
+_DEFAULT_BATCH_SIZE = 1_000_000  # librdkafka's batch.size
 
 
-def check_services(opts: KafkaSinkOptions) -> None:
+def check_services(opts: KafkaSinkOptions) -> tuple[tuple[str, str], ...]:
     """On the driver, before any task: the topics exist (the staging topic is made), the transaction
-    timeout is one the broker accepts. Cached for a few minutes per process (the writer is built per batch)."""
+    timeout is one the broker accepts. Returns the producer settings they call for: librdkafka batches
+    records up to batch.size into one record batch, which the broker refuses whole when it is over the
+    topic's max.message.bytes (Java's producer splits it; librdkafka does not), so batch.size is kept
+    under the smallest limit of the topics written. Cached for a few minutes per process (the writer is
+    built per batch)."""
     key = (opts.bootstrap, opts.topic, opts.markers_on, opts.errors_topic, opts.staged and opts.staging_topic)
-    if time.monotonic() - _CHECKED.get(key, -_CHECK_TTL) < _CHECK_TTL:
-        return
+    seen = _CHECKED.get(key)
+    if seen is not None and time.monotonic() - seen[0] < _CHECK_TTL:
+        return seen[1]
     conf = opts.producer_config()
+    overrides: tuple[tuple[str, str], ...] = ()
     lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=CONTEXT)
     try:
         target = lookups.require(opts.topic, "topic") if opts.topic else None
@@ -57,6 +67,11 @@ def check_services(opts: KafkaSinkOptions) -> None:
                     "topic's max.message.bytes (kafka-configs --alter --add-config max.message.bytes=...)",
                     option="staging.topic",
                 )
+        written = [lookups.require(t, "topic") for t in (opts.topic, opts.errors_topic) if t]
+        smallest = min((t.max_message_bytes for t in written), default=None)
+        batch_size = int(conf.get("batch.size", _DEFAULT_BATCH_SIZE))
+        if smallest is not None and batch_size > smallest - 512:
+            overrides = (("batch.size", str(max(1024, smallest - 512))),)
         limit = lookups.transaction_max_timeout_ms()
         ours = opts.transaction_timeout_ms
         if limit is not None and ours > limit:
@@ -68,7 +83,35 @@ def check_services(opts: KafkaSinkOptions) -> None:
             )
     finally:
         lookups.close()
-    _CHECKED[key] = time.monotonic()
+    _CHECKED[key] = (time.monotonic(), overrides)
+    return overrides
+
+
+def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
+    """visibility=partition: the task slots' markers, met on the driver before any task runs (K1), and
+    which slots wrote this batch already (K2). A partly written batch's other slots stage their rows for
+    the publish: fence the publish's id first, so a publish that died open holds no slot's marker."""
+    opts = plan.opts
+    assert opts.markers_on is not None
+    conf = plan.producer_config()
+    lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
+    try:
+        slots = read_slot_markers(lookups.admin, opts.sink_id, opts.markers_on, timeout=opts.timeout_ms / 1000)
+    finally:
+        lookups.close()
+    written = partly_written(plan, slots)
+    if written is not None:
+        log.warning(
+            "%s: batch %s was partly written before (slots %s); the other slots stage their rows and the driver "
+            "publishes them with their markers in one transaction",
+            plan.context, plan.batch, [w[0] for w in written],
+        )  # fmt: skip
+        fence = TxnProducer(conf, publish_name(opts.sink_id), timeout=opts.timeout_ms / 1000, context=plan.context)
+        try:
+            fence.init()
+        finally:
+            fence.close()
+    return dataclasses.replace(plan, written=written)
 
 
 class _Roles:
@@ -78,8 +121,11 @@ class _Roles:
 
     def _setup(self, options: Mapping[str, str], schema: StructType, *, streaming: bool) -> None:
         opts = parse_options(options, streaming=streaming)
-        self.plan = build_plan(opts, schema)
-        check_services(opts)
+        plan = build_plan(opts, schema)
+        plan = dataclasses.replace(plan, overrides=check_services(opts))
+        if not opts.staged and plan.batch is not None:
+            plan = _survey(plan)
+        self.plan = plan
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
         return write_task(self.plan, iterator)

@@ -36,9 +36,9 @@ def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> Kafka
     batch = opts.batch_id if opts.batch_id is not None else who.stream_batch
     if batch is None:
         raise FatalError(f"{plan.context}: no batch id: Spark did not set streaming.sql.batchId for this task")
-    fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt}
+    fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt, "sink": opts.sink_id}
     faults.point("sink.before_write", spec=opts.faults, **fctx)
-    conf = opts.producer_config()
+    conf = plan.producer_config()
     lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
     try:
         if opts.staged:
@@ -52,10 +52,14 @@ class _TaskRun:
     def __init__(
         self, plan: KafkaSinkPlan, who: TaskIdentity, batch: int, lookups: KafkaLookups, conf: dict[str, str]
     ) -> None:
+        if plan.batch is not None and plan.batch != batch:
+            raise FatalError(
+                f"{plan.context}: a task of batch {batch} got the writer Spark built for batch {plan.batch}"
+            )
         self.plan, self.who, self.batch, self.lookups, self.conf = plan, who, batch, lookups, conf
         self.opts = plan.opts
         self.timeout = self.opts.timeout_ms / 1000
-        self.fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt}
+        self.fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt, "sink": plan.opts.sink_id}
         max_bytes = int(conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
         self.screen = Screen(lookups, max_bytes, plan.context)
         self.digest = RowDigest()
@@ -118,6 +122,8 @@ class _TaskRun:
             if meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}"):
                 assert marker is not None
                 return self._replayed(iterator, marker)
+            if self.plan.written is not None:  # a replay of a partly written batch: the driver publishes (K2)
+                return self.stage(iterator, checked=True)
             producer.begin()
             try:
                 for rec in self._records(iterator):
@@ -137,7 +143,7 @@ class _TaskRun:
                 digest=self.digest.hexdigest(),
                 mode="partition",
             )
-            producer.commit(marker_offsets(marker_topic, written), name)
+            producer.commit([(marker_offsets(marker_topic, written), name)])
         finally:
             producer.close()
         faults.point("sink.task.after_commit", spec=self.opts.faults, **self.fctx)
@@ -162,13 +168,18 @@ class _TaskRun:
 
     # -- visibility=batch: the task stages its rows; the driver publishes the batch -------------------
 
-    def stage(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
+    def stage(self, iterator: Iterator[pa.RecordBatch], *, checked: bool = False) -> KafkaSinkMessage:
+        """Send the rows to the staging topic; ``checked``: the caller met this slot's marker already."""
         marker_topic = self.opts.markers_on
         assert marker_topic is not None
         # Not fenced by a task, a publish may hold its marker in an open transaction (a driver that died mid-publish,
         # until the next publish fences it): the last committed marker is what may be skipped on (K1).
-        published = read_marker(
-            self.lookups.admin, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout, stable=False
+        published = (
+            None
+            if checked
+            else read_marker(
+                self.lookups.admin, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout, stable=False
+            )
         )
         if meet_marker(self.plan, published, self.batch, "the publish"):
             for _ in iterator:
