@@ -74,7 +74,9 @@ _OUR_ERRORS = "|".join(
 )
 # "ConfigError: ..." anywhere, or any exception class of our packages as a traceback's last line names it
 # ("sinks.kafka.plan.LineageMismatch: ...")
-_OUR_LINE = re.compile(rf"(?:(?:^|[\s(])(?:eos_core|sources|sinks|connectors)(?:\.\w+)*\.(\w+)|(?:^|[\s.(])({_OUR_ERRORS})): (\S.*)")
+_OUR_LINE = re.compile(
+    rf"(?:(?:^|[\s(])(?:eos_core|sources|sinks|connectors)(?:\.\w+)*\.(\w+)|(?:^|[\s.(])({_OUR_ERRORS})): (\S.*)"
+)
 _SPARK_CLASS = re.compile(r"^\s*(?:\w+(?:\.\w+)*(?:Exception|Error): )?(?:\[[A-Z0-9_.]+\] )?")
 
 

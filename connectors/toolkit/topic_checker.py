@@ -36,7 +36,9 @@ def open_transactions(bootstrap: str, topics: Sequence[str], *, timeout: float =
     tps = [TopicPartition(t, p) for t in topics for p in sorted(meta.topics[t].partitions)]
     ends = {}
     for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=timeout)
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=level, request_timeout=timeout
+        )
         ends[level] = {f"{tp.topic}-{tp.partition}": f.result().offset for tp, f in futures.items()}
     committed, all_ = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
     return {tp: all_[tp] - committed[tp] for tp in all_ if all_[tp] != committed[tp]}
