@@ -1,4 +1,4 @@
-"""The ``spark-eos`` command: demo, run, inspect, savepoint, verify, services, sinks, chaos.
+"""The ``spark-eos`` command: demo, run, inspect, savepoint, verify, services, sinks, kafka-sink, chaos.
 
 Each command's module is imported only when that command runs, so ``spark-eos --help`` is fast.
 """
@@ -336,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     # other engineers' commands; their modules import only light dependencies at module level
     _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")
     _wire(sub, "sinks.postgres.status", "sinks", "operate the Postgres sinks")
+    _wire(sub, "sinks.kafka.status", "kafka-sink", "the kafka-eos sink's markers")
     _wire(sub, "connectors.toolkit.chaos", "chaos", "kill a pipeline N times and check exactly-once")
     return parser
 

@@ -240,3 +240,33 @@ def test_l_k6_foreach_batch_replays_a_failed_batch_once(spark: Any, kafka_servic
     assert failed is not None and "fault injected at sink.after_commit" in str(failed)
     assert run(None) is None
     _ok(b, src, out, sink, ck, 300)
+
+
+def test_l_k7_operator_commands_show_the_markers_and_reset_them_knowingly(
+    spark: Any, kafka_service: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from connectors import cli
+
+    b = kafka_service.bootstrap
+    out, sink = _name("klc-out"), _name("k7")
+    create_topic(b, out, 2)
+    df = spark.createDataFrame([(f"k{i}", json.dumps({"id": i})) for i in range(20)], "key string, value string")
+    for batch in (3, 4):
+        (df.write.format("kafka-eos").option("kafka.bootstrap.servers", b).option("topic", out)
+         .option("sink.id", sink).option("batch.id", str(batch)).mode("append").save())  # fmt: skip
+    common = ["--bootstrap", b, "--sink-id", sink]
+    assert cli.main(["kafka-sink", "status", *common, "--marker-topic", out]) == 0
+    shown = capsys.readouterr().out
+    assert "visibility=batch" in shown and "batch 4 of a batch job, 20 rows" in shown, shown
+    assert cli.main(["kafka-sink", "reset", *common]) == 64  # without --yes: refused, nothing deleted
+    assert "add --yes" in capsys.readouterr().err
+    assert cli.main(["kafka-sink", "status", *common, "--marker-topic", out]) == 0
+    capsys.readouterr()
+    assert cli.main(["kafka-sink", "reset", *common, "--yes"]) == 0
+    assert "deleted 1 marker groups" in capsys.readouterr().out
+    assert cli.main(["kafka-sink", "status", *common, "--marker-topic", out]) == 64
+    assert "no consumer group of sink" in capsys.readouterr().err
+    # reset knowingly: batch 3 (written before) is written again
+    (df.write.format("kafka-eos").option("kafka.bootstrap.servers", b).option("topic", out)
+     .option("sink.id", sink).option("batch.id", "3").mode("append").save())  # fmt: skip
+    assert _count(b, out) == 60

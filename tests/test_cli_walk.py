@@ -82,6 +82,9 @@ USAGE = [
     (("services", "status", "--bogus"), 64, "unrecognized arguments"),
     (("services", "env", "--bogus"), 64, "unrecognized arguments"),
     (("sinks",), 64, "required"),
+    (("kafka-sink",), 64, "required"),
+    (("kafka-sink", "status", "--sink-id", "s"), 64, "required: --bootstrap, --marker-topic"),
+    (("kafka-sink", "reset", "--bootstrap", "127.0.0.1:1"), 64, "required: --sink-id"),
     (("chaos", "--kills", "some"), 64, "invalid int value"),
     (("chaos", "--generator", "j:records"), 64, "--generator needs --app"),
     (("chaos", "--app", "j:build", "--generator", "no_such_module_x:records"), 64, "--generator 'no_such_module_x:records': cannot import"),
@@ -121,7 +124,8 @@ def test_usage_errors_are_one_line_and_exit_64(
 
 
 def test_every_leaf_command_is_walked() -> None:
-    walked = {a[:2] if a[:1] in (("savepoint",), ("services",), ("sinks",)) else a[:1] for a, _, _ in USAGE}
+    nested = (("savepoint",), ("services",), ("sinks",), ("kafka-sink",))
+    walked = {a[:2] if a[:1] in nested else a[:1] for a, _, _ in USAGE}
     walked |= {("sinks", c) for c in SINKS} | {("savepoint", "create"), ("savepoint", "restore")}
     assert leaves(cli.build_parser()) <= walked | {("services", "up")}, leaves(cli.build_parser()) - walked
 

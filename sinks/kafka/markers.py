@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from eos_core.errors import FatalError, RetriableError
 
 __all__ = [
+    "BATCH_JOB",
     "NAME_PREFIX",
     "Marker",
     "marker_offsets",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 NAME_PREFIX = "spark-eos:"
+BATCH_JOB = "batch-job"  # the "query" of df.write with batch.id
 MARKER_VERSION = 1
 MAX_METADATA = 4096  # the broker's default offset.metadata.max.bytes
 _UNSTABLE = {
@@ -117,7 +119,7 @@ class Marker:
             ) from None
 
     def describe(self) -> str:
-        who = f"query {self.query}" if self.query else "a batch job"
+        who = f"query {self.query}" if self.query not in (None, BATCH_JOB) else "a batch job"
         lineage = f" (lineage {self.lineage[:12]})" if self.lineage else ""
         return f"batch {self.batch}{lineage} of {who}, {self.rows} rows"
 

@@ -12,7 +12,7 @@ from pyspark.sql.types import StructType
 
 from eos_core.checkpoint import display, planned_lineage, query_id
 from eos_core.errors import FatalError
-from sinks.kafka.markers import Marker
+from sinks.kafka.markers import BATCH_JOB, Marker
 from sinks.kafka.options import CONTEXT, KafkaSinkOptions
 from sinks.kafka.records import check_schema
 
@@ -20,7 +20,6 @@ __all__ = ["BATCH_JOB", "KafkaSinkMessage", "KafkaSinkPlan", "LineageMismatch", 
 
 log = logging.getLogger("sinks.kafka")
 
-BATCH_JOB = "batch-job"  # the "query" of df.write with batch.id
 
 
 class LineageMismatch(FatalError):
