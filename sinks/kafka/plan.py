@@ -21,7 +21,6 @@ __all__ = ["BATCH_JOB", "KafkaSinkMessage", "KafkaSinkPlan", "LineageMismatch", 
 log = logging.getLogger("sinks.kafka")
 
 
-
 class LineageMismatch(FatalError):
     """K1: the sink's marker says another lineage (or another query, or a later batch) wrote here."""
 
