@@ -19,8 +19,9 @@ SPECS = {
     "kafka-eos": "sources.kafka.option_specs:OPTIONS",
     "postgres-upsert": "sinks.postgres.options:UPSERT_OPTIONS",
     "postgres-2pc": "sinks.postgres.twophase.options:TWOPC_OPTIONS",
+    "kafka-eos sink": "sinks.kafka.options:OPTIONS",
 }
-BLOCK = re.compile(r"(<!-- options: ([\w.-]+) -->\n)(.*?)(<!-- /options -->)", re.S)
+BLOCK = re.compile(r"(<!-- options: ([\w. -]+?) -->\n)(.*?)(<!-- /options -->)", re.S)
 
 
 def table(name: str) -> str:
