@@ -1,4 +1,5 @@
-"""postgres-2pc with spark.speculation=true on a standalone cluster whose two workers are two hosts.
+"""postgres-2pc and the kafka-eos sink with spark.speculation=true on a standalone cluster whose two
+workers are two hosts.
 
 Spark never runs a speculative copy on the host of the original attempt, and every executor of
 ``local-cluster`` shares one host; so the test runs on ``standalone_cluster``
@@ -8,6 +9,12 @@ Attempt 0 of partition 0 sleeps right after its PREPARE in every batch; Spark la
 speculative attempt on the other worker, both hold a prepared transaction of the same partition,
 Spark accepts one. No batch may fail, and every row must be
 there exactly once with no prepared transaction left.
+
+The kafka-eos sink (crash matrix row F30): with ``visibility=partition`` attempt 0 of partition 0
+sleeps with its rows sent in its transaction; the speculative twin has the same transactional id
+(the slot's), fences it, writes and commits; with ``visibility=batch`` both attempts stage, tagged
+with their attempt, and the publish reads only the records of the attempt Spark accepted. The
+topic, read ``read_committed``, holds every row once and no transaction is left open.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ twophase_pg = support.twophase_pg
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _driver(master: str, dsn: str, table: str, sink_id: str, work: str, visibility: str) -> None:
+def _driver(
+    master: str, dsn: str, table: str, sink_id: str, work: str, visibility: str, sink: str = "postgres-2pc"
+) -> None:
     """The query, run in a process of its own (``python -m integration.test_speculation_cluster``).
 
     In the test process ``getOrCreate`` would hand back the suite's shared local session (its master
@@ -73,20 +82,34 @@ def _driver(master: str, dsn: str, table: str, sink_id: str, work: str, visibili
             Path(where, f"stage{ctx.stageId()}-p{ctx.partitionId()}-a{ctx.attemptNumber()}").touch()
             return i
 
-        q = (
+        rows = (
             spark.readStream.schema("id long")
             .option("maxFilesPerTrigger", 1)
             .json(str(Path(work, "in")))
             .repartition(2)
             .select(F.udf(note, LongType())("id").alias("id"))
-            .writeStream.format("postgres-2pc")
-            .option("dsn", dsn)
-            .option("table", table)
-            .option("sink.id", sink_id)
+        )
+        if sink == "kafka-eos":  # dsn is the bootstrap, table the topic
+            writer = (
+                rows.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id)) AS value")
+                .writeStream.format("kafka-eos")
+                .option("kafka.bootstrap.servers", dsn)
+                .option("topic", table)
+                # attempt 0 of partition 0 is slow with its rows sent (partition) or staged (batch)
+                .option("faults", "sink.after_write:partition=0:attempt=0:action=sleep:seconds=15")
+            )
+        else:
+            writer = (
+                rows.writeStream.format("postgres-2pc")
+                .option("dsn", dsn)
+                .option("table", table)
+                # attempt 0 of partition 0 is slow right after its PREPARE: its twin prepares too
+                .option("faults", "sink.after_prepare:partition=0:attempt=0:action=sleep:seconds=15")
+            )
+        q = (
+            writer.option("sink.id", sink_id)
             .option("visibility", visibility)
             .option("checkpointLocation", str(Path(work, "checkpoint")))
-            # attempt 0 of partition 0 is slow right after its PREPARE: its twin prepares too
-            .option("faults", "sink.after_prepare:partition=0:attempt=0:action=sleep:seconds=15")
             .trigger(availableNow=True)
             .start()
         )
@@ -135,5 +158,43 @@ def test_speculative_attempts_on_another_host_end_exactly_once(
         assert ProtocolTables().last_batch(conn, sink_id) == 1
 
 
+@pytest.mark.parametrize("visibility", ["partition", "batch"])
+def test_f30_the_kafka_sink_under_speculation_on_another_host_ends_exactly_once(
+    visibility: str, standalone_cluster: StandaloneCluster, kafka_service: Any, tmp_path: Path
+) -> None:
+    from connectors.toolkit.chaos import create_topic
+    from connectors.toolkit.checker import read_topic
+    from connectors.toolkit.topic_checker import marker_batches, open_transactions
+
+    marks = tmp_path / "attempts"
+    marks.mkdir()
+    src = tmp_path / "in"
+    src.mkdir()
+    for b in range(2):
+        part = src / f"part-{b}.json"
+        part.write_text("".join(json.dumps({"id": b * 10 + i}) + "\n" for i in range(10)))
+        os.utime(part, (time.time() - 100 + b, time.time() - 100 + b))
+    topic, sink_id = f"spec-{visibility}-{os.getpid()}-{time.time_ns()}", f"spec-k-{visibility}-{time.time_ns()}"
+    create_topic(kafka_service.bootstrap, topic, 2)
+    args = [standalone_cluster.url, kafka_service.bootstrap, topic, sink_id, str(tmp_path), visibility, "kafka-eos"]
+    driver = subprocess.run(
+        [sys.executable, "-m", "integration.test_speculation_cluster", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert driver.returncode == 0, f"a batch failed under speculation:\n{driver.stderr[-4000:]}"
+    speculative = sorted(m.name for m in marks.iterdir() if m.name.endswith("-p0-a1"))
+    assert len(speculative) == 2, f"no speculative attempt of partition 0 in each batch: {sorted(os.listdir(marks))}"
+    slept = [e for e in fired(str(tmp_path / "faults.jsonl")) if e["point"] == "sink.after_write"]
+    assert len(slept) == 2, f"attempt 0 of partition 0 did not write and sleep in each batch: {slept}"
+    ids = sorted(r["id"] for r in read_topic(kafka_service.bootstrap, topic))
+    assert ids == list(range(20)), f"not exactly once: {ids}"
+    assert open_transactions(kafka_service.bootstrap, [topic]) == {}
+    assert max(m.batch for m in marker_batches(kafka_service.bootstrap, sink_id, topic).values()) == 1
+
+
 if __name__ == "__main__":
-    _driver(*sys.argv[1:7])
+    _driver(*sys.argv[1:8])

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from eos_core.errors import ConfigError, FatalError, RetriableError
 from sinks.kafka.records import TopicLimits
 
-__all__ = ["Fenced", "KafkaLookups", "StagingProducer", "TxnProducer", "kafka_error"]
+__all__ = ["Fenced", "KafkaLookups", "Row", "StagingProducer", "TxnProducer", "kafka_error", "produce_all"]
 
 log = logging.getLogger("sinks.kafka")
 T = TypeVar("T")
@@ -31,6 +31,36 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None
+
+
+Row = tuple[str, Any, Any, Any, "int | None"]  # (topic, value, key, headers, partition) as produce() takes them
+
+
+def produce_all(producer: Producer, rows: list[Row], *, timeout: float, context: str) -> None:
+    """Queue ``rows``; while librdkafka's queue is full, serve delivery reports and try again, for at most
+    ``timeout`` seconds without progress (K4)."""
+    produce = producer.produce
+    for topic, value, key, headers, partition in rows:
+        args = (topic, value, key, -1 if partition is None else partition)
+        try:
+            if headers:
+                produce(*args, headers=headers)
+            else:
+                produce(*args)
+        except BufferError:
+            deadline = time.monotonic() + timeout
+            while True:
+                producer.poll(0.05)
+                try:
+                    produce(*args, headers=headers) if headers else produce(*args)
+                    break
+                except BufferError:
+                    if time.monotonic() > deadline:
+                        raise RetriableError(
+                            f"{context}: librdkafka's queue stayed full for {timeout:.0f} s: the brokers take records "
+                            "slower than they come, or are unreachable"
+                        ) from None
+    producer.poll(0)
 
 
 class TxnProducer:
@@ -109,34 +139,16 @@ class TxnProducer:
         self.errors.clear()
         self._call("begin_transaction", self.producer.begin_transaction)
 
-    def send(self, topic: str, value: Any, key: Any, headers: Any, partition: int | None) -> None:
-        """Queue one record; waits (polling) while librdkafka's queue is full, within the timeout."""
-        kwargs: dict[str, Any] = {"key": key}
-        if headers:
-            kwargs["headers"] = headers
-        if partition is not None:
-            kwargs["partition"] = partition
+    def send(self, rows: list[Row]) -> None:
+        """Queue ``rows`` in the open transaction."""
         try:
-            self.producer.produce(topic, value, **kwargs)
-        except BufferError:
-            deadline = time.monotonic() + self.timeout
-            while True:
-                self.producer.poll(0.05)
-                try:
-                    self.producer.produce(topic, value, **kwargs)
-                    return
-                except BufferError:
-                    if time.monotonic() > deadline:
-                        raise RetriableError(
-                            f"{self.context}: librdkafka's queue stayed full for {self.timeout:.0f} s: the brokers take "
-                            "records slower than they come, or are unreachable"
-                        ) from None
+            produce_all(self.producer, rows, timeout=self.timeout, context=self.context)
         except KafkaException as exc:
             err = kafka_error(exc)
             if err is not None and err.txn_requires_abort():
                 self.abort_quietly()
                 raise RetriableError(f"{self.context}: a produce failed: {err.name()} ({err.str()})") from None
-            raise FatalError(f"{self.context}: a produce to {topic!r} failed: {exc}") from None
+            raise FatalError(f"{self.context}: a produce failed: {exc}") from None
 
     def poll(self) -> None:
         self.producer.poll(0)
@@ -202,16 +214,8 @@ class StagingProducer:
             found[1] = max(found[1], offset)
             found[2] += 1
 
-    def send(self, topic: str, partition: int, value: Any, key: Any, headers: Any) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value, key=key, headers=headers, partition=partition)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-
-    def poll(self) -> None:
-        self.producer.poll(0)
+    def send(self, rows: list[Row]) -> None:
+        produce_all(self.producer, rows, timeout=self.timeout, context=self.context)
 
     def finish(self) -> dict[int, tuple[int, int, int]]:
         """Wait for every record; the ranges, or RetriableError if any was not written."""

@@ -15,12 +15,14 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from eos_core import faults
 from eos_core.errors import FatalError, RetriableError
-from sinks.kafka.client import KafkaLookups, TxnProducer
+from sinks.kafka.client import KafkaLookups, Row, TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
 from sinks.kafka.writer import STAGE_HEADER
 
 __all__ = ["commit_batch"]
+
+_CHUNK = 100  # staged records sent between two looks at the fault point sink.publish.mid (k = records so far)
 
 log = logging.getLogger("sinks.kafka")
 
@@ -163,6 +165,7 @@ class _Publish:
                     )
                 continue
             deadline = time.monotonic() + self.timeout
+            rows: list[Row] = []
             for msg in batch:
                 err = msg.error()
                 if err is not None:
@@ -187,18 +190,13 @@ class _Publish:
                 if staged_tag != tag:
                     continue  # another attempt's record in the same partition
                 kept = [(k, v) for k, v in headers if k != STAGE_HEADER]
-                producer.send(target, msg.value(), msg.key(), kept or None, partition)
-                got += 1
-                if (before + got) % 100 == 0:
-                    faults.point(
-                        "sink.publish.mid",
-                        spec=self.opts.faults,
-                        batch=self.batch,
-                        k=before + got,
-                        sink=self.opts.sink_id,
-                    )
-                    if (before + got) % 10_000 == 0:
-                        producer.poll()
+                rows.append((target, msg.value(), msg.key(), kept or None, partition))
+            for i in range(0, len(rows), _CHUNK):
+                producer.send(rows[i : i + _CHUNK])
+                got += len(rows[i : i + _CHUNK])
+                faults.point(
+                    "sink.publish.mid", spec=self.opts.faults, batch=self.batch, k=before + got, sink=self.opts.sink_id
+                )
         if got != count:
             raise RetriableError(
                 f"{self.plan.context}: batch {self.batch}, task {m.slot}: {got} staged records found in {topic}-{part} "

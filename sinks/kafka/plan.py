@@ -37,8 +37,9 @@ class KafkaSinkPlan:
     nonce: str  # one per writer the driver builds: every task of this batch attempt shares it
     batch: int | None = None  # the batch Spark builds this writer for (None: not known on the driver)
     # visibility=partition, K2: the task slots whose marker says this batch is written (slot, rows, digest);
-    # None when none is. Then the batch is a replay of one partly written, and the other slots stage
-    # their rows for the driver to publish with their markers, so a refusal of any slot comes before any write.
+    # () when none is, None before the driver looked. When some are, the batch is a replay of one partly
+    # written, and the other slots stage their rows for the driver to publish with their markers, so a
+    # refusal of any slot comes before any write.
     written: tuple[tuple[int, int, str], ...] | None = None
     # producer settings the driver's checks derived (batch.size under the smallest max.message.bytes)
     overrides: tuple[tuple[str, str], ...] = ()
@@ -61,15 +62,15 @@ def build_plan(opts: KafkaSinkOptions, schema: StructType) -> KafkaSinkPlan:
     return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6), batch)
 
 
-def partly_written(plan: KafkaSinkPlan, slots: dict[int, Marker]) -> tuple[tuple[int, int, str], ...] | None:
+def partly_written(plan: KafkaSinkPlan, slots: dict[int, Marker]) -> tuple[tuple[int, int, str], ...]:
     """K1 on the driver, before any task runs: every slot's marker must belong to this query's lineage;
-    the slots that wrote this batch already (K2: the others stage), or None when none did."""
+    the slots that wrote this batch already (K2: the others stage), () when none did."""
     assert plan.batch is not None
     written = []
     for slot, marker in sorted(slots.items()):
         if meet_marker(plan, marker, plan.batch, f"task slot {slot}"):
             written.append((slot, marker.rows, marker.digest))
-    return tuple(written) or None
+    return tuple(written)
 
 
 @dataclass(frozen=True)

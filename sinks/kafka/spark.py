@@ -46,27 +46,12 @@ def check_services(opts: KafkaSinkOptions) -> tuple[tuple[str, str], ...]:
     overrides: tuple[tuple[str, str], ...] = ()
     lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=CONTEXT)
     try:
-        target = lookups.require(opts.topic, "topic") if opts.topic else None
         if opts.marker_topic:
             lookups.require(opts.marker_topic, "marker.topic")
         if opts.errors_topic:
             lookups.require(opts.errors_topic, "errors.topic")
         if opts.staged:
-            wanted = max(target.max_message_bytes if target else 0, int(conf.get("message.max.bytes", 1_000_000)))
-            staging = lookups.ensure_topic(
-                opts.staging_topic,
-                opts.staging_partitions,
-                {"retention.ms": str(opts.staging_retention_ms), "max.message.bytes": str(wanted + 4096)},
-                "staging.topic",
-            )
-            if target is not None and staging.max_message_bytes < target.max_message_bytes + 1024:
-                raise ConfigError(
-                    f"{CONTEXT}: the staging topic {opts.staging_topic!r} takes records up to "
-                    f"{staging.max_message_bytes} bytes (max.message.bytes), topic {opts.topic!r} up to "
-                    f"{target.max_message_bytes}: a record the target takes could not be staged. Raise the staging "
-                    "topic's max.message.bytes (kafka-configs --alter --add-config max.message.bytes=...)",
-                    option="staging.topic",
-                )
+            ensure_staging(lookups, opts, conf)
         written = [lookups.require(t, "topic") for t in (opts.topic, opts.errors_topic) if t]
         smallest = min((t.max_message_bytes for t in written), default=None)
         batch_size = int(conf.get("batch.size", _DEFAULT_BATCH_SIZE))
@@ -97,35 +82,61 @@ def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
     lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
     try:
         slots = read_slot_markers(lookups.admin, opts.sink_id, opts.markers_on, timeout=opts.timeout_ms / 1000)
+        written = partly_written(plan, slots)
+        if written:
+            log.warning(
+                "%s: batch %s was partly written before (slots %s); the other slots stage their rows and the driver "
+                "publishes them with their markers in one transaction",
+                plan.context, plan.batch, [w[0] for w in written],
+            )  # fmt: skip
+            ensure_staging(lookups, opts, conf)
+            fence = TxnProducer(conf, publish_name(opts.sink_id), timeout=opts.timeout_ms / 1000, context=plan.context)
+            try:
+                fence.init()
+            finally:
+                fence.close()
     finally:
         lookups.close()
-    written = partly_written(plan, slots)
-    if written is not None:
-        log.warning(
-            "%s: batch %s was partly written before (slots %s); the other slots stage their rows and the driver "
-            "publishes them with their markers in one transaction",
-            plan.context, plan.batch, [w[0] for w in written],
-        )  # fmt: skip
-        fence = TxnProducer(conf, publish_name(opts.sink_id), timeout=opts.timeout_ms / 1000, context=plan.context)
-        try:
-            fence.init()
-        finally:
-            fence.close()
     return dataclasses.replace(plan, written=written)
 
 
+def ensure_staging(lookups: KafkaLookups, opts: KafkaSinkOptions, conf: dict[str, str]) -> None:
+    """The staging topic, created when missing, able to take every record the target topic takes."""
+    target = lookups.require(opts.topic, "topic") if opts.topic else None
+    wanted = max(target.max_message_bytes if target else 0, int(conf.get("message.max.bytes", 1_000_000)))
+    staging = lookups.ensure_topic(
+        opts.staging_topic,
+        opts.staging_partitions,
+        {"retention.ms": str(opts.staging_retention_ms), "max.message.bytes": str(wanted + 4096)},
+        "staging.topic",
+    )
+    if target is not None and staging.max_message_bytes < target.max_message_bytes + 1024:
+        raise ConfigError(
+            f"{CONTEXT}: the staging topic {opts.staging_topic!r} takes records up to {staging.max_message_bytes} "
+            f"bytes (max.message.bytes), topic {opts.topic!r} up to {target.max_message_bytes}: a record the target "
+            "takes could not be staged. Raise the staging topic's max.message.bytes (kafka-configs --alter "
+            "--add-config max.message.bytes=...)",
+            option="staging.topic",
+        )
+
+
 class _Roles:
-    """Built by Spark on the driver for every batch (and again where it commits): the plan, once checked."""
+    """Built by Spark on the driver for every batch, where it plans the batch's tasks and again where it
+    commits: the plan, checked. Only the first is pickled to the tasks: the survey of the task slots'
+    markers (visibility=partition) runs then, once per batch, never in the process that commits (there
+    every slot has written, and the survey would cost a look-up of every group for nothing)."""
 
     plan: KafkaSinkPlan
 
     def _setup(self, options: Mapping[str, str], schema: StructType, *, streaming: bool) -> None:
         opts = parse_options(options, streaming=streaming)
         plan = build_plan(opts, schema)
-        plan = dataclasses.replace(plan, overrides=check_services(opts))
-        if not opts.staged and plan.batch is not None:
-            plan = _survey(plan)
-        self.plan = plan
+        self.plan = dataclasses.replace(plan, overrides=check_services(opts))
+
+    def __getstate__(self) -> dict[str, object]:
+        if not self.plan.opts.staged and self.plan.batch is not None and self.plan.written is None:
+            self.plan = _survey(self.plan)  # pickled for the tasks: on the driver, before any task runs (K1, K2)
+        return dict(self.__dict__)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
         return write_task(self.plan, iterator)

@@ -12,10 +12,10 @@ import pyarrow as pa
 from eos_core import faults
 from eos_core.errors import FatalError
 from eos_core.spark_task import TaskIdentity, task_identity
-from sinks.kafka.client import KafkaLookups, StagingProducer, TxnProducer
+from sinks.kafka.client import KafkaLookups, Row, StagingProducer, TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
-from sinks.kafka.records import Record, RowBatch, RowDigest
+from sinks.kafka.records import RowBatch, RowDigest
 from sinks.kafka.screen import DEFAULT_MESSAGE_MAX_BYTES, Screen, dead_letter
 
 __all__ = ["STAGE_HEADER", "stage_route", "write_task"]
@@ -25,9 +25,9 @@ log = logging.getLogger("sinks.kafka")
 STAGE_HEADER = "spark-eos.stage"  # on every staged record: the attempt's tag and where the record goes
 
 
-def stage_route(tag: str, rec: Record) -> bytes:
+def stage_route(tag: str, topic: str | None, partition: int | None) -> bytes:
     """The STAGE_HEADER value: the attempt's tag, the record's topic and explicit partition."""
-    return json.dumps([tag, rec.topic, rec.partition], separators=(",", ":")).encode()
+    return json.dumps([tag, topic, partition], separators=(",", ":")).encode()
 
 
 def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
@@ -36,14 +36,12 @@ def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> Kafka
     batch = opts.batch_id if opts.batch_id is not None else who.stream_batch
     if batch is None:
         raise FatalError(f"{plan.context}: no batch id: Spark did not set streaming.sql.batchId for this task")
-    fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt, "sink": opts.sink_id}
-    faults.point("sink.before_write", spec=opts.faults, **fctx)
     conf = plan.producer_config()
     lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
     try:
-        if opts.staged:
-            return _TaskRun(plan, who, batch, lookups, conf).stage(iterator)
-        return _TaskRun(plan, who, batch, lookups, conf).write(iterator)
+        run = _TaskRun(plan, who, batch, lookups, conf)
+        faults.point("sink.before_write", spec=opts.faults, **run.fctx)
+        return run.stage(iterator) if opts.staged else run.write(iterator)
     finally:
         lookups.close()
 
@@ -78,29 +76,22 @@ class _TaskRun:
             **fields,  # type: ignore[arg-type]
         )
 
-    def _records(self, iterator: Iterator[pa.RecordBatch], on_refused: object = None) -> Iterator[Record | None]:
-        """Each row as the record to send: a refused one as its dead letter, or DataRefused."""
+    def _rows(self, iterator: Iterator[pa.RecordBatch]) -> Iterator[list[Row]]:
+        """Each Arrow batch's rows as the producer sends them; a refused row as its dead letter (K3), or
+        DataRefused before anything of the batch is visible."""
         for arrow in iterator:
             rows = RowBatch(arrow, self.plan.columns, self.opts.topic)
             self.digest.add(rows)
-            refused = self.screen.refused(rows) if rows.n else {}
-            for i in range(rows.n):
-                why = refused.get(i)
-                if why is None:
-                    yield Record(
-                        rows.topics[i],
-                        rows.keys[i],
-                        rows.values[i],
-                        rows.headers[i] if rows.headers else None,
-                        rows.partitions[i],
-                    )
-                    continue
+            heads = rows.headers if rows.headers is not None else [None] * rows.n
+            out: list[Row] = list(zip(rows.topics, rows.values, rows.keys, heads, rows.partitions, strict=True))
+            for i, why in (self.screen.refused(rows) if rows.n else {}).items():
                 rec = rows.record(i)
                 if self.opts.errors_topic is None:
                     raise self.screen.refuse(rec, why, self.where)
                 self.diverted += 1
-                yield dead_letter(rec, why, self.opts.errors_topic, self._dead_letter_limit())
-            yield None  # an Arrow batch ended: a moment to serve delivery reports
+                letter = dead_letter(rec, why, self.opts.errors_topic, self._dead_letter_limit())
+                out[i] = (self.opts.errors_topic, letter.value, letter.key, letter.headers, None)
+            yield out
 
     def _dead_letter_limit(self) -> int:
         if self._errors_limit is None:
@@ -122,15 +113,12 @@ class _TaskRun:
             if meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}"):
                 assert marker is not None
                 return self._replayed(iterator, marker)
-            if self.plan.written is not None:  # a replay of a partly written batch: the driver publishes (K2)
+            if self.plan.written:  # a replay of a partly written batch: the driver publishes (K2)
                 return self.stage(iterator, checked=True)
             producer.begin()
             try:
-                for rec in self._records(iterator):
-                    if rec is None:
-                        producer.poll()
-                        continue
-                    producer.send(rec.topic, rec.value, rec.key, rec.headers, rec.partition)  # type: ignore[arg-type]
+                for rows in self._rows(iterator):
+                    producer.send(rows)
             except BaseException:
                 producer.abort_quietly()
                 raise
@@ -190,12 +178,20 @@ class _TaskRun:
         target = self.who.partition % staging.partitions
         tag = f"{self.plan.nonce}:{self.who.partition}:{self.who.attempt}"
         producer = StagingProducer(self.conf, timeout=self.timeout, context=self.plan.context)
-        for rec in self._records(iterator):
-            if rec is None:
-                producer.poll()
-                continue
-            route = [(STAGE_HEADER, stage_route(tag, rec))]
-            producer.send(self.opts.staging_topic, target, rec.value, rec.key, [*(rec.headers or []), *route])
+        staging_topic = self.opts.staging_topic
+        for rows in self._rows(iterator):
+            producer.send(
+                [
+                    (
+                        staging_topic,
+                        value,
+                        key,
+                        [*(headers or ()), (STAGE_HEADER, stage_route(tag, topic, part))],
+                        target,
+                    )
+                    for topic, value, key, headers, part in rows
+                ]
+            )
         ranges = producer.finish()
         faults.point("sink.after_write", spec=self.opts.faults, **self.fctx)
         return self.message(
