@@ -30,7 +30,9 @@ def opts(streaming: bool = True, **extra: str) -> Any:
 
 
 def test_defaults_and_what_spark_users_bring() -> None:
-    o = opts(**{"subscribe": "in", "startingOffsets": "earliest", "kafka.acks": "all", "kafka.linger.ms": "5"})
+    # the source's options and the query name Spark hands a sink when the query has one are ignored
+    o = opts(**{"subscribe": "in", "startingOffsets": "earliest", "kafka.acks": "all", "kafka.linger.ms": "5",
+                "queryName": "q"})  # fmt: skip
     assert o.visibility == "batch" and o.staged and o.markers_on == "out" and o.staging_topic == "spark-eos-staging"
     conf = o.producer_config()
     assert conf["partitioner"] == "murmur2_random" and conf["linger.ms"] == "5"

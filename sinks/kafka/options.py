@@ -210,7 +210,11 @@ class KafkaSinkOptions:
 _SOURCE_ONLY = frozenset(o.name for o in SOURCE_OPTIONS.options) - {"topic", "faults"}
 
 OPTIONS = OptionSet(
-    CONTEXT, KafkaSinkOptions, passthrough=("kafka.",), passthrough_attr="kafka", ignored=("path", *_SOURCE_ONLY)
+    CONTEXT,
+    KafkaSinkOptions,
+    passthrough=("kafka.",),
+    passthrough_attr="kafka",
+    ignored=("path", "queryName", *_SOURCE_ONLY),
 )
 
 
