@@ -38,7 +38,7 @@ from connectors.toolkit.harness import (
     wait_until,
 )
 from integration.harness.matrix import Pipeline
-from integration.harness.proxy import TcpProxy
+from connectors.toolkit.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

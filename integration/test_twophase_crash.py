@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from integration import test_twophase_support as support
-from integration.harness.proxy import TcpProxy
+from connectors.toolkit.proxy import TcpProxy
 from integration.test_twophase_support import Scenario
 from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
