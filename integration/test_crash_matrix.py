@@ -37,8 +37,8 @@ from connectors.toolkit.harness import (
     truncate_file,
     wait_until,
 )
-from integration.harness.matrix import Pipeline
 from connectors.toolkit.proxy import TcpProxy
+from integration.harness.matrix import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
