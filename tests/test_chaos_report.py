@@ -83,7 +83,12 @@ def test_html_report_is_self_contained_with_timeline_findings_and_diff(tmp_path:
     work = _workdir(tmp_path / "work")
     rep = _failing_report()
     written = report.write(rep, str(work), str(tmp_path / "out"), command="spark-eos chaos --app balances_job:build")
-    assert [Path(p).name for p in written] == ["report.html", "junit.xml"]
+    assert [Path(p).name for p in written] == ["report.html", "junit.xml", "timeline.svg"]
+    standalone = ET.fromstring((tmp_path / "out" / "timeline.svg").read_text())  # well-formed, an SVG of its own
+    assert (
+        standalone.tag == "{http://www.w3.org/2000/svg}svg"
+        and "fill:#7cb342" in (tmp_path / "out" / "timeline.svg").read_text()
+    )
     page = (tmp_path / "out" / "report.html").read_text()
     assert "http" not in page and "<script" not in page and "src=" not in page  # nothing fetched, nothing run
     assert "EXACTLY-ONCE VIOLATED" in page and "spark-eos chaos --app balances_job:build" in page

@@ -8,7 +8,8 @@ itself) and the faults injected from outside (server restarts, cut or stalled co
 crashes) as bands; the checker's findings; each fault with its proof; and, when the oracle
 disagrees, the first differing rows side by side with the differing values marked.
 
-``junit.xml`` holds one test case per check (a failed check is a ``<failure>`` with its summary and
+``timeline.svg`` is the timeline alone (to put in a document or an issue). ``junit.xml`` holds one
+test case per check (a failed check is a ``<failure>`` with its summary and
 offending ids), the run's seed, kinds and command as properties, and the terminal table as
 ``system-out``: what Jenkins, GitLab and GitHub annotate.
 
@@ -71,8 +72,11 @@ def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def timeline_svg(runs: Sequence[Mapping[str, Any]], fault_log: Sequence[Mapping[str, Any]]) -> str:
-    """The inline SVG timeline: one row per process, a row for the faults from outside."""
+def timeline_svg(
+    runs: Sequence[Mapping[str, Any]], fault_log: Sequence[Mapping[str, Any]], *, standalone: bool = False
+) -> str:
+    """The inline SVG timeline: one row per process, a row for the faults from outside. ``standalone``:
+    an SVG file of its own (its namespace, its style, a white background), to put in a document."""
     if not runs:
         return "<p>No process of the run was recorded (runs.jsonl is missing).</p>"
     t0 = min(float(r["start"]) for r in runs)
@@ -85,11 +89,15 @@ def timeline_svg(runs: Sequence[Mapping[str, Any]], fault_log: Sequence[Mapping[
         return round(_LEFT + (t - t0) * scale, 1)
 
     rows = len(runs) + 1
-    height = 40 + rows * _ROW + 30
+    height = 40 + rows * _ROW + 42
     parts = [
         f'<svg class="timeline" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img" '
-        'aria-label="timeline of the chaos run">'
+        'aria-label="timeline of the chaos run"' + (' xmlns="http://www.w3.org/2000/svg">' if standalone else ">")
     ]
+    if standalone:
+        rules = [line.replace("svg.timeline ", "") for line in _CSS.splitlines() if line.startswith("svg.timeline")]
+        parts.append("<style>" + " ".join(rules) + "</style>")
+        parts.append(f'<rect x="0" y="0" width="{_WIDTH}" height="{height}" fill="#fff"/>')
     step = _tick(span)
     tick = 0.0
     while tick <= span + 1e-6:
@@ -150,7 +158,8 @@ def timeline_svg(runs: Sequence[Mapping[str, Any]], fault_log: Sequence[Mapping[
             f'class="outside {"ok" if e.get("ok") else "bad"}"><title>{_esc(e.get("action"))}: '
             f"{_esc(e.get('proof', ''))}</title></rect>"
         )
-        parts.append(f'<text x="{x(began) + 2}" y="{y + 35}" class="small">{_esc(e.get("action"))}</text>')
+        row = y + 35 + (outside.index(e) % 2) * 11  # neighbours' labels on two lines
+        parts.append(f'<text x="{x(began) + 2}" y="{row}" class="small">{_esc(e.get("action"))}</text>')
     for e in fault_log:  # executor losses and slow tasks: marked on the row of their run
         if e.get("point") in ("chaos.executor-loss", "chaos.slow-task") and e.get("time"):
             when = float(e["time"])
@@ -341,12 +350,17 @@ def junit_xml(report: Report, command: str | None = None) -> str:
 
 
 def write(report: Report, workdir: str, out_dir: str, *, command: str | None = None) -> list[str]:
-    """Write ``report.html`` and ``junit.xml`` into ``out_dir`` (created); their paths."""
+    """Write ``report.html``, ``junit.xml`` and ``timeline.svg`` (the timeline alone, to put in a
+    document or an issue) into ``out_dir`` (created); their paths."""
     os.makedirs(out_dir, exist_ok=True)
     page = os.path.join(out_dir, "report.html")
     junit = os.path.join(out_dir, "junit.xml")
+    svg = os.path.join(out_dir, "timeline.svg")
     with open(page, "w", encoding="utf-8") as fh:
         fh.write(html_report(report, workdir, command))
     with open(junit, "w", encoding="utf-8") as fh:
         fh.write(junit_xml(report, command))
-    return [page, junit]
+    runs = _jsonl(os.path.join(workdir, "runs.jsonl"))
+    with open(svg, "w", encoding="utf-8") as fh:
+        fh.write(timeline_svg(runs, _jsonl(os.path.join(workdir, "faults.jsonl")), standalone=True) if runs else "")
+    return [page, junit, svg]
