@@ -70,6 +70,7 @@ class Job:
     max_offsets: int = 1000
     options: dict[str, str] = field(default_factory=dict)  # --option key=value, for the job's own use
     topics: dict[str, str] = field(default_factory=dict)  # the run's other topics by the records' names
+    checkpoint: str = ""  # the query's checkpoint location (connectors.twopc_batch needs it as checkpointLocation)
 
     def topic_named(self, name: str) -> str:
         """The run's topic for the records whose ``topic`` is ``name`` ("" or absent: ``self.topic``)."""
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = dict(kv.split("=", 1) for kv in args.conf)
     topics = dict(kv.split("=", 1) for kv in args.topics)
     mark_process_group()  # only once the job will run: a refusal leaves the caller's environment alone
-    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics)
+    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics, args.checkpoint)
     build, setup = load_app(args.app)
 
     def start() -> Any:
