@@ -61,7 +61,9 @@ def build(spark: Any, job: Job) -> Any:
     )
     f = F.split(F.col("value").cast("string"), r"\|")
     orders = raw.select(f[0].alias("order_id"), f[1].alias("customer_id"), f[2].cast("long").alias("cents"))
-    enriched = orders.join(F.broadcast(customers), "customer_id").select("order_id", "customer_id", "cents", "region", "tier")
+    enriched = orders.join(F.broadcast(customers), "customer_id").select(
+        "order_id", "customer_id", "cents", "region", "tier"
+    )
     return (
         enriched.writeStream.format("postgres-2pc")
         .option("dsn", job.dsn)

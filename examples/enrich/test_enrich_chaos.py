@@ -13,7 +13,9 @@ def test_enriched_orders_match_the_fault_free_run_under_kills_and_service_faults
     )  # fmt: skip
     assert report.ok, report.table()
     # seed 40 draws pg-crash, kafka-cut, then a SIGKILL: each proven in the fault log
-    assert report.get("chaos.faults").counts == {"planned": 2, "proven": 2, "pg-crash": 1, "kafka-cut": 1}, report.table()
+    assert report.get("chaos.faults").counts == {"planned": 2, "proven": 2, "pg-crash": 1, "kafka-cut": 1}, (
+        report.table()
+    )
     assert report.get("chaos.kills").counts["sigkilled"] == 1 and report.get("oracle.table").ok, report.table()
     assert report.info["reference_rows"] == report.info["sink_rows"] > 150, report.info  # ~1 in 20 orders dropped
     assert (tmp_path / "report" / "report.html").exists()
