@@ -163,3 +163,27 @@ def test_cli_help_lists_every_fault_kind() -> None:
     )  # fmt: skip (argparse wraps lines at hyphens)
     text = " ".join(out.stdout.split())
     assert out.returncode == 0 and all(k in text for k in fault_kinds.KINDS), text
+
+
+def test_the_producer_waits_out_a_broker_that_is_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by the broker faults: a producer's metadata request while the broker restarts failed the run
+    from confluent_kafka import KafkaError, KafkaException
+
+    calls: list[int] = []
+
+    def flaky(bootstrap: str, topic: str, records: list, **kw: object) -> None:
+        calls.append(len(records))
+        if len(calls) < 3:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+
+    monkeypatch.setattr(chaos, "produce_records", flaky)
+    monkeypatch.setattr(chaos.time, "sleep", lambda _s: None)
+    cfg = chaos.ChaosConfig("2pc", 1, 7, 10, "127.0.0.1:1", "postgresql://x", str(tmp_path))
+    producer = chaos._Producer(cfg, "t", 2, str(tmp_path / "ck"))
+    producer._write(5)
+    assert calls == [5, 5, 5] and producer.written == 5
+    cfg.timeout = -1.0  # past the deadline: the error is the run's
+    calls.clear()
+    with pytest.raises(KafkaException):
+        producer._write(5)
+    assert producer.written == 5

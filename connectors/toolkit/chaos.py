@@ -563,7 +563,7 @@ class _Progress:
             return
         width = 30
         fill = int(width * done / max(1, self.total))
-        line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} kills  {text}  {time.monotonic() - self.started:.0f}s"
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} faults  {text}  {time.monotonic() - self.started:.0f}s"
         if self.enabled:
             sys.stderr.write("\r" + line[:150].ljust(150))
             sys.stderr.flush()
@@ -607,14 +607,26 @@ class _Producer(threading.Thread):
         self.tick.set()
 
     def _write(self, n: int) -> None:
-        if self.cfg.workload is not None:
-            part = self.cfg.workload[self.written : self.written + n]
-            produce_user_records(
-                self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
-            )
-        else:
-            recs = make_records(n, seed=self.cfg.seed, start=self.written)
-            produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.cfg.timeout
+        while True:
+            try:
+                if self.cfg.workload is not None:
+                    part = self.cfg.workload[self.written : self.written + n]
+                    produce_user_records(
+                        self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
+                    )
+                else:
+                    recs = make_records(n, seed=self.cfg.seed, start=self.written)
+                    produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+                break
+            except KafkaException:
+                # the broker is down (a broker-crash or broker-restart fault): the metadata request that
+                # comes before any record fails at once; try again until it is back
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
         self.written += n
 
     def _planned(self) -> int:
