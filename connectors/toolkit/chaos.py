@@ -879,7 +879,7 @@ class _Loop:
         _wait_started(proc, cfg.timeout)
         self.producer.release()
         fired = wait_for(lambda: fault_kinds.firings(self.fault_log, held_rule), cfg.timeout, proc.alive)
-        proof: dict[str, Any] = {"point": point, "batch": batch, "spec": spec}
+        proof: dict[str, Any] = {"hold_point": point, "batch": batch, "spec": spec}
         if not fired:
             proof.update(ok=False, proof=f"no task was held at {point} in batch {batch} ({self._status(proc)})")
             self._log(plan, fault, proof)
@@ -935,8 +935,8 @@ class _Loop:
         return describe_exit(proc.proc.poll() if proc.proc is not None else None)
 
     def _log(self, plan: KillPlan, fault: str, proof: Mapping[str, Any]) -> None:
-        fault_kinds.append_log(self.fault_log, {"point": f"chaos.{fault}", "action": fault, "fault": plan.index,
-                                                "pid": os.getpid(), "time": time.time(), **proof})  # fmt: skip
+        entry = {**proof, "point": f"chaos.{fault}", "action": fault, "fault": plan.index, "pid": os.getpid()}
+        fault_kinds.append_log(self.fault_log, {**entry, "time": time.time()})
 
     def finish(self) -> None:
         if self._alive() is not None:
