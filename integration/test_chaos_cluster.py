@@ -53,7 +53,7 @@ def test_slow_task_on_the_toolkit_cluster_and_broker_and_postgres_faults_are_pro
     slow = logged["slow-task"]
     # the proof of speculation: another attempt of the held task, in another process, while it was held
     assert slow["copy"]["partition"] == slow["held"]["partition"] and slow["copy"]["pid"] != slow["held"]["pid"]
-    assert 0 < slow["copy"]["time"] - slow["held"]["time"] < 13 and slow["copy"]["attempt"] >= 1, slow
+    assert 0 < slow["copy"]["time"] - slow["held"]["time"] < 41 and slow["copy"]["attempt"] >= 1, slow
     assert logged["broker-crash"]["pid_after"] != logged["broker-crash"]["pid_before"]
     assert logged["pg-stop"]["refused_while_down"] and logged["kafka-stall"]["connections_held"] > 0
     cluster = str(work / "cluster")

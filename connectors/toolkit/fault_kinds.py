@@ -68,7 +68,7 @@ KINDS: dict[str, str] = {
     "fault-point": "the job's process group kills itself at a named fault point of the sink or the source",
     "executor-loss": "an executor JVM and its Python workers SIGKILLed while one of its tasks is held "
     "(the job runs on local-cluster[2,1,1024])",
-    "slow-task": "a task held 12 s with spark.speculation on: Spark runs a copy on the other worker "
+    "slow-task": "a task held 40 s with spark.speculation on: Spark runs a copy on the other worker "
     "(a standalone cluster of two one-core workers on 127.0.0.2/.3)",
     "pg-restart": "Postgres restarted cleanly (fast shutdown: every session ends)",
     "pg-crash": "Postgres crashed (immediate: no shutdown checkpoint), down 3 s, started (WAL recovery)",
@@ -94,7 +94,7 @@ STALL_SECONDS = 6.0
 PG_CRASH_DOWN = 3.0
 PG_STOP_DOWN = 6.0
 BROKER_DOWN = 3.0
-HOLD_SECONDS = 12.0  # slow-task: long enough for Spark's speculation (multiplier 1.5, checked every 200 ms)
+HOLD_SECONDS = 40.0  # slow-task: the other tasks must finish and Spark speculate (multiplier 1.5) meanwhile, also on a loaded machine
 EXECUTOR_HOLD = 30.0  # executor-loss: the task waits this long at most for its executor to be killed
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
