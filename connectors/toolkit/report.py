@@ -158,8 +158,8 @@ def timeline_svg(
             f'class="outside {"ok" if e.get("ok") else "bad"}"><title>{_esc(e.get("action"))}: '
             f"{_esc(e.get('proof', ''))}</title></rect>"
         )
-        row = y + 35 + (outside.index(e) % 2) * 11  # neighbours' labels on two lines
-        parts.append(f'<text x="{x(began) + 2}" y="{row}" class="small">{_esc(e.get("action"))}</text>')
+        label_y = y + 35 + (outside.index(e) % 2) * 11  # neighbours' labels on two lines
+        parts.append(f'<text x="{x(began) + 2}" y="{label_y}" class="small">{_esc(e.get("action"))}</text>')
     for e in fault_log:  # executor losses and slow tasks: marked on the row of their run
         if e.get("point") in ("chaos.executor-loss", "chaos.slow-task") and e.get("time"):
             when = float(e["time"])
