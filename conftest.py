@@ -35,6 +35,7 @@ _GROUPS = {
     "test_docker_hygiene.py": "docker",
     "test_cluster.py": "cluster",
     "test_speculation_cluster.py": "cluster",
+    "test_chaos_cluster.py": "cluster",  # the chaos toolkit's own standalone cluster (slow-task)
     "test_kafka_broker_faults.py": "kafka-broker",  # one module broker of their own, not one per worker
 }
 

@@ -37,8 +37,8 @@ from connectors.toolkit.harness import (
     truncate_file,
     wait_until,
 )
+from connectors.toolkit.proxy import TcpProxy
 from integration.harness.matrix import Pipeline
-from integration.harness.proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from connectors.toolkit.proxy import TcpProxy
 from integration import test_twophase_support as support
-from integration.harness.proxy import TcpProxy
 from integration.test_twophase_support import Scenario
 from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from connectors.toolkit import chaos, harness
-from integration.harness.proxy import TcpProxy
+from connectors.toolkit.proxy import TcpProxy
 
 CHILD = """
 import os, subprocess, sys, time
@@ -138,7 +138,7 @@ def test_proxy_forwards_stalls_resets_and_cuts():
         c = closing.enter_context(socket.create_connection(("127.0.0.1", proxy.port), timeout=3))
         c.sendall(b"hi")
         assert c.recv(10) == b"hi"
-        proxy.stall()
+        assert proxy.stall() == 1 and proxy.stats.stalled == 1  # the proof a stall met a connection
         c.sendall(b"x")
         c.settimeout(0.5)
         with pytest.raises(socket.timeout):

@@ -103,6 +103,13 @@ USAGE = [
     (("chaos", "--kills", "2", "--only-kills", "2"), 64, "--only-kills 2: kill numbers from 0 to 1 (--kills 2)"),
     (("chaos", "--kills", "1", "--minimise"), 64, "--minimise drops kills one at a time"),
     (("chaos", "--kills", "5", "--only-kills", "3", "--minimise"), 64, "needs at least 2"),
+    (("chaos", "--faults", "reboot:1"), 64, "--faults 'reboot': unknown fault kind; kinds: kill, fault-point"),
+    (("chaos", "--faults", "kill:x"), 64, "--faults 'kill:x': the weight is a whole number >= 0"),
+    (("chaos", "--faults", "kill:0"), 64, "no fault kind with a weight above 0"),
+    (("chaos", "--faults", "kill:1,broker-restart:1", "--bootstrap", "127.0.0.1:1"), 64, "--faults broker-restart: needs a Kafka broker the chaos run starts itself (it restarts it), but --bootstrap names yours"),
+    (("chaos", "--faults", "pg-stop:2", "--dsn", CLOSED), 64, "--faults pg-stop: needs a Postgres spark-eos runs (it stops and starts the server), but --dsn names yours"),
+    (("chaos", "--faults", "slow-task:1", "--partitions", "1"), 64, "--faults slow-task: needs --partitions >= 2"),
+    (("chaos", "--report", "/dev/null"), 64, "--report '/dev/null': a file is there; name a directory"),
 ]  # fmt: skip
 SINKS = ["status", "recover", "release", "resolve-lost", "retire", "prune", "errors", "replay-errors"]
 SINK_ARGS = {

@@ -65,8 +65,8 @@ class PostgresService:
         """Start the server again on the same data directory and port, and wait until it accepts connections."""
         raise ServiceError(self._not_ours("start"))
 
-    def restart(self) -> None:
-        """A clean stop followed by ``start()``."""
+    def restart(self, down: float = 0.0) -> None:
+        """A clean stop, ``down`` seconds without a server (connections refused), then ``start()``."""
         raise ServiceError(self._not_ours("restart"))
 
     def _not_ours(self, what: str) -> str:

@@ -415,9 +415,10 @@ class ContainerPostgres(_Container, PostgresService):
         self._start_again()
         self._wait_ready()
 
-    def restart(self) -> None:
-        """Clean stop (SIGINT: fast shutdown) and start on the same data."""
+    def restart(self, down: float = 0.0) -> None:
+        """Clean stop (SIGINT: fast shutdown), ``down`` seconds stopped, and start on the same data."""
         self.container.stop(timeout=30)
+        time.sleep(down)
         self.start()
 
     @property

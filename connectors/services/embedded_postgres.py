@@ -311,11 +311,12 @@ class EmbeddedPostgres(PostgresService):
             )
         self._launch(last_attempt=True)
 
-    def restart(self) -> None:
-        """A clean (fast) stop, keeping the data directory, then ``start()``."""
+    def restart(self, down: float = 0.0) -> None:
+        """A clean (fast) stop, keeping the data directory, ``down`` seconds stopped, then ``start()``."""
         if self.running():
             self._pg_ctl_stop("fast")
             self._reap()
+        time.sleep(down)
         self.start()
 
     def stop(self) -> None:

@@ -46,7 +46,17 @@ from typing import Any
 
 from eos_core import faults
 
-__all__ = ["Job", "build_parser", "load_app", "main", "mark_process_group", "serve", "sink_id_of", "with_trigger"]
+__all__ = [
+    "Job",
+    "build_parser",
+    "executor_env",
+    "load_app",
+    "main",
+    "mark_process_group",
+    "serve",
+    "sink_id_of",
+    "with_trigger",
+]
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ class Job:
     max_offsets: int = 1000
     options: dict[str, str] = field(default_factory=dict)  # --option key=value, for the job's own use
     topics: dict[str, str] = field(default_factory=dict)  # the run's other topics by the records' names
+    checkpoint: str = ""  # the query's checkpoint location (connectors.twopc_batch needs it as checkpointLocation)
 
     def topic_named(self, name: str) -> str:
         """The run's topic for the records whose ``topic`` is ``name`` ("" or absent: ``self.topic``)."""
@@ -115,10 +126,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--topics", action="append", default=[], help="name=topic: the run's topic of that name (repeatable)"
     )
+    p.add_argument("--conf", action="append", default=[], help="key=value: a Spark setting of the session (repeatable)")
     return p
 
 
-def _spark(master: str) -> Any:
+FAULT_ENV = (faults.ENV_SPEC, faults.ENV_STATE, faults.ENV_LOG, faults.ENV_PGID)
+
+
+def executor_env(master: str) -> dict[str, str]:
+    """What executors need from the driver's environment on a master whose executors are not its
+    children (a standalone cluster): the fault spec, its state and log, and the job's process group
+    (a ``kill-group`` point in a task then takes the driver down too, as on a local master), as
+    ``spark.executorEnv.*`` settings. On a local master the executors inherit the environment."""
+    if master.startswith("local"):
+        return {}
+    return {f"spark.executorEnv.{k}": os.environ[k] for k in FAULT_ENV if os.environ.get(k)}
+
+
+def _spark(master: str, conf: dict[str, str] | None = None) -> Any:
     # On a local master the Python workers run on this machine: unless the user chose their interpreter,
     # they run this one, which has spark-eos (python3 on PATH may not; the chaos tool starts us with it)
     if master.startswith("local"):
@@ -127,15 +152,17 @@ def _spark(master: str) -> Any:
 
     import connectors
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("eos-chaos-app")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
-        .getOrCreate()
     )
+    for key, value in {**executor_env(master), **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     connectors.register(spark)
     return spark
@@ -214,19 +241,21 @@ def with_trigger(writer: Any, trigger: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    bad = [kv for kv in args.option + args.topics if "=" not in kv]
-    if bad:
-        raise SystemExit(f"--{'option' if bad[0] in args.option else 'topics'} {bad[0]!r}: expected key=value")
+    for flag, given in (("--option", args.option), ("--topics", args.topics), ("--conf", args.conf)):
+        bad = [kv for kv in given if "=" not in kv]
+        if bad:
+            raise SystemExit(f"{flag} {bad[0]!r}: expected key=value")
     options = dict(kv.split("=", 1) for kv in args.option)
+    conf = dict(kv.split("=", 1) for kv in args.conf)
     topics = dict(kv.split("=", 1) for kv in args.topics)
     mark_process_group()  # only once the job will run: a refusal leaves the caller's environment alone
-    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics)
+    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics, args.checkpoint)
     build, setup = load_app(args.app)
 
     def start() -> Any:
         if setup is not None:
             setup(job)
-        spark = _spark(args.master)
+        spark = _spark(args.master, conf)
         _wrap_foreach_batch()
         writer = build(spark, job)
         if not hasattr(writer, "start") or not hasattr(writer, "trigger"):

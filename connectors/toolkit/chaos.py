@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.toolkit import checker, oracle
+from connectors.toolkit import checker, fault_kinds, oracle
 from connectors.toolkit.app_runner import sink_id_of
 from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 from eos_core import faults
@@ -133,7 +133,8 @@ def produce_records(
 
     from connectors.services.env import broker_is_tansu
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    # log_level 2: librdkafka's connection notices stay quiet while a chaos run cuts its connections
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "log_level": 2}
     if transactional_id:
         conf["transactional.id"] = transactional_id
     producer = Producer(conf)
@@ -372,7 +373,7 @@ def produce_user_records(
 
     from connectors.services.env import broker_is_tansu
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "log_level": 2})
     tansu = broker_is_tansu(producer)
     last: dict[tuple[str, int], int] = {}
     placed = []
@@ -411,7 +412,9 @@ def produce_user_records(
 
 @dataclass(frozen=True)
 class KillPlan:
-    """One kill: ``sigkill`` after ``delay`` seconds (from the query's start), or a fault ``point``.
+    """One fault of the schedule. ``kind``: ``sigkill`` (a SIGKILL of the group after ``delay`` seconds
+    from the query's start), ``fault`` (a fault ``point``), or another kind of
+    ``connectors.toolkit.fault_kinds.KINDS`` (``executor-loss``, ``pg-restart``, ...).
 
     A fault kill fires at the point in the ``skip``-th batch after the last committed one (sink
     points carry the batch id; source points fire in the first batch that reaches them); on a fresh
@@ -419,34 +422,60 @@ class KillPlan:
     """
 
     index: int
-    kind: str  # "sigkill" | "fault"
+    kind: str  # "sigkill" | "fault" | another fault kind's name
     delay: float
     point: str | None = None
     early: bool = False  # a sigkill during start-up (before the query runs)
     skip: int = 0
+
+    @property
+    def fault(self) -> str:
+        """The kind as ``--faults`` names it (``kill``, ``fault-point``, ``pg-restart`` ...)."""
+        return fault_kinds.fault_of(self.kind)
 
     def spec(self, last_commit: int | None) -> str:
         if not self.point:
             return ""
         # on a fresh checkpoint batch 0 is the empty first batch (the query starts before the producer
         # writes): a kill there proves nothing, so the first target is batch 1
-        batch = (1 if last_commit is None else last_commit + 1) + self.skip
+        batch = _next_batch(last_commit) + self.skip
         cond = f":batch={batch}" if self.point.startswith(("sink.", "pipeline.")) else ""
         return f"{self.point}{cond}:action=kill-group:once"
 
+    def describe(self) -> str:
+        return f"{self.index}: {self.kind}" + (f" {self.point}" if self.point else "")
 
-def plan_kills(pipeline: str, kills: int, seed: int, *, max_delay: float = 4.0) -> list[KillPlan]:
-    """The seeded schedule: about half SIGKILLs at random moments, half random fault points."""
+
+def _next_batch(last_commit: int | None) -> int:
+    return 1 if last_commit is None else last_commit + 1
+
+
+def plan_kills(
+    pipeline: str, kills: int, seed: int, *, max_delay: float = 4.0, faults: Mapping[str, int] | None = None
+) -> list[KillPlan]:
+    """The seeded schedule of ``kills`` faults, each kind drawn with the weights of ``faults``
+    (``fault_kinds.parse_faults``; default ``kill:1,fault-point:1``: about half SIGKILLs at random
+    moments, half random fault points, as every chaos run drew them before ``--faults``)."""
     rng = random.Random(seed)
     points = FAULT_POINTS[pipeline]
+    weights = fault_kinds.parse_faults(faults)
+    total = sum(weights.values())
     plans = []
     for i in range(kills):
-        if rng.random() < 0.5:
+        u, acc, chosen = rng.random(), 0.0, list(weights)[-1]
+        for name, weight in weights.items():
+            acc += weight / total
+            if u < acc:
+                chosen = name
+                break
+        if chosen == "kill":
             early = rng.random() < 0.15
             delay = rng.uniform(0.5, 10.0) if early else rng.uniform(0.0, max_delay)  # after the 1st new commit
             plans.append(KillPlan(i, "sigkill", round(delay, 2), early=early))
-        else:
+        elif chosen == "fault-point":
             plans.append(KillPlan(i, "fault", 0.0, point=rng.choice(points), skip=rng.randrange(3)))
+        else:
+            plans.append(KillPlan(i, fault_kinds.plan_kind(chosen), 0.0))
     return plans
 
 
@@ -490,6 +519,11 @@ class ChaosConfig:
     only_kills: tuple[int, ...] | None = None  # run only these kills of the seed's schedule (--only-kills)
     reference_rows: list[list[dict[str, Any]]] | None = None  # the reference runs' tables, once read
     topics: dict[str, str] = field(default_factory=dict)  # the run's topics by name ("" the main one)
+    # the fault kinds drawn, with their weights (--faults; None: kill:1,fault-point:1)
+    faults: Mapping[str, int] | None = None
+    postgres_service: Any = None  # the PostgresService to restart/crash/stop (pg-restart, pg-crash, pg-stop)
+    kafka_named: str | None = None  # where the user named their broker (--bootstrap, EOS_KAFKA_BOOTSTRAP)
+    postgres_named: str | None = None  # where the user named their Postgres (--dsn, EOS_POSTGRES_DSN)
 
     @property
     def planned(self) -> int:
@@ -500,6 +534,10 @@ class ChaosConfig:
     def points(self) -> str:
         """Which FAULT_POINTS the kill schedule draws from."""
         return self.sink_kind if self.app else self.pipeline
+
+    @property
+    def weights(self) -> dict[str, int]:
+        return fault_kinds.parse_faults(self.faults)
 
 
 def _repo_root() -> str:
@@ -525,7 +563,7 @@ class _Progress:
             return
         width = 30
         fill = int(width * done / max(1, self.total))
-        line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} kills  {text}  {time.monotonic() - self.started:.0f}s"
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} faults  {text}  {time.monotonic() - self.started:.0f}s"
         if self.enabled:
             sys.stderr.write("\r" + line[:150].ljust(150))
             sys.stderr.flush()
@@ -569,14 +607,26 @@ class _Producer(threading.Thread):
         self.tick.set()
 
     def _write(self, n: int) -> None:
-        if self.cfg.workload is not None:
-            part = self.cfg.workload[self.written : self.written + n]
-            produce_user_records(
-                self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
-            )
-        else:
-            recs = make_records(n, seed=self.cfg.seed, start=self.written)
-            produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.cfg.timeout
+        while True:
+            try:
+                if self.cfg.workload is not None:
+                    part = self.cfg.workload[self.written : self.written + n]
+                    produce_user_records(
+                        self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
+                    )
+                else:
+                    recs = make_records(n, seed=self.cfg.seed, start=self.written)
+                    produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+                break
+            except KafkaException:
+                # the broker is down (a broker-crash or broker-restart fault): the metadata request that
+                # comes before any record fails at once; try again until it is back
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
         self.written += n
 
     def _planned(self) -> int:
@@ -627,27 +677,32 @@ def _password_env(dsn: str) -> dict[str, str]:
 
 
 def _runner_argv(
-    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None
-) -> list[str]:
+    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None, *,
+    dsn: str | None = None, master: str | None = None, conf: Mapping[str, str] | None = None,
+) -> list[str]:  # fmt: skip
+    """The command line of one run of the job: ``dsn`` the job's (a proxy's when Postgres is cut),
+    ``master`` and ``conf`` what the faults need (default: ``cfg.master``, nothing)."""
+    confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
+    dsn_arg, master = _argv_dsn(dsn or cfg.dsn), master or cfg.master
     if cfg.app:
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
         options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
         return python_argv(
             "connectors.toolkit.app_runner",
-            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", _argv_dsn(cfg.dsn), "--table", table,
+            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", dsn_arg, "--table", table,
             "--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger,
-            "--master", cfg.master, "--timeout", str(timeout or cfg.timeout), *options,
+            "--master", master, "--timeout", str(timeout or cfg.timeout), *options, *confs,
         )  # fmt: skip
     return python_argv(
         "integration.harness.runner",
-        "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", _argv_dsn(cfg.dsn),
+        "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", dsn_arg,
         "--table", table, "--checkpoint", checkpoint, "--sink-id", table, "--max-offsets", str(cfg.max_offsets),
-        "--trigger", trigger, "--master", cfg.master, "--timeout", str(timeout or cfg.timeout),
+        "--trigger", trigger, "--master", master, "--timeout", str(timeout or cfg.timeout), *confs,
     )  # fmt: skip
 
 
 def _started(proc: PipelineProcess) -> bool:
-    return "RUNNER STARTED" in proc.log_tail(20000)
+    return proc.logged("RUNNER STARTED")
 
 
 def _run_root(cfg: ChaosConfig) -> str:
@@ -662,38 +717,135 @@ def _run_root(cfg: ChaosConfig) -> str:
     return _repo_root()
 
 
+class _RunLog:
+    """Every process of a chaos run, one JSON line each in ``runs.jsonl``: its role (``chaos``, ``drain``,
+    ``reference``), pid, start and end (epoch seconds), exit, checkpoint and log; the report's timeline."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+
+    def started(self, proc: PipelineProcess, role: str, checkpoint: str, **extra: Any) -> dict[str, Any]:
+        self.count += 1
+        return {"run": self.count, "role": role, "pid": proc.pid, "start": round(time.time(), 3),
+                "checkpoint": checkpoint, "log": proc.log_path, **extra}  # fmt: skip
+
+    def ended(self, entry: dict[str, Any], returncode: int | None, ended_by: str) -> None:
+        entry.update(end=round(time.time(), 3), exit=describe_exit(returncode), ended_by=ended_by)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_runs(workdir: str) -> list[dict[str, Any]]:
+    """The ``runs.jsonl`` of a chaos run's workdir (empty when there is none)."""
+    try:
+        with open(os.path.join(workdir, "runs.jsonl"), encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
 @dataclass
 class _Runs:
-    """What the kill loop saw: exits by kind, kill kinds, runs that ended by SIGKILL."""
+    """What the fault loop saw: exits by kind, kill kinds, runs that ended by SIGKILL, each fault's proof."""
 
     outcomes: Counter[str] = field(default_factory=Counter)
     kinds: Counter[str] = field(default_factory=Counter)
     sigkilled: int = 0
+    kill_steps: int = 0
+    proofs: list[dict[str, Any]] = field(default_factory=list)  # one per fault that is not a kill
+    extra_kills: int = 0  # runs ended by SIGKILL for the next fault's own run, or at the schedule's end
 
 
-def _run_once(
-    cfg: ChaosConfig, plan: KillPlan, env: dict[str, str], argv: list[str], log_path: str, root: str,
-    producer: _Producer, checkpoint: str,
-) -> tuple[str, Any]:  # fmt: skip
-    """One run of the pipeline, ended by the plan's kill: (how it was ended, its outcome)."""
-    run_env = dict(env)
-    if plan.kind == "fault":
-        run_env["EOS_FAULTS"] = plan.spec(checker.last_commit(checkpoint))
-        run_env["EOS_FAULTS_STATE"] = os.path.join(cfg.workdir, "state", str(plan.index))
-    proc = PipelineProcess(argv, run_env, log_path, root)
-    proc.start()
-    how = plan.kind
-    try:
+class _Loop:
+    """The fault loop: runs of the job, each fault of the schedule injected into the live run (a run
+    starts when none is live; ``kill`` and ``fault-point`` end it; ``fault-point``, ``executor-loss``
+    and ``slow-task`` are armed in a run's environment, so they get a run of their own)."""
+
+    def __init__(self, cfg: ChaosConfig, kit: fault_kinds.FaultKit, env: dict[str, str], topic: str, table: str,
+                 root: str, producer: _Producer, runlog: _RunLog) -> None:  # fmt: skip
+        self.cfg, self.kit, self.env, self.root = cfg, kit, env, root
+        self.producer, self.runlog = producer, runlog
+        self.checkpoint = os.path.join(cfg.workdir, "checkpoint")
+        self.fault_log = os.path.join(cfg.workdir, "faults.jsonl")
+        self.log_path = os.path.join(cfg.workdir, "pipeline.log")
+        # a run may carry several faults: the runner's own timeout (a safety net) covers them all
+        self.argv = _runner_argv(cfg, topic, table, self.checkpoint, "processing:0.5", cfg.timeout * (cfg.planned + 2),
+                                 dsn=kit.job_dsn, master=kit.master, conf=kit.conf)  # fmt: skip
+        self.live: PipelineProcess | None = None
+        self.entry: dict[str, Any] = {}
+        self.runs = _Runs()
+
+    # ---- runs
+    def _start(self, faults_spec: str = "", index: int | None = None) -> PipelineProcess:
+        run_env = dict(self.env)
+        if faults_spec:
+            run_env["EOS_FAULTS"] = faults_spec
+            run_env["EOS_FAULTS_STATE"] = os.path.join(self.cfg.workdir, "state", str(index))
+        proc = PipelineProcess(self.argv, run_env, self.log_path, self.root)
+        proc.start()
+        self.live = proc
+        self.entry = self.runlog.started(proc, "chaos", self.checkpoint, master=self.kit.master,
+                                         faults=faults_spec or None)  # fmt: skip
+        return proc
+
+    def _ended(self, proc: PipelineProcess, ended_by: str, timeout: float = 60) -> Any:
+        try:
+            out = proc.wait(timeout)
+        finally:
+            if proc.alive():
+                proc.stop()
+        self.runlog.ended(self.entry, out.returncode, ended_by)
+        self.live = None
+        return out
+
+    def _alive(self) -> PipelineProcess | None:
+        if self.live is not None and not self.live.alive():
+            self._ended(self.live, "exited by itself")
+        return self.live
+
+    def end_live(self, why: str) -> None:
+        """SIGKILL the live run's group (the next fault needs a run of its own, or the schedule is over)."""
+        proc = self._alive()
+        if proc is None:
+            return
+        proc.kill_group()
+        self._ended(proc, why)
+        self.runs.extra_kills += 1
+
+    def _commit_after(self, proc: PipelineProcess, before: int | None) -> bool:
+        _wait_commit_after(proc, self.checkpoint, before, self.cfg.timeout)
+        return (checker.last_commit(self.checkpoint) or -1) > (-1 if before is None else before)
+
+    # ---- one fault
+    def step(self, plan: KillPlan) -> dict[str, Any]:
+        fault = plan.fault
+        if fault in fault_kinds.FRESH_RUN and self._alive() is not None:
+            self.end_live(f"SIGKILL: fault {plan.index} ({fault}) needs a run of its own")
+        if fault in ("kill", "fault-point"):
+            return self._kill(plan)
+        if fault in ("executor-loss", "slow-task"):
+            return self._held(plan)
+        return self._disturb(plan)
+
+    def _kill(self, plan: KillPlan) -> dict[str, Any]:
+        cfg, producer = self.cfg, self.producer
+        self.runs.kill_steps += 1
+        fresh = self._alive() is None
+        spec = plan.spec(checker.last_commit(self.checkpoint)) if plan.kind == "fault" else ""
+        proc = self._start(spec, plan.index) if fresh else self.live
+        assert proc is not None
+        how = plan.kind
         if plan.kind == "sigkill":
-            if plan.early:
+            if plan.early and fresh:
                 producer.release()
             else:
                 # strike while batches flow: after the run's first new commit, so that every
                 # restart makes progress even on a slow machine (no livelock of replays)
-                before = checker.last_commit(checkpoint)
+                before = checker.last_commit(self.checkpoint)
                 _wait_started(proc, cfg.timeout)
                 producer.release()
-                _wait_commit_after(proc, checkpoint, before, cfg.timeout)
+                _wait_commit_after(proc, self.checkpoint, before, cfg.timeout)
             time.sleep(plan.delay)
             proc.kill_group()
         else:
@@ -704,17 +856,116 @@ def _run_once(
             except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
                 how = "fault->sigkill"
                 proc.kill_group()
-        out = proc.wait(60)
-    finally:
-        if proc.alive():
-            proc.stop()
-    return how, out
+        out = self._ended(proc, f"fault {plan.index}: {how}" + (f" {plan.point}" if plan.point else ""))
+        if out.killed:
+            self.runs.sigkilled += 1
+        fired = fault_kinds.firings(self.fault_log, spec) if spec else []
+        ok = out.killed and (plan.kind == "sigkill" or bool(fired))
+        return {"how": how, "out": out, "ok": ok, "spec": spec or None,
+                "proof": describe_exit(out.returncode) + (f"; {spec.split(':action')[0]} fired (pid "
+                f"{fired[0]['pid']})" if fired else "")}  # fmt: skip
+
+    def _held(self, plan: KillPlan) -> dict[str, Any]:
+        """executor-loss and slow-task: a run whose first task at the hold point waits; its executor
+        is killed, or Spark's speculation runs a copy of it elsewhere."""
+        cfg, fault = self.cfg, plan.fault
+        batch = _next_batch(checker.last_commit(self.checkpoint))
+        point = fault_kinds.hold_point(cfg.points)
+        slow = fault == "slow-task"
+        spec = fault_kinds.hold_spec(point, batch, fault_kinds.HOLD_SECONDS if slow else fault_kinds.EXECUTOR_HOLD,
+                                     log_others=slow)  # fmt: skip
+        held_rule = spec.split(";")[0]
+        proc = self._start(spec, plan.index)
+        _wait_started(proc, cfg.timeout)
+        self.producer.release()
+        fired = wait_for(lambda: fault_kinds.firings(self.fault_log, held_rule), cfg.timeout, proc.alive)
+        proof: dict[str, Any] = {"hold_point": point, "batch": batch, "spec": spec}
+        if not fired:
+            proof.update(ok=False, proof=f"no task was held at {point} in batch {batch} ({self._status(proc)})")
+            self._log(plan, fault, proof)
+            return {"how": fault, "ok": False, "proof": proof["proof"], "detail": proof}
+        held = fired[0]
+        if slow:
+            time.sleep(max(0.0, float(held["time"]) + fault_kinds.HOLD_SECONDS + 1 - time.time()))
+            copy = fault_kinds.speculative_copy(self.fault_log, held, spec.split(";")[1])
+            proof.update(held={k: held.get(k) for k in ("pid", "partition", "attempt", "time")},
+                         copy=None if copy is None else {k: copy.get(k) for k in ("pid", "partition", "attempt", "time")},
+                         ok=copy is not None)  # fmt: skip
+            proof["proof"] = (
+                f"task {held.get('partition')} of batch {batch} held {fault_kinds.HOLD_SECONDS:.0f} s at {point} "
+                f"(pid {held.get('pid')}); "
+                + (f"a copy ran meanwhile (pid {copy.get('pid')}, attempt {copy.get('attempt', '?')})" if copy
+                   else "Spark ran NO copy of it meanwhile (speculation did not start)")
+            )  # fmt: skip
+        else:
+            killed = fault_kinds.kill_executor(int(held["pid"]))
+            proof.update(killed)
+            proof["proof"] = f"task of batch {batch} held at {point} (pid {held.get('pid')}); {killed['proof']}"
+        before = batch - 1
+        recovered = self._commit_after(proc, before)
+        proof["recovered"] = recovered or not proc.alive()
+        self._log(plan, fault, proof)
+        return {"how": fault, "ok": bool(proof["ok"]) and proof["recovered"], "proof": proof["proof"]
+                + self._after(proc, recovered), "detail": proof}  # fmt: skip
+
+    def _disturb(self, plan: KillPlan) -> dict[str, Any]:
+        cfg, fault = self.cfg, plan.fault
+        proc = self._alive() or self._start()
+        _wait_started(proc, cfg.timeout)
+        before = checker.last_commit(self.checkpoint)
+        self.producer.release()
+        self._commit_after(proc, before)  # batches flow: the fault meets the job at work
+        proof = self.kit.disturb(fault)
+        self.producer.release()  # new records after the heal: the run must get past the fault
+        healed_at = checker.last_commit(self.checkpoint)
+        recovered = self._commit_after(proc, healed_at) if proc.alive() else False
+        proof["recovered"] = recovered or not proc.alive()
+        self._log(plan, fault, proof)
+        ok = bool(proof["ok"]) and proof["recovered"]
+        return {"how": fault, "ok": ok, "proof": proof["proof"] + self._after(proc, recovered), "detail": proof}
+
+    def _after(self, proc: PipelineProcess, recovered: bool) -> str:
+        if recovered:
+            return "; the job committed a batch after it"
+        if not proc.alive():
+            return f"; the run then ended ({self._status(proc)}); the next run restarts from the checkpoint"
+        return f"; NO batch committed within {self.cfg.timeout:.0f} s after it (the job hangs)"
+
+    def _status(self, proc: PipelineProcess) -> str:
+        return describe_exit(proc.proc.poll() if proc.proc is not None else None)
+
+    def _log(self, plan: KillPlan, fault: str, proof: Mapping[str, Any]) -> None:
+        entry = {**proof, "point": f"chaos.{fault}", "action": fault, "fault": plan.index, "pid": os.getpid()}
+        fault_kinds.append_log(self.fault_log, {**entry, "time": time.time()})
+
+    def finish(self) -> None:
+        if self._alive() is not None:
+            self.end_live("SIGKILL: the schedule is over; a draining run follows")
+
+
+def wait_for(predicate: Any, timeout: float, alive: Any) -> Any:
+    """Poll ``predicate`` until truthy (its value), ``alive()`` is false or ``timeout`` passes (None)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if not alive():
+            return predicate() or None
+        time.sleep(0.2)
+    return None
+
+
+def _chunks(plans: Sequence[KillPlan]) -> int:
+    """Chunks of the records: one per fault (two for a fault from outside: before it and after its heal)
+    and one for the draining run."""
+    return sum(2 if p.fault in fault_kinds.DISTURBANCES else 1 for p in plans) + 1
 
 
 def _checked(
     cfg: ChaosConfig, topic: str, table: str, checkpoint: str, fault_log: str, runs: _Runs, last: Any
 ) -> checker.Report:
-    """The checker's report on the chaos run's end state, plus its own checks (every kill happened, the drain ended)."""
+    """The checker's report on the chaos run's end state, plus its own checks (every fault happened, the drain ended)."""
     is_2pc = cfg.points == "2pc"
     report = checker.verify(
         bootstrap=cfg.bootstrap,
@@ -734,14 +985,34 @@ def _checked(
         report.info["source_records"] = len(cfg.workload)
         if cfg.oracle:
             report.info.pop("poison_records", None)
+    if runs.kill_steps:
+        report.add(
+            checker.Check(
+                "chaos.kills",
+                runs.sigkilled == runs.kill_steps and runs.sigkilled > 0,
+                f"{runs.sigkilled} of {runs.kill_steps} planned kills ended the pipeline by SIGKILL "
+                f"({fault_kills} from fault points, logged)",
+                {"planned": runs.kill_steps, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
+            )
+        )
+    if runs.proofs:
+        bad = [p for p in runs.proofs if not p["ok"]]
+        kinds = Counter(p["fault"] for p in runs.proofs)
+        report.add(
+            checker.Check(
+                "chaos.faults",
+                not bad,
+                f"{len(runs.proofs) - len(bad)} of {len(runs.proofs)} faults other than kills proven in the "
+                f"fault log and followed by a commit or a restart ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})",
+                {
+                    "planned": len(runs.proofs),
+                    "proven": len(runs.proofs) - len(bad),
+                    **{k: n for k, n in kinds.items()},
+                },
+                {"unproven": [f"{p['index']}: {p['fault']}: {p['proof']}" for p in bad]},
+            )
+        )
     report.add(
-        checker.Check(
-            "chaos.kills",
-            runs.sigkilled == cfg.planned and runs.sigkilled > 0,
-            f"{runs.sigkilled} of {cfg.planned} planned kills ended the pipeline by SIGKILL "
-            f"({fault_kills} from fault points, logged)",
-            {"planned": cfg.planned, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
-        ),
         checker.Check(
             "chaos.final_run",
             last.returncode == 0,
@@ -752,60 +1023,119 @@ def _checked(
     return report
 
 
+def _check_fault_setup(cfg: ChaosConfig) -> dict[str, int]:
+    weights = cfg.weights
+    fault_kinds.refuse_unsupported(weights, kafka_named=cfg.kafka_named, postgres_named=cfg.postgres_named,
+                                   dsn=cfg.dsn, partitions=cfg.partitions)  # fmt: skip
+    server = [k for k in fault_kinds.PG_SERVER if k in weights]
+    if server and (cfg.postgres_service is None or getattr(cfg.postgres_service, "kind", "env") == "env"):
+        raise ConfigError(
+            f"--faults {server[0]}: needs the Postgres service spark-eos runs (ChaosConfig.postgres_service: an "
+            "embedded or container one), to stop and start it"
+        )
+    return weights
+
+
 def run(cfg: ChaosConfig) -> checker.Report:
     """Run the chaos experiment described by ``cfg`` and return the checker's report."""
-    import psycopg
-
     root = _run_root(cfg)
+    weights = _check_fault_setup(cfg)
     tag = f"chaos_{cfg.pipeline}_{cfg.seed}_{int(time.time())}"
     topic, table = tag, tag
     os.makedirs(cfg.workdir, exist_ok=True)
-    checkpoint = os.path.join(cfg.workdir, "checkpoint")
     fault_log = os.path.join(cfg.workdir, "faults.jsonl")
-    log_path = os.path.join(cfg.workdir, "pipeline.log")
     load_workload(cfg)
-    cfg.topics = topics_of(cfg.workload or [], topic)
-    for name in cfg.topics.values():
-        create_topic(cfg.bootstrap, name, cfg.partitions)
     plans = schedule(cfg)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
     env.pop("EOS_FAULTS", None)
-    # one chunk of the records per run (each kill's run and the draining run), trickled while it runs
-    producer = _Producer(cfg, topic, cfg.planned + 1, checkpoint)
+    with fault_kinds.FaultKit(weights, bootstrap=cfg.bootstrap, dsn=cfg.dsn, postgres=cfg.postgres_service,
+                              env=env, workdir=cfg.workdir) as kit:  # fmt: skip
+        if kit.cluster is not None:  # our cluster's executors run on this machine: this interpreter
+            env.setdefault("PYSPARK_PYTHON", sys.executable)
+        named = cfg.bootstrap
+        cfg.bootstrap = kit.bootstrap  # a broker of the run's own when the faults need one
+        try:
+            report = _run_with(cfg, kit, plans, env, topic, table, root)
+        finally:
+            cfg.bootstrap = named
+    report.info.update(
+        {
+            **({"faults": fault_kinds.format_faults(weights)} if weights != fault_kinds.DEFAULT else {}),
+            **({"master": kit.master} if kit.master != cfg.master else {}),
+        }
+    )
+    return report
+
+
+def _run_with(
+    cfg: ChaosConfig, kit: fault_kinds.FaultKit, plans: list[KillPlan], env: dict[str, str], topic: str, table: str,
+    root: str,
+) -> checker.Report:  # fmt: skip
+    import psycopg
+
+    checkpoint = os.path.join(cfg.workdir, "checkpoint")
+    fault_log = os.path.join(cfg.workdir, "faults.jsonl")
+    log_path = os.path.join(cfg.workdir, "pipeline.log")
+    cfg.topics = topics_of(cfg.workload or [], topic)
+    for name in cfg.topics.values():
+        create_topic(cfg.bootstrap, name, cfg.partitions)
+    runlog = _RunLog(os.path.join(cfg.workdir, "runs.jsonl"))
+    # chunks of the records released over the run (one per fault, two around a fault from outside,
+    # one for the draining run), each trickled while its run goes on
+    producer = _Producer(cfg, topic, _chunks(plans), checkpoint)
     progress = _Progress(cfg.planned, cfg.progress)
     started = time.monotonic()
     producer.start()
-    runs = _Runs()
-    argv = _runner_argv(cfg, topic, table, checkpoint, "processing:0.5")
+    loop = _Loop(cfg, kit, env, topic, table, root, producer, runlog)
+    runs = loop.runs
     for plan in plans:
-        how, out = _run_once(cfg, plan, env, argv, log_path, root, producer, checkpoint)
-        runs.kinds[how if plan.kind == "sigkill" else f"{how}:{plan.point}"] += 1
-        runs.outcomes[describe_exit(out.returncode)] += 1
-        if out.killed:
-            runs.sigkilled += 1
-        cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay,
-                           "exit": describe_exit(out.returncode), "seconds": round(out.seconds, 1)})  # fmt: skip
+        step = loop.step(plan)
+        how, out = step["how"], step.get("out")
+        exit_text = describe_exit(out.returncode) if out is not None else "still running"
+        runs.kinds[f"{how}:{plan.point}" if plan.point else how] += 1
+        if out is not None:
+            runs.outcomes[exit_text] += 1
+        else:
+            runs.proofs.append({"index": plan.index, "fault": plan.fault, "ok": step["ok"], "proof": step["proof"]})
+        cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay, "exit": exit_text,
+                           "seconds": round(out.seconds, 1) if out is not None else None, "fault": plan.fault,
+                           "ok": step["ok"], "proof": step["proof"], "run": runlog.count})  # fmt: skip
         progress.show(
             plan.index + 1,
-            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {describe_exit(out.returncode)}",
+            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {exit_text}",
         )
         if producer.error:
             raise producer.error
+    loop.finish()
     producer.release(every=True)
     producer.done.wait()
     if producer.error:
         raise producer.error
     progress.end()
     drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
-    final = PipelineProcess(_runner_argv(cfg, topic, table, checkpoint, "available-now", drain), env, log_path, root)
-    last = final.run(drain + 60)
+    final = PipelineProcess(
+        _runner_argv(
+            cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=kit.master, conf=kit.conf
+        ),
+        env,
+        log_path,
+        root,
+    )
+    final.start()
+    entry = runlog.started(final, "drain", checkpoint, master=kit.master)
+    try:
+        last = final.wait(drain + 60)
+    except Exception:
+        last = final.stop()
+    runlog.ended(entry, last.returncode, "drained" if last.returncode == 0 else "failed")
+    processes = runlog.count  # the chaos runs and the draining run
     wall = time.monotonic() - started
     with psycopg.connect(cfg.dsn, autocommit=True):
         pass
     report = _checked(cfg, topic, table, checkpoint, fault_log, runs, last)
     if cfg.oracle:
-        report.extend(_reference_verdict(cfg, topic, table, env, root))
+        report.extend(_reference_verdict(cfg, topic, table, env, root, runlog))
     report.info.update(
         {
             "pipeline": cfg.pipeline,
@@ -813,10 +1143,11 @@ def run(cfg: ChaosConfig) -> checker.Report:
             "seed": cfg.seed,
             "records": cfg.records,
             "kills": cfg.planned,
-            "restarts": cfg.planned,
+            "restarts": processes - 1,
             **({"only_kills": list(cfg.only_kills)} if cfg.only_kills is not None else {}),
             "kill_kinds": dict(sorted(runs.kinds.items())),
             "exits": dict(runs.outcomes),
+            **({"extra_kills": runs.extra_kills} if runs.extra_kills else {}),
             "wall_seconds": round(wall, 1),
             "records_per_second": round(cfg.records / wall, 1),
             "workdir": cfg.workdir,
@@ -829,7 +1160,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
 
 def schedule(cfg: ChaosConfig) -> list[KillPlan]:
     """The seed's kill schedule, or the kills ``cfg.only_kills`` keeps of it (indices stay the seed's)."""
-    plans = plan_kills(cfg.points, cfg.kills, cfg.seed)
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed, faults=cfg.faults)
     if cfg.only_kills is None:
         return plans
     bad = [i for i in cfg.only_kills if not 0 <= i < cfg.kills]
@@ -841,8 +1172,8 @@ def schedule(cfg: ChaosConfig) -> list[KillPlan]:
     return [p for p in plans if p.index in cfg.only_kills]
 
 
-def reproduce_command(cfg: ChaosConfig, kills: Sequence[int]) -> str:
-    """The ``spark-eos chaos`` command that re-runs ``cfg`` with only ``kills`` of its schedule."""
+def reproduce_command(cfg: ChaosConfig, kills: Sequence[int] | None) -> str:
+    """The ``spark-eos chaos`` command that re-runs ``cfg`` with only ``kills`` of its schedule (None: all)."""
     import shlex
 
     gen = cfg.generator
@@ -855,7 +1186,10 @@ def reproduce_command(cfg: ChaosConfig, kills: Sequence[int]) -> str:
         *(("--generator", gen) if gen else ()),
         *(("--records-file", cfg.records_file) if cfg.records_file else ()),
     ]
-    argv += ["--seed", str(cfg.seed), "--kills", str(cfg.kills), "--only-kills", ",".join(map(str, kills))]
+    argv += ["--seed", str(cfg.seed), "--kills", str(cfg.kills)]
+    argv += ["--only-kills", ",".join(map(str, kills))] if kills is not None else []
+    if cfg.weights != fault_kinds.DEFAULT:
+        argv += ["--faults", fault_kinds.format_faults(cfg.weights)]
     argv += ["--records", str(cfg.records), "--partitions", str(cfg.partitions), "--max-offsets", str(cfg.max_offsets)]
     if cfg.oracle:
         argv += ["--oracle", cfg.oracle + (":" + ",".join(cfg.oracle_key) if cfg.oracle_key else "")]
@@ -890,10 +1224,10 @@ def minimise(cfg: ChaosConfig, report: checker.Report) -> dict[str, Any]:
         trials.append({"kills": trial, "fails": fails, "workdir": tcfg.workdir})
         if fails:
             keep = trial
-    plans = {p.index: p for p in plan_kills(cfg.points, cfg.kills, cfg.seed)}
+    plans = {p.index: p for p in plan_kills(cfg.points, cfg.kills, cfg.seed, faults=cfg.faults)}
     found = {
         "kills": keep,
-        "schedule": [f"{i}: {plans[i].kind}" + (f" {plans[i].point}" if plans[i].point else "") for i in keep],
+        "schedule": [plans[i].describe() for i in keep],
         "trials": trials,
         "command": reproduce_command(cfg, keep),
     }
@@ -924,7 +1258,9 @@ def load_workload(cfg: ChaosConfig) -> None:
         )
 
 
-def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, str], root: str) -> checker.Report:
+def _reference_verdict(
+    cfg: ChaosConfig, topic: str, table: str, env: dict[str, str], root: str, runlog: _RunLog | None = None
+) -> checker.Report:
     """Run the job ``cfg.reference_runs`` times without any fault, on the same topics, each from a fresh
     checkpoint with availableNow into ``<table>_ref<i>``; the oracle's report on the chaos run's table."""
     import psycopg
@@ -951,7 +1287,17 @@ def _reference_verdict(cfg: ChaosConfig, topic: str, table: str, env: dict[str, 
             dataclasses.replace(cfg, max_offsets=max(cfg.max_offsets, cfg.records * len(cfg.topics or {"": ""}))),
             topic, ref_table, ref_checkpoint, "available-now", drain,
         )  # fmt: skip
-        out = PipelineProcess(argv, clean, log, root).run(drain + 60)
+        proc = PipelineProcess(argv, clean, log, root)
+        if runlog is None:
+            out = proc.run(drain + 60)
+        else:
+            proc.start()
+            entry = runlog.started(proc, "reference", ref_checkpoint, table=ref_table)
+            try:
+                out = proc.wait(drain + 60)
+            except Exception:
+                out = proc.stop()
+            runlog.ended(entry, out.returncode, "drained" if out.returncode == 0 else "failed")
         if out.returncode != 0:
             return checker.Report(
                 checks=[
@@ -1052,7 +1398,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minimise", action="store_true",
                    help="when the run fails, re-run the seed dropping kills one at a time; print the smallest "
                    "failing schedule and the command reproducing it")  # fmt: skip
-    p.add_argument("--kills", type=int, default=10, help="how many times to kill the pipeline (default 10)")
+    p.add_argument("--kills", type=int, default=10,
+                   help="how many faults the schedule has (default 10; all kills unless --faults says otherwise)")  # fmt: skip
+    p.add_argument("--faults", default=None, metavar="KIND:WEIGHT,...",
+                   help="the fault kinds drawn and their weights (default kill:1,fault-point:1); kinds: "
+                   + ", ".join(fault_kinds.KINDS) + " (docs/guarantees.md, chaos-test your own job)")  # fmt: skip
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="also write report.html (timeline, findings, the oracle's first differing rows; no network) "
+                   "and junit.xml (one test case per check) into DIR")  # fmt: skip
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
@@ -1120,7 +1473,16 @@ def _command(args: argparse.Namespace) -> int:
             )
     if args.minimise and (len(only) if only is not None else args.kills) < 2:
         raise ConfigError("--minimise drops kills one at a time: it needs at least 2 (--kills)")
-    stack = _services(args)
+    weights = fault_kinds.parse_faults(args.faults)
+    named_kafka = _named(args.bootstrap, "EOS_KAFKA_BOOTSTRAP", "--bootstrap")
+    named_pg = _named(args.dsn, "EOS_POSTGRES_DSN", "--dsn")
+    fault_kinds.refuse_unsupported(weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=args.dsn,
+                                   partitions=args.partitions)  # fmt: skip
+    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
+        raise ConfigError(f"--report {args.report!r}: a file is there; name a directory (it is created if missing)")
+    # a broker of the run's own when the faults restart it or cut it (fault_kinds.FaultKit starts it)
+    own_broker = any(k in weights for k in (*fault_kinds.BROKER, *fault_kinds.KAFKA_NET))
+    stack, pg_service = _services(args, kafka=not own_broker)
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
         cfg = ChaosConfig(
@@ -1131,7 +1493,8 @@ def _command(args: argparse.Namespace) -> int:
             options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
             generator=args.generator, records_file=args.records_file, oracle=mode, oracle_key=key,
             tolerance=args.tolerance, ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
-            reference_runs=args.reference_runs, only_kills=only,
+            reference_runs=args.reference_runs, only_kills=only, faults=weights, postgres_service=pg_service,
+            kafka_named=named_kafka, postgres_named=named_pg,
         )  # fmt: skip
         report = run(cfg)
         if args.minimise and not report.ok and report.info.get("verdict") != oracle.CANNOT_JUDGE:
@@ -1139,6 +1502,14 @@ def _command(args: argparse.Namespace) -> int:
                 print(f"minimising: re-running seed {cfg.seed} dropping kills one at a time", file=sys.stderr)
             minimise(cfg, report)
         write_results(report, cfg)
+        if args.report:
+            from connectors.toolkit import report as report_files
+
+            written = report_files.write(
+                report, cfg.workdir, args.report, command=reproduce_command(cfg, cfg.only_kills)
+            )
+            if not args.quiet:
+                print(f"report: {' '.join(written)}", file=sys.stderr)
         print(report.to_json() if args.json else report.table())
         return 0 if report.ok else 1
     finally:
@@ -1146,22 +1517,31 @@ def _command(args: argparse.Namespace) -> int:
             stop()
 
 
-def _services(args: argparse.Namespace) -> list[Any]:
-    """Use the named services, else start embedded ones (stopped when the run ends)."""
+def _named(value: str | None, env: str, flag: str) -> str | None:
+    """Where the user named a service (``flag`` or ``env``), None when nothing names it."""
+    if not value:
+        return None
+    return env if value == os.environ.get(env) else flag
+
+
+def _services(args: argparse.Namespace, *, kafka: bool = True) -> tuple[list[Any], Any]:
+    """Use the named services, else start embedded ones (stopped when the run ends); the Postgres
+    service object when spark-eos runs it (the server faults stop and start it). ``kafka=False``:
+    no broker (the run starts one of its own, for the broker faults)."""
     stops: list[Any] = []
-    if args.bootstrap and args.dsn:
-        return stops
     from connectors import services
 
-    if not args.bootstrap:
-        kafka = services.kafka()
-        stops.append(kafka.stop)
-        args.bootstrap = kafka.bootstrap
+    if not args.bootstrap and kafka:
+        broker = services.kafka()
+        stops.append(broker.stop)
+        args.bootstrap = broker.bootstrap
+    pg = None
     if not args.dsn:
         pg = services.postgres()
         stops.append(pg.stop)
         args.dsn = pg.dsn
-    return stops
+    args.bootstrap = args.bootstrap or ""
+    return stops, pg
 
 
 def main(argv: Iterable[str] | None = None) -> int:

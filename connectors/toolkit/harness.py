@@ -82,7 +82,9 @@ class PipelineProcess:
     cwd: str | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     started: float = field(default=0.0, init=False)
+    log_start: int = field(default=0, init=False)  # the log's size when this run started (runs share a log)
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
+    _seen: set[str] = field(default_factory=set, init=False, repr=False)
 
     def start(self) -> PipelineProcess:
         if self.proc is not None and self.proc.poll() is None:
@@ -92,6 +94,8 @@ class PipelineProcess:
         # would aim its kill-group faults at us
         env.pop(faults.ENV_PGID, None)
         self._log = open(self.log_path, "ab") if self.log_path else None
+        self.log_start = self._log.tell() if self._log else 0
+        self._seen = set()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             list(self.argv),
@@ -163,6 +167,24 @@ class PipelineProcess:
         with open(self.log_path, "rb") as fh:
             fh.seek(max(0, os.path.getsize(self.log_path) - chars))
             return fh.read().decode("utf-8", "replace")
+
+    def logged(self, text: str) -> bool:
+        """Whether this run (not an earlier one appending to the same log) has logged ``text``; however
+        much it logged after it (a tail would lose a start marker under the stack traces of retries)."""
+        if text in self._seen:
+            return True
+        if not self.log_path or not os.path.exists(self.log_path):
+            return False
+        needle = text.encode()
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self.log_start)
+            carry = b""
+            while chunk := fh.read(1 << 20):
+                if needle in carry + chunk:
+                    self._seen.add(text)
+                    return True
+                carry = chunk[-len(needle) :]
+        return False
 
     def run(self, timeout: float) -> Outcome:
         """Start and wait; on timeout kill the group and raise with the log tail."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from connectors.toolkit.checker import Check, Report
 
-__all__ = ["CANNOT_JUDGE", "MODES", "compare", "judge", "parse_mode"]
+__all__ = ["CANNOT_JUDGE", "MODES", "compare", "differences", "judge", "parse_mode"]
 
 MODES = ("append", "upsert")
 CANNOT_JUDGE = "CANNOT JUDGE"
@@ -264,5 +264,54 @@ def judge(
         )
         report.info["verdict"] = CANNOT_JUDGE
         return report
-    report.add(compare(got, first, name="oracle.table", **opts))
+    table_check = compare(got, first, name="oracle.table", **opts)
+    report.add(table_check)
+    if not table_check.ok:  # the report's side-by-side view of the first differing rows
+        report.info["oracle_diff"] = differences(got, first, **opts)
     return report
+
+
+def differences(
+    got: Sequence[Row], want: Sequence[Row], *, mode: str, key: Sequence[str] = (), tolerance: float = 0.0,
+    ignore: Sequence[str] = (), limit: int = 10,
+) -> dict[str, Any]:  # fmt: skip
+    """The first ``limit`` rows where ``got`` (the chaos run) and ``want`` (the reference run) differ, as
+    rows to show side by side: ``{"what": "differ"|"missing"|"extra"|"duplicate key", "chaos": row|None,
+    "reference": row|None, "differ": [columns]}``, rows limited to the compared columns."""
+    columns = _columns(got, want, ignore, "oracle.table")
+
+    def cut(row: Row | None) -> dict[str, Any] | None:
+        return None if row is None else {c: row.get(c) for c in columns}
+
+    rows: list[dict[str, Any]] = []
+    if mode == "upsert":
+        g, gdup = _index(got, key)
+        w, _ = _index(want, key)
+        for k in w:
+            if k not in g:
+                rows.append(
+                    {"what": "missing", "key": list(k), "chaos": None, "reference": cut(w[k]), "differ": columns}
+                )
+            else:
+                bad = _rows_equal(g[k], w[k], columns, tolerance)
+                if bad:
+                    rows.append(
+                        {"what": "differ", "key": list(k), "chaos": cut(g[k]), "reference": cut(w[k]), "differ": bad}
+                    )
+        for k in g:
+            if k not in w:
+                rows.append({"what": "extra", "key": list(k), "chaos": cut(g[k]), "reference": None, "differ": columns})
+        for k in gdup:
+            rows.append({"what": "duplicate key", "key": list(k), "chaos": cut(g[k]), "reference": cut(w.get(k)),
+                         "differ": list(key)})  # fmt: skip
+    else:
+        unmatched = list(want)
+        for row in got:
+            hit = next((i for i, u in enumerate(unmatched) if not _rows_equal(row, u, columns, tolerance)), None)
+            if hit is None:
+                rows.append({"what": "extra", "chaos": cut(row), "reference": None, "differ": columns})
+            else:
+                unmatched.pop(hit)
+        rows += [{"what": "missing", "chaos": None, "reference": cut(u), "differ": columns} for u in unmatched]
+    return {"mode": mode, "key": list(key), "tolerance": tolerance, "columns": columns, "rows": rows[:limit],
+            "total": len(rows)}  # fmt: skip

@@ -25,6 +25,15 @@ Your own records and the reference-run oracle (any job: aggregations, joins, sta
                            tolerance=1e-9, ignore_columns=("updated_at",), sink_kind="other")
         assert report.ok, report.table()
 
+Other faults than kills (``faults="kill:1,pg-restart:1,kafka-cut:1"``, the kinds of
+``connectors.toolkit.fault_kinds``) and a readable report (``report_dir=``: ``report.html`` with a
+timeline of runs, batches and faults, and ``junit.xml``)::
+
+    def test_my_job_survives_postgres_and_broker_restarts(eos_chaos, tmp_path):
+        report = eos_chaos("myjob:build", kills=4, faults="kill:1,pg-restart:1,broker-restart:1",
+                           report_dir=tmp_path / "report")
+        assert report.ok, report.table()
+
 ``generator``: ``records(seed, n)`` (the function or ``"module:function"``) yielding
 ``(key, value[, headers[, partition[, timestamp]]])`` tuples or dicts (also ``topic``);
 ``records_file``: a ``*.jsonl`` of such dicts or a file of raw values, one a line. ``oracle``:
@@ -75,9 +84,9 @@ def eos_postgres() -> Iterator[Any]:
 
 
 @pytest.fixture
-def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[..., Any]:
+def eos_chaos(request: pytest.FixtureRequest, eos_postgres: Any, tmp_path: Path) -> Callable[..., Any]:
     """``eos_chaos(app, *, kills=3, records=1000, ...)``: run a chaos experiment on ``app``; the report."""
-    from connectors.toolkit import chaos
+    from connectors.toolkit import chaos, fault_kinds
 
     runs = iter(range(1_000_000))
 
@@ -103,6 +112,8 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
         reference_runs: int = 2,
         only_kills: Sequence[int] | None = None,
         minimise: bool = False,
+        faults: str | Mapping[str, int] | None = None,
+        report_dir: str | Path | None = None,
     ) -> Any:
         from connectors.toolkit import oracle as oracle_mod
         from eos_core.errors import ConfigError
@@ -116,13 +127,23 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
                 raise ConfigError(str(exc)) from None
         if tolerance < 0:
             raise ConfigError(f"tolerance={tolerance!r}: a number >= 0 (e.g. 1e-9)")
+        from connectors import services
+
+        weights = fault_kinds.parse_faults(faults, option="faults=")
+        named_kafka = "EOS_KAFKA_BOOTSTRAP" if services.choose("kafka") == "env" else None
+        named_pg = "EOS_POSTGRES_DSN" if eos_postgres.kind == "env" else None
+        fault_kinds.refuse_unsupported(weights, kafka_named=named_kafka, postgres_named=named_pg,
+                                       dsn=eos_postgres.dsn, partitions=partitions, option="faults=")  # fmt: skip
+        # the broker faults run on a broker of the run's own: the session's is not even started for them
+        own_broker = any(k in weights for k in (*fault_kinds.BROKER, *fault_kinds.KAFKA_NET))
+        bootstrap = "" if own_broker else request.getfixturevalue("eos_kafka").bootstrap
         workdir = tmp_path / f"chaos-{next(runs)}"
         cfg = chaos.ChaosConfig(
             pipeline="app",
             kills=kills,
             seed=seed,
             records=records,
-            bootstrap=eos_kafka.bootstrap,
+            bootstrap=bootstrap,
             dsn=eos_postgres.dsn,
             workdir=str(workdir),
             partitions=partitions,
@@ -143,11 +164,21 @@ def eos_chaos(eos_kafka: Any, eos_postgres: Any, tmp_path: Path) -> Callable[...
             ignore_columns=tuple(ignore_columns),
             reference_runs=reference_runs,
             only_kills=tuple(only_kills) if only_kills is not None else None,
+            faults=weights,
+            postgres_service=None if named_pg else eos_postgres,
+            kafka_named=named_kafka,
+            postgres_named=named_pg,
         )
         report = chaos.run(cfg)
         if minimise and not report.ok and report.info.get("verdict") != oracle_mod.CANNOT_JUDGE:
             chaos.minimise(cfg, report)  # report.info["minimised"]: the smallest failing schedule, its command
         chaos.write_results(report, cfg)
+        if report_dir is not None:
+            from connectors.toolkit import report as report_files
+
+            report_files.write(
+                report, cfg.workdir, str(report_dir), command=chaos.reproduce_command(cfg, cfg.only_kills)
+            )
         return report
 
     return run

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any
 
-from connectors.toolkit.app_runner import mark_process_group, serve, with_trigger
+from connectors.toolkit.app_runner import executor_env, mark_process_group, serve, with_trigger
 from eos_core import faults
 
 __all__ = ["SINKS", "build_parser", "create_tables", "main"]
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", default="read_committed", help="kafka.isolation.level")
     p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
     p.add_argument("--extra", action="append", default=[], help="extra sink option key=value (repeatable)")
+    p.add_argument("--conf", action="append", default=[], help="a Spark setting key=value (repeatable; chaos --faults)")
     return p
 
 
@@ -106,6 +107,8 @@ def _spark(args: argparse.Namespace) -> Any:
     )
     if args.master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "512m")
+    for key, value in {**executor_env(args.master), **dict(kv.split("=", 1) for kv in args.conf)}.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     # register only what this run needs, so one sink's pipeline never depends on the other sink

@@ -1,4 +1,9 @@
-"""A loopback TCP proxy that can cut, stall and reset connections (Kafka or Postgres behind it)."""
+"""A loopback TCP proxy that can cut, stall and reset connections (Kafka or Postgres behind it).
+
+The crash matrix's network faults (F8-F10) and the chaos toolkit's ``pg-cut``, ``pg-stall``,
+``kafka-cut`` and ``kafka-stall`` (``spark-eos chaos --faults``) use it; its counters are the proof
+that a fault met a connection.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ class ProxyStats:
     refused: int = 0
     resets: int = 0
     pattern_hits: int = 0
+    stalled: int = 0  # connections a stall held: open when it began, or accepted while it lasted
 
 
 def _rst(sock: socket.socket) -> None:
@@ -157,6 +163,8 @@ class TcpProxy:
             with self._lock:
                 self._pairs.add(pair)
                 self.stats.accepted += 1
+                if self.mode == "stall":
+                    self.stats.stalled += 1
             threading.Thread(target=pair.pump, daemon=True).start()
 
     def _forget(self, pair: _Pair) -> None:
@@ -184,9 +192,19 @@ class TcpProxy:
         self.mode = "cut"
         return self._reset_all()
 
-    def stall(self) -> None:
-        self.mode = "stall"
-        self._wake.clear()
+    def stall(self) -> int:
+        """Stop forwarding (connections stay open) until ``heal()``; returns how many open connections it holds."""
+        with self._lock:
+            self.mode = "stall"
+            self._wake.clear()
+            held = len(self._pairs)
+            self.stats.stalled += held
+        return held
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._pairs)
 
     def reset(self) -> int:
         return self._reset_all()

@@ -1,0 +1,189 @@
+"""Issue 30 item 3: the fault kinds of ``spark-eos chaos --faults`` without services: parsing, the
+seeded schedule (the default draws what every chaos run drew before), refusals of what the setup
+cannot inject, the fault specs, and the proofs read back from a fault log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from connectors.toolkit import chaos, fault_kinds
+from connectors.toolkit.harness import PipelineProcess
+from eos_core import faults
+from eos_core.errors import ConfigError
+
+
+def test_parse_faults_orders_kinds_and_refuses_bad_entries() -> None:
+    assert fault_kinds.parse_faults(None) == {"kill": 1, "fault-point": 1}
+    # written in any order, the same weights in KINDS' order (the same schedule)
+    assert list(fault_kinds.parse_faults("pg-restart:1,kill:2,broker-crash")) == ["kill", "pg-restart", "broker-crash"]
+    assert fault_kinds.parse_faults("kill:0,pg-cut:3") == {"pg-cut": 3}
+    for spec, needle in [
+        ("kill:2,reboot:1", "--faults 'reboot': unknown fault kind; kinds: kill, fault-point"),
+        ("kill:x", "--faults 'kill:x': the weight is a whole number >= 0"),
+        ("kill:-1", "the weight is a whole number >= 0"),
+        ("kill:1,kill:2", "kill given twice"),
+        ("kill:0", "no fault kind with a weight above 0"),
+    ]:
+        with pytest.raises(ConfigError, match=None) as exc:
+            fault_kinds.parse_faults(spec)
+        assert needle in str(exc.value), (spec, str(exc.value))
+    assert fault_kinds.format_faults(fault_kinds.parse_faults("pg-stop:2,kill:1")) == "kill:1,pg-stop:2"
+
+
+def test_default_schedule_is_the_one_chaos_runs_always_drew() -> None:
+    # the seeds the oracle examples pin (integration/test_chaos_oracle.py) keep their schedules
+    (plan,) = chaos.plan_kills("foreachbatch", 1, 19)
+    assert plan.kind == "fault" and plan.point == "sink.after_commit"
+    plans = chaos.plan_kills("foreachbatch", 2, 49)
+    assert plans[0].kind == "sigkill" and plans[1].point == "sink.after_commit"
+    assert chaos.plan_kills("2pc", 30, 7) == chaos.plan_kills("2pc", 30, 7, faults="fault-point:1,kill:1")
+
+
+def test_weights_pick_the_kinds_and_the_seed_fixes_them() -> None:
+    weights = {"kill": 1, "pg-restart": 2, "kafka-cut": 1, "executor-loss": 1}
+    plans = chaos.plan_kills("2pc", 400, 3, faults=weights)
+    assert plans == chaos.plan_kills("2pc", 400, 3, faults=weights)
+    counts = {k: sum(p.fault == k for p in plans) for k in weights}
+    assert set(counts) == set(weights) and sum(counts.values()) == 400
+    assert 130 < counts["pg-restart"] < 200 and all(50 < counts[k] < 120 for k in ("kill", "kafka-cut"))
+    assert {p.kind for p in plans} == {"sigkill", "pg-restart", "kafka-cut", "executor-loss"}
+    assert all(p.point is None for p in plans if p.fault != "fault-point")
+    assert [p.describe() for p in plans[:1]] == [f"0: {plans[0].kind}"]
+
+
+def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
+    plans = chaos.plan_kills("2pc", 6, 1, faults={"kill": 1, "pg-cut": 1})
+    outside = sum(p.fault == "pg-cut" for p in plans)
+    assert chaos._chunks(plans) == 6 + outside + 1
+
+
+@pytest.mark.parametrize(
+    ("kinds", "named", "needle"),
+    [
+        ("broker-restart:1", {"kafka_named": "EOS_KAFKA_BOOTSTRAP"},
+         "--faults broker-restart: needs a Kafka broker the chaos run starts itself (it restarts it), but "
+         "EOS_KAFKA_BOOTSTRAP names yours; unset EOS_KAFKA_BOOTSTRAP"),
+        ("kafka-stall:1", {"kafka_named": "--bootstrap"}, "--faults kafka-stall: needs a Kafka broker the chaos run "
+         "starts itself (it advertises a proxy from it), but --bootstrap names yours"),
+        ("kill:1,pg-crash:2", {"postgres_named": "--dsn"},
+         "--faults pg-crash: needs a Postgres spark-eos runs (it stops and starts the server), but --dsn names yours"),
+        ("pg-cut:1", {"dsn": "host=/var/run/postgresql dbname=x"}, "--faults pg-cut: the Postgres DSN names no single TCP"),
+        ("slow-task:1", {"partitions": 1}, "--faults slow-task: needs --partitions >= 2"),
+    ],
+)  # fmt: skip
+def test_faults_the_setup_cannot_inject_are_refused_naming_the_fault(kinds: str, named: dict, needle: str) -> None:
+    args = {"kafka_named": None, "postgres_named": None, "dsn": "postgresql://u@127.0.0.1:5/db", "partitions": 2}
+    with pytest.raises(ConfigError) as exc:
+        fault_kinds.refuse_unsupported(fault_kinds.parse_faults(kinds), **{**args, **named})
+    assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+    # the same faults on services spark-eos runs: nothing refused
+    fault_kinds.refuse_unsupported(fault_kinds.parse_faults("kill:1,pg-crash:1,broker-restart:1,kafka-cut:1,pg-cut:1"),
+                                   **args)  # fmt: skip
+
+
+def test_a_chaos_config_without_the_postgres_service_refuses_server_faults(tmp_path: Path) -> None:
+    cfg = chaos.ChaosConfig("2pc", 2, 1, 10, "127.0.0.1:1", "postgresql://u@127.0.0.1:1/db", str(tmp_path),
+                            faults={"pg-restart": 1})  # fmt: skip
+    with pytest.raises(ConfigError, match="pg-restart: needs the Postgres service spark-eos runs"):
+        chaos._check_fault_setup(cfg)
+
+
+def test_hold_specs_parse_and_hold_the_first_task_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = fault_kinds.hold_spec("source.read.start", 3, 0.01, log_others=True)
+    assert [r.text for r in faults.parse_spec(spec)] == [
+        "source.read.start:batch=3:action=sleep:seconds=0.01:once",
+        "source.read.start:batch=3:action=sleep:seconds=0",
+    ]
+    log = tmp_path / "faults.jsonl"
+    monkeypatch.setenv("EOS_FAULTS_LOG", str(log))
+    monkeypatch.setenv("EOS_FAULTS_STATE", str(tmp_path / "state"))
+    for partition in (0, 1, 0):  # the first task is held, the others (a copy of it among them) are logged
+        faults.point("source.read.start", spec=spec, batch=3, partition=partition, topic="t")
+    faults.point("source.read.start", spec=spec, batch=4, partition=0, topic="t")  # another batch: nothing
+    held = fault_kinds.firings(str(log), spec.split(";")[0])
+    assert len(held) == 1 and held[0]["partition"] == 0
+    others = fault_kinds.firings(str(log), spec.split(";")[1])
+    assert [e["partition"] for e in others] == [1, 0]
+    # a copy: the same task, another process, while the first was held
+    copy = dict(others[1], pid=held[0]["pid"] + 1)
+    (tmp_path / "f2.jsonl").write_text(json.dumps(held[0]) + "\n" + json.dumps(copy) + "\n")
+    assert fault_kinds.speculative_copy(str(tmp_path / "f2.jsonl"), held[0], spec.split(";")[1]) == copy
+    late = dict(copy, time=held[0]["time"] + fault_kinds.HOLD_SECONDS + 5)
+    (tmp_path / "f3.jsonl").write_text(json.dumps(held[0]) + "\n" + json.dumps(late) + "\n")
+    assert fault_kinds.speculative_copy(str(tmp_path / "f3.jsonl"), held[0], spec.split(";")[1]) is None
+
+
+def test_executor_loss_refuses_a_process_under_no_executor() -> None:
+    proof = fault_kinds.kill_executor(os.getpid())
+    assert proof["ok"] is False and "runs under no executor JVM" in proof["proof"]
+
+
+def test_with_address_points_a_dsn_at_the_proxy_and_keeps_the_rest() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    moved = conninfo_to_dict(fault_kinds.with_address("postgresql://u:pw@db.example:5432/app?sslmode=disable",
+                                                      "127.0.0.1", 6000))  # fmt: skip
+    assert moved["host"] == "127.0.0.1" and moved["port"] == "6000"
+    assert moved["dbname"] == "app" and moved["user"] == "u" and moved["sslmode"] == "disable"
+
+
+def test_a_start_marker_is_found_however_much_the_run_logged_after_it(tmp_path: Path) -> None:
+    # found by a chaos run: stack traces of retries after a pg-cut pushed "RUNNER STARTED" out of a
+    # 20 kB tail, and the loop waited 300 s for a start that had happened long before
+    log = tmp_path / "pipeline.log"
+    log.write_text("RUNNER STARTED pid=1 (an earlier run)\n")
+    code = "import sys; print('RUNNER STARTED pid=2', flush=True); sys.stdout.write('x' * 200000 + '\\n')"
+    proc = PipelineProcess([sys.executable, "-c", code], None, str(log)).start()
+    assert not proc.logged("never logged")
+    proc.wait(30)
+    assert proc.logged("RUNNER STARTED pid=2") and not proc.logged("RUNNER STARTED pid=1")
+    assert "RUNNER STARTED" not in proc.log_tail(20000)
+
+
+def test_fault_log_lines_are_appended_whole(tmp_path: Path) -> None:
+    log = str(tmp_path / "faults.jsonl")
+    fault_kinds.append_log(log, {"point": "chaos.pg-cut", "action": "pg-cut", "time": time.time(), "ok": True})
+    fault_kinds.append_log(log, {"point": "chaos.pg-stall", "action": "pg-stall", "time": time.time(), "ok": False})
+    assert [e["action"] for e in fault_kinds.iter_chaos_entries(log)] == ["pg-cut", "pg-stall"]
+
+
+def test_cli_help_lists_every_fault_kind() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "connectors.toolkit.chaos", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, COLUMNS="400"),
+    )  # fmt: skip (argparse wraps lines at hyphens)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and all(k in text for k in fault_kinds.KINDS), text
+
+
+def test_the_producer_waits_out_a_broker_that_is_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by the broker faults: a producer's metadata request while the broker restarts failed the run
+    from confluent_kafka import KafkaError, KafkaException
+
+    calls: list[int] = []
+
+    def flaky(bootstrap: str, topic: str, records: list, **kw: object) -> None:
+        calls.append(len(records))
+        if len(calls) < 3:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+
+    monkeypatch.setattr(chaos, "produce_records", flaky)
+    monkeypatch.setattr(chaos.time, "sleep", lambda _s: None)
+    cfg = chaos.ChaosConfig("2pc", 1, 7, 10, "127.0.0.1:1", "postgresql://x", str(tmp_path))
+    producer = chaos._Producer(cfg, "t", 2, str(tmp_path / "ck"))
+    producer._write(5)
+    assert calls == [5, 5, 5] and producer.written == 5
+    cfg.timeout = -1.0  # past the deadline: the error is the run's
+    calls.clear()
+    with pytest.raises(KafkaException):
+        producer._write(5)
+    assert producer.written == 5
