@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,7 +16,17 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from eos_core.errors import ConfigError, FatalError, RetriableError
 from sinks.kafka.records import TopicLimits
 
-__all__ = ["Fenced", "KafkaLookups", "Row", "StagingProducer", "TxnProducer", "kafka_error", "produce_all"]
+__all__ = [
+    "Fenced",
+    "KafkaLookups",
+    "Row",
+    "StagingProducer",
+    "TxnProducer",
+    "forget",
+    "kafka_error",
+    "produce_all",
+    "slot_producer",
+]
 
 log = logging.getLogger("sinks.kafka")
 T = TypeVar("T")
@@ -187,6 +198,40 @@ class TxnProducer:
             self.producer.flush(0)
         except KafkaException as exc:
             log.debug("%s: closing %s: %s", self.context, self.name, exc)
+
+
+_WARM: OrderedDict[tuple[str, str], TxnProducer] = OrderedDict()  # this worker's producers of task slots
+_WARM_MAX = 8
+
+
+def slot_producer(conf: dict[str, str], name: str, *, timeout: float, context: str) -> tuple[TxnProducer, bool]:
+    """The transactional producer of task slot ``name`` in this Python worker: the one an earlier task of
+    the slot left here (True: initialised, its last transaction committed), else a new one (False: the
+    caller initialises it, which fences every older producer of the slot).
+
+    Initialising again for every micro-batch costs a round trip, and half a second when the broker is
+    still completing the slot's previous transaction. Skipping it is safe: any other producer with the
+    id (a speculative or retried attempt) initialises, which fences this one; it then fails at its
+    first send or commit and drops out of the cache (``forget``)."""
+    key = (name, repr(sorted(conf.items())))
+    found = _WARM.pop(key, None)
+    if found is not None:
+        _WARM[key] = found
+        return found, True
+    made = TxnProducer(conf, name, timeout=timeout, context=context)
+    _WARM[key] = made
+    while len(_WARM) > _WARM_MAX:
+        _, old = _WARM.popitem(last=False)
+        old.close()
+    return made, False
+
+
+def forget(producer: TxnProducer) -> None:
+    """Drop ``producer`` from the worker's cache (it failed, or was fenced) and let it go."""
+    for key, cached in list(_WARM.items()):
+        if cached is producer:
+            del _WARM[key]
+    producer.close()
 
 
 class StagingProducer:

@@ -151,11 +151,13 @@ class _Publish:
         topic = self.opts.staging_topic
         consumer.assign([TopicPartition(topic, part, first)])
         got = 0
+        routes: dict[bytes, tuple[Any, ...]] = {}  # a task attempt's records share a few header values
         deadline = time.monotonic() + self.timeout
         tag = m.tag
         position = first
         while position <= last:
-            batch = consumer.consume(num_messages=10_000, timeout=1.0)
+            # never ask for more than the range holds: consume() waits its whole timeout for a count it cannot fill
+            batch = consumer.consume(num_messages=max(1, min(10_000, last - position + 1)), timeout=1.0)
             if not batch:
                 if time.monotonic() > deadline:
                     raise RetriableError(
@@ -185,8 +187,10 @@ class _Publish:
                 route = next((v for k, v in reversed(headers) if k == STAGE_HEADER), None)
                 if route is None:
                     continue
-                staged: list[Any] = json.loads(route)
-                staged_tag, target, partition = staged
+                found = routes.get(route)
+                if found is None:
+                    found = routes[route] = tuple(json.loads(route))
+                staged_tag, target, partition = found
                 if staged_tag != tag:
                     continue  # another attempt's record in the same partition
                 kept = [(k, v) for k, v in headers if k != STAGE_HEADER]

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from eos_core import faults
-from eos_core.errors import FatalError
+from eos_core.errors import FatalError, RetriableError
 from eos_core.spark_task import TaskIdentity, task_identity
-from sinks.kafka.client import KafkaLookups, Row, StagingProducer, TxnProducer
+from sinks.kafka.client import KafkaLookups, Row, StagingProducer, TxnProducer, forget, slot_producer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
 from sinks.kafka.records import RowBatch, RowDigest
@@ -106,10 +106,19 @@ class _TaskRun:
         name = slot_name(self.opts.sink_id, self.who.partition)
         marker_topic = self.opts.markers_on
         assert marker_topic is not None
-        producer = TxnProducer(self.conf, name, timeout=self.timeout, context=self.plan.context)
+        producer, warm = slot_producer(self.conf, name, timeout=self.timeout, context=self.plan.context)
         try:
-            producer.init()  # fences every older attempt of this slot, aborting its open transaction
-            marker = read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout)
+            marker = None
+            if warm:  # this worker wrote the slot's last batch: nothing of ours is open
+                try:
+                    marker = read_marker(self.lookups.admin, name, marker_topic, timeout=min(self.timeout, 3.0))
+                except RetriableError:  # a transaction holds the marker: another producer with our id is at work
+                    forget(producer)
+                    producer = TxnProducer(self.conf, name, timeout=self.timeout, context=self.plan.context)
+                    warm = False
+            if not warm:
+                producer.init()  # fences every older attempt of this slot, aborting its open transaction
+                marker = read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout)
             if meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}"):
                 assert marker is not None
                 return self._replayed(iterator, marker)
@@ -132,8 +141,9 @@ class _TaskRun:
                 mode="partition",
             )
             producer.commit([(marker_offsets(marker_topic, written), name)])
-        finally:
-            producer.close()
+        except BaseException:
+            forget(producer)  # failed or fenced: the slot's next task starts from a new producer, initialised
+            raise
         faults.point("sink.task.after_commit", spec=self.opts.faults, **self.fctx)
         return self.message()
 
@@ -179,19 +189,15 @@ class _TaskRun:
         tag = f"{self.plan.nonce}:{self.who.partition}:{self.who.attempt}"
         producer = StagingProducer(self.conf, timeout=self.timeout, context=self.plan.context)
         staging_topic = self.opts.staging_topic
+        routes: dict[tuple[str | None, int | None], bytes] = {}  # the header, encoded once per destination
         for rows in self._rows(iterator):
-            producer.send(
-                [
-                    (
-                        staging_topic,
-                        value,
-                        key,
-                        [*(headers or ()), (STAGE_HEADER, stage_route(tag, topic, part))],
-                        target,
-                    )
-                    for topic, value, key, headers, part in rows
-                ]
-            )
+            staged: list[Row] = []
+            for topic, value, key, headers, part in rows:
+                route = routes.get((topic, part))
+                if route is None:
+                    route = routes[(topic, part)] = stage_route(tag, topic, part)
+                staged.append((staging_topic, value, key, [*(headers or ()), (STAGE_HEADER, route)], target))
+            producer.send(staged)
         ranges = producer.finish()
         faults.point("sink.after_write", spec=self.opts.faults, **self.fctx)
         return self.message(
