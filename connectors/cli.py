@@ -227,8 +227,10 @@ def _add_demo(sub: Any) -> None:
 
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="run a reference pipeline from a TOML/YAML config, restarting it on failure",
-                       description="Run PIPELINE (ledger | balances) as configured in --config; see configs/*.toml.")  # fmt: skip
-    p.add_argument("pipeline", choices=("ledger", "balances"), metavar="PIPELINE", help="ledger | balances")
+                       description="Run PIPELINE (ledger | balances | transfers) as configured in --config; see "
+                       "configs/*.toml.")  # fmt: skip
+    p.add_argument("pipeline", choices=("ledger", "balances", "transfers"), metavar="PIPELINE",
+                   help="ledger | balances | transfers")  # fmt: skip
     p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (.toml, .yaml or .yml)")
     p.add_argument("--trigger", default=None, help="override spark.trigger (e.g. 2s, available-now)")
     p.add_argument("--checkpoint", default=None, help="override spark.checkpoint")
