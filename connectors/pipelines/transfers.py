@@ -174,13 +174,21 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
                 out.append({
                     "key": msg.key(), "value": msg.value(), "reason": headers.get("eos.malformed"),
                     "topic": headers.get("eos.source.topic"),
-                    "partition": int(headers["eos.source.partition"]) if "eos.source.partition" in headers else None,
-                    "offset": int(headers["eos.source.offset"]) if "eos.source.offset" in headers else None,
+                    "partition": _number(headers.get("eos.source.partition")),
+                    "offset": _number(headers.get("eos.source.offset")),
                     "_partition": p, "_offset": offset,
                 })  # fmt: skip
         return out
     finally:
         consumer.close()
+
+
+def _number(text: str | None) -> int | None:
+    """A header's whole number; None when absent or not one (a record that is no dead letter of ours)."""
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
 
 
 def check_dead_letters(bootstrap: str, source_topic: str, sink_topic: str, dead_letter_topic: str) -> list[Any]:
