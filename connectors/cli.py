@@ -203,19 +203,22 @@ def _usage(message: str) -> SystemExit:
 
 
 def _add_demo(sub: Any) -> None:
-    p = sub.add_parser("demo", help="the main job: embedded services, two pipelines killed and restarted, verdict",
+    p = sub.add_parser("demo", help="the main job: embedded services, three pipelines killed and restarted, verdict",
                        description="Start embedded Kafka and Postgres, produce payment events, run the ledger "
-                       "(two-phase commit) and balances (keyed state + upsert) pipelines while killing them, "
-                       "then check exactly-once. Exit 0 only when it held.")  # fmt: skip
+                       "(two-phase commit), balances (keyed state + upsert) and transfers (Kafka -> Kafka through "
+                       "the kafka-eos sink) pipelines while killing them, then check exactly-once. Exit 0 only when "
+                       "it held.")  # fmt: skip
     p.add_argument("--records", type=int, default=6000, help="payment events to produce (default 6000)")
-    p.add_argument("--kills", type=int, default=4, help="kills spread over the two pipelines (default 4)")
+    p.add_argument("--kills", type=int, default=6,
+                   help="kills dealt round-robin to ledger, transfers, balances, alternating a SIGKILL and a fault "
+                   "point (default 6: one of each per pipeline)")  # fmt: skip
     p.add_argument("--seed", type=int, default=7, help="seed of the events and the kill schedule (default 7)")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
     p.add_argument(
         "--poison",
         type=int,
         default=5,
-        help="malformed records mixed into the topic; both pipelines put each in their dead-letter table (default 5)",
+        help="malformed records mixed into the topic; each pipeline puts each in its dead letters (default 5)",
     )
     p.add_argument(
         "--workdir", default=None, help="checkpoints, configs and logs (default: a temp dir, removed on success)"
@@ -227,8 +230,10 @@ def _add_demo(sub: Any) -> None:
 
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="run a reference pipeline from a TOML/YAML config, restarting it on failure",
-                       description="Run PIPELINE (ledger | balances) as configured in --config; see configs/*.toml.")  # fmt: skip
-    p.add_argument("pipeline", choices=("ledger", "balances"), metavar="PIPELINE", help="ledger | balances")
+                       description="Run PIPELINE (ledger | balances | transfers) as configured in --config; see "
+                       "configs/*.toml.")  # fmt: skip
+    p.add_argument("pipeline", choices=("ledger", "balances", "transfers"), metavar="PIPELINE",
+                   help="ledger | balances | transfers")  # fmt: skip
     p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (.toml, .yaml or .yml)")
     p.add_argument("--trigger", default=None, help="override spark.trigger (e.g. 2s, available-now)")
     p.add_argument("--checkpoint", default=None, help="override spark.checkpoint")

@@ -1,15 +1,18 @@
-"""``spark-eos demo``: both reference pipelines, killed and restarted, then the exactly-once verdict.
+"""``spark-eos demo``: the three reference pipelines, killed and restarted, then the exactly-once verdict.
 
 1. Kafka and Postgres: what EOS_KAFKA_BOOTSTRAP / EOS_POSTGRES_DSN name, else embedded processes.
 2. A topic of seeded payment events (progress bar), keyed by account.
-3. ``ledger`` (two-phase commit) and ``balances`` (keyed state -> upsert) run side by side, each
-   as ``spark-eos run`` in its own process group, from TOML configs written to the work dir. The
-   demo kills them ``--kills`` times in total: half by SIGKILL of the whole process group at a
-   random moment, half at a random protocol fault point (the group kills itself there), and
-   restarts each from its checkpoint.
-4. A last run of each drains the topic (available-now); the checker compares the ledger with the
-   topic record by record, recomputes every balance, checks that no prepared transaction is left
-   and that the sink's decision log ends where Spark's commit log ends. Exit 0 only if all hold.
+3. ``ledger`` (two-phase commit), ``balances`` (keyed state -> upsert) and ``transfers`` (Kafka ->
+   Kafka through the ``kafka-eos`` sink) run side by side, each as ``spark-eos run`` in its own
+   process group, from TOML configs written to the work dir. The demo kills them ``--kills`` times
+   in total, round-robin over the pipelines, alternating a SIGKILL of the whole process group at a
+   random moment and a random protocol fault point (the group kills itself there), and restarts
+   each from its checkpoint.
+4. A last run of each drains the topic (available-now); the checkers compare the ledger and the
+   transfers topic with the source topic record by record, recompute every balance, find each
+   malformed record once in each pipeline's dead letters, check that no prepared transaction and
+   no Kafka transaction is left open and that each sink's decision log or marker ends where
+   Spark's commit log ends. Exit 0 only if all hold.
 """
 
 from __future__ import annotations
@@ -28,11 +31,21 @@ from typing import Any
 
 __all__ = ["FAULT_POINTS", "Kill", "main", "plan"]
 
+TRACKS = ("ledger", "transfers", "balances")
+"""The pipelines, in the order the kill schedule deals kills to them."""
+
 FAULT_POINTS = {
     "ledger": ("sink.after_prepare", "sink.commit.after_decision", "sink.commit.after_k", "sink.after_commit",
                "source.read.mid"),
     "balances": ("pipeline.batch", "sink.after_commit", "source.read.mid"),
+    # the kafka-eos sink at its default visibility=batch: a task's rows staged, the driver before the
+    # publish, mid-publish (every 100 records: needs a batch of 100+), published before commits/n;
+    # sink.task.after_commit fires only with visibility=partition
+    "transfers": ("sink.after_write", "sink.commit.before_decision", "sink.publish.mid", "sink.after_commit",
+                  "source.read.mid"),
 }  # fmt: skip
+PUBLISH_MID_ROWS = 200
+"""sink.publish.mid is drawn only when a batch may hold this many records (it fires at the 100th)."""
 
 
 @dataclass(frozen=True)
@@ -52,16 +65,32 @@ class Kill:
         return "SIGKILL (process group)" if self.kind == "sigkill" else f"fault {self.point}"
 
 
-def plan(kills: int, seed: int) -> dict[str, list[Kill]]:
-    """The seeded kill schedule: alternating pipelines, alternating SIGKILL and fault points."""
+def kills_of(kills: int, name: str) -> int:
+    """How many of ``kills`` the schedule deals to pipeline ``name`` (round-robin over TRACKS)."""
+    i = TRACKS.index(name)
+    return len(range(i, kills, len(TRACKS)))
+
+
+def batch_rows(records: int, kills: int) -> int:
+    """max_offsets_per_trigger of a pipeline killed ``kills`` times: enough batches that every kill
+    lands mid-stream."""
+    return max(20, records // (4 * (kills + 1)))
+
+
+def plan(kills: int, seed: int, records: int = 6000) -> dict[str, list[Kill]]:
+    """The seeded kill schedule: round-robin over ledger, transfers, balances; alternating a SIGKILL and
+    a fault point, so 6 kills give each pipeline one of each."""
     rng = random.Random(seed)
-    out: dict[str, list[Kill]] = {"ledger": [], "balances": []}
+    out: dict[str, list[Kill]] = {name: [] for name in TRACKS}
     for i in range(kills):
-        name = "ledger" if i % 2 == 0 else "balances"
-        if (i // 2) % 2 == 0:
+        name = TRACKS[i % len(TRACKS)]
+        if i % 2 == 0:
             out[name].append(Kill(name, "sigkill", delay=round(rng.uniform(0.0, 2.0), 2)))
         else:
-            out[name].append(Kill(name, "fault", point=rng.choice(FAULT_POINTS[name]), skip=rng.randrange(2)))
+            points = FAULT_POINTS[name]
+            if batch_rows(records, kills_of(kills, name)) < PUBLISH_MID_ROWS:
+                points = tuple(p for p in points if p != "sink.publish.mid")
+            out[name].append(Kill(name, "fault", point=rng.choice(points), skip=rng.randrange(2)))
     return out
 
 
@@ -108,6 +137,8 @@ def say(text: str) -> None:
 
 def _config(path: str, name: str, bootstrap: str, topic: str, dsn: str, table: str, checkpoint: str,
             max_offsets: int) -> None:  # fmt: skip
+    """The pipeline's TOML config; ``table`` is the output topic for transfers (which has no dsn)."""
+    sink = f'topic = "{table}"' if name == "transfers" else f'dsn = "{dsn}"\ntable = "{table}"'
     body = f"""# written by spark-eos demo
 pipeline = "{name}"
 
@@ -117,8 +148,7 @@ topic = "{topic}"
 max_offsets_per_trigger = {max_offsets}
 
 [sink]
-dsn = "{dsn}"
-table = "{table}"
+{sink}
 sink_id = "{table}"
 
 [spark]
@@ -251,11 +281,11 @@ def _fill_topic(args: argparse.Namespace, bootstrap: str, topic: str) -> tuple[l
 def _run_pipelines(
     args: argparse.Namespace, workdir: str, bootstrap: str, topic: str, dsn: str, tables: dict[str, str], wall: float
 ) -> tuple[list[tuple[Track, str]], dict[str, list[Any]]]:
-    """Both pipelines side by side, each killed by its share of the schedule and drained at the end:
-    ([(track, checkpoint)], schedule)."""
+    """The pipelines side by side, each killed by its share of the schedule and drained at the end:
+    ([(track, checkpoint)], schedule). ``tables``: each pipeline's table (transfers: output topic)."""
     from connectors import postgres_options
 
-    schedule = plan(args.kills, args.seed)
+    schedule = plan(args.kills, args.seed, args.records)
     tracks, threads = [], []
     # the pipelines' config (a file) names the server without the password: they get it from
     # PGPASSWORD, which libpq reads in every process, so no option, plan or command line holds it
@@ -264,16 +294,16 @@ def _run_pipelines(
     for name, table in tables.items():
         checkpoint = os.path.join(workdir, f"checkpoint-{name}")
         cfg_path = os.path.join(workdir, f"{name}.toml")
-        # enough batches that every kill lands mid-stream
-        max_offsets = max(20, args.records // (4 * (len(schedule[name]) + 1)))
+        max_offsets = batch_rows(args.records, len(schedule[name]))
         _config(cfg_path, name, bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets)
         track = Track(name)
         tracks.append((track, checkpoint))
         threads.append(threading.Thread(target=_drive, args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0,
                                                              secrets),
                                         name=f"demo-{name}", daemon=True))  # fmt: skip
-    say("[3/4] running ledger (postgres-2pc) and balances (transformWithStateInPandas -> postgres-upsert); "
-        "kills: " + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none"))  # fmt: skip
+    say("[3/4] running ledger (postgres-2pc), balances (transformWithStateInPandas -> postgres-upsert) and transfers "
+        "(kafka-eos sink, visibility=batch); kills: "
+        + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none"))  # fmt: skip
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -285,7 +315,7 @@ def _run_pipelines(
     for track, _ in tracks:
         for k in track.kills:
             say(f"      {track.name:<9} {k['how']:<36} -> {k['exit']:<18} commits {k['commits']}")
-        say(f"      {track.name:<9} final drain (available-now)          -> {track.final}")
+        say(f"      {track.name:<9} {'final drain (available-now)':<36} -> {track.final}")
     return tracks, schedule
 
 
@@ -299,6 +329,7 @@ def _verdict(
     schedule: dict[str, list[Any]],
     rep_l: Any,
     rep_b: Any,
+    rep_t: Any,
 ) -> bool:
     """The checkers' reports and the runs as one verdict, printed (a table, or JSON with --json)."""
     from eos_core import faults
@@ -310,10 +341,15 @@ def _verdict(
     agg = rep_b.get("aggregates")
     dup, lost = rep_l.get("records.duplicates"), rep_l.get("records.losses")
     ph, pay = rep_l.get("records.phantoms"), rep_l.get("records.payload")
+    t_dup, t_lost = rep_t.get("records.duplicates"), rep_t.get("records.losses")
+    t_ph, t_pay = rep_t.get("records.phantoms"), rep_t.get("records.payload")
+    t_poison, t_positions = rep_t.get("poison.dead_letter_topic"), rep_t.get("records.positions")
+    t_open = [rep_t.get("end.open_transactions"), rep_t.get("end.open_transactions.dead_letters")]
+    t_marker = rep_t.get("end.marker_vs_commit")
     prepared = rep_l.get("end.prepared")
     poison_l, poison_b = rep_l.get("poison.dead_letters"), rep_b.get("poison.dead_letters")
     decision = rep_l.get("end.decision_vs_commit")
-    ok = rep_l.ok and rep_b.ok and runs_ok and crashes == planned
+    ok = rep_l.ok and rep_b.ok and rep_t.ok and runs_ok and crashes == planned
     elapsed = time.monotonic() - wall
     proc_time = max(tr.seconds for tr, _ in tracks)
     report: dict[str, Any] = {
@@ -321,10 +357,18 @@ def _verdict(
         "duplicates": dup.counts["duplicates"], "missing": lost.counts["losses"], "phantoms": ph.counts["phantoms"],
         "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],
         "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
+        "transfers": {
+            "records": rep_t.info.get("sink_records"), "duplicates": t_dup.counts["duplicates"],
+            "missing": t_lost.counts["losses"], "phantoms": t_ph.counts["phantoms"],
+            "payload_mismatches": t_pay.counts["payload"], "positions_ok": t_positions.ok,
+            "open_transactions": sum(c.counts["open_partitions"] for c in t_open),
+            "marker_vs_commit": t_marker.summary, "marker_ok": t_marker.ok,
+        },
         "poison": len(poison), "poison_dead_letters": {
             "ledger": poison_l.counts["poison"] - poison_l.counts["missing"],
             "balances": poison_b.counts["poison"] - poison_b.counts["missing"],
-        }, "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"],
+            "transfers": t_poison.counts["poison"] - t_poison.counts["missing"],
+        }, "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"] + t_poison.counts["extra"],
         "crashes_injected": crashes, "kills_planned": planned, "fault_points_fired": len(fired),
         "restarts": sum(len(tr.kills) for tr, _ in tracks),
         "recoveries": sum(tr.recoveries for tr, _ in tracks), "prepared_left": prepared.counts["prepared"],
@@ -336,19 +380,23 @@ def _verdict(
         print(json.dumps(report, indent=2, default=str))
     else:
         bal_ok = report["balances_wrong"] == 0
+        tr = report["transfers"]
         lines = [
             "",
             "  exactly-once verdict",
             "  " + "-" * 58,
             _row("events produced", report["events"]),
             _row("ledger rows", report["ledger_rows"], report["ledger_rows"] == report["events"]),
-            _row("duplicates", report["duplicates"], report["duplicates"] == 0),
-            _row("missing", report["missing"], report["missing"] == 0),
-            _row("phantoms / altered", f"{report['phantoms']} / {report['payload_mismatches']}",
-                 report["phantoms"] == 0 and report["payload_mismatches"] == 0),
-            _row("poison records", f"{report['poison']} produced; in the dead-letter tables once each: ledger "
-                 f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']}",
-                 poison_l.ok and poison_b.ok),
+            _row("transfers records", f"{tr['records']} (read_committed)", tr["records"] == report["events"]),
+            _row("duplicates", f"ledger {report['duplicates']}, transfers {tr['duplicates']}",
+                 dup.ok and t_dup.ok),
+            _row("missing", f"ledger {report['missing']}, transfers {tr['missing']}", lost.ok and t_lost.ok),
+            _row("phantoms / altered", f"ledger {report['phantoms']} / {report['payload_mismatches']}, transfers "
+                 f"{tr['phantoms']} / {tr['payload_mismatches']}", ph.ok and pay.ok and t_ph.ok and t_pay.ok),
+            _row("poison records", f"{report['poison']} produced; in the dead letters once each: ledger "
+                 f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']} "
+                 f"(tables), transfers {report['poison_dead_letters']['transfers']} (topic)",
+                 poison_l.ok and poison_b.ok and t_poison.ok and t_positions.ok),
             _row("balances matching", f"{report['accounts'] - report['balances_wrong']}/{report['accounts']} accounts",
                  bal_ok),
             _row("crashes injected", f"{crashes} of {planned} planned ({len(fired)} at fault points, "
@@ -356,7 +404,10 @@ def _verdict(
             _row("recoveries", f"{report['restarts']} restarts from the checkpoint, {report['recoveries']} of them "
                  "committed new batches before the next kill or the end"),
             _row("prepared txns left", report["prepared_left"], report["prepared_left"] == 0),
+            _row("open Kafka txns", f"{tr['open_transactions']} (transfers output and dead-letter topics)",
+                 all(c.ok for c in t_open)),
             _row("decision log", decision.summary, decision.ok),
+            _row("transfers markers", t_marker.summary, t_marker.ok),
             _row("throughput", f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
                  f"({proc_time:.0f}s)"),
             _row("wall time", f"{elapsed:.0f}s"),
@@ -368,7 +419,7 @@ def _verdict(
 
 
 def main(args: argparse.Namespace) -> int:
-    from connectors.pipelines import balances, ledger
+    from connectors.pipelines import PipelineConfig, balances, ledger, transfers
     from connectors.toolkit import checker
 
     _check_args(args)
@@ -384,25 +435,30 @@ def main(args: argparse.Namespace) -> int:
         topic, ledger_table, balances_table = f"payments_{tag}", f"ledger_{tag}", f"balances_{tag}"
         events, poison = _fill_topic(args, bootstrap, topic)
         say(f"[2/4] topic {topic}: {len(events)} events over {args.partitions} partitions, keyed by account, and "
-            f"{len(poison)} malformed records (the pipelines divert them to dead-letter tables)")  # fmt: skip
-        tables = {"ledger": ledger_table, "balances": balances_table}
+            f"{len(poison)} malformed records (the pipelines divert them to dead-letter tables and a dead-letter "
+            "topic)")  # fmt: skip
+        tables = {"ledger": ledger_table, "transfers": f"transfers_{tag}", "balances": balances_table}
         tracks, schedule = _run_pipelines(args, workdir, bootstrap, topic, dsn, tables, wall)
         say("[4/4] checking exactly-once")
-        ledger_ckpt = tracks[0][1]
+        ckpt = {track.name: path for track, path in tracks}
         rep_l = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table=ledger_table,
-                               payload_fields=("account", "amount"), sink_id=ledger_table, checkpoint=ledger_ckpt,
+                               payload_fields=("account", "amount"), sink_id=ledger_table, checkpoint=ckpt["ledger"],
                                dead_letters=f"{ledger_table}_dead_letters", poison_position=ledger.poison_position)  # fmt: skip
         rep_b = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table="", decisions=False,
                                aggregates={"table": balances_table, "key": "account", "value": "amount",
                                            "columns": {"balance": "sum", "events": "count"}},
                                dead_letters=f"{balances_table}_dead_letters",
                                poison_position=balances.poison_position)  # fmt: skip
-        ok = _verdict(args, workdir, wall, events, poison, tracks, schedule, rep_l, rep_b)
+        # the transfers run's config, as the demo wrote it (its sink id is its output topic)
+        rep_t = transfers.verify(PipelineConfig(pipeline="transfers", bootstrap=bootstrap, topic=topic,
+                                                sink_topic=tables["transfers"], sink_id=tables["transfers"],
+                                                checkpoint=ckpt["transfers"]))  # fmt: skip
+        ok = _verdict(args, workdir, wall, events, poison, tracks, schedule, rep_l, rep_b, rep_t)
         for track, _ in tracks:
             if track.error:
                 say(f"\n{track.name} did not finish cleanly:\n{track.error}")
         if not ok:
-            say("\nchecker details:\n" + rep_l.table() + "\n" + rep_b.table())
+            say("\nchecker details:\n" + rep_l.table() + "\n" + rep_b.table() + "\n" + rep_t.table())
         if ok and not args.keep and not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         return 0 if ok else 1

@@ -9,14 +9,17 @@ import sys
 
 import pytest
 
+from eos_core import faults
+
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
 
 def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_path) -> None:
     env = dict(os.environ, EOS_KAFKA_BOOTSTRAP=kafka_service.bootstrap, EOS_POSTGRES_DSN=postgres_service.dsn,
                SPARK_LOCAL_IP="127.0.0.1")  # fmt: skip
+    # 3 kills, dealt round-robin: ledger a SIGKILL, transfers a fault point of the Kafka sink, balances a SIGKILL
     out = subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "demo", "--records", "400", "--kills", "2", "--seed", "3",
+        [sys.executable, "-m", "connectors.cli", "demo", "--records", "400", "--kills", "3", "--seed", "3",
          "--workdir", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=1500, env=env,
     )  # fmt: skip
@@ -25,10 +28,22 @@ def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_p
     assert report["ok"] is True
     assert report["events"] == 400 and report["ledger_rows"] == 400
     assert report["duplicates"] == 0 and report["missing"] == 0 and report["balances_wrong"] == 0
-    # non-vacuity: both planned kills ended a pipeline by SIGKILL of its process group
-    assert report["crashes_injected"] == report["kills_planned"] == 2
+    # non-vacuity: every planned kill ended its pipeline by SIGKILL of its process group
+    assert report["crashes_injected"] == report["kills_planned"] == 3
     assert all(k["killed"] for kills in report["kills"].values() for k in kills)
+    assert [k["how"] for k in report["kills"]["transfers"]] == ["fault sink.commit.before_decision"], report["kills"]
+    fired = faults.fired(str(tmp_path / "faults-transfers.jsonl"))
+    assert [(e["point"], e["action"]) for e in fired] == [("sink.commit.before_decision", "kill-group")], fired
     assert report["prepared_left"] == 0
-    # the malformed records mixed into the topic: each in both pipelines' dead-letter tables, once
-    assert report["poison"] == 5 and report["poison_dead_letters"] == {"ledger": 5, "balances": 5}, report
+    # the third track, Kafka -> Kafka: every event once in the output topic (read_committed), no
+    # transaction left open, the sink's last marker where Spark's commit log ends
+    transfers = report["transfers"]
+    assert transfers["records"] == 400, transfers
+    assert (transfers["duplicates"], transfers["missing"], transfers["phantoms"], transfers["payload_mismatches"]) == (
+        0, 0, 0, 0
+    )  # fmt: skip
+    assert transfers["open_transactions"] == 0 and transfers["marker_ok"] and transfers["positions_ok"], transfers
+    # the malformed records mixed into the topic: each in every pipeline's dead letters, once
+    assert report["poison"] == 5, report
+    assert report["poison_dead_letters"] == {"ledger": 5, "balances": 5, "transfers": 5}, report
     assert report["poison_extra_copies"] == 0

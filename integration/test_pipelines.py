@@ -369,3 +369,95 @@ def test_ledger_restarted_in_the_same_session_keeps_earlier_rows(
         query.stop()
     n3 = pg_conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     assert (n1, n2, n3) == (100, 150, 180)
+
+
+def _read_uncommitted_ids(bootstrap: str, topic: str) -> list[str]:
+    """Every record id in ``topic``'s log, aborted and open transactions' records included (read_uncommitted)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"uncommitted-{topic}", "enable.auto.commit": False,
+                         "isolation.level": "read_uncommitted", "enable.partition.eof": True})  # fmt: skip
+    try:
+        parts = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        ids: list[str] = []
+        at_end: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(at_end) < len(parts):
+            assert time.monotonic() < deadline, f"could not read {topic}'s log in 60 s"
+            for m in consumer.consume(1000, 1.0):
+                if m.error() is not None:
+                    at_end.add(int(m.partition() or 0))
+                else:
+                    ids.append(json.loads(m.value())["id"])
+        return ids
+    finally:
+        consumer.close()
+
+
+def test_transfers_killed_mid_publish_and_restarted_writes_every_record_once(
+    kafka_service, new_topic, tmp_path
+) -> None:
+    """`spark-eos run transfers`: Kafka -> kafka-eos sink -> Kafka. Run 1 is SIGKILLed (its whole process
+    group) by the fault sink.publish.mid in batch 1, with the publish's transaction open and 100 of its
+    records in the output topic's log; run 2 restarts from the checkpoint, fails once more at
+    sink.commit.before_decision (raise) and is restarted by its restart strategy in the same process,
+    then drains the topic. Checked exactly: every event once in the output topic (read_committed), each
+    poison record once in the dead-letter topic with its source position and value, no transaction
+    left open, the sink's last marker = Spark's last commits/n."""
+    from connectors.pipelines import load_config, prepare, transfers
+    from connectors.toolkit.harness import PipelineProcess, python_argv
+    from eos_core import faults
+
+    topic, out = new_topic(partitions=2, prefix="transfers-in"), f"transfers-out-{tmp_path.name[-20:]}"
+    produce(kafka_service.bootstrap, topic, generate(300, seed=5), partitions=2,
+            raw=[(i % 2, v) for i, v in enumerate(POISON)])  # fmt: skip
+    config = tmp_path / "transfers.toml"
+    config.write_text(
+        f'pipeline = "transfers"\n[source]\nbootstrap = "{kafka_service.bootstrap}"\ntopic = "{topic}"\n'
+        f'max_offsets_per_trigger = 150\n[sink]\ntopic = "{out}"\n[spark]\nmaster = "local[2,2]"\n'
+        f'trigger = "available-now"\ncheckpoint = "{tmp_path / "ck"}"\n[restart]\nstrategy = "fixed-delay:1:1s"\n'
+        '[log]\nformat = "json"\n'
+    )
+    cfg = load_config(str(config))
+    assert cfg.dead_letter_topic == f"{out}-dead-letters" and cfg.effective_sink_id == out.replace("-", "_")
+    fault_log = str(tmp_path / "faults.jsonl")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", EOS_FAULTS_LOG=fault_log)
+    argv = python_argv("connectors.cli", "run", "transfers", "--config", str(config))
+
+    # batch 0 reads nothing (kafka-eos: its end is the resolved start); batches 1-2 take 150 records each
+    kill = {"EOS_FAULTS": "sink.publish.mid:batch=2:action=kill-group:once", "EOS_FAULTS_STATE": str(tmp_path / "f1")}
+    killed = PipelineProcess(argv, {**env, **kill}, str(tmp_path / "run1.log")).run(600)
+    assert killed.killed and killed.returncode == -9, killed.log_tail
+    assert [(e["point"], e["batch"], e["k"]) for e in faults.fired(fault_log)] == [("sink.publish.mid", 2, 100)]
+    assert checker.last_commit(cfg.checkpoint) == 1  # batch 1 published and committed, batch 2 not
+    assert len(checker.read_topic(kafka_service.bootstrap, out)) >= 100  # batch 1, visible
+
+    fail = {
+        "EOS_FAULTS": "sink.commit.before_decision:batch=3:action=raise:once",
+        "EOS_FAULTS_STATE": str(tmp_path / "f2"),
+    }
+    done = PipelineProcess(argv, {**env, **fail}, str(tmp_path / "run2.log")).run(600)
+    assert done.returncode == 0, done.log_tail
+    log = (tmp_path / "run2.log").read_text(errors="replace")
+    events = [json.loads(line) for line in log.splitlines() if line.startswith('{"')]
+    assert "pipeline.restart" in {e.get("event") for e in events}, done.log_tail  # the strategy restarted it
+    assert [e["point"] for e in faults.fired(fault_log)] == ["sink.publish.mid", "sink.commit.before_decision"]
+    assert checker.last_commit(cfg.checkpoint) >= 3
+
+    report = transfers.verify(cfg)
+    assert report.ok, report.table()
+    assert report.info["sink_records"] == 300 and report.get("end.marker_vs_commit").counts["marker"] >= 3
+    # the dead publish's records reached the log (the first task's range was sent before the second's was
+    # read) and were aborted when the restart fenced it: in the log, never read with read_committed
+    logged = _read_uncommitted_ids(kafka_service.bootstrap, out)
+    assert len(logged) > 300 and set(logged) == {r["id"] for r in checker.read_topic(kafka_service.bootstrap, out)}
+    assert report.get("poison.dead_letter_topic").counts == {"poison": 3, "missing": 0, "extra": 0, "altered": 0}
+    assert report.get("records.positions").counts["dead_letters"] == 3
+    letters = transfers.read_dead_letters(kafka_service.bootstrap, str(cfg.dead_letter_topic))
+    assert sorted(d["value"] for d in letters) == sorted(POISON)
+    assert {d["reason"] for d in letters} == {"not a JSON object"} and {d["topic"] for d in letters} == {topic}
+    # the output: JSON records keyed by account, the event's fields normalised (ts in UTC)
+    first = {r["id"]: r for r in checker.read_topic(kafka_service.bootstrap, out)}["e000000000"]
+    assert set(first) == set(transfers.OUTPUT_FIELDS) and first["ts"] == "2026-01-01T00:00:00.000Z"
+    prepare(cfg)  # idempotent: both topics exist

@@ -82,12 +82,20 @@ GOOD = {
 def test_shipped_configs_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     monkeypatch.setenv("EOS_KAFKA_BOOTSTRAP", "k:9")
-    for name in ("ledger.toml", "balances.toml", "ledger.yaml"):
+    monkeypatch.setenv("EOS_POSTGRES_DSN", "postgresql://u@h/db")  # a pipeline writing to Kafka takes none
+    for name in ("ledger.toml", "balances.toml", "ledger.yaml", "transfers.toml"):
         cfg = load_config(os.path.join(root, "configs", name))
         assert cfg.bootstrap == "k:9"
-        assert cfg.pipeline in ("ledger", "balances")
+        assert cfg.pipeline == name.split(".")[0]
     bal = load_config(os.path.join(root, "configs", "balances.toml"))
     assert bal.ttl_seconds == 7 * 24 * 3600 and bal.last_n == 10
+    tr = load_config(os.path.join(root, "configs", "transfers.toml"))
+    assert (tr.sink_topic, tr.dead_letter_topic, tr.effective_sink_id) == (
+        "transfers",
+        "transfers-dead-letters",
+        "transfers",
+    )
+    assert (tr.dsn, tr.table, tr.dead_letter_table, tr.sink_options) == ("", "", None, {"visibility": "batch"})
 
 
 def test_config_values_and_env_expansion(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -158,6 +166,70 @@ def test_bad_configs_give_clear_errors(change: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({**GOOD, **change})
     assert needle in str(err.value)
+
+
+TRANSFERS = {
+    "pipeline": "transfers",
+    "source": {"bootstrap": "h:1", "topic": "payments"},
+    "sink": {"topic": "transfers"},
+    "spark": {"checkpoint": "/tmp/c"},
+}
+
+
+def test_transfers_config_takes_a_topic_and_no_postgres() -> None:
+    cfg = parse_config(TRANSFERS)
+    assert (cfg.sink_topic, cfg.dead_letter_topic, cfg.effective_sink_id, cfg.target) == (
+        "transfers", "transfers-dead-letters", "transfers", "transfers"
+    )  # fmt: skip
+    cfg = parse_config({**TRANSFERS, "transfers": {"dead_letters": "bad-payments", "partitions": 4}})
+    assert (cfg.dead_letter_topic, cfg.topic_partitions) == ("bad-payments", 4)
+    assert parse_config({**TRANSFERS, "transfers": {"malformed": "fail"}}).dead_letter_topic is None
+    assert parse_config(GOOD).dead_letter_topic is None  # the Postgres pipelines have tables
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "change", "needle", "key"),
+    [
+        # what each pipeline requires: Postgres for ledger and balances, a topic for transfers
+        ("transfers", {"sink": {}}, "config: 'sink.topic' is required and empty", "sink.topic"),
+        ("ledger", {"sink": {"dsn": "postgresql://u@h/db"}}, "config: 'sink.table' is required and empty", "sink.table"),
+        ("balances", {"sink": {"table": "b"}}, "config: 'sink.dsn' is required and empty", "sink.dsn"),
+        # keys of the other kind of sink are refused, not ignored
+        ("transfers", {"sink": {"topic": "t", "dsn": "postgresql://u@h/db"}}, "'sink.dsn' does not apply to pipeline "
+         "'transfers' (it writes to Kafka: set sink.topic); remove it", "sink.dsn"),
+        ("transfers", {"sink": {"topic": "t", "table": "x"}}, "'sink.table' does not apply", "sink.table"),
+        ("ledger", {"sink": {**GOOD["sink"], "topic": "t"}}, "'sink.topic' does not apply to pipeline 'ledger' (it "
+         "writes to Postgres: set sink.dsn and sink.table); remove it", "sink.topic"),
+        # the topics: names Kafka takes, and no loop or mix-up between them
+        ("transfers", {"sink": {"topic": "no spaces"}}, "'sink.topic' = 'no spaces' is not a Kafka topic name",
+         "sink.topic"),
+        ("transfers", {"sink": {"topic": "payments"}}, "'sink.topic' = 'payments' is source.topic too", "sink.topic"),
+        ("transfers", {"transfers": {"dead_letters": "payments"}}, "'transfers.dead_letters' = 'payments' is "
+         "source.topic too", "transfers.dead_letters"),
+        ("transfers", {"transfers": {"dead_letters": "transfers"}}, "'transfers.dead_letters' = 'transfers' is "
+         "sink.topic too", "transfers.dead_letters"),
+        ("transfers", {"sink": {"topic": "t", "options": {"topic": "t"}}}, "'sink.options.topic' would send every "
+         "row, malformed events too, to one topic", "sink.options.topic"),
+        ("transfers", {"transfers": {"partitions": -1}}, "transfers.partitions must be >= 0", "transfers.partitions"),
+        ("transfers", {"transfers": {"partitions": "many"}}, "'transfers.partitions' must be int", "transfers.partitions"),
+        ("transfers", {"transfers": {"malformed": "drop"}}, "transfers.malformed = 'drop'", "transfers.malformed"),
+        ("transfers", {"transfers": {"topic": "x"}}, "unknown key(s) transfers.topic", "transfers.topic"),
+    ],
+)  # fmt: skip
+def test_each_pipeline_requires_its_sinks_keys(pipeline: str, change: dict, needle: str, key: str) -> None:
+    base = TRANSFERS if pipeline == "transfers" else {**GOOD, "pipeline": pipeline}
+    with pytest.raises(ConfigError) as err:
+        parse_config({**base, **change})
+    text = str(err.value)
+    assert needle in text and "\n" not in text, text  # one line, naming the key
+    assert err.value.fields.get("option") == key
+
+
+def test_transfers_ignores_the_environments_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EOS_POSTGRES_DSN is what ledger and balances default sink.dsn to; transfers has no dsn to default."""
+    monkeypatch.setenv("EOS_POSTGRES_DSN", "postgresql://u:secret@h/db")
+    assert parse_config(TRANSFERS).dsn == ""
+    assert parse_config({**GOOD, "sink": {"table": "ledger"}}).dsn == "postgresql://u:secret@h/db"
 
 
 def test_bad_config_files(tmp_path) -> None:
@@ -439,3 +511,26 @@ def test_pipelines_without_their_extra_name_the_pip_command(monkeypatch: pytest.
         pipelines.require_extras()
     with pytest.raises(ConfigError, match="spark-eos\\[pipelines\\]"):
         cli._demo_cmd(cli.build_parser().parse_args(["demo"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# the demo's kill schedule
+
+
+def test_demo_deals_kills_round_robin_one_sigkill_and_one_fault_per_pipeline() -> None:
+    from connectors import demo
+
+    schedule = demo.plan(6, seed=7)
+    assert {name: [k.kind for k in kills] for name, kills in schedule.items()} == {
+        "ledger": ["sigkill", "fault"], "transfers": ["fault", "sigkill"], "balances": ["sigkill", "fault"]
+    }  # fmt: skip
+    assert sum(len(k) for k in demo.plan(4, seed=7).values()) == 4
+    assert [k.kind for k in demo.plan(3, seed=1)["transfers"]] == ["fault"]  # a small run still kills the Kafka sink
+    # only fault points that fire for the Kafka sink's default visibility=batch; 100+ record batches for publish.mid
+    assert "sink.task.after_commit" not in demo.FAULT_POINTS["transfers"]
+    points = {k.point for seed in range(60) for k in demo.plan(3, seed=seed, records=400)["transfers"]}
+    assert points == set(demo.FAULT_POINTS["transfers"]) - {"sink.publish.mid"}
+    points = {k.point for seed in range(60) for k in demo.plan(6, seed=seed, records=6000)["transfers"] if k.point}
+    assert points == set(demo.FAULT_POINTS["transfers"])
+    kill = demo.Kill("transfers", "fault", point="sink.publish.mid", skip=1)
+    assert kill.spec(4) == "sink.publish.mid:batch=6:action=kill-group:once"

@@ -1,8 +1,8 @@
-"""Reference pipelines (``ledger``, ``balances``): each builds its query from a ``PipelineConfig``.
+"""Reference pipelines (``ledger``, ``balances``, ``transfers``): each builds its query from a ``PipelineConfig``.
 
 from connectors.pipelines import load_config, prepare, session, start
 cfg = load_config("configs/ledger.toml")
-prepare(cfg)                      # create the target table if missing
+prepare(cfg)                      # create the target table (transfers: the topics) if missing
 spark = session(cfg)              # local[*] by default; RocksDB state store, our formats
 query = start(spark, cfg)
 query.awaitTermination()
@@ -41,18 +41,30 @@ def builder(name: str) -> Callable[[Any, PipelineConfig], Any]:
         from connectors.pipelines.balances import build as build_balances
 
         return build_balances
+    if name == "transfers":
+        from connectors.pipelines.transfers import build as build_transfers
+
+        return build_transfers
     raise KeyError(f"unknown pipeline {name!r}; expected one of {', '.join(PIPELINE_NAMES)}")
 
 
 def table_ddl(cfg: PipelineConfig) -> str:
     from connectors.pipelines import balances, ledger
 
+    if cfg.pipeline not in ("ledger", "balances"):
+        raise KeyError(f"pipeline {cfg.pipeline!r} writes to Kafka: it has no table")
     return ledger.ddl(cfg.table) if cfg.pipeline == "ledger" else balances.ddl(cfg.table)
 
 
 def prepare(cfg: PipelineConfig) -> None:
     """Create the pipeline's target table when it does not exist (idempotent); with malformed =
-    "dead-letter", check that it refuses malformed events' rows (else they would land in it)."""
+    "dead-letter", check that it refuses malformed events' rows (else they would land in it).
+    ``transfers``: create its output and dead-letter topics when missing (idempotent)."""
+    if cfg.pipeline == "transfers":
+        from connectors.pipelines import transfers
+
+        transfers.prepare(cfg)
+        return
     import psycopg
 
     from connectors.pipelines.ledger import MALFORMED_COLUMN

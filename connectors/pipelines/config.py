@@ -2,7 +2,7 @@
 
 Example (TOML; YAML takes the same keys)::
 
-    pipeline = "ledger"                 # or "balances"
+    pipeline = "ledger"                 # or "balances", "transfers"
 
     [source]
     bootstrap = "${EOS_KAFKA_BOOTSTRAP}"  # ${VAR} and ${VAR:-default} are expanded
@@ -32,6 +32,18 @@ Example (TOML; YAML takes the same keys)::
     [balances]
     ttl = "7d"                         # idle accounts' state expires (processing time)
     last_n = 10                        # events kept per account in ListState
+
+The ``transfers`` pipeline writes to Kafka, not Postgres: its ``[sink]`` takes ``topic`` (the output
+topic), ``sink_id`` and ``options`` (``kafka-eos`` sink options), and no ``dsn`` or ``table``::
+
+    [sink]
+    topic = "transfers"
+    sink_id = "transfers"
+
+    [transfers]
+    malformed = "dead-letter"          # or "fail"
+    dead_letters = "transfers-dead-letters"  # the dead-letter topic (default: <sink.topic>-dead-letters)
+    partitions = 0                     # of the topics prepare() creates; 0: as many as source.topic has
 """
 
 from __future__ import annotations
@@ -51,16 +63,20 @@ from eos_core.options import parse_duration
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
 
-PIPELINE_NAMES = ("ledger", "balances")
+PIPELINE_NAMES = ("ledger", "balances", "transfers")
 MALFORMED = ("dead-letter", "fail")
+KAFKA_SINKS = ("transfers",)
+"""Pipelines that write to Kafka (sink.topic) rather than Postgres (sink.dsn, sink.table)."""
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 _SECTIONS: dict[str, set[str]] = {
     "source": {"bootstrap", "topic", "starting_offsets", "max_offsets_per_trigger", "options"},
-    "sink": {"dsn", "table", "sink_id", "options"},
+    "sink": {"dsn", "table", "topic", "sink_id", "options"},
     "spark": {"master", "trigger", "checkpoint", "shuffle_partitions", "conf", "app_name"},
     "restart": {"strategy"},
     "ledger": {"malformed", "dead_letters"},
     "balances": {"ttl", "last_n", "malformed", "dead_letters"},
+    "transfers": {"malformed", "dead_letters", "partitions"},
     "log": {"format", "progress"},
 }
 _TOP = {"pipeline", *_SECTIONS}
@@ -74,10 +90,12 @@ class PipelineConfig:
     pipeline: str
     bootstrap: str
     topic: str
-    dsn: str
-    table: str
-    checkpoint: str
+    dsn: str = ""  # ledger, balances: required
+    table: str = ""  # ledger, balances: required
+    checkpoint: str = ""  # required
     sink_id: str = ""
+    sink_topic: str = ""  # transfers: the output topic (sink.topic), required
+    topic_partitions: int = 0  # transfers: partitions of the topics prepare() creates; 0: the source topic's
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = 1000
     source_options: Mapping[str, str] = field(default_factory=dict)
@@ -100,10 +118,22 @@ class PipelineConfig:
             raise ConfigError(
                 f"pipeline {self.pipeline!r} is unknown; expected one of {', '.join(PIPELINE_NAMES)}", option="pipeline"
             )
-        for name, where in (("bootstrap", "source.bootstrap"), ("topic", "source.topic"), ("dsn", "sink.dsn"),
-                            ("table", "sink.table"), ("checkpoint", "spark.checkpoint")):  # fmt: skip
+        to_kafka = self.pipeline in KAFKA_SINKS
+        sink_keys = (("sink_topic", "sink.topic"),) if to_kafka else (("dsn", "sink.dsn"), ("table", "sink.table"))
+        for name, where in (("bootstrap", "source.bootstrap"), ("topic", "source.topic"), *sink_keys,
+                            ("checkpoint", "spark.checkpoint")):  # fmt: skip
             if not str(getattr(self, name) or "").strip():
                 raise ConfigError(f"config: '{where}' is required and empty", option=where)
+        foreign = (("dsn", "sink.dsn"), ("table", "sink.table")) if to_kafka else (("sink_topic", "sink.topic"),)
+        for name, where in foreign:
+            if str(getattr(self, name) or "").strip():
+                writes = "to Kafka: set sink.topic" if to_kafka else "to Postgres: set sink.dsn and sink.table"
+                raise ConfigError(
+                    f"config: '{where}' does not apply to pipeline {self.pipeline!r} (it writes {writes}); remove it",
+                    option=where,
+                )
+        if to_kafka:
+            self._check_topics()
         parse_trigger(self.trigger)
         parse_strategy(self.restart)
         if self.malformed not in MALFORMED:
@@ -126,16 +156,65 @@ class PipelineConfig:
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"config: log.format {self.log_format!r}; expected text or json", option="log.format")
 
+    def _check_topics(self) -> None:
+        """transfers: the output and dead-letter topics are Kafka topic names, distinct from each other and
+        from the source topic; the rows choose their topic, so no sink option may override it."""
+        named = [("sink.topic", self.sink_topic)]
+        if self.dead_letter_topic is not None:
+            named.append((f"{self.pipeline}.dead_letters", self.dead_letter_topic))
+        for where, name in named:
+            if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+                raise ConfigError(
+                    f"config: '{where}' = {name!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; at "
+                    "most 249)",
+                    option=where,
+                )
+            if name == self.topic:
+                raise ConfigError(
+                    f"config: '{where}' = {name!r} is source.topic too: the pipeline would read what it writes; "
+                    "name another topic",
+                    option=where,
+                )
+        if self.dead_letter_topic == self.sink_topic:
+            raise ConfigError(
+                f"config: '{self.pipeline}.dead_letters' = {self.sink_topic!r} is sink.topic too: malformed events "
+                "would land among the good ones; name another topic",
+                option=f"{self.pipeline}.dead_letters",
+            )
+        if "topic" in self.sink_options:
+            raise ConfigError(
+                "config: 'sink.options.topic' would send every row, malformed events too, to one topic; set "
+                "sink.topic (and transfers.dead_letters) instead",
+                option="sink.options.topic",
+            )
+        if self.topic_partitions < 0:
+            raise ConfigError(
+                f"config: {self.pipeline}.partitions must be >= 0 (0: as many as source.topic has)",
+                option=f"{self.pipeline}.partitions",
+            )
+
     @property
     def dead_letter_table(self) -> str | None:
-        """Where malformed events go (None: malformed=fail)."""
-        if self.malformed != "dead-letter":
+        """Where malformed events go in Postgres (None: malformed=fail, or a pipeline writing to Kafka)."""
+        if self.malformed != "dead-letter" or self.pipeline in KAFKA_SINKS:
             return None
         return self.dead_letters or f"{self.table}_dead_letters"
 
     @property
+    def dead_letter_topic(self) -> str | None:
+        """transfers: the topic malformed events go to (None: malformed=fail, or a pipeline writing to Postgres)."""
+        if self.malformed != "dead-letter" or self.pipeline not in KAFKA_SINKS:
+            return None
+        return self.dead_letters or f"{self.sink_topic}-dead-letters"
+
+    @property
+    def target(self) -> str:
+        """What the pipeline writes: its table, or its output topic."""
+        return self.sink_topic if self.pipeline in KAFKA_SINKS else self.table
+
+    @property
     def effective_sink_id(self) -> str:
-        return self.sink_id or re.sub(r"[^A-Za-z0-9_]", "_", self.table)
+        return self.sink_id or re.sub(r"[^A-Za-z0-9_]", "_", self.target)
 
     def replace(self, **changes: Any) -> PipelineConfig:
         return dataclasses.replace(self, **changes)
@@ -228,6 +307,7 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
     name: Any = data.get("pipeline") or pipeline
     if not name:
         raise ConfigError(f'{source}: no pipeline named (set pipeline = "ledger" or pass PIPELINE)', option="pipeline")
+    to_kafka = str(name) in KAFKA_SINKS
 
     def typed(sec: str, key: str, kind: type, default: Any) -> Any:
         value = sections[sec].get(key, default)
@@ -252,9 +332,12 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
         starting_offsets=str(src.get("starting_offsets", "earliest")),
         max_offsets_per_trigger=typed("source", "max_offsets_per_trigger", int, 1000),
         source_options=_str_map(src.get("options"), "source.options"),
-        dsn=str(snk.get("dsn") or os.environ.get("EOS_POSTGRES_DSN", "")),
+        # a pipeline writing to Kafka takes no Postgres from the environment (one in the file is refused)
+        dsn=str(snk.get("dsn") or ("" if to_kafka else os.environ.get("EOS_POSTGRES_DSN", ""))),
         table=str(snk.get("table", "")),
         sink_id=str(snk.get("sink_id", "")),
+        sink_topic=str(snk.get("topic", "")),
+        topic_partitions=typed("transfers", "partitions", int, 0),
         sink_options=_str_map(snk.get("options"), "sink.options"),
         master=str(spk.get("master", "")),
         trigger=str(spk.get("trigger", "5s")),

@@ -26,8 +26,12 @@ __all__ = [
 EVENT_SCHEMA = "id string, account string, counterparty string, amount long, ts timestamp"
 
 
-def parse_events(raw: Any, malformed: str = "fail") -> Any:
+def parse_events(raw: Any, malformed: str = "fail", *, keep: Sequence[str] = (), reason: str | None = None) -> Any:
     """Kafka rows -> typed events plus the source position; what a malformed event does is ``malformed``.
+
+    ``keep`` names more of the source's columns to carry along as ``src_<name>`` (``transfers`` keeps
+    ``topic``, ``key`` and ``value`` to put a malformed record into its dead-letter topic as it was);
+    ``reason`` (dead-letter only) names a column to hold what is wrong alone (NULL for a good event).
 
     ``fail`` (stop, never drop): the task fails with an error naming the topic, partition and offset
     of the record and what is wrong with it. Fix or remove the record (or move the starting offset
@@ -69,7 +73,8 @@ def parse_events(raw: Any, malformed: str = "fail") -> Any:
         shown = F.when(binary, F.concat(F.lit("base64:"), F.base64(F.col("value")))).otherwise(text)
         value = F.coalesce(F.substring(shown, 1, MAX_VALUE_CHARS), F.lit("null"))
         note = F.concat(problem, F.lit(" at "), position, F.lit(": "), value)
-        return raw.select(rec["id"].alias("id"), *columns, F.when(problem.isNotNull(), note).alias("malformed"))
+        extra = [F.col(c).alias(f"src_{c}") for c in keep] + ([problem.alias(reason)] if reason else [])
+        return raw.select(rec["id"].alias("id"), *columns, F.when(problem.isNotNull(), note).alias("malformed"), *extra)
     where = F.concat(
         F.lit("malformed payment event at topic "), F.col("topic"),
         F.lit(" partition "), F.col("partition").cast("string"),
@@ -78,7 +83,7 @@ def parse_events(raw: Any, malformed: str = "fail") -> Any:
               "starting offset past it, then restart (the checkpoint replays this batch)."),
     )  # fmt: skip
     checked_id = F.when(problem.isNotNull(), F.raise_error(where)).otherwise(rec["id"])
-    return raw.select(checked_id.alias("id"), *columns)
+    return raw.select(checked_id.alias("id"), *columns, *(F.col(c).alias(f"src_{c}") for c in keep))
 
 
 MAX_VALUE_CHARS = 4096

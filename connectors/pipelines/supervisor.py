@@ -2,7 +2,8 @@
 
 Progress (one live line on a terminal, else a line every few seconds; JSON lines with
 ``log.format = "json"``): batch id, input rows/s, batch duration, Kafka lag (latest offsets minus
-the batch's end offsets) and the two-phase sink's prepared transactions pending.
+the batch's end offsets) and the two-phase sink's prepared transactions pending (``ledger`` only:
+``balances`` upserts and ``transfers`` writes Kafka transactions, which no progress line counts).
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ def _run(
     prepare(cfg)
     spark = session(cfg)
     restarts = 0
-    log.event("pipeline.start", pipeline=cfg.pipeline, topic=cfg.topic, table=cfg.table,
+    target = {"sink_topic": cfg.sink_topic} if cfg.pipeline == "transfers" else {"table": cfg.table}
+    log.event("pipeline.start", pipeline=cfg.pipeline, topic=cfg.topic, **target,
               checkpoint=cfg.checkpoint, trigger=cfg.trigger, master=_master_of(spark, cfg), restart=str(strategy))  # fmt: skip
     while True:
         error: BaseException | None = None
