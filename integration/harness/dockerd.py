@@ -215,6 +215,37 @@ def _no_service_start() -> Iterator[None]:
         path.unlink(missing_ok=True)
 
 
+APT_LOCK_TIMEOUT = 900.0  # seconds apt waits for dpkg's lock (a machine's own apt run, or another pytest worker)
+
+
+def apt_install(*packages: str) -> None:
+    """``apt-get update`` then ``apt-get install`` of ``packages``, one pytest worker at a time, waiting for
+    dpkg's lock while another apt holds it (CI machines run their own apt at boot); ServiceError names the
+    command and apt's error."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    wait = f"DPkg::Lock::Timeout={int(APT_LOCK_TIMEOUT)}"
+    lock_fd = os.open(cache_dir() / "apt.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # two workers installing at once would meet on dpkg's lock
+        for cmd in (
+            ["apt-get", "-o", wait, "update", "-q"],
+            ["apt-get", "-o", wait, "install", "-y", "-q", "--no-install-recommends", *packages],
+        ):
+            deadline = time.monotonic() + APT_LOCK_TIMEOUT
+            while True:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=APT_LOCK_TIMEOUT + 900)
+                locked = "Could not get lock" in proc.stderr or "Unable to lock" in proc.stderr
+                if proc.returncode == 0 or not locked or time.monotonic() > deadline:
+                    break
+                time.sleep(5)  # apt's own wait does not cover every lock (the lists lock of `update`)
+            if proc.returncode != 0:
+                raise ServiceError(
+                    f"installing {' '.join(packages)} failed at `{' '.join(cmd)}` (rc={proc.returncode}): {proc.stderr[-2000:]}"
+                )
+    finally:
+        os.close(lock_fd)
+
+
 def ensure_dockerd() -> str:
     """Path of dockerd; installs Debian's docker.io with apt when it is missing (root only)."""
     found = shutil.which("dockerd")
@@ -224,17 +255,8 @@ def ensure_dockerd() -> str:
         raise ServiceError(
             "dockerd is not installed and apt-get is not available: install Docker, or unset EOS_START_DOCKERD"
         )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     with _no_service_start():
-        for cmd in (
-            ["apt-get", "update", "-q"],
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "docker.io"],
-        ):
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                raise ServiceError(
-                    f"installing docker.io failed at `{' '.join(cmd)}` (rc={proc.returncode}): {proc.stderr[-2000:]}"
-                )
+        apt_install("docker.io")
     found = shutil.which("dockerd") or ("/usr/sbin/dockerd" if os.path.exists("/usr/sbin/dockerd") else None)
     if not found:
         raise ServiceError("docker.io was installed but dockerd is not on PATH")
@@ -545,12 +567,7 @@ def _ensure_debootstrap() -> None:
     if shutil.which("debootstrap") is None:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
             raise ServiceError("building the local images needs debootstrap (apt-get install debootstrap) and root")
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "debootstrap"],
-            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
-            check=True,
-            capture_output=True,
-        )
+        apt_install("debootstrap")
 
 
 def _build_rootfs(engine: Engine, recipe: ImageRecipe) -> None:
