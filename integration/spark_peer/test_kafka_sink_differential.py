@@ -40,7 +40,7 @@ from pyspark.errors import AnalysisException
 
 from connectors.toolkit.checker import last_commit
 from connectors.toolkit.topic_checker import marker_batches, open_transactions
-from integration.spark_peer.peer import create_topic, send
+from integration.spark_peer.peer import create_topic, java_partition, murmur2, send
 
 pytestmark = pytest.mark.integration
 
@@ -49,37 +49,6 @@ WRITERS = ("spark", "eos-partition", "eos-batch")  # Spark's format("kafka"), ka
 N = 120  # rows of a batch case, in 2 Spark partitions (2 write tasks)
 
 Rec = tuple[int, Any, Any, Any]  # (partition, key bytes | None, value bytes | None, headers | None)
-
-
-# ---- Java's partitioner, in Python --------------------------------------------------------------------
-def murmur2(data: bytes) -> int:
-    """org.apache.kafka.common.utils.Utils.murmur2 (seed 0x9747b28c), as an unsigned 32-bit int."""
-    m, mask = 0x5BD1E995, 0xFFFFFFFF
-    h = (0x9747B28C ^ len(data)) & mask
-    whole = len(data) & ~3
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
-        k = (k * m) & mask
-        k ^= k >> 24
-        k = (k * m) & mask
-        h = ((h * m) & mask) ^ k
-    rest = len(data) & 3
-    if rest == 3:
-        h ^= data[whole + 2] << 16
-    if rest >= 2:
-        h ^= data[whole + 1] << 8
-    if rest >= 1:
-        h ^= data[whole]
-        h = (h * m) & mask
-    h ^= h >> 13
-    h = (h * m) & mask
-    h ^= h >> 15
-    return h
-
-
-def java_partition(key: bytes, partitions: int) -> int:
-    """BuiltInPartitioner.partitionForKey: toPositive(murmur2(key)) % partitions."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def test_murmur2_matches_javas() -> None:
