@@ -14,6 +14,8 @@ The records: ``--records`` (default 1M; ``--quick`` 100k) of key = the id as tex
 digits and 88 ``x`` (``--size`` 100 bytes), keyed, into fresh topics of ``--partitions`` (4) partitions.
 
 1. Batch write: a DataFrame of the records in 2 partitions, cached in Spark, written by
+   - a ``noop Python writer`` (a Python data source whose tasks only count their Arrow batches): what PySpark
+     costs any Python sink, the Arrow transfer to the Python workers included;
    - ``kafka-eos visibility=partition`` and ``visibility=batch`` (``df.write``, ``sink.id``, ``batch.id``);
    - ``Spark format("kafka")`` (``--spark-sink``; at-least-once): the base, ``x Spark`` = its time / this time;
    - ``txn loop``: a plain confluent-kafka transactional producer loop in one process (keys and values ready as
@@ -25,20 +27,24 @@ digits and 88 ``x`` (``--size`` 100 bytes), keyed, into fresh topics of ``--part
 2. Stream: the records in an input topic (partition p holds the p-th range of ids), read by
    ``readStream.format("kafka-eos")`` from earliest with ``maxOffsetsPerTrigger`` = records / ``--batches``
    (10) and ``trigger(availableNow=True)`` (kafka-eos's source adds an empty batch 0 that pins earliest),
-   ``select("key", "value")`` into each sink: Spark's ``noop`` (the floor: the source alone), kafka-eos in
-   both modes, Spark's sink (``--spark-sink``), and with ``--spark-sink`` also Spark's source into Spark's
+   ``select("key", "value")`` into each sink: Spark's ``noop`` (the source alone), the noop Python writer
+   (PySpark's floor for a Python sink: "- Python floor" is a pipeline's seconds less its), kafka-eos in both modes, Spark's sink (``--spark-sink``), and with ``--spark-sink`` also Spark's source into Spark's
    sink (what users run today). Timed from ``start()`` to the end of ``awaitTermination()``; per micro-batch
-   the medians of ``triggerExecution`` and ``addBatch`` (batches with rows). ``--stream-repeat`` rounds (1).
+   the medians of ``triggerExecution`` and ``addBatch`` (batches with rows). ``--stream-repeat`` rounds (2),
+   interleaved.
 3. Every timed write is checked before its time counts: the topic, read ``read_committed`` in Spark, holds
    exactly the input's count and checksum (sum of ``xxhash64(key, value)``), and a sample of every
    ``records/1000``-th id has its value and the partition Java's partitioner gives its key
    (``integration.spark_peer.peer.java_partition``).
-4. CPU seconds per component of each contender (medians): the Spark JVM, its Python workers (tasks, the
-   data source's planner and commit processes), the broker, and this process with its other children (the
-   loops).
-5. ``--profile``: one task's share of the batch write (records / 2 rows, Arrow batches of 10,000 made before
-   the clock) through ``sinks.kafka.writer.write_task`` under cProfile in a fresh process, for each mode, and
-   the driver's publish (``commit_batch``) for ``visibility=batch``: where a task's time goes, outside Spark.
+4. CPU seconds per component of each contender (medians; ``Meter``: /proc sampled twice a second): the
+   Spark JVM, its Python workers (tasks, the data source's planner and commit processes), the broker, and this
+   process with its other children (the loops).
+5. ``--profile``: in a fresh process, outside Spark, for each mode: one task of the batch write (records / 2
+   rows) and one task of a micro-batch (records / batches / partitions), from Arrow batches of 10,000 made
+   before the clock, through ``sinks.kafka.writer.write_task`` (and the driver's publish, ``commit_batch``, for
+   ``visibility=batch``): timed without the profiler, then under cProfile (top functions by own time); beside
+   it a bare loop over the same Arrow batches (``to_pylist``, ``produce``, one transaction): the least a
+   Python task can do.
 
 The load average at the start and end is printed: on a shared machine compare ratios, not seconds.
 """
@@ -51,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -106,32 +113,67 @@ def broker_pid(bootstrap: str) -> int | None:
 
 
 class Meter:
-    """CPU seconds used so far by each component (``bench._cpu``'s method: a subtree's own and reaped time)."""
+    """CPU seconds of each component over a window, sampled from ``/proc`` every ``interval`` seconds.
 
-    def __init__(self, spark: Any, bootstrap: str) -> None:
+    ``bench._cpu`` takes two snapshots and counts a process that ended through its parent's reaped-children time;
+    here Spark's idle Python workers end between contenders and their children are reparented (reaped by init),
+    so their time would go missing (negative figures). Instead each process's own time (utime + stime) is
+    followed while it lives: its share is its last sample less its time at the start (0 when born inside the
+    window); a process that ends loses at most one interval. Components: the Spark JVM, its descendants (Python
+    workers: daemons, task workers, the data source's planner and commit processes), the broker's process tree,
+    and this process with its other children (the loops; the sampler thread too, a few ms per sample).
+    """
+
+    def __init__(self, spark: Any, bootstrap: str, interval: float = 0.5) -> None:
         proc = getattr(spark.sparkContext._gateway, "proc", None)
         self.jvm = proc.pid if proc is not None else None
         self.broker = broker_pid(bootstrap)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._base: dict[int, int] = {}
+        self._last: dict[int, tuple[str, int]] = {}
 
-    def snapshot(self) -> dict[str, float | None]:
+    def _sample(self) -> dict[int, tuple[str, int]]:
         table = _table()
-        out: dict[str, float | None] = dict.fromkeys(COMPONENTS)
-        jvm_tree: set[int] = set()
-        if self.jvm is not None and self.jvm in table:
-            jvm_tree = _subtree(table, self.jvm)
-            out["jvm"] = table[self.jvm][1] / _TICK
-            out["python workers"] = (table[self.jvm][2] + sum(sum(table[p][1:]) for p in jvm_tree - {self.jvm})) / _TICK
-        broker_tree: set[int] = set()
-        if self.broker is not None and self.broker in table:
-            broker_tree = _subtree(table, self.broker)
-            out["broker"] = sum(sum(table[p][1:]) for p in broker_tree) / _TICK
-        mine = _subtree(table, os.getpid()) - jvm_tree - broker_tree
-        out["driver"] = sum(sum(table[p][1:]) for p in mine) / _TICK
+        jvm = _subtree(table, self.jvm) if self.jvm in table else set()
+        broker = _subtree(table, self.broker) if self.broker in table else set()
+        mine = _subtree(table, os.getpid()) - jvm - broker
+        out: dict[int, tuple[str, int]] = {}
+        for kind, pids in (("python workers", jvm - {self.jvm}), ("broker", broker), ("driver", mine)):
+            out.update((pid, (kind, table[pid][1])) for pid in pids)
+        if self.jvm in table:
+            out[self.jvm] = ("jvm", table[self.jvm][1])  # type: ignore[index]
         return out
 
-    @staticmethod
-    def used(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
-        return {k: None if before[k] is None or after[k] is None else after[k] - before[k] for k in COMPONENTS}  # type: ignore[operator]
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for pid, (kind, ticks) in self._sample().items():
+                self._last[pid] = (self._last.get(pid, (kind, 0))[0], ticks)
+
+    def start(self) -> None:
+        first = self._sample()
+        self._base = {pid: ticks for pid, (_, ticks) in first.items()}
+        self._last = dict(first)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float | None]:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        for pid, (kind, ticks) in self._sample().items():
+            self._last[pid] = (self._last.get(pid, (kind, 0))[0], ticks)
+        out: dict[str, float | None] = dict.fromkeys(COMPONENTS, 0.0)
+        if self.jvm is None:
+            out["jvm"] = out["python workers"] = None
+        if self.broker is None:
+            out["broker"] = None
+        for pid, (kind, ticks) in self._last.items():
+            if out[kind] is not None:
+                out[kind] = out[kind] + max(0, ticks - self._base.get(pid, 0)) / _TICK  # type: ignore[operator]
+        return out
 
 
 # ---- Kafka -------------------------------------------------------------------------------------------
@@ -458,29 +500,74 @@ def _profile_child(mode: str, bootstrap: str, sizes: list[int], size: int, parti
 
     topic = create_topic(bootstrap, partitions, "bench-sink-profile")
     schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
-    for batch_id, rows in enumerate(sizes, start=1):
-        raw = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "sink.id": topic, "batch.id": str(batch_id),
+    batch_id = 0
+
+    def plan_of(batch: int) -> tuple[Any, float]:
+        raw = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "sink.id": topic, "batch.id": str(batch),
                "visibility": mode}  # fmt: skip
         sink_spark._CHECKED.clear()  # Spark builds each writer in a fresh Python process: the cache is cold
         t0 = time.perf_counter()
         opts = parse_options(raw, streaming=False)
         plan = build_plan(opts, schema)
-        check_services(opts)  # what the driver does for each writer it builds (cached per process for 5 minutes)
-        setup = time.perf_counter() - t0
+        check_services(opts)  # what the driver does for each writer it builds
+        return plan, time.perf_counter() - t0
+
+    for rows in sizes:
         batches = []
         for lo in range(0, rows, 10_000):  # Spark's arrow.maxRecordsPerBatch
             ids = range(lo, min(rows, lo + 10_000))
             keys = pa.array([str(i) for i in ids])
             values = pa.array([f"{i:012d}" + "x" * (size - 12) for i in ids])
             batches.append(pa.RecordBatch.from_arrays([keys, values], names=["key", "value"]))
-
-        print(f"#### visibility={mode}, one task of {rows:,} rows; the writer's setup cold (parse, plan, "
-              f"check_services): {setup:.3f} s")  # fmt: skip
+        batch_id += 1
+        plan, setup = plan_of(batch_id)
+        t0 = time.perf_counter()
+        message = write_task(plan, iter(batches))
+        task_wall = time.perf_counter() - t0
+        publish_wall = None
+        if mode == "batch":
+            t0 = time.perf_counter()
+            commit_batch(plan, [message], batch_id)
+            publish_wall = time.perf_counter() - t0
+        bare_init, bare = _bare_loop(bootstrap, topic, batches)
+        print(f"#### visibility={mode}, one task of {rows:,} rows, Arrow batches of 10,000 made before the clock")
+        print(f"   the writer's setup cold (parse_options, build_plan, check_services; Spark does it for each writer it "
+              f"builds): {setup:.3f} s")  # fmt: skip
+        print(f"   write_task without the profiler: {task_wall:.3f} s ({rows / task_wall:,.0f} rows/s)"
+              + (f"; commit_batch (the publish): {publish_wall:.3f} s" if publish_wall is not None else ""))  # fmt: skip
+        print(f"   bare loop over the same batches (to_pylist, produce, one transaction): {bare:.3f} s "
+              f"({rows / bare:,.0f} rows/s), its init_transactions {bare_init:.3f} s more")  # fmt: skip
+        batch_id += 1
+        plan, _ = plan_of(batch_id)
         message, seconds, prof = _profiled(write_task, plan, iter(batches))
-        _report(prof, f"task write_task visibility={mode}", seconds, rows)
+        _report(prof, f"task write_task visibility={mode} under cProfile", seconds, rows)
         if mode == "batch":
             _, seconds, prof = _profiled(commit_batch, plan, [message], batch_id)
-            _report(prof, "driver commit_batch (the publish of that task's rows)", seconds, rows)
+            _report(prof, "driver commit_batch (the publish of that task's rows) under cProfile", seconds, rows)
+
+
+def _bare_loop(bootstrap: str, topic: str, batches: list[Any]) -> tuple[float, float]:
+    """(init_transactions seconds, seconds of the rest): the least a Python task can do with the same Arrow batches."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
+                  "transactional.id": f"bench-bare-{uuid.uuid4().hex}"})  # fmt: skip
+    t0 = time.perf_counter()
+    p.init_transactions(60)
+    t1 = time.perf_counter()
+    p.begin_transaction()
+    produce = p.produce
+    for batch in batches:
+        keys, values = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+        for k, v in zip(keys, values, strict=True):
+            try:
+                produce(topic, v, k)
+            except BufferError:
+                p.poll(0.05)
+                produce(topic, v, k)
+        p.poll(0)
+    p.commit_transaction(120)
+    return t1 - t0, time.perf_counter() - t1
 
 
 # ---- the report --------------------------------------------------------------------------------------
@@ -542,9 +629,9 @@ def run_batches(spark: Any, bootstrap: str, a: Any, records: int, repeat: int, m
     print("warm-up writes done", flush=True)
     for rnd in range(repeat):
         for who in res.names:
-            c0 = meter.snapshot()
+            meter.start()
             topic, seconds = one(who, df, records)
-            used = Meter.used(c0, meter.snapshot())
+            used = meter.stop()
             if who != PYNOOP:
                 check(topic, who)
             res.add(who, seconds, used, None)
@@ -560,9 +647,9 @@ def run_streams(spark: Any, bootstrap: str, a: Any, records: int, meter: Meter, 
     for rnd in range(a.stream_repeat):
         for who in res.names:
             topic = None if who in (NOOP, PYNOOP) else create_topic(bootstrap, a.partitions)
-            c0 = meter.snapshot()
+            meter.start()
             seconds, events = run_stream(spark, who, bootstrap, source_topic, topic, records // a.batches)
-            used = Meter.used(c0, meter.snapshot())
+            used = meter.stop()
             rows = sum(e["numInputRows"] for e in events)
             if rows != records:
                 raise SystemExit(f"{who}: the stream read {rows:,} rows, not {records:,}")
@@ -631,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=4, help="partitions of every target topic and of the input")
     p.add_argument("--batches", type=int, default=10, help="micro-batches of the stream")
     p.add_argument("--repeat", type=int, help="rounds of batch writes (default 3; --quick 1)")
-    p.add_argument("--stream-repeat", type=int, default=1, help="rounds of streams")
+    p.add_argument("--stream-repeat", type=int, help="rounds of streams (default 2; --quick 1)")
     p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"))
     p.add_argument("--broker", choices=BROKERS, default="apache", help="the embedded broker when no --bootstrap")
     p.add_argument("--spark-sink", action="store_true", help='Spark\'s own format("kafka") too (peer environment)')
@@ -641,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(args)
     records = a.records or (100_000 if a.quick else 1_000_000)
     repeat = a.repeat or (1 if a.quick else 3)
+    a.stream_repeat = a.stream_repeat or (1 if a.quick else 2)
     if a.size < 12:
         raise SystemExit("--size must be at least 12")
     os.environ["PYSPARK_PYTHON"] = sys.executable
