@@ -40,7 +40,7 @@ from pyspark.errors import AnalysisException
 
 from connectors.toolkit.checker import last_commit
 from connectors.toolkit.topic_checker import marker_batches, open_transactions
-from integration.spark_peer.peer import create_topic, java_partition, murmur2, send
+from integration.spark_peer.peer import create_topic, java_partition, murmur2, send, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -289,7 +289,10 @@ def test_stream_from_kafka(spark: Any, kafka_service: Any, admin: AdminClient, t
     sink_id = f"ksd-stream-{uuid.uuid4().hex[:6]}"
     checkpoints = {w: str(tmp_path / w) for w in WRITERS}
     queries = {}
-    for writer in WRITERS:  # the three queries run at the same time
+    for writer in WRITERS:  # the three queries overlap; each starts once the one before it ran a batch
+        if queries:
+            last = list(queries.values())[-1]
+            wait_until(lambda q=last: bool(q.recentProgress) or not q.isActive, "the previous query's first batch", 120)
         w = out.writeStream.option("kafka.bootstrap.servers", bootstrap).option("topic", t[writer])
         w = w.option("checkpointLocation", checkpoints[writer]).trigger(availableNow=True)
         if writer != "spark":
