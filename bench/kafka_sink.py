@@ -41,8 +41,8 @@ digits and 88 ``x`` (``--size`` 100 bytes), keyed, into fresh topics of ``--part
    process with its other children (the loops).
 5. ``--profile``: in a fresh process, outside Spark, for each mode: one task of the batch write (records / 2
    rows) and one task of a micro-batch (records / batches / partitions), from Arrow batches of 10,000 made
-   before the clock, through ``sinks.kafka.writer.write_task`` (and the driver's publish, ``commit_batch``, for
-   ``visibility=batch``): timed without the profiler, then under cProfile (top functions by own time); beside
+   before the clock, through the writer Spark builds (``KafkaBatchWriter``, pickled as for the tasks): its
+   ``write`` and the driver's ``commit`` (the publish for ``visibility=batch``), timed without the profiler, then under cProfile (top functions by own time); beside
    it a bare loop over the same Arrow batches (``to_pylist``, ``produce``, one transaction): the least a
    Python task can do.
 
@@ -488,29 +488,26 @@ def _report(prof: Any, what: str, seconds: float, rows: int) -> None:
 
 
 def _profile_child(mode: str, bootstrap: str, sizes: list[int], size: int, partitions: int) -> None:
+    """The writer as Spark builds it (``KafkaBatchWriter``, pickled for the tasks), its ``write`` as a task runs
+    it (partition 0, first attempt: ``task_identity()`` outside Spark) and its ``commit`` as the driver does."""
+    import pickle
+
     import pyarrow as pa
     from pyspark.sql.types import StringType, StructField, StructType
 
     from sinks.kafka import spark as sink_spark
-    from sinks.kafka.committer import commit_batch
-    from sinks.kafka.options import parse_options
-    from sinks.kafka.plan import build_plan
-    from sinks.kafka.spark import check_services
-    from sinks.kafka.writer import write_task
 
     topic = create_topic(bootstrap, partitions, "bench-sink-profile")
     schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
     batch_id = 0
 
-    def plan_of(batch: int) -> tuple[Any, float]:
+    def writer_of(batch: int) -> tuple[Any, float]:
         raw = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "sink.id": topic, "batch.id": str(batch),
                "visibility": mode}  # fmt: skip
         sink_spark._CHECKED.clear()  # Spark builds each writer in a fresh Python process: the cache is cold
         t0 = time.perf_counter()
-        opts = parse_options(raw, streaming=False)
-        plan = build_plan(opts, schema)
-        check_services(opts)  # what the driver does for each writer it builds
-        return plan, time.perf_counter() - t0
+        writer = pickle.loads(pickle.dumps(sink_spark.KafkaBatchWriter(raw, schema)))  # as the tasks get it
+        return writer, time.perf_counter() - t0
 
     for rows in sizes:
         batches = []
@@ -520,30 +517,28 @@ def _profile_child(mode: str, bootstrap: str, sizes: list[int], size: int, parti
             values = pa.array([f"{i:012d}" + "x" * (size - 12) for i in ids])
             batches.append(pa.RecordBatch.from_arrays([keys, values], names=["key", "value"]))
         batch_id += 1
-        plan, setup = plan_of(batch_id)
+        writer, setup = writer_of(batch_id)
         t0 = time.perf_counter()
-        message = write_task(plan, iter(batches))
+        message = writer.write(iter(batches))
         task_wall = time.perf_counter() - t0
-        publish_wall = None
-        if mode == "batch":
-            t0 = time.perf_counter()
-            commit_batch(plan, [message], batch_id)
-            publish_wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        writer.commit([message])
+        commit_wall = time.perf_counter() - t0
         bare_init, bare = _bare_loop(bootstrap, topic, batches)
         print(f"#### visibility={mode}, one task of {rows:,} rows, Arrow batches of 10,000 made before the clock")
-        print(f"   the writer's setup cold (parse_options, build_plan, check_services; Spark does it for each writer it "
-              f"builds): {setup:.3f} s")  # fmt: skip
-        print(f"   write_task without the profiler: {task_wall:.3f} s ({rows / task_wall:,.0f} rows/s)"
-              + (f"; commit_batch (the publish): {publish_wall:.3f} s" if publish_wall is not None else ""))  # fmt: skip
+        print(f"   the writer built cold and pickled for the tasks (options, plan, check_services, the slots' "
+              f"survey): {setup:.3f} s")  # fmt: skip
+        print(f"   the task's write without the profiler: {task_wall:.3f} s ({rows / task_wall:,.0f} rows/s); "
+              f"the driver's commit: {commit_wall:.3f} s")  # fmt: skip
         print(f"   bare loop over the same batches (to_pylist, produce, one transaction): {bare:.3f} s "
               f"({rows / bare:,.0f} rows/s), its init_transactions {bare_init:.3f} s more")  # fmt: skip
         batch_id += 1
-        plan, _ = plan_of(batch_id)
-        message, seconds, prof = _profiled(write_task, plan, iter(batches))
-        _report(prof, f"task write_task visibility={mode} under cProfile", seconds, rows)
+        writer, _ = writer_of(batch_id)
+        message, seconds, prof = _profiled(writer.write, iter(batches))
+        _report(prof, f"the task's write, visibility={mode}, under cProfile", seconds, rows)
         if mode == "batch":
-            _, seconds, prof = _profiled(commit_batch, plan, [message], batch_id)
-            _report(prof, "driver commit_batch (the publish of that task's rows) under cProfile", seconds, rows)
+            _, seconds, prof = _profiled(writer.commit, [message])
+            _report(prof, "the driver's commit (the publish of that task's rows) under cProfile", seconds, rows)
 
 
 def _bare_loop(bootstrap: str, topic: str, batches: list[Any]) -> tuple[float, float]:
