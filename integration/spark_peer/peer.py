@@ -241,6 +241,37 @@ def send(bootstrap: str, topic: str, records: list[dict[str, Any]], **conf: Any)
     assert p.flush(30) == 0 and not errors, errors
 
 
+# ---- Java's default partitioner, in Python (the Kafka sink's oracle) -----------------------------------
+def murmur2(data: bytes) -> int:
+    """org.apache.kafka.common.utils.Utils.murmur2 (seed 0x9747b28c), as an unsigned 32-bit int."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    h = (0x9747B28C ^ len(data)) & mask
+    whole = len(data) & ~3
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    rest = len(data) & 3
+    if rest == 3:
+        h ^= data[whole + 2] << 16
+    if rest >= 2:
+        h ^= data[whole + 1] << 8
+    if rest >= 1:
+        h ^= data[whole]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """BuiltInPartitioner.partitionForKey: toPositive(murmur2(key)) % partitions."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
 __all__ = [
     "EARLIEST",
     "EOS",
@@ -253,6 +284,8 @@ __all__ = [
     "assert_same_stream",
     "commits",
     "create_topic",
+    "java_partition",
+    "murmur2",
     "offsets",
     "options",
     "pins",
