@@ -41,3 +41,24 @@ def test_foreachbatch_kills_carry_the_batch_they_strike() -> None:
     before = next(p for p in plans if p.point == "pipeline.batch")
     # a fresh checkpoint: batch 0 runs on the empty topic (the producer starts with the query), so from batch 1
     assert before.spec(None) == f"pipeline.batch:batch={1 + before.skip}:action=kill-group:once"
+
+
+def test_serve_reports_where_a_query_hangs_when_it_outlives_its_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    from connectors.toolkit.app_runner import serve
+
+    class Stuck:
+        id = "q"
+        stopped = False
+
+        def awaitTermination(self, timeout: float) -> bool:
+            return False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    query = Stuck()
+    assert serve(lambda: query, 0.1) == 3 and query.stopped
+    err = capsys.readouterr().err
+    # the stacks (here: no JVM to ask) come before the last line the chaos loop and the harness read
+    assert "RUNNER STACKS of the query still running after 0.1s" in err and "(no JVM stacks" in err, err
+    assert err.rstrip().splitlines()[-1] == "RUNNER TIMEOUT after 0.1s"

@@ -49,6 +49,8 @@ def test_apt_install_waits_for_a_lock_held_by_another_apt(tmp_path: Path, monkey
 
 def test_apt_install_names_the_command_and_apts_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = _fake_apt(tmp_path, monkeypatch, locked=0)
-    with pytest.raises(ServiceError, match=r"installing no-such-package failed at `apt-get .*install.*Unable to locate"):
+    with pytest.raises(
+        ServiceError, match=r"installing no-such-package failed at `apt-get .*install.*Unable to locate"
+    ):
         dockerd.apt_install("no-such-package")
     assert len(log.read_text().splitlines()) == 2  # no retry for an error that is not the lock

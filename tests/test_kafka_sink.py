@@ -292,3 +292,20 @@ def test_a_dead_letter_keeps_the_row_where_it_fits_and_says_why() -> None:
     assert cut.value is None and ("eos.error.truncated", b"true") in (cut.headers or [])
     assert ("eos.error.size", b"600") in (cut.headers or []) and record_size(cut)[1] <= 300
     assert dataclasses.replace(cut, headers=None).key == b"key"
+
+
+def test_a_task_slots_producer_stays_warm_in_its_worker_but_never_for_a_retried_attempt() -> None:
+    from sinks.kafka import client
+
+    conf = {"bootstrap.servers": "127.0.0.1:9", "transactional.id": "spark-eos:s:task:0"}
+    first, warm = client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")
+    assert not warm  # a new producer: the caller initialises it (fencing older ones)
+    again, warm = client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")
+    assert warm and again is first  # the slot's next task in this worker: no init
+    retried, warm = client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t", fresh=True)
+    assert not warm and retried is not first  # a retried attempt initialises, whatever this worker holds
+    after, warm = client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")
+    assert warm and after is retried
+    client.forget(after)  # failed or fenced: gone from the cache
+    assert not client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")[1]
+    client._WARM.clear()

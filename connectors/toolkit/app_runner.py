@@ -188,6 +188,9 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
         query = start()
         print(f"RUNNER STARTED pid={os.getpid()} query={query.id}", flush=True)
         if not query.awaitTermination(timeout):
+            print(
+                f"RUNNER STACKS of the query still running after {timeout}s:\n{_stacks()}", file=sys.stderr, flush=True
+            )
             query.stop()
             print(f"RUNNER TIMEOUT after {timeout}s", file=sys.stderr, flush=True)
             return 3
@@ -199,6 +202,23 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
         return 2
     print(f"RUNNER DONE in {time.monotonic() - started:.1f}s", flush=True)
     return 0
+
+
+def _stacks() -> str:
+    """Where a query that outlived its timeout is: the JVM's stream execution threads (what a hang's report
+    needs; the process's own Python thread only waits in awaitTermination). Never raises."""
+    lines: list[str] = []
+    try:
+        from pyspark import SparkContext
+
+        traces = SparkContext._jvm.java.lang.Thread.getAllStackTraces()  # type: ignore[union-attr]
+        for thread in traces.keySet().toArray():
+            if str(thread.getName()).startswith("stream execution"):
+                lines.append(f"JVM thread {thread.getName()!r} ({thread.getState()}):")
+                lines += [f"    at {frame}" for frame in list(traces.get(thread))[:30]]
+    except Exception as exc:  # the JVM may be the thing that hangs
+        lines.append(f"(no JVM stacks: {type(exc).__name__}: {exc})")
+    return "\n".join(lines) or "(no stream execution thread)"
 
 
 def foreach_batch_with_fault_points(func: Callable[[Any, int], Any]) -> Callable[[Any, int], None]:

@@ -204,10 +204,14 @@ _WARM: OrderedDict[tuple[str, str], TxnProducer] = OrderedDict()  # this worker'
 _WARM_MAX = 8
 
 
-def slot_producer(conf: dict[str, str], name: str, *, timeout: float, context: str) -> tuple[TxnProducer, bool]:
+def slot_producer(
+    conf: dict[str, str], name: str, *, timeout: float, context: str, fresh: bool = False
+) -> tuple[TxnProducer, bool]:
     """The transactional producer of task slot ``name`` in this Python worker: the one an earlier task of
     the slot left here (True: initialised, its last transaction committed), else a new one (False: the
-    caller initialises it, which fences every older producer of the slot).
+    caller initialises it, which fences every older producer of the slot). ``fresh``: always a new one
+    (a retried or speculative attempt: another worker's producer of the slot may have taken over since
+    this one was used, and a task attempt must not be spent finding that out).
 
     Initialising again for every micro-batch costs a round trip, and half a second when the broker is
     still completing the slot's previous transaction. Skipping it is safe: any other producer with the
@@ -215,7 +219,9 @@ def slot_producer(conf: dict[str, str], name: str, *, timeout: float, context: s
     first send or commit and drops out of the cache (``forget``)."""
     key = (name, repr(sorted(conf.items())))
     found = _WARM.pop(key, None)
-    if found is not None:
+    if found is not None and fresh:
+        found.close()
+    elif found is not None:
         _WARM[key] = found
         return found, True
     made = TxnProducer(conf, name, timeout=timeout, context=context)

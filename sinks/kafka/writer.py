@@ -106,7 +106,9 @@ class _TaskRun:
         name = slot_name(self.opts.sink_id, self.who.partition)
         marker_topic = self.opts.markers_on
         assert marker_topic is not None
-        producer, warm = slot_producer(self.conf, name, timeout=self.timeout, context=self.plan.context)
+        producer, warm = slot_producer(
+            self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=self.who.attempt > 0
+        )
         try:
             marker = None
             if warm:  # this worker wrote the slot's last batch: nothing of ours is open
