@@ -200,15 +200,24 @@ def digest_of(batches: list[pa.RecordBatch]) -> str:
 
 
 @pytest.mark.parametrize("nulls", [False, True])
-def test_k2_the_digest_does_not_depend_on_where_spark_cut_the_batches(nulls: bool) -> None:
+def test_k2_the_digest_depends_on_neither_the_batches_cuts_nor_the_rows_order(nulls: bool) -> None:
     whole = arrow(100, nulls=nulls)
     cuts = [whole.slice(0, 7), whole.slice(7, 50), whole.slice(57, 43)]
     assert digest_of([whole]) == digest_of(cuts) == digest_of([arrow(30, nulls=nulls), arrow(70, 30, nulls=nulls)])
-    # ... and changes with any row: one value, its order, a key turned null, a header, one row fewer
-    assert digest_of([whole]) != digest_of([arrow(99, nulls=nulls)])
-    swapped = pa.Table.from_batches([whole]).take([1, 0, *range(2, 100)]).to_batches()
-    assert digest_of([whole]) != digest_of(swapped)
+    # a shuffle's partition fetched in another order (Spark randomises the blocks' fetch order)
     table = pa.Table.from_batches([whole])
+    shuffled = table.take(list(reversed(range(100)))).to_batches(max_chunksize=33)
+    assert digest_of(shuffled) == digest_of([whole])
+    # ... and changes with any row: one row fewer, one row twice, a field of two rows swapped, a value,
+    # a key turned null, a value turned empty from null
+    assert digest_of([whole]) != digest_of([arrow(99, nulls=nulls)])
+    assert digest_of([whole]) != digest_of([whole, whole.slice(5, 1)])
+    assert digest_of([whole, whole]) != digest_of([whole])
+    keys = table.column("key").to_pylist()
+    keys[1], keys[2] = keys[2], keys[1]  # rows 1 and 2 swap keys: the same keys, values and order otherwise
+    swapped = table.set_column(0, "key", pa.chunked_array([pa.array(keys, pa.string())]))
+    assert digest_of(swapped.to_batches()) != digest_of([whole])
+    assert digest_of([whole]).startswith("m1:")
     for column, value in (
         ("value", pa.array([b"X"] + [None] * 99).fill_null(b"")),
         ("key", pa.array([None] * 100, pa.string())),
@@ -225,9 +234,48 @@ def test_rows_come_out_as_the_producer_sends_them() -> None:
     rows = RowBatch(arrow(4), COLS, "out")
     rec = rows.record(1)
     assert (rec.topic, rec.key, rec.value, rec.headers, rec.partition) == ("out", b"k1", b"value-1", [("h", b"1")], 1)
-    assert list(rows.payload_sizes()) == [
-        len(f"k{i}") + len(f"value-{i}") * (i % 4) + (2 if i % 2 else 0) for i in range(4)
+    # key + value + header "h" (varint 1, 1 byte, varint 1, 1 byte) + librdkafka's 36 bytes of record overhead
+    assert list(rows.producer_sizes()) == [
+        len(f"k{i}") + len(f"value-{i}") * (i % 4) + (4 if i % 2 else 0) + 36 for i in range(4)
     ]
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize(
+    "headers", [None, [("h", b"v" * 10)], [("h", b"v" * 10), ("hh", b"v" * 100), ("x", None), ("\u00e9", b"")]]
+)
+def test_k3_the_screens_size_is_the_size_librdkafka_refuses_a_record_at(headers: Any, staged: bool) -> None:
+    """A row exactly at the producer's message.max.bytes by the screen's count is produced, one byte more
+    is refused by librdkafka itself (no broker needed: it checks in produce()); staged rows with their
+    staging header."""
+    from confluent_kafka import KafkaException, Producer
+
+    from sinks.kafka.records import STAGE_HEADER, stage_route
+
+    limit, tag = 2000, "a1b2c3d4e5f6:3:0"
+    producer = Producer({"bootstrap.servers": "127.0.0.1:9", "message.max.bytes": str(limit), "log_level": 0})
+    htype = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    wire = [{"key": k, "value": v} for k, v in headers] if headers else None
+
+    def row(n: int) -> RowBatch:
+        b = pa.RecordBatch.from_arrays(
+            [pa.array(["out"]), pa.array([b"key"]), pa.array([b"v" * n]), pa.array([wire], htype)],
+            names=["topic", "key", "value", "headers"],
+        )
+        return RowBatch(b, ("topic", "key", "value", "headers"), None)
+
+    extra = [(STAGE_HEADER, stage_route(tag, "out", None))] if staged else []
+    base = int(row(0).producer_sizes(tag if staged else None)[0])
+    at_limit = row(limit - base)
+    assert int(at_limit.producer_sizes(tag if staged else None)[0]) == limit
+    rec = at_limit.record(0)
+    producer.produce("out", rec.value, rec.key, headers=[*(rec.headers or []), *extra])  # accepted
+    rec = row(limit - base + 1).record(0)
+    with pytest.raises(KafkaException, match="MSG_SIZE_TOO_LARGE"):
+        producer.produce("out", rec.value, rec.key, headers=[*(rec.headers or []), *extra])
+    assert screen_at(limit).refused(row(limit - base + 1), stage_tag=tag if staged else None)
+    assert not screen_at(limit).refused(at_limit, stage_tag=tag if staged else None)
+    producer.purge()
 
 
 # ---- the screen (K3) ----------------------------------------------------------------------------------
@@ -243,6 +291,11 @@ class FakeLookups:
 
 def screen(**limits: TopicLimits | None) -> Screen:
     return Screen(FakeLookups(limits), 1000, "kafka-eos sink 'x'")  # type: ignore[arg-type]
+
+
+def screen_at(message_max_bytes: int) -> Screen:
+    big = TopicLimits(partitions=1, max_message_bytes=10 * message_max_bytes, compacted=False)
+    return Screen(FakeLookups({"out": big}), message_max_bytes, "kafka-eos sink 'x'")  # type: ignore[arg-type]
 
 
 def batch_of(rows: list[tuple[Any, ...]]) -> RowBatch:
@@ -279,7 +332,7 @@ def test_k3_a_clean_batch_is_screened_without_looking_at_each_row() -> None:
     plain = TopicLimits(partitions=2, max_message_bytes=1_000_000, compacted=False)
     rows = batch_of([("out", b"k", b"v" * 10, None)] * 1000)
     s = screen(out=plain)
-    assert s._suspects(rows, {"out": plain}, rows.payload_sizes()) == []
+    assert s._suspects(rows, {"out": plain}, rows.producer_sizes()) == []
     assert s.refused(rows) == {}
 
 
@@ -309,3 +362,99 @@ def test_a_task_slots_producer_stays_warm_in_its_worker_but_never_for_a_retried_
     client.forget(after)  # failed or fenced: gone from the cache
     assert not client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")[1]
     client._WARM.clear()
+
+
+class _FakeTxn:
+    """Stands in for the publish's transactional producer: records what the publish did."""
+
+    calls: list[str] = []
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    def init(self) -> None:
+        self.calls.append("init")
+
+    def begin(self) -> None:
+        self.calls.append("begin")
+
+    def commit(self, markers: Any) -> None:
+        self.calls.append("commit")
+
+    def abort_quietly(self) -> None:
+        self.calls.append("abort")
+
+    def close(self) -> None:
+        pass
+
+
+class _FakeLookupsAdmin:
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self.admin = object()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("replayed_slots", [(0, 1), (0, 1, 2)])
+def test_k2_a_replay_without_a_slot_that_wrote_the_batch_is_refused_before_the_publish(
+    monkeypatch: pytest.MonkeyPatch, replayed_slots: tuple[int, ...]
+) -> None:
+    """visibility=partition: slots 2 and 3 of a 4-task attempt committed batch 7, then the batch failed. A
+    replay with fewer tasks (2, or 3) must not publish the slots it has: their rows would join rows the
+    vanished slot 3 (and 2) made visible already. The driver refuses before its transaction begins."""
+    from sinks.kafka import committer
+
+    written = {2: marker(7), 3: marker(7), 0: marker(6), 1: marker(6)}
+    monkeypatch.setattr(committer, "TxnProducer", _FakeTxn)
+    monkeypatch.setattr(committer, "KafkaLookups", _FakeLookupsAdmin)
+    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, sink_id, topic, timeout: written)
+    monkeypatch.setattr(committer, "read_marker", lambda *a, **k: marker(6))
+    _FakeTxn.calls = []
+    p = dataclasses.replace(plan(visibility="partition"), batch=7)
+    messages = [
+        KafkaSinkMessage(slot=s, batch=7, attempt=0, rows=1, digest="d", skipped=s in written and s >= 2)
+        if s >= 2
+        else KafkaSinkMessage(slot=s, batch=7, attempt=0, rows=1, digest="d", tag=f"t{s}", staged=((0, 0, 0, 1),))
+        for s in replayed_slots
+    ]
+    with pytest.raises(FatalError, match=r"slots \[2, 3\] committed their rows.*slots \[3\]|slots \[2, 3\] are not"):
+        committer.commit_batch(p, messages, 7)
+    assert "begin" not in _FakeTxn.calls and "commit" not in _FakeTxn.calls  # nothing published
+
+
+def test_k2_a_replay_with_every_slot_that_wrote_the_batch_publishes_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sinks.kafka import committer
+
+    written = {2: marker(7), 3: marker(7), 0: marker(6), 1: marker(6)}
+    monkeypatch.setattr(committer, "TxnProducer", _FakeTxn)
+    monkeypatch.setattr(committer, "KafkaLookups", _FakeLookupsAdmin)
+    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, sink_id, topic, timeout: written)
+    monkeypatch.setattr(committer, "read_marker", lambda *a, **k: marker(6))
+    monkeypatch.setattr(committer._Publish, "_copy", lambda self, producer, staged: len(staged))
+    _FakeTxn.calls = []
+    p = dataclasses.replace(plan(visibility="partition"), batch=7)
+    messages = [
+        KafkaSinkMessage(slot=0, batch=7, attempt=0, rows=1, digest="d", tag="t0", staged=((0, 0, 0, 1),)),
+        KafkaSinkMessage(slot=1, batch=7, attempt=0, rows=1, digest="d", tag="t1", staged=((0, 1, 1, 1),)),
+        KafkaSinkMessage(slot=2, batch=7, attempt=0, rows=1, digest="d", skipped=True),
+        KafkaSinkMessage(slot=3, batch=7, attempt=0, rows=1, digest="d", skipped=True),
+    ]
+    committer.commit_batch(p, messages, 7)
+    assert _FakeTxn.calls == ["init", "begin", "commit"]
+    with pytest.raises(FatalError, match="writer it built for batch 7"):  # a commit for another batch's plan
+        committer.commit_batch(p, messages, 8)
+
+
+def test_k1_the_survey_fails_when_a_broker_did_not_list_its_groups() -> None:
+    """A broker that does not answer ListGroups hides the groups it coordinates: a written slot unseen would
+    let the others write the batch directly. The listing's errors fail the survey (retriable)."""
+    from types import SimpleNamespace
+
+    from eos_core.errors import RetriableError
+    from sinks.kafka.markers import read_slot_markers
+
+    listed = SimpleNamespace(valid=[], errors=[RuntimeError("broker 2: COORDINATOR_NOT_AVAILABLE")])
+    admin = SimpleNamespace(list_consumer_groups=lambda request_timeout: SimpleNamespace(result=lambda t: listed))
+    with pytest.raises(RetriableError, match="no answer from every broker: broker 2"):
+        read_slot_markers(admin, "orders", "out", timeout=1)  # type: ignore[arg-type]

@@ -23,8 +23,14 @@ Protocol, ``visibility=partition`` (no second write; each task's rows appear whe
 - task ``write`` of batch n, partition p: fence slot p's transactional id (every older attempt of p,
   speculative or failed, is aborted), read slot p's marker; if it says batch n, check that the rows
   are the rows it wrote (K2) and write nothing; else in ONE transaction send the rows and the marker
-  (offset n + 1 of slot p's group, with the rows' count and digest) and commit.
-- driver ``commit``: nothing is left to do (the tasks committed); it logs what they wrote.
+  (offset n + 1 of slot p's group, with the rows' count and digest) and commit. A producer the Python
+  worker kept from the slot's last task is not fenced again: it proves it is still the slot's newest
+  producer by putting the slot's marker, as read, in a new transaction (the coordinator refuses a
+  fenced one; a new producer then initialises). Retried attempts always initialise.
+- driver ``commit``: nothing is left to do (the tasks committed); it logs what they wrote. A partly
+  written batch (some slots' markers say n when the tasks start): the other slots stage, and the
+  driver publishes their rows with their markers in one transaction once every slot that wrote n
+  ran in the replay and skipped (K2).
 
 Invariants (the code and the tests that keep each one cite its number):
 
@@ -34,7 +40,9 @@ Invariants (the code and the tests that keep each one cite its number):
   (an older savepoint restored, a fresh checkpoint under an old sink id, two queries sharing one).
 - K2 A task slot skips batch n only for the rows it wrote: with ``visibility=partition`` a replay
   that gives the slot other rows (the partitioning or the query changed between the crash and the
-  restart) is refused with what to do; the marker holds their count and digest.
+  restart) is refused with what to do; the marker holds their count and digest, a digest of the rows
+  as a multiset (a shuffle's partition may come in another order). A replay without one of the
+  slots that wrote the batch (fewer tasks) is refused before the publish: nothing of it is visible.
 - K3 Nothing the data can cause fails after rows are visible: a row the broker would refuse (size,
   no key on a compacted topic, unknown topic or partition) is found before the transaction commits
   and either fails the batch with nothing visible or, with ``errors.tolerance=all``, goes to

@@ -166,6 +166,12 @@ class TxnProducer:
 
     def commit(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
         """Commit the transaction with each (offsets, consumer group) of ``markers`` in it."""
+        self.add_markers(markers)
+        self._call("commit_transaction", lambda: self.producer.commit_transaction(self.timeout))
+
+    def add_markers(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
+        """Put each (offsets, consumer group) of ``markers`` in the open transaction (the coordinator checks the
+        producer's epoch: a fenced producer fails here, ``Fenced``). A later call for a group replaces them."""
         for offsets, group in markers:
             # A consumer that never joins the group: only its group metadata (the group id) is used.
             consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
@@ -177,7 +183,6 @@ class TxnProducer:
                 "send_offsets_to_transaction",
                 lambda o=offsets, m=metadata: self.producer.send_offsets_to_transaction(o, m, self.timeout),  # type: ignore[misc]
             )
-        self._call("commit_transaction", lambda: self.producer.commit_transaction(self.timeout))
 
     def abort_quietly(self) -> None:
         try:
@@ -266,7 +271,12 @@ class StagingProducer:
             found[2] += 1
 
     def send(self, rows: list[Row]) -> None:
-        produce_all(self.producer, rows, timeout=self.timeout, context=self.context)
+        try:
+            produce_all(self.producer, rows, timeout=self.timeout, context=self.context)
+        except KafkaException as exc:  # librdkafka refused a record (its size, a bad partition): the screen missed it
+            raise FatalError(
+                f"{self.context}: staging a record failed: {exc}; nothing of the batch is visible"
+            ) from None
 
     def finish(self) -> dict[int, tuple[int, int, int]]:
         """Wait for every record; the ranges, or RetriableError if any was not written."""

@@ -16,9 +16,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from eos_core import faults
 from eos_core.errors import FatalError, RetriableError
 from sinks.kafka.client import KafkaLookups, Row, TxnProducer
-from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
-from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
-from sinks.kafka.writer import STAGE_HEADER
+from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, read_slot_markers, slot_name
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written
+from sinks.kafka.records import STAGE_HEADER
 
 __all__ = ["commit_batch"]
 
@@ -29,6 +29,11 @@ log = logging.getLogger("sinks.kafka")
 
 def commit_batch(plan: KafkaSinkPlan, messages: Sequence[object], batch: int) -> None:
     """Spark completed ``batch``: make it visible (visibility=batch) or check what the tasks wrote."""
+    if plan.batch is not None and plan.batch != batch:  # the markers would bind batch to another batch's lineage
+        raise FatalError(
+            f"{plan.context}: Spark commits batch {batch} with the writer it built for batch {plan.batch}",
+            batch_id=batch,
+        )
     mine = sorted((m for m in messages if isinstance(m, KafkaSinkMessage)), key=lambda m: m.slot)
     if not plan.opts.staged and any(m.tag is not None for m in mine):
         _Publish(plan, batch).run(mine)  # a partly written batch's other slots staged (K2)
@@ -65,6 +70,7 @@ class _Publish:
                 groups = [self.name]
                 staged = messages
             else:  # visibility=partition, a partly written batch: the slots that staged get their markers here
+                self._every_written_slot_replayed(lookups, messages)
                 staged = [m for m in messages if m.tag is not None]
                 groups = [slot_name(opts.sink_id, m.slot) for m in staged]
             found = [read_marker(lookups.admin, g, marker_topic, timeout=self.timeout) for g in groups]
@@ -93,6 +99,25 @@ class _Publish:
             lookups.close()
         log.info("%s: batch %d published (%d records from %d tasks)", self.plan.context, batch, published, len(staged))
         faults.point("sink.after_commit", spec=opts.faults, batch=batch, sink=opts.sink_id)
+
+    def _every_written_slot_replayed(self, lookups: KafkaLookups, messages: list[KafkaSinkMessage]) -> None:
+        """K2 across slots: every slot whose marker says this batch must be among this replay's tasks (and
+        have skipped). A replay with fewer task slots than the attempt that wrote part of the batch would
+        otherwise publish, through the slots it has, rows a vanished slot already made visible."""
+        assert self.opts.markers_on is not None
+        slots = read_slot_markers(lookups.admin, self.opts.sink_id, self.opts.markers_on, timeout=self.timeout)
+        written = {slot for slot, _rows, _digest in partly_written(self.plan, slots, batch=self.batch)}
+        replayed = {m.slot for m in messages if m.skipped}
+        if written - replayed:
+            raise FatalError(
+                f"{self.plan.context}: batch {self.batch} was partly written before: task slots "
+                f"{sorted(written)} committed their rows, but this replay ran slots {sorted(m.slot for m in messages)} "
+                f"and slots {sorted(written - replayed)} are not among them: the query's partitioning changed between "
+                "the crash and the restart (fewer tasks: minPartitions, maxRecordsPerPartition, repartition, the "
+                "code). Nothing of this replay was made visible. Restore the query as it was to finish this batch "
+                "(its missing slots then skip what they wrote), then change it",
+                batch_id=self.batch,
+            )
 
     def _markers(
         self, staged: list[KafkaSinkMessage], published: int, groups: list[str], topic: str

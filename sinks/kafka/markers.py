@@ -184,6 +184,11 @@ def read_slot_markers(admin: AdminClient, sink_id: str, topic: str, *, timeout: 
         raise RetriableError(
             f"kafka-eos sink: listing consumer groups (to find the sink's markers) failed: {exc}"
         ) from None
+    if listed.errors:  # a broker that did not answer hides the groups it coordinates: a slot's marker unseen
+        raise RetriableError(
+            f"kafka-eos sink: listing consumer groups (to find the sink's markers) got no answer from every broker: "
+            f"{'; '.join(str(e) for e in listed.errors[:3])}"
+        )
     groups = sorted(
         g.group_id for g in listed.valid if g.group_id.startswith(prefix) and g.group_id[len(prefix) :].isdigit()
     )

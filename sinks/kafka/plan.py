@@ -62,13 +62,16 @@ def build_plan(opts: KafkaSinkOptions, schema: StructType) -> KafkaSinkPlan:
     return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6), batch)
 
 
-def partly_written(plan: KafkaSinkPlan, slots: dict[int, Marker]) -> tuple[tuple[int, int, str], ...]:
+def partly_written(
+    plan: KafkaSinkPlan, slots: dict[int, Marker], *, batch: int | None = None
+) -> tuple[tuple[int, int, str], ...]:
     """K1 on the driver, before any task runs: every slot's marker must belong to this query's lineage;
-    the slots that wrote this batch already (K2: the others stage), () when none did."""
-    assert plan.batch is not None
+    the slots that wrote this batch (``batch``, else the plan's) already (K2: the others stage), () when none did."""
+    batch = plan.batch if batch is None else batch
+    assert batch is not None
     written = []
     for slot, marker in sorted(slots.items()):
-        if meet_marker(plan, marker, plan.batch, f"task slot {slot}"):
+        if meet_marker(plan, marker, batch, f"task slot {slot}"):
             written.append((slot, marker.rows, marker.digest))
     return tuple(written)
 

@@ -9,12 +9,14 @@ librdkafka would refuse: a record larger than the producer's ``message.max.bytes
 ``max.message.bytes`` (checked uncompressed, as librdkafka checks it), no key on a compacted topic, a
 topic that does not exist or a partition it does not have, a null topic.
 
-``RowDigest`` is a digest of the rows in order, independent of how Spark cut them into Arrow batches.
+``RowDigest`` is a digest of the rows as a multiset: independent of their order and of how Spark cut
+them into Arrow batches.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import struct
 from collections.abc import Sequence
@@ -28,7 +30,21 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from eos_core.errors import ConfigError
 
-__all__ = ["COLUMNS", "WIRE_SLACK", "Record", "RowBatch", "RowDigest", "TopicLimits", "check_schema", "record_size"]
+__all__ = [
+    "COLUMNS",
+    "RECORD_OVERHEAD",
+    "STAGE_HEADER",
+    "WIRE_SLACK",
+    "Record",
+    "RowBatch",
+    "RowDigest",
+    "TopicLimits",
+    "check_schema",
+    "headers_size",
+    "record_size",
+    "stage_header_size",
+    "stage_route",
+]
 
 log = logging.getLogger("sinks.kafka")
 
@@ -132,12 +148,16 @@ class RowBatch:
         )
         return lengths
 
-    def payload_sizes(self) -> np.ndarray:
-        """key + value + header bytes of each row (what librdkafka checks against message.max.bytes)."""
-        sizes: np.ndarray = self._lengths("key") + self._lengths("value")
+    def producer_sizes(self, stage_tag: str | None = None) -> np.ndarray:
+        """Each row's size as librdkafka checks it against ``message.max.bytes`` when it is produced:
+        RECORD_OVERHEAD + key + value + its headers serialised (zigzag varint lengths), plus the staging
+        header (STAGE_HEADER with the route of ``stage_tag``) when the row is staged."""
+        sizes: np.ndarray = self._lengths("key") + self._lengths("value") + RECORD_OVERHEAD
         if self.headers is not None:
+            sizes += np.array([headers_size(row) for row in self.headers], dtype=np.int64)
+        if stage_tag is not None:
             sizes += np.array(
-                [sum(len(k.encode()) + len(v or b"") for k, v in row) if row else 0 for row in self.headers],
+                [stage_header_size(stage_tag, t, p) for t, p in zip(self.topics, self.partitions, strict=True)],
                 dtype=np.int64,
             )
         return sizes
@@ -163,6 +183,33 @@ def _varint_size(n: int) -> int:
 
 
 _BATCH_OVERHEAD = 61  # a record batch's header (magic v2)
+
+
+RECORD_OVERHEAD = 36  # librdkafka's RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD, counted with a record against message.max.bytes
+STAGE_HEADER = "spark-eos.stage"  # on every staged record: the attempt's tag and where the record goes
+
+
+def stage_route(tag: str, topic: str | None, partition: int | None) -> bytes:
+    """The STAGE_HEADER value: the attempt's tag, the record's topic and explicit partition."""
+    return json.dumps([tag, topic, partition], separators=(",", ":")).encode()
+
+
+def headers_size(headers: Headers | None) -> int:
+    """Headers as librdkafka serialises them into a record: per header, the key's and the value's zigzag
+    varint lengths (-1 for a null value) and their bytes."""
+    size = 0
+    for hk, hv in headers or ():
+        kb = len(hk.encode("utf-8"))
+        vb = len(hv) if hv is not None else 0
+        size += _varint_size(kb) + kb + _varint_size(vb if hv is not None else -1) + vb
+    return size
+
+
+def stage_header_size(tag: str, topic: str | None, partition: int | None) -> int:
+    """What the staging header adds to a staged record's size (``headers_size`` of it alone)."""
+    route = len(stage_route(tag, topic, partition))
+    name = len(STAGE_HEADER)
+    return _varint_size(name) + name + _varint_size(route) + route
 
 
 def record_size(rec: Record) -> tuple[int, int]:
@@ -201,52 +248,81 @@ class TopicLimits:
     compacted: bool
 
 
+DIGEST_VERSION = "m1"  # the multiset digest below (markers written with another one compare unequal)
+_HASH_KEY = "spark-eos:rows:1"  # siphash key of pandas' hash_array: 16 bytes, fixed, so every process agrees
+_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                 0xFF51AFD7ED558CCD], dtype=np.uint64)  # fmt: skip
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finaliser, element-wise (wrapping uint64 arithmetic)."""
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xC4CEB9FE1A85EC53)
+    out: np.ndarray = h ^ (h >> np.uint64(33))
+    return out
+
+
 class RowDigest:
-    """A digest of rows in order that does not depend on where the Arrow batches were cut: each column's
-    lengths (-1 for null) and bytes go to hash streams of their own, fed a whole Arrow column at a time."""
+    """A digest of the rows as a multiset: neither where Spark cut the Arrow batches nor the rows' order
+    changes it (after a shuffle, Spark fetches a partition's blocks in a random order, so a replay of a
+    task can give it the same rows in another order), any other change of the rows does.
 
-    def __init__(self) -> None:
-        self._streams: dict[str, Any] = {}
+    Each column of a row is hashed (SipHash-2-4 with a fixed key, pandas' ``hash_array``; null apart from
+    empty), the row's column hashes are combined and mixed into two 64-bit row hashes, and the digest
+    sums each over the rows (mod 2**64) with their count."""
+
+    def __init__(self, *, count_only: bool = False) -> None:
+        self._sums = [0, 0]
         self.rows = 0
+        self.count_only = count_only  # visibility=batch: no replay compares a task's rows (K2), only count them
 
-    def _stream(self, name: str) -> Any:
-        found = self._streams.get(name)
-        if found is None:
-            found = self._streams[name] = hashlib.blake2b(digest_size=16)
-        return found
+    @staticmethod
+    def _column(arr: pa.Array) -> np.ndarray:
+        from pandas.util import hash_array  # PySpark's Arrow path imports pandas in every Python worker
 
-    def _binary(self, name: str, arr: pa.Array) -> None:
-        lengths = pc.fill_null(pc.binary_length(arr), -1).cast(pa.int64())
-        self._stream(name + ".len").update(lengths.to_numpy(zero_copy_only=False).tobytes())
-        clean = pc.fill_null(arr, b"" if pa.types.is_binary(arr.type) else "") if arr.null_count else arr
-        clean = clean.cast(pa.large_binary())  # one layout for string and binary, 64-bit offsets
-        _validity, offsets_buf, data = clean.buffers()
-        offsets = np.frombuffer(offsets_buf, dtype=np.int64)[clean.offset : clean.offset + len(clean) + 1]
-        if len(offsets) and data is not None:
-            self._stream(name + ".data").update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
+        return hash_array(arr.to_numpy(zero_copy_only=False), hash_key=_HASH_KEY, categorize=False)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _headers(headers: Sequence[Headers | None]) -> np.ndarray:
+        from pandas.util import hash_array
+
+        encoded = np.empty(len(headers), dtype=object)
+        for i, row in enumerate(headers):
+            if row is None:
+                encoded[i] = None
+                continue
+            parts = [struct.pack("<i", len(row))]
+            for hk, hv in row:
+                kb = hk.encode("utf-8")
+                parts.append(struct.pack("<ii", len(kb), -1 if hv is None else len(hv)))
+                parts.append(kb + (hv or b""))
+            encoded[i] = b"".join(parts)
+        return hash_array(encoded, hash_key=_HASH_KEY, categorize=False)  # type: ignore[no-any-return]
 
     def add(self, rows: RowBatch) -> None:
-        for name in ("topic", "key", "value"):
-            if name in rows.arrays:
-                self._binary(name, rows.arrays[name])
-        if "partition" in rows.arrays:
-            parts = pc.fill_null(rows.arrays["partition"], -1).cast(pa.int64())
-            self._stream("partition").update(parts.to_numpy(zero_copy_only=False).tobytes())
-        if rows.headers is not None:
-            stream = self._stream("headers")
-            for row in rows.headers:
-                stream.update(struct.pack("<i", -1 if row is None else len(row)))
-                for hk, hv in row or ():
-                    kb = hk.encode("utf-8")
-                    stream.update(struct.pack("<ii", len(kb), -1 if hv is None else len(hv)))
-                    stream.update(kb)
-                    if hv:
-                        stream.update(hv)
+        if self.count_only or not rows.n:
+            self.rows += rows.n
+            return
+        with np.errstate(over="ignore"):
+            combined = np.zeros(rows.n, dtype=np.uint64)
+            for i, name in enumerate(("topic", "key", "value")):
+                if name in rows.arrays:
+                    combined = _fmix(combined ^ (self._column(rows.arrays[name]) * _MIX[i]))
+            if "partition" in rows.arrays:
+                parts = pc.fill_null(rows.arrays["partition"], -1).cast(pa.int64())
+                combined = _fmix(combined ^ (parts.to_numpy(zero_copy_only=False).view(np.uint64) * _MIX[3]))
+            if rows.headers is not None:
+                combined = _fmix(combined ^ (self._headers(rows.headers) * _MIX[4]))
+            first = _fmix(combined)
+            second = _fmix(combined ^ np.uint64(0x2545F4914F6CDD1D))
+        self._sums[0] = (self._sums[0] + int(first.sum(dtype=np.uint64))) % 2**64
+        self._sums[1] = (self._sums[1] + int(second.sum(dtype=np.uint64))) % 2**64
         self.rows += rows.n
 
     def hexdigest(self) -> str:
-        total = hashlib.blake2b(struct.pack("<q", self.rows), digest_size=16)
-        for name in sorted(self._streams):
-            total.update(name.encode())
-            total.update(self._streams[name].digest())
-        return total.hexdigest()
+        if self.count_only:
+            return f"rows:{self.rows}"
+        total = hashlib.blake2b(struct.pack("<qQQ", self.rows, *self._sums), digest_size=16)
+        return f"{DIGEST_VERSION}:{total.hexdigest()}"

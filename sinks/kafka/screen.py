@@ -10,7 +10,7 @@ import numpy as np
 
 from eos_core.errors import FatalError
 from sinks.kafka.client import KafkaLookups
-from sinks.kafka.records import WIRE_SLACK, Record, RowBatch, TopicLimits, record_size
+from sinks.kafka.records import RECORD_OVERHEAD, WIRE_SLACK, Record, RowBatch, TopicLimits, record_size
 
 __all__ = ["DataRefused", "Screen", "dead_letter"]
 
@@ -29,15 +29,18 @@ class Screen:
     message_max_bytes: int
     context: str
 
-    def refused(self, rows: RowBatch) -> dict[int, str]:
-        """Row index -> why the broker would refuse it (empty for a good batch: the common case is vectorised)."""
+    def refused(self, rows: RowBatch, *, stage_tag: str | None = None) -> dict[int, str]:
+        """Row index -> why the broker (or librdkafka) would refuse it (empty for a good batch: the common case is
+        vectorised). ``stage_tag``: the rows are staged first, with the staging header."""
         out: dict[int, str] = {}
         limits = self.lookups.limits(sorted({t for t in rows.topics if t is not None}))
-        sizes = rows.payload_sizes()
+        sizes = rows.producer_sizes(stage_tag)
+        staged = ", the staging header" if stage_tag is not None else ""
         for i in np.nonzero(sizes > self.message_max_bytes)[0].tolist():
             out[i] = (
-                f"the record is {int(sizes[i])} bytes (key + value + headers), over the producer's "
-                f"message.max.bytes {self.message_max_bytes} (option kafka.max.request.size or kafka.message.max.bytes)"
+                f"the record is {int(sizes[i])} bytes as librdkafka counts it (key + value + headers{staged} + "
+                f"{RECORD_OVERHEAD} bytes of record overhead), over the producer's message.max.bytes "
+                f"{self.message_max_bytes} (option kafka.max.request.size or kafka.message.max.bytes)"
             )
         for i in self._suspects(rows, limits, sizes):
             if i not in out:

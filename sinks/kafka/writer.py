@@ -3,7 +3,6 @@ task's rows (see the protocol in ``sinks.kafka``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 
@@ -15,19 +14,12 @@ from eos_core.spark_task import TaskIdentity, task_identity
 from sinks.kafka.client import KafkaLookups, Row, StagingProducer, TxnProducer, forget, slot_producer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
-from sinks.kafka.records import RowBatch, RowDigest
+from sinks.kafka.records import STAGE_HEADER, RowBatch, RowDigest, stage_header_size, stage_route
 from sinks.kafka.screen import DEFAULT_MESSAGE_MAX_BYTES, Screen, dead_letter
 
-__all__ = ["STAGE_HEADER", "stage_route", "write_task"]
+__all__ = ["write_task"]
 
 log = logging.getLogger("sinks.kafka")
-
-STAGE_HEADER = "spark-eos.stage"  # on every staged record: the attempt's tag and where the record goes
-
-
-def stage_route(tag: str, topic: str | None, partition: int | None) -> bytes:
-    """The STAGE_HEADER value: the attempt's tag, the record's topic and explicit partition."""
-    return json.dumps([tag, topic, partition], separators=(",", ":")).encode()
 
 
 def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
@@ -60,10 +52,11 @@ class _TaskRun:
         self.fctx = {"batch": batch, "partition": who.partition, "attempt": who.attempt, "sink": plan.opts.sink_id}
         max_bytes = int(conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
         self.screen = Screen(lookups, max_bytes, plan.context)
-        self.digest = RowDigest()
+        self.digest = RowDigest(count_only=self.opts.staged)  # K2 compares digests only with visibility=partition
         self.diverted = 0
         self.where = f"batch {batch}, partition {who.partition}"
         self._errors_limit: int | None = None
+        self.stage_tag: str | None = None  # set while the task stages: its rows carry the staging header
 
     def message(self, **fields: object) -> KafkaSinkMessage:
         return KafkaSinkMessage(
@@ -84,7 +77,7 @@ class _TaskRun:
             self.digest.add(rows)
             heads = rows.headers if rows.headers is not None else [None] * rows.n
             out: list[Row] = list(zip(rows.topics, rows.values, rows.keys, heads, rows.partitions, strict=True))
-            for i, why in (self.screen.refused(rows) if rows.n else {}).items():
+            for i, why in (self.screen.refused(rows, stage_tag=self.stage_tag) if rows.n else {}).items():
                 rec = rows.record(i)
                 if self.opts.errors_topic is None:
                     raise self.screen.refuse(rec, why, self.where)
@@ -98,6 +91,8 @@ class _TaskRun:
             assert self.opts.errors_topic is not None
             topic = self.lookups.require(self.opts.errors_topic, "errors.topic")
             self._errors_limit = min(topic.max_message_bytes, self.screen.message_max_bytes)
+        if self.stage_tag is not None:  # a staged dead letter carries the staging header too
+            return self._errors_limit - stage_header_size(self.stage_tag, self.opts.errors_topic, None)
         return self._errors_limit
 
     # -- visibility=partition: the task writes and commits its rows with its marker ------------------
@@ -106,27 +101,18 @@ class _TaskRun:
         name = slot_name(self.opts.sink_id, self.who.partition)
         marker_topic = self.opts.markers_on
         assert marker_topic is not None
-        producer, warm = slot_producer(
-            self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=self.who.attempt > 0
-        )
+        producer, marker, begun = self._slot_producer(name, marker_topic)
         try:
-            marker = None
-            if warm:  # this worker wrote the slot's last batch: nothing of ours is open
-                try:
-                    marker = read_marker(self.lookups.admin, name, marker_topic, timeout=min(self.timeout, 3.0))
-                except RetriableError:  # a transaction holds the marker: another producer with our id is at work
-                    forget(producer)
-                    producer = TxnProducer(self.conf, name, timeout=self.timeout, context=self.plan.context)
-                    warm = False
-            if not warm:
-                producer.init()  # fences every older attempt of this slot, aborting its open transaction
-                marker = read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout)
-            if meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}"):
+            done = meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}")
+            if begun and (done or self.plan.written):
+                producer.abort_quietly()  # only the warm producer's proof is in it
+            if done:
                 assert marker is not None
                 return self._replayed(iterator, marker)
             if self.plan.written:  # a replay of a partly written batch: the driver publishes (K2)
                 return self.stage(iterator, checked=True)
-            producer.begin()
+            if not begun:
+                producer.begin()
             try:
                 for rows in self._rows(iterator):
                     producer.send(rows)
@@ -148,6 +134,38 @@ class _TaskRun:
             raise
         faults.point("sink.task.after_commit", spec=self.opts.faults, **self.fctx)
         return self.message()
+
+    def _slot_producer(self, name: str, marker_topic: str) -> tuple[TxnProducer, Marker | None, bool]:
+        """The slot's producer, its last marker, and whether a transaction is open (True: a warm producer's).
+
+        A producer this worker kept from the slot's last task (``slot_producer``) is used without
+        initialising only once it proved it is still the slot's producer: it opens a transaction with the
+        slot's marker as it is, which the coordinator refuses from a producer another worker's (or
+        attempt's) initialised since. Otherwise, and for a retried attempt, a new producer initialises,
+        fencing every older one and aborting its open transaction."""
+        producer, warm = slot_producer(
+            self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=self.who.attempt > 0
+        )
+        if warm:
+            try:
+                marker = read_marker(self.lookups.admin, name, marker_topic, timeout=min(self.timeout, 3.0))
+            except RetriableError:  # a transaction holds the marker: another producer with our id is at work
+                marker = None
+            if marker is not None:
+                producer.begin()
+                try:
+                    producer.add_markers([(marker_offsets(marker_topic, marker), name)])
+                    return producer, marker, True
+                except (RetriableError, FatalError):  # fenced (or it failed): a new producer takes over
+                    producer.abort_quietly()
+            forget(producer)
+            producer, _ = slot_producer(self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=True)
+        try:
+            producer.init()  # fences every older attempt of this slot, aborting its open transaction
+            return producer, read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout), False
+        except BaseException:
+            forget(producer)
+            raise
 
     def _replayed(self, iterator: Iterator[pa.RecordBatch], marker: Marker) -> KafkaSinkMessage:
         """K2: this slot wrote the batch before; its rows now must be the rows it wrote."""
@@ -188,7 +206,7 @@ class _TaskRun:
             return self.message(skipped=True)
         staging = self.lookups.require(self.opts.staging_topic, "staging.topic")
         target = self.who.partition % staging.partitions
-        tag = f"{self.plan.nonce}:{self.who.partition}:{self.who.attempt}"
+        tag = self.stage_tag = f"{self.plan.nonce}:{self.who.partition}:{self.who.attempt}"
         producer = StagingProducer(self.conf, timeout=self.timeout, context=self.plan.context)
         staging_topic = self.opts.staging_topic
         routes: dict[tuple[str | None, int | None], bytes] = {}  # the header, encoded once per destination
