@@ -50,8 +50,13 @@ ifeq ($(shell id -u),0)
 test test-integration: export EOS_START_DOCKERD ?= 1
 endif
 
-test: $(STAMP) $(PEER_STAMP) check-tools
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+# The peer environment (pip: mostly download and unpack) is built beside the main suite, which does not
+# need it; the peer suite runs after both. Its log: .venv-peer.log (printed when the build fails).
+test: $(STAMP) check-tools
+	@$(MAKE) --no-print-directory peer-venv > .venv-peer.log 2>&1 & peer=$$!; \
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
+	if ! wait $$peer; then cat .venv-peer.log; echo "building $(PEER_VENV) failed" >&2; exit 2; fi; \
+	exit $$rc
 	$(MAKE) --no-print-directory test-spark-peer
 
 # The differential and checkpoint-interchange suite in the peer environment, on the embedded Apache Kafka

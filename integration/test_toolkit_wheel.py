@@ -34,7 +34,12 @@ def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh venv with the wheel (and its dependencies from the package index / pip's cache)."""
     root = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO)], timeout=600)
+    # built from a copy: `make test` installs the clone into .venv-peer meanwhile, and setuptools builds in
+    # the source tree (build/, *.egg-info), where two builds at once would meet
+    source = root / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "spark-warehouse", ".eos"))  # fmt: skip
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)], timeout=600)
     (wheel,) = (root / "dist").glob("spark_eos-*.whl")
     _run([sys.executable, "-m", "venv", str(root / "venv")], timeout=300)
     pip = str(root / "venv" / "bin" / "pip")
