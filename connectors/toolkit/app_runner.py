@@ -1,7 +1,8 @@
 """Run a user's streaming job under the chaos toolkit: one process, one query, killed from outside.
 
     python -m connectors.toolkit.app_runner --app mymodule:build --bootstrap HOST:PORT --topic T --dsn URL \
-        --table TBL --checkpoint DIR [--trigger available-now|processing:SECONDS] [--max-offsets N]
+        --table TBL --checkpoint DIR [--trigger available-now|processing:SECONDS] [--max-offsets N] \
+        [--out-topic T --visibility batch|partition]
 
 The user's module names a function that builds the query, not started::
 
@@ -24,12 +25,32 @@ chaos producer (``{"id", "key", "amount"}``) unless the run names the user's own
 whose ``topic`` is ``orders`` is in ``job.topic_named("orders")`` (``job.topics``, for joins). A
 reference run (``--oracle``) calls the same ``setup`` and ``build`` with ``job.table`` set to the
 reference table (``<table>_ref1``): derive every name the job writes from ``job.table``.
+
+A job whose sink is the ``kafka-eos`` Kafka sink (``spark-eos chaos --sink-kind kafka`` or
+``kafka-partition``) writes to ``job.out_topic``, a topic the run creates (``<table>_out``; a
+reference run's is ``<table>_ref1_out``), with ``sink.id`` ``job.sink_id`` and ``visibility``
+``job.visibility`` (``batch`` for ``kafka``, ``partition`` for ``kafka-partition``); ``job.dsn`` is ""
+unless the run names a Postgres::
+
+    def build(spark, job: Job):
+        return (spark.readStream.format("kafka-eos")...load()
+                ...
+                .writeStream.format("kafka-eos").option("kafka.bootstrap.servers", job.bootstrap)
+                .option("topic", job.out_topic).option("sink.id", job.sink_id)
+                .option("visibility", job.visibility))
+
+Such a run refuses (exit 64, ``RUNNER REFUSED:`` and why, which ``spark-eos chaos`` reports as a
+config error) a query that does not write that way: another format, another topic, sink id or
+visibility, or a ``marker.topic`` (the checker reads the markers from ``job.out_topic``); so does a
+run of another ``--sink-kind`` whose query writes with the ``kafka-eos`` sink.
+
 Every ``foreachBatch`` function the job sets runs between two fault points (``pipeline.batch``
 before it, ``sink.after_commit`` after it returned, before Spark's commit; ``batch=`` the batch id),
 which ``--sink-kind foreachbatch`` kills at.
 
 Exit code 0 when the query ended (availableNow drained the topic), 2 when it failed (the error is
-printed last on stderr after ``RUNNER FAILED:``), 3 on ``--timeout``. ``RUNNER STARTED`` on stdout
+printed last on stderr after ``RUNNER FAILED:``), 3 on ``--timeout``, 64 when the job does not fit the
+run (a ``ConfigError`` of ``setup`` or ``build``, or the check above: ``RUNNER REFUSED:``). ``RUNNER STARTED`` on stdout
 tells the chaos loop that the query runs.
 """
 
@@ -45,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eos_core import faults
+from eos_core.errors import ConfigError
 
 __all__ = [
     "Job",
@@ -53,8 +75,10 @@ __all__ = [
     "load_app",
     "main",
     "mark_process_group",
+    "out_topic_of",
     "serve",
     "sink_id_of",
+    "sink_refusal",
     "with_trigger",
 ]
 
@@ -71,6 +95,18 @@ class Job:
     options: dict[str, str] = field(default_factory=dict)  # --option key=value, for the job's own use
     topics: dict[str, str] = field(default_factory=dict)  # the run's other topics by the records' names
     checkpoint: str = ""  # the query's checkpoint location (connectors.twopc_batch needs it as checkpointLocation)
+    out_topic_name: str = ""  # a kafka-eos sink job's topic, made by the run (out_topic_of(table)); see out_topic
+    visibility: str = "batch"  # a kafka-eos sink job: the sink's visibility the run's --sink-kind names
+
+    @property
+    def out_topic(self) -> str:
+        """The topic a ``kafka-eos`` sink job writes, made by the run (``--sink-kind kafka|kafka-partition``)."""
+        if not self.out_topic_name:
+            raise ConfigError(
+                "job.out_topic: this run makes no topic for the job to write; a job writing with the kafka-eos sink "
+                "needs --sink-kind kafka or kafka-partition (sink_kind= in eos_chaos)"
+            )
+        return self.out_topic_name
 
     def topic_named(self, name: str) -> str:
         """The run's topic for the records whose ``topic`` is ``name`` ("" or absent: ``self.topic``)."""
@@ -82,13 +118,18 @@ class Job:
 
     @property
     def sink_id(self) -> str:
-        """A ``postgres-2pc`` sink id unique to this run (see ``sink_id_of``)."""
+        """A ``postgres-2pc`` or ``kafka-eos`` sink id unique to this run (see ``sink_id_of``)."""
         return sink_id_of(self.table)
 
 
 def sink_id_of(table: str) -> str:
     """The sink id a chaos run gives the job writing ``table`` (the table name, dots replaced)."""
     return table.replace(".", "_")
+
+
+def out_topic_of(table: str) -> str:
+    """The topic a chaos run makes for a ``kafka-eos`` sink job whose run writes ``table``: ``<table>_out``."""
+    return sink_id_of(table) + "_out"
 
 
 def load_app(spec: str) -> tuple[Callable[..., Any], Callable[[Job], Any] | None]:
@@ -115,10 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", required=True, help="module:function that builds the query (not started)")
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--dsn", required=True)
+    p.add_argument("--dsn", default="", help="Postgres (none for a job that writes only to Kafka)")
     p.add_argument("--table", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--max-offsets", type=int, default=1000)
+    p.add_argument("--out-topic", default="", help="a kafka-eos sink job: the topic it writes (job.out_topic)")
+    p.add_argument("--visibility", choices=("batch", "partition"), default="batch",
+                   help="a kafka-eos sink job: the sink's visibility (job.visibility)")  # fmt: skip
     p.add_argument("--trigger", default="available-now", help="available-now | processing:SECONDS")
     p.add_argument("--master", default="local[2,2]")
     p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
@@ -181,7 +225,8 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
     """Start the query (``start()``), wait for its end; the exit code and the markers the chaos loop reads.
 
     0 when it ended (availableNow drained), 2 when it failed (``RUNNER FAILED:`` + the error, last on
-    stderr), 3 after ``timeout`` seconds. ``RUNNER STARTED`` on stdout once it runs.
+    stderr), 3 after ``timeout`` seconds, 64 on a ``ConfigError`` before the query started (``RUNNER
+    REFUSED:`` + why: the job does not fit the run). ``RUNNER STARTED`` on stdout once it runs.
     """
     started = time.monotonic()
     try:
@@ -196,6 +241,9 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
             return 3
         if query.exception() is not None:
             raise query.exception()
+    except ConfigError as exc:  # the job does not fit the run: no restart would change that
+        print(f"RUNNER REFUSED: {str(exc).replace(chr(10), ' ')[:4000]}", file=sys.stderr, flush=True)
+        return 64
     except Exception as exc:
         msg = str(exc).replace("\n", " ")[:4000]
         print(f"RUNNER FAILED: {type(exc).__name__}: {msg}", file=sys.stderr, flush=True)
@@ -244,10 +292,90 @@ def _wrap_foreach_batch() -> None:
         return
 
     def foreachBatch(self: Any, func: Callable[[Any, int], Any]) -> Any:  # Spark's name
+        _sink_of(self)["format"] = "foreachBatch"
         return original(self, foreach_batch_with_fault_points(func))
 
     foreachBatch._eos_wrapped = True  # type: ignore[attr-defined]
     DataStreamWriter.foreachBatch = foreachBatch  # type: ignore[method-assign]
+
+
+def _sink_of(writer: Any) -> dict[str, Any]:
+    """What the user's ``build`` gave ``writer``: ``{"format": ..., "options": {lower-case key: str}}``."""
+    return writer.__dict__.setdefault("_eos_sink", {"format": "", "options": {}})  # type: ignore[no-any-return]
+
+
+def _record_sink() -> None:
+    """Every DataStreamWriter remembers its format and options (this process only; Spark keeps them in
+    the JVM, out of Python's reach), for ``sink_refusal``. Spark's own methods still do the work."""
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    if getattr(DataStreamWriter.format, "_eos_wrapped", False):
+        return
+    fmt, opt, opts = DataStreamWriter.format, DataStreamWriter.option, DataStreamWriter.options
+
+    def format(self: Any, source: str) -> Any:  # Spark's names
+        _sink_of(self)["format"] = source
+        return fmt(self, source)
+
+    def option(self: Any, key: str, value: Any) -> Any:
+        if value is not None:
+            _sink_of(self)["options"][key.lower()] = str(value)
+        return opt(self, key, value)
+
+    def options(self: Any, **given: Any) -> Any:
+        _sink_of(self)["options"].update({k.lower(): str(v) for k, v in given.items() if v is not None})
+        return opts(self, **given)
+
+    wrapper: Any
+    for wrapper in (format, option, options):
+        wrapper._eos_wrapped = True
+    DataStreamWriter.format, DataStreamWriter.option, DataStreamWriter.options = format, option, options  # type: ignore[method-assign]
+
+
+# what a kafka-eos sink job's writer must be given, and why (sink_refusal)
+_KAFKA_WIRING = (
+    ("topic", "out_topic", "the topic the run creates and reads back read_committed"),
+    ("sink.id", "sink_id", "the checker finds the sink's markers by it"),
+    ("visibility", "visibility", "the --sink-kind names the visibility whose fault points the run draws"),
+)
+
+
+def sink_refusal(writer: Any, job: Job) -> str | None:
+    """Why the query ``build`` returned does not fit the run, or None: a run with ``job.out_topic``
+    (``--sink-kind kafka|kafka-partition``) needs ``format("kafka-eos")`` writing ``job.out_topic`` with
+    ``job.sink_id`` and ``job.visibility``, markers on that topic; a run without it, another sink. A
+    foreachBatch writer is not looked into (a ``connectors.kafka_batch`` inside it: the checker judges)."""
+    sink = _sink_of(writer)
+    fmt, opts = str(sink["format"]), sink["options"]
+    kafka = fmt.lower() == "kafka-eos"
+    if not job.out_topic_name:
+        if not kafka:
+            return None
+        return (
+            "the job's query writes with the kafka-eos sink, but the run's --sink-kind is neither kafka nor "
+            "kafka-partition: run it with --sink-kind kafka (visibility=batch) or kafka-partition (visibility=partition), "
+            "which give it job.out_topic and read that topic back"
+        )
+    kind = "--sink-kind " + ("kafka" if job.visibility == "batch" else "kafka-partition")
+    if fmt == "foreachBatch":
+        return None
+    if not kafka:
+        what = f"format({fmt!r})" if fmt else "Spark's default format (no .format())"
+        return (
+            f"{kind}: the job's query writes with {what}, not with the kafka-eos sink; run it with the --sink-kind "
+            "of its sink (2pc, upsert, foreachbatch, other), or write with .format('kafka-eos') into job.out_topic"
+        )
+    for key, attr, why in _KAFKA_WIRING:
+        got, want = opts.get(key, "batch" if key == "visibility" else None), str(getattr(job, attr))
+        if (got or "").lower() != want.lower():
+            has = f"{key}={got!r}" if got is not None else f"no option {key!r}"
+            return f"{kind}: the job's kafka-eos sink has {has}, the run needs {want!r} ({why}): give it .option({key!r}, job.{attr})"
+    if opts.get("marker.topic") not in (None, job.out_topic_name):
+        return (
+            f"{kind}: the job's kafka-eos sink keeps its markers on marker.topic={opts['marker.topic']!r}; the run "
+            "reads them from job.out_topic: leave marker.topic unset"
+        )
+    return None
 
 
 def with_trigger(writer: Any, trigger: str) -> Any:
@@ -269,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     conf = dict(kv.split("=", 1) for kv in args.conf)
     topics = dict(kv.split("=", 1) for kv in args.topics)
     mark_process_group()  # only once the job will run: a refusal leaves the caller's environment alone
-    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics, args.checkpoint)
+    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics, args.checkpoint,
+              args.out_topic, args.visibility)  # fmt: skip
     build, setup = load_app(args.app)
 
     def start() -> Any:
@@ -277,12 +406,16 @@ def main(argv: list[str] | None = None) -> int:
             setup(job)
         spark = _spark(args.master, conf)
         _wrap_foreach_batch()
+        _record_sink()
         writer = build(spark, job)
         if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
             raise TypeError(
                 f"{args.app} returned {type(writer).__name__}; it must return the query's DataStreamWriter "
                 "(df.writeStream...), not started: the runner sets the checkpoint and the trigger"
             )
+        why = sink_refusal(writer, job)
+        if why:
+            raise ConfigError(why)
         return with_trigger(writer.option("checkpointLocation", args.checkpoint), args.trigger).start()
 
     return serve(start, args.timeout)

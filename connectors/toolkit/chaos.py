@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -34,13 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.toolkit import checker, fault_kinds, oracle
-from connectors.toolkit.app_runner import sink_id_of
+from connectors.toolkit.app_runner import out_topic_of, sink_id_of
 from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 from eos_core import faults
 from eos_core.errors import ConfigError
 
 __all__ = [
     "FAULT_POINTS",
+    "KAFKA_SINK_KINDS",
     "PIPELINES",
     "SINK_KINDS",
     "ChaosConfig",
@@ -75,8 +77,70 @@ FAULT_POINTS: dict[str, tuple[str, ...]] = {
     # Spark's commits/n (app_runner.foreach_batch_with_fault_points); a non-idempotent write is replayed
     "foreachbatch": ("source.read.mid", "pipeline.batch", "sink.after_commit"),
     "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
+    # the kafka-eos sink, visibility=batch: tasks stage (before/after), the driver publishes (before it,
+    # after the first staged records went into the open transaction, after its commit)
+    "kafka": (
+        "source.read.mid",
+        "sink.before_write",
+        "sink.after_write",
+        "sink.commit.before_decision",
+        "sink.publish.mid",
+        "sink.after_commit",
+    ),
+    # visibility=partition: each task writes and commits its own transaction; the driver only checks
+    # (commit.before_decision and publish.mid fire only in the replay of a partly written batch)
+    "kafka-partition": (
+        "source.read.mid",
+        "sink.before_write",
+        "sink.after_write",
+        "sink.task.after_commit",
+        "sink.after_commit",
+    ),
 }
-SINK_KINDS = ("2pc", "upsert", "foreachbatch", "other")
+SINK_KINDS = ("2pc", "upsert", "foreachbatch", "other", "kafka", "kafka-partition")
+KAFKA_SINK_KINDS = {"kafka": "batch", "kafka-partition": "partition"}  # the kafka-eos sink's visibility by kind
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # what Kafka accepts as a topic name
+
+# the names of the inputs a refusal names: the command line's, or the pytest plugin's (eos_chaos)
+CLI_NAMES = {"sink_kind": "--sink-kind", "faults": "--faults", "dsn": "--dsn", "dead_letters": "--dead-letters"}
+PLUGIN_NAMES = {"sink_kind": "sink_kind=", "faults": "faults=", "dsn": "EOS_POSTGRES_DSN",
+                "dead_letters": "dead_letters="}  # fmt: skip
+
+
+def refuse_for_sink_kind(
+    sink_kind: str, weights: Mapping[str, int], *, dsn: str | None, dead_letters: str | None,
+    names: Mapping[str, str] = CLI_NAMES,
+) -> None:  # fmt: skip
+    """Refuse (ConfigError naming the input and the fix) what cannot apply to a job writing with the
+    ``kafka-eos`` sink (``sink_kind`` kafka / kafka-partition): such a run gives the job no Postgres
+    unless ``dsn`` names one, so a Postgres fault has nothing to act on (``pg-restart``, ``pg-crash``,
+    ``pg-stop`` never: they need a server spark-eos runs); its dead letters are a Kafka topic."""
+    if sink_kind not in KAFKA_SINK_KINDS:
+        return
+    kind = f"{names['sink_kind']} {sink_kind}"
+    for fault in (k for k in (*fault_kinds.PG_SERVER, *fault_kinds.PG_NET) if weights.get(k, 0) > 0):
+        if fault in fault_kinds.PG_NET and dsn:
+            continue  # a proxy in front of the Postgres the job names (job.dsn): the job may read it
+        why = (
+            "the run gives the job no Postgres (none is started for a job writing with the kafka-eos sink)"
+            if not dsn
+            else "it would stop and start a Postgres that the run does not use (the job writes to Kafka)"
+        )
+        fix = (
+            f" (or, to cut the connections of a Postgres your job reads, name it with {names['dsn']})"
+            if not dsn
+            else ""
+        )
+        raise ConfigError(
+            f"{names['faults']} {fault}: {kind}: {why}; drop {fault}{fix}; the Postgres faults are for jobs that "
+            "write to Postgres (2pc, upsert, foreachbatch, other)"
+        )
+    if dead_letters and not _TOPIC_NAME.fullmatch(dead_letters.replace("{table}", "t")):
+        raise ConfigError(
+            f"{names['dead_letters']} {dead_letters!r}: with {kind} the dead letters are the sink's errors.topic, "
+            "a Kafka topic the run creates: letters, digits, '.', '_' and '-' only (e.g. {table}_dlq)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,7 +565,7 @@ class ChaosConfig:
     events: list[dict[str, Any]] = field(default_factory=list)
     # a user's job instead of a reference pipeline (``pipeline`` is then "app")
     app: str | None = None  # module:function, see connectors.toolkit.app_runner
-    sink_kind: str = "2pc"  # the job's sink: 2pc (decisions checked) | upsert | other
+    sink_kind: str = "2pc"  # the job's sink: SINK_KINDS (2pc: decisions checked; kafka*: the topic checked)
     id_field: str = "id"  # the record field and table column that identify a record
     payload_fields: tuple[str, ...] = ()  # fields the table must hold unchanged
     dead_letters: str | None = None  # the job sink's errors.table ({table}: the run's table): rows count as delivered
@@ -538,6 +602,11 @@ class ChaosConfig:
     @property
     def weights(self) -> dict[str, int]:
         return fault_kinds.parse_faults(self.faults)
+
+    @property
+    def kafka_sink(self) -> bool:
+        """The user's job writes with the kafka-eos sink into the run's topic (``job.out_topic``)."""
+        return bool(self.app) and self.sink_kind in KAFKA_SINK_KINDS
 
 
 def _repo_root() -> str:
@@ -598,6 +667,11 @@ class _Producer(threading.Thread):
         self.written = 0
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.stopped = False  # the run ended early (a refused job): write nothing more
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.tick.set()
 
     def release(self, every: bool = False) -> None:
         """Release the next chunk (a run's query started), or every chunk left (the kills are over)."""
@@ -638,7 +712,7 @@ class _Producer(threading.Thread):
             total = self.cfg.records
             size = -(-total // self.chunks)
             piece = max(1, -(-size // self.pieces))
-            while self.written < total:
+            while self.written < total and not self.stopped:
                 self.tick.clear()
                 released = self.released
                 # the chunks before the current one (all of them once the kills are over)
@@ -651,7 +725,7 @@ class _Producer(threading.Thread):
                     self._write(min(piece, limit - self.written))
                 # the next slice once the query has planned a batch since this one was written (so
                 # each gets a batch of its own), or at once when another chunk is released
-                while self.written < total and not self.tick.wait(0.2):
+                while self.written < total and not self.stopped and not self.tick.wait(0.2):
                     if self.written < limit and self._planned() > planned:
                         break
         except BaseException as exc:  # surfaced by the main thread
@@ -665,14 +739,14 @@ def _argv_dsn(dsn: str) -> str:
     options): without the password, which the run gets from ``PGPASSWORD`` (``_password_env``)."""
     from sinks.postgres.connection import postgres_options
 
-    return postgres_options(dsn, option="--dsn")["dsn"]
+    return postgres_options(dsn, option="--dsn")["dsn"] if dsn else ""
 
 
 def _password_env(dsn: str) -> dict[str, str]:
     """``{"PGPASSWORD": ...}`` when ``dsn`` holds a password (libpq reads it in every process of the run)."""
     from sinks.postgres.connection import postgres_options
 
-    password = postgres_options(dsn, option="--dsn").get("password")
+    password = postgres_options(dsn, option="--dsn").get("password") if dsn else None
     return {"PGPASSWORD": password} if password else {}
 
 
@@ -687,6 +761,8 @@ def _runner_argv(
     if cfg.app:
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
         options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
+        if cfg.kafka_sink:
+            options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
         return python_argv(
             "connectors.toolkit.app_runner",
             "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", dsn_arg, "--table", table,
@@ -753,6 +829,7 @@ class _Runs:
     kinds: Counter[str] = field(default_factory=Counter)
     sigkilled: int = 0
     kill_steps: int = 0
+    unreached: list[str] = field(default_factory=list)  # fault points not reached in time: killed from outside
     proofs: list[dict[str, Any]] = field(default_factory=list)  # one per fault that is not a kill
     extra_kills: int = 0  # runs ended by SIGKILL for the next fault's own run, or at the schedule's end
 
@@ -797,6 +874,7 @@ class _Loop:
                 proc.stop()
         self.runlog.ended(self.entry, out.returncode, ended_by)
         self.live = None
+        raise_refusal(out)  # the job does not fit the run (app_runner said why): stop here, say why
         return out
 
     def _alive(self) -> PipelineProcess | None:
@@ -856,6 +934,7 @@ class _Loop:
             except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
                 how = "fault->sigkill"
                 proc.kill_group()
+                self.runs.unreached.append(f"{plan.index}: {spec.split(':action')[0]}")
         out = self._ended(proc, f"fault {plan.index}: {how}" + (f" {plan.point}" if plan.point else ""))
         if out.killed:
             self.runs.sigkilled += 1
@@ -962,12 +1041,28 @@ def _chunks(plans: Sequence[KillPlan]) -> int:
     return sum(2 if p.fault in fault_kinds.DISTURBANCES else 1 for p in plans) + 1
 
 
-def _checked(
-    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, fault_log: str, runs: _Runs, last: Any
-) -> checker.Report:
-    """The checker's report on the chaos run's end state, plus its own checks (every fault happened, the drain ended)."""
+def _verify_output(cfg: ChaosConfig, topic: str, table: str, checkpoint: str) -> checker.Report:
+    """The exact checker for what the run wrote: a Kafka sink job's topic (``topic_checker.verify_topic``:
+    read back read_committed, by record id against the source or, with the oracle, only its end state; no
+    transaction of the sink left open; the sink's last marker = Spark's last commits/n; its markers of the
+    visibility the --sink-kind names), else the table (``checker.verify``)."""
+    if cfg.kafka_sink:
+        from connectors.toolkit.topic_checker import verify_topic
+
+        return verify_topic(
+            bootstrap=cfg.bootstrap,
+            source_topic=topic,
+            sink_topic=out_topic_of(table),
+            sink_id=sink_id_of(table),
+            checkpoint=checkpoint,
+            id_field=cfg.id_field,
+            payload_fields=cfg.payload_fields,
+            errors_topic=_dead_letters_of(cfg, table),
+            records=not cfg.oracle,
+            visibility=KAFKA_SINK_KINDS[cfg.sink_kind],
+        )
     is_2pc = cfg.points == "2pc"
-    report = checker.verify(
+    return checker.verify(
         bootstrap=cfg.bootstrap,
         topic=topic,
         dsn=cfg.dsn,
@@ -978,23 +1073,36 @@ def _checked(
         checkpoint=checkpoint,
         decisions=is_2pc,
         aggregates={"table": table, "key": "key", "value": "amount"} if cfg.pipeline == "stateful" else None,
-        dead_letters=cfg.dead_letters.replace("{table}", table) if cfg.dead_letters else None,
+        dead_letters=_dead_letters_of(cfg, table),
     )
+
+
+def _checked(
+    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, fault_log: str, runs: _Runs, last: Any
+) -> checker.Report:
+    """The checker's report on the chaos run's end state, plus its own checks (every fault happened, the drain ended)."""
+    report = _verify_output(cfg, topic, table, checkpoint)
     fault_kills = sum(1 for e in faults.fired(fault_log) if e.get("action") == "kill-group")
     if cfg.workload is not None:  # the user's records (with --oracle, not JSON for the checker: not "poison")
         report.info["source_records"] = len(cfg.workload)
         if cfg.oracle:
             report.info.pop("poison_records", None)
     if runs.kill_steps:
+        # a fault point that was never reached (its run killed from outside after 90 s) proves nothing
+        unreached = runs.unreached
         report.add(
             checker.Check(
                 "chaos.kills",
-                runs.sigkilled == runs.kill_steps and runs.sigkilled > 0,
+                runs.sigkilled == runs.kill_steps and runs.sigkilled > 0 and not unreached,
                 f"{runs.sigkilled} of {runs.kill_steps} planned kills ended the pipeline by SIGKILL "
-                f"({fault_kills} from fault points, logged)",
-                {"planned": runs.kill_steps, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills},
+                f"({fault_kills} from fault points, logged)"
+                + (f"; {len(unreached)} fault points NOT reached (killed from outside instead): the batch they "
+                   "aim at never ran" if unreached else ""),
+                {"planned": runs.kill_steps, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills,
+                 **({"unreached": len(unreached)} if unreached else {})},
+                {"unreached": unreached} if unreached else {},
             )
-        )
+        )  # fmt: skip
     if runs.proofs:
         bad = [p for p in runs.proofs if not p["ok"]]
         kinds = Counter(p["fault"] for p in runs.proofs)
@@ -1023,8 +1131,46 @@ def _checked(
     return report
 
 
+def _dead_letters_of(cfg: ChaosConfig, table: str) -> str | None:
+    """The job sink's dead letters for the run writing ``table``: its ``errors.table`` (a Kafka sink job:
+    its ``errors.topic``), ``{table}`` replaced."""
+    return cfg.dead_letters.replace("{table}", table) if cfg.dead_letters else None
+
+
+def _make_out_topics(cfg: ChaosConfig, table: str) -> None:
+    """A Kafka sink job's topics for the run writing ``table``: ``out_topic_of(table)`` (as many partitions
+    as the source's) and its dead-letter topic (``--dead-letters``)."""
+    if not cfg.kafka_sink:
+        return
+    create_topic(cfg.bootstrap, out_topic_of(table), cfg.partitions)
+    letters = _dead_letters_of(cfg, table)
+    if letters:
+        create_topic(cfg.bootstrap, letters, 1)
+
+
+def _written(cfg: ChaosConfig, table: str) -> str:
+    """What the run writing ``table`` writes, as a report names it: the table, or a Kafka sink job's topic."""
+    return f"topic {out_topic_of(table)}" if cfg.kafka_sink else table
+
+
+def _output_rows(cfg: ChaosConfig, table: str) -> list[dict[str, Any]]:
+    """What the run writing ``table`` left, as the oracle compares it: the table's rows, or a Kafka sink
+    job's topic read read_committed (``topic_checker.topic_rows``; with ``upsert``, each key's last record)."""
+    if cfg.kafka_sink:
+        from connectors.toolkit.topic_checker import topic_rows
+
+        latest = cfg.oracle_key if cfg.oracle == "upsert" else None
+        return topic_rows(cfg.bootstrap, out_topic_of(table), latest_by=latest)
+    import psycopg
+
+    with psycopg.connect(cfg.dsn, autocommit=True) as conn:
+        return checker.read_table(conn, table)
+
+
 def _check_fault_setup(cfg: ChaosConfig) -> dict[str, int]:
     weights = cfg.weights
+    if cfg.app:  # first: a Kafka sink job's own refusals say more than the general ones
+        refuse_for_sink_kind(cfg.sink_kind, weights, dsn=cfg.dsn, dead_letters=cfg.dead_letters)
     fault_kinds.refuse_unsupported(weights, kafka_named=cfg.kafka_named, postgres_named=cfg.postgres_named,
                                    dsn=cfg.dsn, partitions=cfg.partitions)  # fmt: skip
     server = [k for k in fault_kinds.PG_SERVER if k in weights]
@@ -1068,27 +1214,9 @@ def run(cfg: ChaosConfig) -> checker.Report:
     return report
 
 
-def _run_with(
-    cfg: ChaosConfig, kit: fault_kinds.FaultKit, plans: list[KillPlan], env: dict[str, str], topic: str, table: str,
-    root: str,
-) -> checker.Report:  # fmt: skip
-    import psycopg
-
-    checkpoint = os.path.join(cfg.workdir, "checkpoint")
-    fault_log = os.path.join(cfg.workdir, "faults.jsonl")
-    log_path = os.path.join(cfg.workdir, "pipeline.log")
-    cfg.topics = topics_of(cfg.workload or [], topic)
-    for name in cfg.topics.values():
-        create_topic(cfg.bootstrap, name, cfg.partitions)
-    runlog = _RunLog(os.path.join(cfg.workdir, "runs.jsonl"))
-    # chunks of the records released over the run (one per fault, two around a fault from outside,
-    # one for the draining run), each trickled while its run goes on
-    producer = _Producer(cfg, topic, _chunks(plans), checkpoint)
-    progress = _Progress(cfg.planned, cfg.progress)
-    started = time.monotonic()
-    producer.start()
-    loop = _Loop(cfg, kit, env, topic, table, root, producer, runlog)
-    runs = loop.runs
+def _steps(cfg: ChaosConfig, loop: _Loop, plans: list[KillPlan], producer: _Producer) -> None:
+    """Inject each fault of the schedule into the job's runs; what each did goes to ``cfg.events``."""
+    runs, progress = loop.runs, _Progress(cfg.planned, cfg.progress)
     for plan in plans:
         step = loop.step(plan)
         how, out = step["how"], step.get("out")
@@ -1100,7 +1228,7 @@ def _run_with(
             runs.proofs.append({"index": plan.index, "fault": plan.fault, "ok": step["ok"], "proof": step["proof"]})
         cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay, "exit": exit_text,
                            "seconds": round(out.seconds, 1) if out is not None else None, "fault": plan.fault,
-                           "ok": step["ok"], "proof": step["proof"], "run": runlog.count})  # fmt: skip
+                           "ok": step["ok"], "proof": step["proof"], "run": loop.runlog.count})  # fmt: skip
         progress.show(
             plan.index + 1,
             f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {exit_text}",
@@ -1108,20 +1236,20 @@ def _run_with(
         if producer.error:
             raise producer.error
     loop.finish()
-    producer.release(every=True)
-    producer.done.wait()
-    if producer.error:
-        raise producer.error
     progress.end()
+
+
+def _drain(
+    cfg: ChaosConfig, kit: fault_kinds.FaultKit, env: dict[str, str], topic: str, table: str, root: str,
+    runlog: _RunLog,
+) -> Any:  # fmt: skip
+    """The last run: availableNow from the checkpoint until the topic is drained; how it ended."""
+    checkpoint = os.path.join(cfg.workdir, "checkpoint")
     drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
-    final = PipelineProcess(
-        _runner_argv(
-            cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=kit.master, conf=kit.conf
-        ),
-        env,
-        log_path,
-        root,
+    argv = _runner_argv(
+        cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=kit.master, conf=kit.conf
     )
+    final = PipelineProcess(argv, env, os.path.join(cfg.workdir, "pipeline.log"), root)
     final.start()
     entry = runlog.started(final, "drain", checkpoint, master=kit.master)
     try:
@@ -1129,10 +1257,58 @@ def _run_with(
     except Exception:
         last = final.stop()
     runlog.ended(entry, last.returncode, "drained" if last.returncode == 0 else "failed")
+    raise_refusal(last)
+    return last
+
+
+REFUSED_EXIT = 64  # app_runner's exit when the job does not fit the run (``RUNNER REFUSED: why``)
+
+
+def raise_refusal(out: Any) -> None:
+    """A run the job refused (``app_runner``: RUNNER REFUSED, exit 64; e.g. --sink-kind kafka on a job whose
+    sink is not kafka-eos) as a ConfigError with the runner's reason: no later run would fare better."""
+    if out is None or out.returncode != REFUSED_EXIT:
+        return
+    found = re.findall(r"RUNNER REFUSED: ([^\n]*)", out.log_tail or "")
+    if found:
+        raise ConfigError(found[-1])
+
+
+def _run_with(
+    cfg: ChaosConfig, kit: fault_kinds.FaultKit, plans: list[KillPlan], env: dict[str, str], topic: str, table: str,
+    root: str,
+) -> checker.Report:  # fmt: skip
+    import psycopg
+
+    checkpoint = os.path.join(cfg.workdir, "checkpoint")
+    fault_log = os.path.join(cfg.workdir, "faults.jsonl")
+    cfg.topics = topics_of(cfg.workload or [], topic)
+    for name in cfg.topics.values():
+        create_topic(cfg.bootstrap, name, cfg.partitions)
+    _make_out_topics(cfg, table)
+    runlog = _RunLog(os.path.join(cfg.workdir, "runs.jsonl"))
+    # chunks of the records released over the run (one per fault, two around a fault from outside,
+    # one for the draining run), each trickled while its run goes on
+    producer = _Producer(cfg, topic, _chunks(plans), checkpoint)
+    started = time.monotonic()
+    producer.start()
+    loop = _Loop(cfg, kit, env, topic, table, root, producer, runlog)
+    runs = loop.runs
+    try:
+        _steps(cfg, loop, plans, producer)
+    except BaseException:
+        producer.stop()  # a refused job or an error: the producer writes no more
+        raise
+    producer.release(every=True)
+    producer.done.wait()
+    if producer.error:
+        raise producer.error
+    last = _drain(cfg, kit, env, topic, table, root, runlog)
     processes = runlog.count  # the chaos runs and the draining run
     wall = time.monotonic() - started
-    with psycopg.connect(cfg.dsn, autocommit=True):
-        pass
+    if cfg.dsn:
+        with psycopg.connect(cfg.dsn, autocommit=True):
+            pass
     report = _checked(cfg, topic, table, checkpoint, fault_log, runs, last)
     if cfg.oracle:
         report.extend(_reference_verdict(cfg, topic, table, env, root, runlog))
@@ -1140,6 +1316,7 @@ def _run_with(
         {
             "pipeline": cfg.pipeline,
             **({"app": cfg.app, "sink_kind": cfg.sink_kind} if cfg.app else {}),
+            **({"out_topic": out_topic_of(table)} if cfg.kafka_sink else {}),
             "seed": cfg.seed,
             "records": cfg.records,
             "kills": cfg.planned,
@@ -1195,6 +1372,8 @@ def reproduce_command(cfg: ChaosConfig, kills: Sequence[int] | None) -> str:
         argv += ["--oracle", cfg.oracle + (":" + ",".join(cfg.oracle_key) if cfg.oracle_key else "")]
         argv += [*(("--tolerance", repr(cfg.tolerance)) if cfg.tolerance else ())]
         argv += [*(("--ignore-columns", ",".join(cfg.ignore_columns)) if cfg.ignore_columns else ())]
+    if cfg.app and cfg.id_field != "id":
+        argv += ["--id-field", cfg.id_field]
     if cfg.payload_fields:
         argv += ["--payload", ",".join(cfg.payload_fields)]
     if cfg.dead_letters:
@@ -1263,14 +1442,11 @@ def _reference_verdict(
 ) -> checker.Report:
     """Run the job ``cfg.reference_runs`` times without any fault, on the same topics, each from a fresh
     checkpoint with availableNow into ``<table>_ref<i>``; the oracle's report on the chaos run's table."""
-    import psycopg
-
     if cfg.reference_rows is not None:  # a minimisation trial: the same records, the same references
-        with psycopg.connect(cfg.dsn, autocommit=True) as conn:
-            got = checker.read_table(conn, table)
+        got = _output_rows(cfg, table)
         report = oracle.judge(
             got, cfg.reference_rows, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
-            ignore=cfg.ignore_columns, table=table,
+            ignore=cfg.ignore_columns, table=_written(cfg, table),
         )  # fmt: skip
         report.info["sink_rows"] = len(got)
         return report
@@ -1278,6 +1454,7 @@ def _reference_verdict(
     tables = []
     for i in range(1, cfg.reference_runs + 1):
         ref_table = f"{table}_ref{i}"
+        _make_out_topics(cfg, ref_table)
         ref_checkpoint = os.path.join(cfg.workdir, f"reference{i}", "checkpoint")
         log = os.path.join(cfg.workdir, f"reference{i}.log")
         drain = max(cfg.timeout * 3, cfg.records / 20)
@@ -1311,15 +1488,17 @@ def _reference_verdict(
                 info={"verdict": oracle.CANNOT_JUDGE},
             )
         tables.append(ref_table)
-    with psycopg.connect(cfg.dsn, autocommit=True) as conn:
-        got = checker.read_table(conn, table)
-        refs = [checker.read_table(conn, t) for t in tables]
+    got = _output_rows(cfg, table)
+    refs = [_output_rows(cfg, t) for t in tables]
     cfg.reference_rows = refs
     report = oracle.judge(
         got, refs, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
-        ignore=cfg.ignore_columns, table=table,
+        ignore=cfg.ignore_columns, table=_written(cfg, table),
     )  # fmt: skip
-    report.info.update({"reference_tables": tables, "sink_rows": len(got)})
+    if cfg.kafka_sink:
+        report.info.update({"reference_topics": [out_topic_of(t) for t in tables], "sink_rows": len(got)})
+    else:
+        report.info.update({"reference_tables": tables, "sink_rows": len(got)})
     return report
 
 
@@ -1368,15 +1547,18 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sink-kind", choices=SINK_KINDS, default="2pc",
                    help="with --app: the job's sink, which picks the fault points and checks (default 2pc; "
-                   "foreachbatch: points around your foreachBatch function, before Spark's commit)")  # fmt: skip
+                   "foreachbatch: points around your foreachBatch function, before Spark's commit; kafka / "
+                   "kafka-partition: the kafka-eos sink with visibility=batch / partition, writing job.out_topic, "
+                   "which is read back read_committed)")  # fmt: skip
     p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
     p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
     p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
     p.add_argument(
         "--dead-letters",
         default=None,
-        help="with --app: the job sink's errors.table ('{table}' stands for the run's table, e.g. {table}_refused); "
-        "a record there counts as delivered (each record once in the table or the dead-letter table)",
+        help="with --app: the job sink's errors.table ('{table}' stands for the run's table, e.g. {table}_refused), "
+        "or with --sink-kind kafka* its errors.topic (the run creates it); a record there counts as delivered "
+        "(each record once in the table or topic, or in the dead letters)",
     )
     p.add_argument("--generator", default=None, metavar="MODULE:FUNCTION",
                    help="with --app: YOUR records: records(seed, n) yields (key, value[, headers[, partition[, timestamp]]]) "
@@ -1423,15 +1605,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _command(args: argparse.Namespace) -> int:
-    for name in ("kills", "records", "partitions", "max_offsets"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.app and args.pipeline:
-        raise SystemExit("--app and --pipeline: pick one (your job, or one of our reference pipelines)")
-    bad = [kv for kv in args.option if "=" not in kv]
-    if bad:
-        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+def _oracle_args(args: argparse.Namespace) -> tuple[str | None, tuple[str, ...]]:
+    """``--oracle`` parsed (mode, key), its tuning flags checked."""
     mode: str | None = None
     key: tuple[str, ...] = ()
     if args.oracle:
@@ -1450,17 +1625,10 @@ def _command(args: argparse.Namespace) -> int:
     for flag, used in given.items():
         if used and not args.oracle:
             raise ConfigError(f"{flag} tunes the oracle's comparison: it needs --oracle append|upsert:KEY")
-    for name in ("generator", "records_file", "oracle"):
-        if getattr(args, name) and not args.app:
-            raise ConfigError(
-                f"--{name.replace('_', '-')} needs --app (the reference pipelines make their own records)"
-            )
-    if args.generator and args.records_file:
-        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
-    if args.records_file and not os.path.isfile(args.records_file):
-        raise ConfigError(f"--records-file {args.records_file!r}: no such file")
-    if args.generator:
-        load_generator(args.generator)  # a bad module or function: refused before any service starts
+    return mode, key
+
+
+def _only_kills(args: argparse.Namespace) -> tuple[int, ...] | None:
     only = None
     if args.only_kills is not None:
         try:
@@ -1473,16 +1641,54 @@ def _command(args: argparse.Namespace) -> int:
             )
     if args.minimise and (len(only) if only is not None else args.kills) < 2:
         raise ConfigError("--minimise drops kills one at a time: it needs at least 2 (--kills)")
+    return only
+
+
+def _workload_args(args: argparse.Namespace) -> None:
+    for name in ("generator", "records_file", "oracle"):
+        if getattr(args, name) and not args.app:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} needs --app (the reference pipelines make their own records)"
+            )
+    if args.sink_kind != "2pc" and not args.app:
+        raise ConfigError(
+            f"--sink-kind {args.sink_kind} needs --app (your job, whose sink it names); the reference pipelines "
+            "(--pipeline) have their own sinks"
+        )
+    if args.generator and args.records_file:
+        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
+    if args.records_file and not os.path.isfile(args.records_file):
+        raise ConfigError(f"--records-file {args.records_file!r}: no such file")
+    if args.generator:
+        load_generator(args.generator)  # a bad module or function: refused before any service starts
+
+
+def _command(args: argparse.Namespace) -> int:
+    for name in ("kills", "records", "partitions", "max_offsets"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.app and args.pipeline:
+        raise SystemExit("--app and --pipeline: pick one (your job, or one of our reference pipelines)")
+    bad = [kv for kv in args.option if "=" not in kv]
+    if bad:
+        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
+    mode, key = _oracle_args(args)
+    _workload_args(args)
+    only = _only_kills(args)
     weights = fault_kinds.parse_faults(args.faults)
     named_kafka = _named(args.bootstrap, "EOS_KAFKA_BOOTSTRAP", "--bootstrap")
     named_pg = _named(args.dsn, "EOS_POSTGRES_DSN", "--dsn")
+    if args.app:  # before the general refusals: a Kafka sink job's say more
+        refuse_for_sink_kind(args.sink_kind, weights, dsn=args.dsn, dead_letters=args.dead_letters)
     fault_kinds.refuse_unsupported(weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=args.dsn,
                                    partitions=args.partitions)  # fmt: skip
     if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
         raise ConfigError(f"--report {args.report!r}: a file is there; name a directory (it is created if missing)")
     # a broker of the run's own when the faults restart it or cut it (fault_kinds.FaultKit starts it)
     own_broker = any(k in weights for k in (*fault_kinds.BROKER, *fault_kinds.KAFKA_NET))
-    stack, pg_service = _services(args, kafka=not own_broker)
+    # a job writing with the kafka-eos sink gets no Postgres unless --dsn (or EOS_POSTGRES_DSN) names one
+    kafka_job = bool(args.app) and args.sink_kind in KAFKA_SINK_KINDS
+    stack, pg_service = _services(args, kafka=not own_broker, postgres=not kafka_job)
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
         cfg = ChaosConfig(
@@ -1524,10 +1730,11 @@ def _named(value: str | None, env: str, flag: str) -> str | None:
     return env if value == os.environ.get(env) else flag
 
 
-def _services(args: argparse.Namespace, *, kafka: bool = True) -> tuple[list[Any], Any]:
+def _services(args: argparse.Namespace, *, kafka: bool = True, postgres: bool = True) -> tuple[list[Any], Any]:
     """Use the named services, else start embedded ones (stopped when the run ends); the Postgres
     service object when spark-eos runs it (the server faults stop and start it). ``kafka=False``:
-    no broker (the run starts one of its own, for the broker faults)."""
+    no broker (the run starts one of its own, for the broker faults); ``postgres=False``: no Postgres
+    unless one is named (a job that writes only to Kafka)."""
     stops: list[Any] = []
     from connectors import services
 
@@ -1536,11 +1743,12 @@ def _services(args: argparse.Namespace, *, kafka: bool = True) -> tuple[list[Any
         stops.append(broker.stop)
         args.bootstrap = broker.bootstrap
     pg = None
-    if not args.dsn:
+    if not args.dsn and postgres:
         pg = services.postgres()
         stops.append(pg.stop)
         args.dsn = pg.dsn
     args.bootstrap = args.bootstrap or ""
+    args.dsn = args.dsn or ""
     return stops, pg
 
 

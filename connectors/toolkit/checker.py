@@ -447,13 +447,26 @@ def check_exit(
 # reading both sides
 
 
+def _as_held(msg: Any, partition: int, offset: int) -> dict[str, Any]:
+    """A record as Kafka holds it (``read_topic(parse_json=False)``)."""
+    return {
+        "value": msg.value(),
+        "key": msg.key(),
+        "headers": msg.headers(),
+        "_partition": partition,
+        "_offset": offset,
+    }
+
+
 def read_topic(
     bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json: bool = True, with_position: bool = False
 ) -> list[dict[str, Any]]:
     """Every committed record of ``topic`` (read_committed), values parsed as JSON objects.
 
     ``with_position``: each parsed record also holds its Kafka position as ``_topic``, ``_partition``
-    and ``_offset`` (poison records always do).
+    and ``_offset`` (poison records always do). ``parse_json=False``: each record is
+    ``{"value", "key", "headers", "_partition", "_offset"}`` as Kafka holds it (bytes; headers a list
+    of (name, value) pairs or None), in each partition's offset order.
 
     Reads up to each partition's high watermark. Records whose value is not a JSON object (poison
     records) are returned as ``{"_raw": value, "_offset": ...}`` so the caller decides about them.
@@ -502,11 +515,7 @@ def read_topic(
                     done.add(p)
                 if off >= ends[p]:
                     continue
-                rec: dict[str, Any] = (
-                    _parse(msg.value(), p, off)
-                    if parse_json
-                    else {"value": msg.value(), "_partition": p, "_offset": off}
-                )
+                rec: dict[str, Any] = _parse(msg.value(), p, off) if parse_json else _as_held(msg, p, off)
                 if with_position and "_raw" not in rec:
                     rec.update(_topic=topic, _partition=p, _offset=off)
                 out.append(rec)

@@ -34,7 +34,11 @@ How each kind is injected (``FaultKit``):
 A fault the setup cannot support is refused before anything runs, in one line naming the fault and
 why (``refuse_unsupported``): the broker faults on a broker the user named (``--bootstrap`` /
 ``EOS_KAFKA_BOOTSTRAP``), the Postgres server faults on a server the user named, ``slow-task``
-where 127.0.0.2 cannot be bound or with one partition.
+where 127.0.0.2 cannot be bound or with one partition; and (``chaos.refuse_for_sink_kind``) the
+Postgres faults on a job writing with the ``kafka-eos`` sink (``--sink-kind kafka|kafka-partition``:
+the run has no Postgres; ``pg-cut``/``pg-stall`` only where ``--dsn`` names one the job reads). Every
+other kind applies to such a job as to any: its task-side hold point is the sink's ``sink.after_write``
+(rows staged, or sent in the task's open transaction).
 """
 
 from __future__ import annotations
@@ -112,8 +116,14 @@ SPECULATION_CONF = {
 
 # the task-side point a held task waits at, by the job's sink kind (FAULT_POINTS' keys): the 2PC sink's
 # after PREPARE (the lost or duplicated attempt holds a prepared transaction), the upsert sink's before
-# its write, else the Kafka source's read task (every kafka-eos job has one)
-HOLD_POINTS = {"2pc": "sink.after_prepare", "upsert": "sink.before_write"}
+# its write, the Kafka sink's after its rows are staged (batch) or sent in the task's open transaction
+# (partition), else the Kafka source's read task (every kafka-eos job has one)
+HOLD_POINTS = {
+    "2pc": "sink.after_prepare",
+    "upsert": "sink.before_write",
+    "kafka": "sink.after_write",
+    "kafka-partition": "sink.after_write",
+}
 SOURCE_HOLD = "source.read.start"
 
 _PLAN_KIND = {"kill": "sigkill", "fault-point": "fault"}  # the names a KillPlan has had since the first chaos run

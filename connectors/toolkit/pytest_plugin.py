@@ -40,7 +40,10 @@ timeline of runs, batches and faults, and ``junit.xml``)::
 ``"append"`` or ``"upsert:KEY,..."``: the table is compared with ``reference_runs`` (2) fault-free
 runs of the job on the same records (``connectors.toolkit.oracle``); when those disagree the report
 fails with ``info["verdict"] == "CANNOT JUDGE"``. ``sink_kind="foreachbatch"`` adds fault points around
-your foreachBatch function (after its write, before Spark's commit). ``minimise=True``: a failing run
+your foreachBatch function (after its write, before Spark's commit). ``sink_kind="kafka"`` (or
+``"kafka-partition"``): the job writes ``job.out_topic`` with the ``kafka-eos`` sink at
+``visibility=job.visibility`` (batch, or partition); the topic is read back ``read_committed`` and
+checked record by record against the source (``examples/rekey``), and no Postgres is started. ``minimise=True``: a failing run
 is re-run dropping kills one at a time; ``report.info["minimised"]`` holds the smallest failing
 schedule and the ``spark-eos chaos ... --only-kills`` command that reproduces it.
 
@@ -50,6 +53,7 @@ topic, table name and workdir (under pytest's ``tmp_path``), so runs never see e
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,8 +88,10 @@ def eos_postgres() -> Iterator[Any]:
 
 
 @pytest.fixture
-def eos_chaos(request: pytest.FixtureRequest, eos_postgres: Any, tmp_path: Path) -> Callable[..., Any]:
-    """``eos_chaos(app, *, kills=3, records=1000, ...)``: run a chaos experiment on ``app``; the report."""
+def eos_chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    """``eos_chaos(app, *, kills=3, records=1000, ...)``: run a chaos experiment on ``app``; the report.
+    Postgres (``eos_postgres``) is started for it unless the job writes with the kafka-eos sink
+    (``sink_kind="kafka"`` / ``"kafka-partition"``; ``EOS_POSTGRES_DSN`` still names one for the job)."""
     from connectors.toolkit import chaos, fault_kinds
 
     runs = iter(range(1_000_000))
@@ -127,48 +133,23 @@ def eos_chaos(request: pytest.FixtureRequest, eos_postgres: Any, tmp_path: Path)
                 raise ConfigError(str(exc)) from None
         if tolerance < 0:
             raise ConfigError(f"tolerance={tolerance!r}: a number >= 0 (e.g. 1e-9)")
-        from connectors import services
-
         weights = fault_kinds.parse_faults(faults, option="faults=")
-        named_kafka = "EOS_KAFKA_BOOTSTRAP" if services.choose("kafka") == "env" else None
-        named_pg = "EOS_POSTGRES_DSN" if eos_postgres.kind == "env" else None
+        chaos.refuse_for_sink_kind(sink_kind, weights, dsn=os.environ.get("EOS_POSTGRES_DSN"),
+                                   dead_letters=dead_letters, names=chaos.PLUGIN_NAMES)  # fmt: skip
+        bootstrap, eos_postgres, named_kafka, named_pg = _services_for(request, sink_kind, weights)
+        dsn = "" if eos_postgres is None else eos_postgres.dsn
         fault_kinds.refuse_unsupported(weights, kafka_named=named_kafka, postgres_named=named_pg,
-                                       dsn=eos_postgres.dsn, partitions=partitions, option="faults=")  # fmt: skip
-        # the broker faults run on a broker of the run's own: the session's is not even started for them
-        own_broker = any(k in weights for k in (*fault_kinds.BROKER, *fault_kinds.KAFKA_NET))
-        bootstrap = "" if own_broker else request.getfixturevalue("eos_kafka").bootstrap
+                                       dsn=dsn, partitions=partitions, option="faults=")  # fmt: skip
         workdir = tmp_path / f"chaos-{next(runs)}"
         cfg = chaos.ChaosConfig(
-            pipeline="app",
-            kills=kills,
-            seed=seed,
-            records=records,
-            bootstrap=bootstrap,
-            dsn=eos_postgres.dsn,
-            workdir=str(workdir),
-            partitions=partitions,
-            max_offsets=max_offsets,
-            progress=False,
-            timeout=timeout,
-            app=app,
-            sink_kind=sink_kind,
-            id_field=id_field,
-            payload_fields=tuple(payload),
-            options=dict(options or {}),
-            dead_letters=dead_letters,
-            generator=generator,
-            records_file=records_file,
-            oracle=mode,
-            oracle_key=key,
-            tolerance=tolerance,
-            ignore_columns=tuple(ignore_columns),
-            reference_runs=reference_runs,
-            only_kills=tuple(only_kills) if only_kills is not None else None,
-            faults=weights,
-            postgres_service=None if named_pg else eos_postgres,
-            kafka_named=named_kafka,
-            postgres_named=named_pg,
-        )
+            pipeline="app", kills=kills, seed=seed, records=records, bootstrap=bootstrap, dsn=dsn,
+            workdir=str(workdir), partitions=partitions, max_offsets=max_offsets, progress=False, timeout=timeout,
+            app=app, sink_kind=sink_kind, id_field=id_field, payload_fields=tuple(payload), options=dict(options or {}),
+            dead_letters=dead_letters, generator=generator, records_file=records_file, oracle=mode, oracle_key=key,
+            tolerance=tolerance, ignore_columns=tuple(ignore_columns), reference_runs=reference_runs,
+            only_kills=tuple(only_kills) if only_kills is not None else None, faults=weights,
+            postgres_service=None if named_pg else eos_postgres, kafka_named=named_kafka, postgres_named=named_pg,
+        )  # fmt: skip
         report = chaos.run(cfg)
         if minimise and not report.ok and report.info.get("verdict") != oracle_mod.CANNOT_JUDGE:
             chaos.minimise(cfg, report)  # report.info["minimised"]: the smallest failing schedule, its command
@@ -182,3 +163,22 @@ def eos_chaos(request: pytest.FixtureRequest, eos_postgres: Any, tmp_path: Path)
         return report
 
     return run
+
+
+def _services_for(
+    request: pytest.FixtureRequest, sink_kind: str, weights: Mapping[str, int]
+) -> tuple[str, Any, str | None, str | None]:
+    """The session's services a chaos run uses: (bootstrap, Postgres service or None, where the user named
+    Kafka, where Postgres). No broker when the faults need one of the run's own (the broker and Kafka
+    network faults: the run starts it); no Postgres for a job writing with the kafka-eos sink
+    (``sink_kind="kafka"`` / ``"kafka-partition"``) unless ``EOS_POSTGRES_DSN`` names one."""
+    from connectors import services
+    from connectors.toolkit import chaos, fault_kinds
+
+    kafka_only = sink_kind in chaos.KAFKA_SINK_KINDS and not os.environ.get("EOS_POSTGRES_DSN")
+    postgres = None if kafka_only else request.getfixturevalue("eos_postgres")
+    named_kafka = "EOS_KAFKA_BOOTSTRAP" if services.choose("kafka") == "env" else None
+    named_pg = "EOS_POSTGRES_DSN" if postgres is not None and postgres.kind == "env" else None
+    own_broker = any(k in weights for k in (*fault_kinds.BROKER, *fault_kinds.KAFKA_NET))
+    bootstrap = "" if own_broker else request.getfixturevalue("eos_kafka").bootstrap
+    return bootstrap, postgres, named_kafka, named_pg

@@ -1,0 +1,327 @@
+"""Issue 31 without services: ``spark-eos chaos --sink-kind kafka|kafka-partition`` on a job whose sink
+is the kafka-eos Kafka sink. The runs' command lines, the fault points and hold points each mode draws,
+the refusals of what cannot apply (naming the input and the fix), the job's wiring checked by the
+runner, the dispatch to the topic checker and what it reports. The chaos run itself, on Apache Kafka:
+integration/test_chaos_kafka_sink.py."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from connectors.toolkit import app_runner, chaos, checker, fault_kinds, pytest_plugin, topic_checker
+from connectors.toolkit.harness import Outcome
+from eos_core import faults
+from eos_core.errors import ConfigError
+from sinks.kafka.markers import Marker
+
+
+def _cfg(sink_kind: str = "kafka", **kw: Any) -> chaos.ChaosConfig:
+    base: dict[str, Any] = dict(pipeline="app", kills=2, seed=32, records=120, bootstrap="127.0.0.1:9", dsn="",
+                                workdir="/tmp/w", app="rekey_job:build", sink_kind=sink_kind)  # fmt: skip
+    return chaos.ChaosConfig(**{**base, **kw})
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+# ---- the runs' command lines ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "visibility"), [("kafka", "batch"), ("kafka-partition", "partition")])
+def test_a_kafka_sink_run_hands_the_job_its_topic_and_visibility_and_no_postgres(kind: str, visibility: str) -> None:
+    argv = chaos._runner_argv(_cfg(kind), "src", "chaos_app_32_9", "/tmp/w/checkpoint", "available-now")
+    assert _flag(argv, "--out-topic") == "chaos_app_32_9_out" and _flag(argv, "--visibility") == visibility
+    assert _flag(argv, "--dsn") == "" and _flag(argv, "--topic") == "src"
+    # the runner takes them and hands them to the job
+    args = app_runner.build_parser().parse_args(argv[argv.index("--app") :])
+    assert (args.out_topic, args.visibility, args.dsn) == ("chaos_app_32_9_out", visibility, "")
+    # a reference run writes a topic of its own
+    ref = chaos._runner_argv(_cfg(kind), "src", "chaos_app_32_9_ref1", "/tmp/w/r1", "available-now")
+    assert _flag(ref, "--out-topic") == "chaos_app_32_9_ref1_out"
+
+
+def test_other_sink_kinds_get_no_out_topic_and_a_dsn_without_its_password() -> None:
+    cfg = _cfg("2pc", dsn="postgresql://eos:s3cret@127.0.0.1:5/db")
+    argv = chaos._runner_argv(cfg, "src", "t", "/tmp/w/checkpoint", "available-now")
+    assert "--out-topic" not in argv and "--visibility" not in argv
+    assert "s3cret" not in " ".join(argv) and "s3cret" not in chaos.reproduce_command(cfg, None)
+    assert chaos._password_env(cfg.dsn) == {"PGPASSWORD": "s3cret"} and chaos._password_env("") == {}
+
+
+def test_the_reproduce_command_names_the_sink_kind_and_a_custom_id_field() -> None:
+    cmd = chaos.reproduce_command(_cfg("kafka-partition", id_field="pid", options={"drop_tests": "false"}), [1])
+    for part in ("--sink-kind kafka-partition", "--id-field pid", "--only-kills 1", "--option drop_tests=false"):
+        assert part in cmd, cmd
+
+
+# ---- fault points and kinds ----------------------------------------------------------------------
+
+
+def test_each_mode_draws_the_points_its_sink_passes() -> None:
+    batch, partition = set(chaos.FAULT_POINTS["kafka"]), set(chaos.FAULT_POINTS["kafka-partition"])
+    assert batch | partition <= set(faults.POINTS)
+    # visibility=batch: the driver's publish (before it, in the middle, after its commit); no task commits
+    assert {"sink.commit.before_decision", "sink.publish.mid"} <= batch and "sink.task.after_commit" not in batch
+    # visibility=partition: a task commits its own; the publish runs only for a partly written batch's replay
+    assert "sink.task.after_commit" in partition and not {"sink.publish.mid", "sink.commit.before_decision"} & partition
+    drawn = {p.point for p in chaos.plan_kills("kafka", 200, 3, faults="fault-point:1")}
+    assert drawn == batch
+    assert fault_kinds.hold_point("kafka") == fault_kinds.hold_point("kafka-partition") == "sink.after_write"
+    assert chaos.KAFKA_SINK_KINDS == {"kafka": "batch", "kafka-partition": "partition"}
+    assert {"kafka", "kafka-partition"} <= set(chaos.SINK_KINDS)
+
+
+@pytest.mark.parametrize("fault", ["pg-restart", "pg-crash", "pg-stop", "pg-cut", "pg-stall"])
+def test_postgres_faults_are_refused_for_a_job_writing_to_kafka(fault: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        chaos.refuse_for_sink_kind("kafka", {"kill": 1, fault: 1}, dsn="", dead_letters=None)
+    msg = str(exc.value)
+    assert msg.startswith(f"--faults {fault}: --sink-kind kafka: the run gives the job no Postgres"), msg
+    assert f"drop {fault}" in msg
+    # the plugin's names in the plugin's refusal
+    with pytest.raises(ConfigError, match=f"^faults= {fault}: sink_kind= kafka-partition"):
+        chaos.refuse_for_sink_kind("kafka-partition", {fault: 1}, dsn=None, dead_letters=None,
+                                   names=chaos.PLUGIN_NAMES)  # fmt: skip
+
+
+def test_a_postgres_the_job_names_may_be_cut_not_restarted() -> None:
+    dsn = "postgresql://u@127.0.0.1:5/db"
+    chaos.refuse_for_sink_kind("kafka", {"pg-cut": 1, "pg-stall": 1, "kill": 1}, dsn=dsn, dead_letters=None)
+    with pytest.raises(ConfigError, match="--faults pg-restart: --sink-kind kafka: it would stop and start a Postgres"):
+        chaos.refuse_for_sink_kind("kafka", {"pg-restart": 1}, dsn=dsn, dead_letters=None)
+    # every other kind applies; other sink kinds are not this function's business
+    chaos.refuse_for_sink_kind("kafka", {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-")}, dsn="",
+                               dead_letters="{table}_dlq")  # fmt: skip
+    chaos.refuse_for_sink_kind("2pc", {"pg-restart": 1}, dsn="", dead_letters="public.x")
+
+
+def test_dead_letters_of_a_kafka_job_must_be_a_topic_name() -> None:
+    with pytest.raises(ConfigError, match=r"--dead-letters '\{table\} refused': with --sink-kind kafka .*errors.topic"):
+        chaos.refuse_for_sink_kind("kafka", {"kill": 1}, dsn="", dead_letters="{table} refused")
+
+
+def _chaos_argv(*extra: str) -> list[str]:
+    return ["--app", "rekey_job:build", "--kills", "2", "--bootstrap", "127.0.0.1:9", *extra]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--pipeline", "2pc", "--sink-kind", "kafka"], "--sink-kind kafka needs --app"),
+        (_chaos_argv("--sink-kind", "kafka", "--faults", "kill:1,pg-restart:1"),
+         "--faults pg-restart: --sink-kind kafka: the run gives the job no Postgres"),
+        (_chaos_argv("--sink-kind", "kafka-partition", "--faults", "pg-cut:1"), "name it with --dsn"),
+        (_chaos_argv("--sink-kind", "kafka", "--dead-letters", "a/b"), "--dead-letters 'a/b'"),
+    ],
+)  # fmt: skip
+def test_the_command_refuses_before_any_service_starts(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("EOS_POSTGRES_DSN", raising=False)
+    monkeypatch.setattr(chaos, "_services", lambda *a, **k: pytest.fail("a service was started"))
+    assert chaos.main(argv) == 64
+    err = capsys.readouterr().err
+    assert err.startswith("chaos: config error: ") and needle in err, err
+
+
+def test_a_kafka_job_gets_no_postgres_unless_one_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connectors import services
+
+    started: list[str] = []
+    monkeypatch.setattr(
+        services, "kafka", lambda: started.append("kafka") or SimpleNamespace(bootstrap="b:1", stop=None)
+    )
+    monkeypatch.setattr(
+        services, "postgres", lambda: started.append("postgres") or SimpleNamespace(dsn="pg", stop=None)
+    )
+    args = argparse.Namespace(bootstrap=None, dsn=None)
+    chaos._services(args, postgres=False)
+    assert started == ["kafka"] and (args.bootstrap, args.dsn) == ("b:1", "")
+    args = argparse.Namespace(bootstrap="b:2", dsn=None)
+    chaos._services(args)
+    assert started == ["kafka", "postgres"] and args.dsn == "pg"
+
+
+def test_the_plugin_starts_no_postgres_for_a_kafka_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EOS_POSTGRES_DSN", raising=False)
+    monkeypatch.delenv("EOS_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv("EOS_SERVICES", "embedded")  # no probe of a Docker engine
+    asked: list[str] = []
+    services = {"eos_kafka": SimpleNamespace(bootstrap="b:1"), "eos_postgres": SimpleNamespace(dsn="pg", kind="x")}
+    request = SimpleNamespace(getfixturevalue=lambda name: asked.append(name) or services[name])
+    got = pytest_plugin._services_for(request, "kafka-partition", {"kill": 1})  # type: ignore[arg-type]
+    assert got == ("b:1", None, None, None) and asked == ["eos_kafka"]
+    got = pytest_plugin._services_for(request, "2pc", {"broker-restart": 1})  # type: ignore[arg-type]
+    assert got[0] == "" and got[1] is services["eos_postgres"] and asked[-1] == "eos_postgres"
+
+
+# ---- the job's wiring, checked by the runner -----------------------------------------------------
+
+
+def _job(visibility: str = "partition", out: str = "t_out") -> app_runner.Job:
+    return app_runner.Job("b:1", "src", "", "t", out_topic_name=out, visibility=visibility)
+
+
+def _writer(fmt: str, **options: str) -> Any:
+    w = SimpleNamespace()
+    app_runner._sink_of(w).update(format=fmt, options=options)
+    return w
+
+
+def test_a_job_wired_as_the_run_asks_is_accepted() -> None:
+    ok = {"topic": "t_out", "sink.id": "t", "visibility": "partition"}
+    assert app_runner.sink_refusal(_writer("kafka-eos", **ok), _job()) is None
+    # visibility=batch is the sink's default; a foreachBatch is not looked into; other runs, other sinks
+    assert app_runner.sink_refusal(_writer("kafka-eos", topic="t_out", **{"sink.id": "t"}), _job("batch")) is None
+    assert app_runner.sink_refusal(_writer("foreachBatch"), _job()) is None
+    assert app_runner.sink_refusal(_writer("postgres-2pc"), _job(out="")) is None
+
+
+@pytest.mark.parametrize(
+    ("fmt", "options", "needle"),
+    [
+        ("postgres-2pc", {}, "--sink-kind kafka-partition: the job's query writes with format('postgres-2pc'), not "
+         "with the kafka-eos sink; run it with the --sink-kind of its sink"),
+        ("", {}, "writes with Spark's default format (no .format())"),
+        ("kafka-eos", {"sink.id": "t", "visibility": "partition"}, "has no option 'topic', the run needs 't_out'"),
+        ("kafka-eos", {"topic": "mine", "sink.id": "t", "visibility": "partition"},
+         "has topic='mine', the run needs 't_out' (the topic the run creates and reads back read_committed): "
+         "give it .option('topic', job.out_topic)"),
+        ("kafka-eos", {"topic": "t_out", "sink.id": "x", "visibility": "partition"}, ".option('sink.id', job.sink_id)"),
+        ("kafka-eos", {"topic": "t_out", "sink.id": "t"}, "has visibility='batch', the run needs 'partition'"),
+        ("kafka-eos", {"topic": "t_out", "sink.id": "t", "visibility": "partition", "marker.topic": "m"},
+         "marker.topic='m'; the run reads them from job.out_topic"),
+    ],
+)  # fmt: skip
+def test_a_job_not_wired_as_the_run_asks_is_refused_saying_how_to_fix_it(
+    fmt: str, options: dict[str, str], needle: str
+) -> None:
+    why = app_runner.sink_refusal(_writer(fmt, **options), _job())
+    assert why is not None and needle in why, why
+
+
+def test_a_kafka_sink_job_under_another_sink_kind_is_refused() -> None:
+    why = app_runner.sink_refusal(_writer("kafka-eos", topic="x"), _job(out=""))
+    assert why is not None and "run it with --sink-kind kafka (visibility=batch) or kafka-partition" in why
+    with pytest.raises(ConfigError, match=r"job.out_topic: .*needs --sink-kind kafka or kafka-partition"):
+        _ = _job(out="").out_topic
+
+
+def test_the_writer_remembers_what_build_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    for name in ("format", "option", "options"):  # restored after the test
+        monkeypatch.setattr(DataStreamWriter, name, getattr(DataStreamWriter, name))
+    jvm = SimpleNamespace(calls=[])
+    jvm.format = lambda s: jvm.calls.append(("format", s)) or jvm
+    jvm.option = lambda k, v: jvm.calls.append((k, v)) or jvm
+    writer = DataStreamWriter.__new__(DataStreamWriter)
+    writer._jwrite = jvm
+    app_runner._record_sink()
+    app_runner._record_sink()  # once only
+    out = writer.format("kafka-eos").option("Topic", "t_out").option("skipped", None)
+    out.options(**{"sink.id": "t", "visibility": "partition"})
+    assert app_runner._sink_of(writer) == {
+        "format": "kafka-eos", "options": {"topic": "t_out", "sink.id": "t", "visibility": "partition"}
+    }  # fmt: skip
+    assert jvm.calls == [("format", "kafka-eos"), ("Topic", "t_out"), ("sink.id", "t"), ("visibility", "partition")]
+    assert app_runner.sink_refusal(writer, _job()) is None
+
+
+def test_a_refusal_ends_the_runner_with_64_and_the_chaos_run_with_its_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def start() -> Any:
+        raise ConfigError("--sink-kind kafka: the job's query writes with format('console')")
+
+    assert app_runner.serve(start, 5) == chaos.REFUSED_EXIT == 64
+    err = capsys.readouterr().err
+    assert err.startswith("RUNNER REFUSED: --sink-kind kafka: the job's query writes with format('console')"), err
+    with pytest.raises(ConfigError, match=r"^--sink-kind kafka: the job's query writes with format\('console'\)$"):
+        chaos.raise_refusal(Outcome(64, 9.0, "spark said things\n" + err + "more\n"))
+    chaos.raise_refusal(Outcome(2, 9.0, err))  # a failure is not a refusal: the next run may fare better
+    chaos.raise_refusal(Outcome(64, 9.0, "no reason printed"))
+    chaos.raise_refusal(None)
+
+
+# ---- the checker's dispatch and the topic checker ------------------------------------------------
+
+
+def test_a_kafka_sink_run_is_checked_by_the_topic_checker(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(topic_checker, "verify_topic", lambda **kw: calls.append(("topic", kw)) or checker.Report())
+    monkeypatch.setattr(checker, "verify", lambda **kw: calls.append(("table", kw)) or checker.Report())
+    chaos._verify_output(_cfg("kafka-partition", payload_fields=("account",), dead_letters="{table}_dlq"), "src", "t",
+                         "/c")  # fmt: skip
+    chaos._verify_output(_cfg("kafka", oracle="append"), "src", "t", "/c")
+    chaos._verify_output(_cfg("2pc", dsn="pg"), "src", "t", "/c")
+    chaos._verify_output(_cfg("kafka", app=None, pipeline="2pc", dsn="pg"), "src", "t", "/c")
+    assert [c[0] for c in calls] == ["topic", "topic", "table", "table"]
+    first, second = calls[0][1], calls[1][1]
+    assert (first["source_topic"], first["sink_topic"], first["sink_id"], first["checkpoint"]) == (
+        "src",
+        "t_out",
+        "t",
+        "/c",
+    )
+    assert first["visibility"] == "partition" and first["records"] is True and first["errors_topic"] == "t_dlq"
+    assert first["payload_fields"] == ("account",)
+    assert second["visibility"] == "batch" and second["records"] is False  # the oracle judges the records
+    assert calls[2][1]["table"] == "t" and calls[2][1]["decisions"] is True
+
+
+def test_the_oracle_reads_a_kafka_jobs_topic_and_the_run_makes_its_topics(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[tuple[str, Any]] = []
+    made: list[tuple[str, int]] = []
+    monkeypatch.setattr(topic_checker, "topic_rows", lambda b, t, latest_by=None: read.append((t, latest_by)) or [])
+    monkeypatch.setattr(chaos, "create_topic", lambda b, t, n: made.append((t, n)))
+    chaos._output_rows(_cfg("kafka", oracle="upsert", oracle_key=("id",)), "t_ref1")
+    chaos._output_rows(_cfg("kafka-partition", oracle="append"), "t")
+    assert read == [("t_ref1_out", ("id",)), ("t_out", None)]
+    assert chaos._written(_cfg("kafka"), "t") == "topic t_out" and chaos._written(_cfg("2pc"), "t") == "t"
+    chaos._make_out_topics(_cfg("kafka", partitions=3, dead_letters="{table}_dlq"), "t")
+    chaos._make_out_topics(_cfg("2pc"), "t")
+    assert made == [("t_out", 3), ("t_dlq", 1)]
+
+
+def test_topic_rows_are_what_a_read_committed_reader_ends_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    held = [
+        {"value": b'{"id": "p1", "n": 1}', "key": b"a", "headers": [("src", b"0:1")]},
+        {"value": b"not json", "key": None, "headers": None},
+        {"value": b'{"id": "p1", "n": 2}', "key": b"a", "headers": None},
+        {"value": b'{"id": "p2"}', "key": b"\xff", "headers": None},
+        {"value": None, "key": b"\xff", "headers": None},  # a tombstone: a compacted topic forgets key 0xff
+    ]
+    monkeypatch.setattr(
+        topic_checker, "read_topic", lambda *a, **k: [dict(r, _partition=0, _offset=i) for i, r in enumerate(held)]
+    )
+    rows = topic_checker.topic_rows("b:1", "t")
+    assert rows[0] == {"id": "p1", "n": 1, "_key": "a", "_headers": [["src", "0:1"]]}
+    assert rows[1] == {"_value": "not json", "_key": None} and rows[3] == {"id": "p2", "_key": "0xff"}
+    latest = topic_checker.topic_rows("b:1", "t", latest_by=["id"])
+    assert latest == [{"_value": "not json", "_key": None}, {"id": "p1", "n": 2, "_key": "a"}]
+
+
+def _topic_report(monkeypatch: pytest.MonkeyPatch, modes: list[str], **kw: Any) -> checker.Report:
+    markers = {f"g{i}": Marker(7, "l", "q", 1, "d", m) for i, m in enumerate(modes)}
+    monkeypatch.setattr(topic_checker, "read_topic", lambda *a, **k: pytest.fail("records read"))
+    monkeypatch.setattr(topic_checker, "open_transactions", lambda b, t: {})
+    monkeypatch.setattr(topic_checker, "marker_batches", lambda b, s, t: markers)
+    monkeypatch.setattr(topic_checker, "last_commit", lambda c: 7)
+    return topic_checker.verify_topic(bootstrap="b:1", source_topic="s", sink_topic="t", sink_id="t", checkpoint="/c",
+                                      records=False, **kw)  # fmt: skip
+
+
+def test_the_topic_checker_holds_the_sink_to_the_visibility_the_run_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _topic_report(monkeypatch, ["partition", "partition"], visibility="partition")
+    assert report.ok and [c.name for c in report.checks] == ["end.open_transactions", "end.marker_vs_commit",
+                                                              "end.visibility"], report.table()  # fmt: skip
+    bad = _topic_report(monkeypatch, ["batch"], visibility="partition").get("end.visibility")
+    assert not bad.ok and "give it .option('visibility', job.visibility)" in bad.summary, bad.summary
+    assert not _topic_report(monkeypatch, [], visibility="batch").get("end.visibility").ok  # no marker at all
+    assert "end.visibility" not in [c.name for c in _topic_report(monkeypatch, ["batch"]).checks]
