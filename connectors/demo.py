@@ -196,7 +196,7 @@ def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, work
                     while (
                         proc.alive()
                         and time.monotonic() < deadline
-                        and (checker.last_commit(checkpoint) or -1) < target
+                        and checker.committed_through(checkpoint) < target
                     ):
                         time.sleep(0.2)
                     time.sleep(kill.delay)

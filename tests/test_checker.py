@@ -227,3 +227,12 @@ def test_integration_reexport():
     from integration import checker as ic
 
     assert ic.compare_records is compare_records and ic.Report is Report
+
+
+def test_committed_through_counts_batch_0_as_committed(tmp_path) -> None:
+    from connectors.toolkit.checker import committed_through
+
+    assert committed_through(str(tmp_path)) == -1
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "commits" / "0").write_text("v1\n{}")
+    assert committed_through(str(tmp_path)) == 0  # `last_commit(...) or -1` said -1 here

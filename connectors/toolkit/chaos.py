@@ -893,7 +893,7 @@ class _Loop:
 
     def _commit_after(self, proc: PipelineProcess, before: int | None) -> bool:
         _wait_commit_after(proc, self.checkpoint, before, self.cfg.timeout)
-        return (checker.last_commit(self.checkpoint) or -1) > (-1 if before is None else before)
+        return checker.committed_through(self.checkpoint) > (-1 if before is None else before)
 
     # ---- one fault
     def step(self, plan: KillPlan) -> dict[str, Any]:
@@ -1513,7 +1513,7 @@ def write_results(report: checker.Report, cfg: ChaosConfig) -> None:
 
 def _wait_commit_after(proc: PipelineProcess, checkpoint: str, before: int | None, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while (checker.last_commit(checkpoint) or -1) <= (-1 if before is None else before):
+    while checker.committed_through(checkpoint) <= (-1 if before is None else before):
         if not proc.alive() or time.monotonic() > deadline:
             return
         time.sleep(0.2)

@@ -21,6 +21,7 @@ __all__ = [
     "check_end_state",
     "check_exit",
     "check_faults",
+    "committed_through",
     "compare_aggregates",
     "compare_records",
     "expected_aggregates",
@@ -303,6 +304,12 @@ def last_commit(checkpoint: str) -> int | None:
     """Spark's last completed batch: the highest ``commits/n`` in the checkpoint (None if none)."""
     ns = numbered(os.path.join(checkpoint, "commits"))
     return ns[-1] if ns else None
+
+
+def committed_through(checkpoint: str) -> int:
+    """``last_commit`` with -1 for none (``last_commit(...) or -1`` would take batch 0 for none)."""
+    found = last_commit(checkpoint)
+    return -1 if found is None else found
 
 
 def last_offsets(checkpoint: str) -> int | None:
