@@ -194,9 +194,7 @@ def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, work
                     deadline = time.monotonic() + timeout
                     target = (-1 if before is None else before) + 2  # two new batches: real progress
                     while (
-                        proc.alive()
-                        and time.monotonic() < deadline
-                        and checker.committed_through(checkpoint) < target
+                        proc.alive() and time.monotonic() < deadline and checker.committed_through(checkpoint) < target
                     ):
                         time.sleep(0.2)
                     time.sleep(kill.delay)
