@@ -93,16 +93,16 @@ def test_example_job_is_chaos_tested_from_the_wheel_by_plugin_and_cli(
     assert {"end.prepared", "end.decision_vs_commit"} <= set(checks), sorted(checks)
 
 
-NEW_EXAMPLES = ("enrich", "dedup", "balances")
+NEW_EXAMPLES = ("enrich", "dedup", "balances", "windows")
 
 
 def test_join_dedup_and_state_examples_are_chaos_tested_from_the_wheel_with_every_kind_of_fault(
     wheel_venv: Path, kafka_service: object, postgres_service: object, tmp_path: Path
 ) -> None:
-    """Issue 30 item 6: a stream-static join into postgres-2pc, a dedup with watermark and a
-    transformWithStateInPandas job, each with its own record format, chaos-tested from the wheel by
-    their own tests (the plugin, the reference-run oracle) under kills and faults of the
-    services: pg-crash, kafka-cut (a broker of the run's own behind a proxy), pg-restart, pg-stall,
+    """Issue 30 item 6: a stream-static join into postgres-2pc, a dedup with watermark, a
+    transformWithStateInPandas job and 10-second windows in update mode (the foreachBatch upsert
+    adapter), each with its own record format, chaos-tested from the wheel by their own tests (the
+    plugin, the reference-run oracle) under kills and faults of the services: pg-crash, kafka-cut (a broker of the run's own behind a proxy), pg-restart, pg-stall,
     executor-loss. No service is named: the Postgres faults restart the server the plugin runs, the
     Kafka faults need a broker the run starts itself (a named one is refused). enrich leaves a report."""
     work = tmp_path / "user-project"
@@ -117,9 +117,9 @@ def test_join_dedup_and_state_examples_are_chaos_tested_from_the_wheel_with_ever
     python = str(wheel_venv / "bin" / "python")
     base = tmp_path / "pt"
     out = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(base), "-rA",
-                "test_enrich_chaos.py", "test_dedup_chaos.py", "test_balances_chaos.py"],
+                *(f"test_{e}_chaos.py" for e in NEW_EXAMPLES)],
                cwd=work, env=env, timeout=2400)  # fmt: skip
-    assert "3 passed" in out.stdout, out.stdout[-3000:]
+    assert f"{len(NEW_EXAMPLES)} passed" in out.stdout, out.stdout[-3000:]
     # the report enrich's test asked for: a timeline of its runs with the kill and the faults, and JUnit
     (page_path,) = base.glob("test_enriched_orders*0/report/report.html")  # not pytest's "current" link
     page = page_path.read_text()
