@@ -119,3 +119,24 @@ def test_other_errors_are_not_waited_for(monkeypatch: pytest.MonkeyPatch, no_sle
     with pytest.raises(ServiceError, match="TOPIC_AUTHORIZATION_FAILED"):
         c.latest([TP])
     assert admins.calls == 1  # fatal: neither waited for nor retried
+
+
+def test_closing_a_consumer_is_bounded_when_librdkafka_hangs(caplog: pytest.LogCaptureFixture) -> None:
+    """A query's stop waits for its source's stop(): a consumer whose close() hangs (librdkafka has no close
+    timeout) must not hold it."""
+    import threading
+    import time
+
+    from sources.kafka.client import _close_within
+
+    released = threading.Event()
+
+    class Hanging:
+        def close(self) -> None:
+            released.wait(30)
+
+    t0 = time.monotonic()
+    _close_within(Hanging(), "the metadata consumer", 0.3)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5
+    assert "closing the metadata consumer took over" in caplog.text
+    released.set()

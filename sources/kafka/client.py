@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -55,6 +56,24 @@ def _code_name(err: Any) -> str:
 class TopicMetadataError(ServiceError):
     """A topic-level metadata error that is not 'unknown topic' (e.g. LEADER_NOT_AVAILABLE): retried, never
     taken for deletion."""
+
+
+def _close_within(consumer: Consumer, what: str, timeout: float) -> None:
+    """``consumer.close()`` for at most ``timeout`` seconds (librdkafka's close has no timeout of its own
+    and can wait on a group coordinator that is gone): a query's stop, which waits for its source's,
+    must not hang on it. Best effort: nothing of a closing consumer is needed."""
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except Exception:  # closing is best effort; nothing to lose
+            log.debug("closing %s failed", what, exc_info=True)
+
+    closer = threading.Thread(target=close, name=f"kafka-eos close {what}", daemon=True)
+    closer.start()
+    closer.join(timeout)
+    if closer.is_alive():
+        log.warning("kafka-eos: closing %s took over %.0f s; left to finish in the background", what, timeout)
 
 
 class KafkaMetadataClient:
@@ -118,19 +137,13 @@ class KafkaMetadataClient:
 
     def close_committer(self) -> None:
         if self._committer is not None:
-            try:
-                self._committer[1].close()
-            except Exception:  # closing is best effort; nothing to lose
-                log.debug("closing the commit consumer failed", exc_info=True)
+            _close_within(self._committer[1], "the commit consumer", self.timeout)
             self._committer = None
 
     def close(self) -> None:
         self.close_committer()
         if self._consumer is not None:
-            try:
-                self._consumer.close()
-            except Exception:  # closing is best effort; nothing to lose
-                log.debug("closing the metadata consumer failed", exc_info=True)
+            _close_within(self._consumer, "the metadata consumer", self.timeout)
             self._consumer = None
         self._admin = None
 
