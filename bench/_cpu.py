@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPONENTS", "CpuMeter"]
+__all__ = ["COMPONENTS", "CpuMeter", "listener_pid"]
 
 COMPONENTS = ("jvm", "python workers", "postgres", "driver")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -85,3 +85,25 @@ class CpuMeter:
     @staticmethod
     def used(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float | None]:
         return {k: (None if before[k] is None or after[k] is None else after[k] - before[k]) for k in COMPONENTS}  # type: ignore[operator]
+
+
+def listener_pid(address: str) -> int | None:
+    """The pid of the process listening on ``address``'s port on this host (a broker), else None."""
+    port = int(address.rsplit(":", 1)[1])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                for line in fh.readlines()[1:]:
+                    cols = line.split()
+                    if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
+                        inodes.add(f"socket:[{cols[9]}]")
+        except OSError:
+            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue
+    return None

@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._cpu import _subtree, _table
+from bench._cpu import _subtree, _table, listener_pid
+from bench._noop import noop_source
 from bench.kafka_source import BROKERS, kafka
 
 __all__ = ["main"]
@@ -85,33 +86,22 @@ def key_of(i: int) -> bytes:
     return str(i).encode()
 
 
+def produce_pairs(p: Any, topic: str, keys: list[Any], values: list[Any]) -> None:
+    """The plain loop: each (key, value) produced, librdkafka's queue served when it is full."""
+    produce = p.produce
+    for k, v in zip(keys, values, strict=True):
+        try:
+            produce(topic, v, k)
+        except BufferError:
+            p.poll(0.05)
+            produce(topic, v, k)
+
+
 def value_of(i: int, size: int) -> bytes:
     return (f"{i:012d}" + "x" * (size - 12)).encode()
 
 
 # ---- CPU per component -------------------------------------------------------------------------------
-def broker_pid(bootstrap: str) -> int | None:
-    """The pid of the process listening on ``bootstrap``'s port (a broker on this host), else None."""
-    port = int(bootstrap.rsplit(":", 1)[1])
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                for line in fh.readlines()[1:]:
-                    cols = line.split()
-                    if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
-                        inodes.add(f"socket:[{cols[9]}]")
-        except OSError:
-            continue
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                return int(pid)
-        except OSError:
-            continue
-    return None
-
-
 class Meter:
     """CPU seconds of each component over a window, sampled from ``/proc`` every ``interval`` seconds.
 
@@ -127,7 +117,7 @@ class Meter:
     def __init__(self, spark: Any, bootstrap: str, interval: float = 0.5) -> None:
         proc = getattr(spark.sparkContext._gateway, "proc", None)
         self.jvm = proc.pid if proc is not None else None
-        self.broker = broker_pid(bootstrap)
+        self.broker = listener_pid(bootstrap)
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -230,13 +220,7 @@ def _loop(bootstrap: str, topic: str, lo: int, hi: int, size: int, txn: bool, re
     t0, cpu0 = time.perf_counter(), time.process_time()
     if txn:
         p.begin_transaction()
-    produce = p.produce
-    for k, v in zip(keys, values, strict=True):
-        try:
-            produce(topic, v, k)
-        except BufferError:
-            p.poll(0.05)
-            produce(topic, v, k)
+    produce_pairs(p, topic, keys, values)
     if txn:
         p.commit_transaction(120)
     elif p.flush(120):
@@ -356,48 +340,6 @@ class Checker:
             if value != value_of(i, self.size) or part != java_partition(key, self.partitions):
                 raise SystemExit(f"{who}: record {key!r} in {topic} has value {value[:20]!r}..., partition {part} "
                                  f"(want partition {java_partition(key, self.partitions)})")  # fmt: skip
-
-
-def python_noop() -> Any:
-    """Format ``bench-kafka-noop``: a Python data source whose writers (batch and stream) read their Arrow batches
-    and return their row count; commit() does nothing. What PySpark costs any Python sink."""
-    from pyspark.sql.datasource import (
-        DataSource,
-        DataSourceArrowWriter,
-        DataSourceStreamArrowWriter,
-        WriterCommitMessage,
-    )
-
-    @dataclass
-    class Counted(WriterCommitMessage):
-        rows: int
-
-    class Writer(DataSourceArrowWriter):
-        def write(self, iterator: Any) -> Any:
-            return Counted(sum(b.num_rows for b in iterator))
-
-    class StreamWriter(DataSourceStreamArrowWriter):
-        def write(self, iterator: Any) -> Any:
-            return Counted(sum(b.num_rows for b in iterator))
-
-        def commit(self, messages: Any, batchId: int) -> None:
-            pass
-
-        def abort(self, messages: Any, batchId: int) -> None:
-            pass
-
-    class Noop(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "bench-kafka-noop"
-
-        def writer(self, schema: Any, overwrite: bool) -> Any:
-            return Writer()
-
-        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-            return StreamWriter()
-
-    return Noop
 
 
 def write_batch(df: Any, who: str, bootstrap: str, topic: str) -> float:
@@ -551,15 +493,8 @@ def _bare_loop(bootstrap: str, topic: str, batches: list[Any]) -> tuple[float, f
     p.init_transactions(60)
     t1 = time.perf_counter()
     p.begin_transaction()
-    produce = p.produce
     for batch in batches:
-        keys, values = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-        for k, v in zip(keys, values, strict=True):
-            try:
-                produce(topic, v, k)
-            except BufferError:
-                p.poll(0.05)
-                produce(topic, v, k)
+        produce_pairs(p, topic, batch.column(0).to_pylist(), batch.column(1).to_pylist())
         p.poll(0)
     p.commit_transaction(120)
     return t1 - t0, time.perf_counter() - t1
@@ -738,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
             spark = session(a.spark_sink)
             try:
                 meter = Meter(spark, bootstrap)
-                spark.dataSource.register(python_noop())
+                spark.dataSource.register(noop_source("bench-kafka-noop"))
                 want = checksum(frame(spark, records, a.size))
                 check = Checker(spark, bootstrap, records, a.size, a.partitions, want)
                 if not a.no_batch:

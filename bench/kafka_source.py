@@ -77,31 +77,17 @@ def kafka(bootstrap: str | None, broker: str = "apache") -> Iterator[str]:
 def broker_cpu_seconds(bootstrap: str) -> float | None:
     """CPU seconds (user + system) used so far by the process listening on ``bootstrap``'s port, or
     None when it is not found (a broker on another machine): the broker's share of a run."""
-    import os as _os
+    from bench._cpu import listener_pid
 
-    port = int(bootstrap.rsplit(":", 1)[1])
-    inode = None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                for line in fh.readlines()[1:]:
-                    cols = line.split()
-                    if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
-                        inode = cols[9]
-        except OSError:
-            continue
-    if inode is None:
+    pid = listener_pid(bootstrap)
+    if pid is None:
         return None
-    for pid in filter(str.isdigit, _os.listdir("/proc")):
-        try:
-            for fd in _os.listdir(f"/proc/{pid}/fd"):
-                if _os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
-                    with open(f"/proc/{pid}/stat") as fh:
-                        fields = fh.read().rsplit(")", 1)[1].split()
-                    return (int(fields[11]) + int(fields[12])) / _os.sysconf("SC_CLK_TCK")
-        except OSError:
-            continue
-    return None
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _spent(before: float | None, after: float | None, runs: int) -> float | None:

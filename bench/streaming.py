@@ -73,6 +73,7 @@ from typing import Any
 
 import psycopg
 
+from bench._noop import noop_source
 from bench.kafka_source import BROKERS, kafka, spark_connector_conf
 from bench.upsert import bench_session, throwaway_postgres
 
@@ -231,35 +232,6 @@ class Poller(threading.Thread):
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-def noop_source() -> Any:
-    """Format ``bench-noop``: tasks read their Arrow batches and return; commit() does nothing."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
-
-    @dataclass
-    class Counted(WriterCommitMessage):
-        rows: int
-
-    class Writer(DataSourceStreamArrowWriter):
-        def write(self, iterator: Any) -> Any:
-            return Counted(sum(b.num_rows for b in iterator))
-
-        def commit(self, messages: Any, batchId: int) -> None:
-            pass
-
-        def abort(self, messages: Any, batchId: int) -> None:
-            pass
-
-    class Noop(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "bench-noop"
-
-        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-            return Writer()
-
-    return Noop
 
 
 @dataclass
