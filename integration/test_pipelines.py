@@ -400,7 +400,7 @@ def test_transfers_killed_mid_publish_and_restarted_writes_every_record_once(
 ) -> None:
     """`spark-eos run transfers`: Kafka -> kafka-eos sink -> Kafka. Run 1 is SIGKILLed (its whole process
     group) by the fault sink.publish.mid in batch 1, with the publish's transaction open and part of its
-    150 records in the output topic's log (k: as many as the staged ranges copied so far, up to 100 at a time); run 2 restarts from the checkpoint, fails once more at
+    150 records sent (k: as many as the staged ranges copied so far, up to 100 at a time); run 2 restarts from the checkpoint, fails once more at
     sink.commit.before_decision (raise) and is restarted by its restart strategy in the same process,
     then drains the topic. Checked exactly: every event once in the output topic (read_committed), each
     poison record once in the dead-letter topic with its source position and value, no transaction
@@ -449,10 +449,10 @@ def test_transfers_killed_mid_publish_and_restarted_writes_every_record_once(
     report = transfers.verify(cfg)
     assert report.ok, report.table()
     assert report.info["sink_records"] == 300 and report.get("end.marker_vs_commit").counts["marker"] >= 3
-    # the dead publish's records reached the log (the first task's range was sent before the second's was
-    # read) and were aborted when the restart fenced it: in the log, never read with read_committed
+    # whatever of the dead publish reached the log before the kill (librdkafka may still have held it in
+    # its queue) was aborted when the restart fenced it: in the log at most, never read with read_committed
     logged = _read_uncommitted_ids(kafka_service.bootstrap, out)
-    assert len(logged) > 300 and set(logged) == {r["id"] for r in checker.read_topic(kafka_service.bootstrap, out)}
+    assert len(logged) >= 300 and set(logged) == {r["id"] for r in checker.read_topic(kafka_service.bootstrap, out)}
     assert report.get("poison.dead_letter_topic").counts == {"poison": 3, "missing": 0, "extra": 0, "altered": 0}
     assert report.get("records.positions").counts["dead_letters"] == 3
     letters = transfers.read_dead_letters(kafka_service.bootstrap, str(cfg.dead_letter_topic))
