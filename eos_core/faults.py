@@ -27,8 +27,10 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from eos_core.errors import ConfigError, EosError
 
@@ -40,6 +42,7 @@ __all__ = [
     "POINTS",
     "FaultInjected",
     "FaultRule",
+    "append_log",
     "fired",
     "parse_spec",
     "point",
@@ -178,7 +181,13 @@ def _log(rule: FaultRule, name: str, context: dict[str, object]) -> None:
         return
     entry = {"point": name, "rule": rule.text, "action": rule.action, "pid": os.getpid(), "time": time.time()}
     entry.update({k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v) for k, v in context.items()})
-    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+    append_log(path, entry)
+
+
+def append_log(path: str, entry: Mapping[str, Any]) -> None:
+    """Append one JSON line to the fault log at ``path`` and fsync it: a firing here, or a fault the chaos
+    toolkit injects from outside (``connectors.toolkit.fault_kinds``)."""
+    line = (json.dumps(dict(entry), sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
     try:
         os.write(fd, line)

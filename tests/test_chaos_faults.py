@@ -149,8 +149,8 @@ def test_a_start_marker_is_found_however_much_the_run_logged_after_it(tmp_path: 
 
 def test_fault_log_lines_are_appended_whole(tmp_path: Path) -> None:
     log = str(tmp_path / "faults.jsonl")
-    fault_kinds.append_log(log, {"point": "chaos.pg-cut", "action": "pg-cut", "time": time.time(), "ok": True})
-    fault_kinds.append_log(log, {"point": "chaos.pg-stall", "action": "pg-stall", "time": time.time(), "ok": False})
+    faults.append_log(log, {"point": "chaos.pg-cut", "action": "pg-cut", "time": time.time(), "ok": True})
+    faults.append_log(log, {"point": "chaos.pg-stall", "action": "pg-stall", "time": time.time(), "ok": False})
     assert [e["action"] for e in fault_kinds.iter_chaos_entries(log)] == ["pg-cut", "pg-stall"]
 
 

@@ -1015,7 +1015,7 @@ class _Loop:
 
     def _log(self, plan: KillPlan, fault: str, proof: Mapping[str, Any]) -> None:
         entry = {**proof, "point": f"chaos.{fault}", "action": fault, "fault": plan.index, "pid": os.getpid()}
-        fault_kinds.append_log(self.fault_log, {**entry, "time": time.time()})
+        faults.append_log(self.fault_log, {**entry, "time": time.time()})
 
     def finish(self) -> None:
         if self._alive() is not None:

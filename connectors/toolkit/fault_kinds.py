@@ -44,7 +44,6 @@ other kind applies to such a job as to any: its task-side hold point is the sink
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
@@ -60,7 +59,6 @@ __all__ = [
     "HOLD_POINTS",
     "KINDS",
     "FaultKit",
-    "append_log",
     "format_faults",
     "parse_faults",
     "plan_kind",
@@ -247,17 +245,6 @@ def refuse_unsupported(
                     f"{option} slow-task: needs --partitions >= 2 (Spark speculates once half a stage's tasks "
                     f"finished; with {partitions} there is no other task)"
                 )
-
-
-def append_log(path: str, entry: Mapping[str, Any]) -> None:
-    """Append one JSON line to the fault log and fsync it (as ``eos_core.faults`` logs its firings)."""
-    line = (json.dumps(dict(entry), sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
