@@ -82,6 +82,7 @@ class TxnProducer:
         self.conf = conf
         self.timeout = timeout
         self.context = context
+        self._group_metadata: dict[str, Any] = {}  # by marker group: made once, by a consumer that never joins it
         self.errors: list[str] = []
         self.producer = Producer(
             {
@@ -173,12 +174,13 @@ class TxnProducer:
         """Put each (offsets, consumer group) of ``markers`` in the open transaction (the coordinator checks the
         producer's epoch: a fenced producer fails here, ``Fenced``). A later call for a group replaces them."""
         for offsets, group in markers:
-            # A consumer that never joins the group: only its group metadata (the group id) is used.
-            consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
-            try:
-                metadata = consumer.consumer_group_metadata()
-            finally:
-                consumer.close()
+            metadata = self._group_metadata.get(group)
+            if metadata is None:  # a consumer that never joins the group: only its metadata (the group id) is used
+                consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
+                try:
+                    metadata = self._group_metadata[group] = consumer.consumer_group_metadata()
+                finally:
+                    consumer.close()
             self._call(
                 "send_offsets_to_transaction",
                 lambda o=offsets, m=metadata: self.producer.send_offsets_to_transaction(o, m, self.timeout),  # type: ignore[misc]

@@ -15,6 +15,7 @@ them into Arrow batches.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -205,6 +206,7 @@ def headers_size(headers: Headers | None) -> int:
     return size
 
 
+@functools.lru_cache(maxsize=4096)  # one task's rows share a tag and a few destinations: no json.dumps per row
 def stage_header_size(tag: str, topic: str | None, partition: int | None) -> int:
     """What the staging header adds to a staged record's size (``headers_size`` of it alone)."""
     route = len(stage_route(tag, topic, partition))
