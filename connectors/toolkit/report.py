@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from connectors.toolkit.checker import Report
+from eos_core.checkpoint import numbered
 
 __all__ = ["batches", "html_report", "junit_xml", "timeline_svg", "write"]
 
@@ -51,21 +52,13 @@ def batches(checkpoint: str) -> list[dict[str, Any]]:
     out = []
     offsets = os.path.join(checkpoint, "offsets")
     commits = os.path.join(checkpoint, "commits")
-    names = sorted((int(n) for n in _listdir(offsets) if n.isdigit()), key=int)
-    for n in names:
+    for n in numbered(checkpoint, "offsets"):
         planned = os.path.getmtime(os.path.join(offsets, str(n)))
         done = os.path.join(commits, str(n))
         out.append(
             {"batch": n, "planned": planned, "committed": os.path.getmtime(done) if os.path.exists(done) else None}
         )
     return out
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def _esc(value: Any) -> str:
