@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from connectors.services import spark_cds
+from connectors.services.apache_kafka import without_class_archives
+
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,14 +48,31 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     pip = str(root / "venv" / "bin" / "pip")
     # protobuf: PySpark's transformWithState client imports it (examples/balances; a user of that API has it)
     _run([pip, "install", "-q", f"{wheel}[embedded]", "pytest", "protobuf>=5"], timeout=1200)
+    # this venv's Spark is another installation, readied as conftest.py readies the suite's: PySpark's zip gets
+    # its bytecode, and its JVMs a class archive of their own, kept with the venv (40 s once; the examples'
+    # runs start some 30 Spark JVMs, each about 4 s sooner, and their Python workers compile no PySpark)
+    base = without_class_archives(os.environ.get(spark_cds.ENV, ""))
+    ready = "import sys; from connectors.services import spark_bytecode, spark_cds; spark_bytecode.precompile(); "
+    built = _run([str(root / "venv" / "bin" / "python"), "-c", ready + "print(spark_cds.build_archive(sys.argv[1]))",
+                  base], cwd=root, timeout=900, env=_outside(XDG_CACHE_HOME=str(root)))  # fmt: skip
+    archive = built.stdout.strip().splitlines()[-1]
+    assert archive.endswith(".jsa"), built.stdout + built.stderr  # a build that fails would cost every run its start
+    (root / "jvm-options").write_text(f"{base} {spark_cds.archive_options(Path(archive))}".strip())
     yield root / "venv"
 
 
-def _env(venv: Path, kafka_service: object, postgres_service: object) -> dict[str, str]:
+def _outside(**extra: str) -> dict[str, str]:
+    """The environment without the clone's Python settings (the wheel's package, not the clone's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "EOS_FAULTS"))}
+    return {**env, **extra}
+
+
+def _env(venv: Path, kafka_service: object, postgres_service: object) -> dict[str, str]:
+    env = _outside()
     env.update(
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         PYSPARK_PYTHON=str(venv / "bin" / "python"),
+        JDK_JAVA_OPTIONS=(venv.parent / "jvm-options").read_text(),  # its Spark's class archive (wheel_venv)
         EOS_KAFKA_BOOTSTRAP=kafka_service.bootstrap,  # type: ignore[attr-defined]
         EOS_POSTGRES_DSN=postgres_service.dsn,  # type: ignore[attr-defined]
     )

@@ -330,3 +330,14 @@ def test_a_recorded_jvm_is_recognised_by_its_arguments() -> None:
     finally:
         _proc.stop_group(proc, proc.pid, grace=1.0)
     assert not manage._is_ours({"pid": proc.pid, "program": "/bin/sleep"})
+
+
+def test_the_broker_names_its_own_class_archive_not_one_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark's archive in JDK_JAVA_OPTIONS (connectors/services/spark_cds.py) would be read as the base of the
+    broker's first recording, and its JVM would refuse to start: the broker's environment drops it."""
+    spark = "-XX:TieredStopAtLevel=1 -XX:SharedArchiveFile=/c/spark-1.jsa -Xlog:cds=off -Xlog:cds+dynamic=off -Xmx1g"
+    monkeypatch.setenv("JDK_JAVA_OPTIONS", spark)
+    assert ak._broker_env()["JDK_JAVA_OPTIONS"] == "-XX:TieredStopAtLevel=1 -Xmx1g"
+    assert ak.without_class_archives("-XX:ArchiveClassesAtExit=/c/x.jsa -Xss1m") == "-Xss1m"
+    monkeypatch.delenv("JDK_JAVA_OPTIONS")
+    assert "JDK_JAVA_OPTIONS" not in ak._broker_env()

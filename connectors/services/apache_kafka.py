@@ -58,6 +58,7 @@ __all__ = [
     "log4j2_properties",
     "render_properties",
     "resolve_jars",
+    "without_class_archives",
 ]
 
 KAFKA_VERSION = "4.4.0"  # the newest 4.x on Maven Central when this was written (2026-11)
@@ -152,6 +153,24 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     base = env.get(CACHE_ENV) or ""
     return (Path(base) if base.strip() else Path.home() / ".cache") / "spark-eos"
+
+
+def without_class_archives(options: str) -> str:
+    """JVM ``options`` (``JDK_JAVA_OPTIONS``) without a class-data archive named or recorded, and without the
+    flags that silence an archive's messages: for a JVM that maps or records an archive of its own."""
+    archives = ("-XX:SharedArchiveFile=", "-XX:ArchiveClassesAtExit=", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+    return " ".join(o for o in options.split() if not o.startswith(archives))
+
+
+def _broker_env() -> dict[str, str]:
+    """The broker's environment. An archive inherited through JDK_JAVA_OPTIONS (Spark's, which the suite and
+    the toolkit name there: connectors/services/spark_cds.py) would be taken as the base of the broker's
+    own recording, and the JVM refuses to start ("DynamicDumpSharedSpaces is unsupported when base CDS
+    archive is not loaded"): the broker names its own archive on its command line instead."""
+    env = dict(os.environ)
+    if env.get("JDK_JAVA_OPTIONS"):
+        env["JDK_JAVA_OPTIONS"] = without_class_archives(env["JDK_JAVA_OPTIONS"])
+    return env
 
 
 def java_binary(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
@@ -767,7 +786,8 @@ class ApacheKafka(KafkaService):
         argv = self._java("kafka.Kafka", str(self.properties_path), cds=self._cds.options())
         with open(self.stdout_path, "ab") as out:
             try:
-                self.proc = _proc.spawn(argv, log=out, tie_to_parent=not self._detached, cwd=str(self.base))
+                self.proc = _proc.spawn(argv, log=out, tie_to_parent=not self._detached, cwd=str(self.base),
+                                        env=_broker_env())  # fmt: skip
             except OSError as e:
                 raise ServiceError(f"cannot run {self.java!r}: {e}", java=self.java) from e
         self.pid = self.proc.pid
