@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import pwd
 import shutil
@@ -27,6 +29,7 @@ __all__ = [
     "descendants",
     "free_port",
     "group_pids",
+    "locked",
     "pid_alive",
     "port_in_use",
     "process_tree",
@@ -65,6 +68,30 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         except OSError as e:
             return e.errno == errno.EADDRINUSE
     return False
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float, what: str) -> Iterator[None]:
+    """An exclusive flock on ``path`` (made if missing), waited for up to ``timeout`` seconds; a
+    ServiceError names ``what`` the holder is doing and the lock file after that."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ServiceError(
+                        f"another process has been {what} for {timeout:.0f}s (lock {path}); "
+                        "wait for it or remove the lock file if no such process runs",
+                        lock=str(path),
+                    ) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -26,7 +25,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -323,29 +322,6 @@ def _check_jars(jars: Path, version: str | None, source: str) -> str:
     return found
 
 
-@contextlib.contextmanager
-def _locked(path: Path, timeout: float) -> Iterator[None]:
-    """An exclusive flock on ``path``, waited for up to ``timeout`` seconds."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ServiceError(
-                        f"another process has been fetching the Kafka jars for {timeout:.0f}s (lock {path}); "
-                        "wait for it or remove the lock file if no such process runs",
-                        lock=str(path),
-                    ) from None
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
 def resolve_jars(
     version: str | None = None, *, cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT, java: str | None = None
 ) -> Path:
@@ -395,7 +371,7 @@ def resolve_module(
     (Spark's Kafka connector, the benchmarks' JDBC driver).
     """
     target = root / stem
-    with _locked(root / f"{stem}.lock", timeout + 60):
+    with _proc.locked(root / f"{stem}.lock", timeout + 60, "fetching the Kafka jars"):
         if (target / MARKER).is_file():
             return target  # another process finished while we waited
         for stale in root.glob(f".{stem}-*"):  # left by a resolver that died; we hold the lock

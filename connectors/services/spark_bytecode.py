@@ -16,16 +16,16 @@ before). The modules are the same files; only their bytecode is added. It is the
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import logging
 import os
 import warnings
 import zipfile
-from collections.abc import Iterator
 from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 from pathlib import Path
+
+from connectors.services import _proc
+from eos_core.errors import ServiceError
 
 __all__ = ["BYTECODE_ENV", "precompile", "precompiled"]
 
@@ -49,16 +49,6 @@ def precompiled(zip_path: Path) -> bool:
             return False
         with zf.open(sources[0][:-3] + ".pyc") as fh:
             return fh.read(4) == _MAGIC
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _rewrite(zip_path: Path) -> None:
@@ -97,10 +87,10 @@ def precompile(spark_home: Path | None = None) -> list[Path]:
         try:
             if precompiled(zip_path):
                 continue
-            with _locked(zip_path):
+            with _proc.locked(zip_path.with_name(f"{zip_path.name}.lock"), 300, "adding bytecode to PySpark's zip"):
                 if not precompiled(zip_path):  # another process did it while this one waited
                     _rewrite(zip_path)
                     done.append(zip_path)
-        except (OSError, zipfile.BadZipFile, SyntaxError, ValueError) as exc:
+        except (OSError, zipfile.BadZipFile, SyntaxError, ValueError, ServiceError) as exc:
             log.info("%s left as it is: %s", zip_path, exc)
     return done

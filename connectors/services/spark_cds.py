@@ -18,17 +18,18 @@ they were, and says why in the log.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 
+from connectors.services import _proc
 from connectors.services.apache_kafka import cache_root
+from eos_core.errors import ServiceError
 
 __all__ = ["CDS_ENV", "archive_options", "build_archive", "enable"]
 
@@ -107,18 +108,6 @@ def _cache_dir() -> Path:
     return cache_root() / "cds"  # beside the Kafka broker's archive (apache_kafka._CdsArchive)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One builder per machine at a time (pytest workers start together)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def build_archive(base_options: str = "", *, timeout: float = 600.0) -> Path | None:
     """The archive for this JDK and Spark, built now if there is none; ``None`` when it could not be built.
 
@@ -131,27 +120,35 @@ def build_archive(base_options: str = "", *, timeout: float = 600.0) -> Path | N
         return None
     if path.exists():
         return path
-    with _locked(path):
-        if path.exists():  # another process built it while this one waited
-            return path
-        partial = path.with_suffix(f".{os.getpid()}.partial")
-        work = path.with_suffix(f".{os.getpid()}.checkpoint")
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-        env[ENV] = f"{base_options} -XX:ArchiveClassesAtExit={partial} {QUIET}".strip()
-        try:
-            out = subprocess.run([sys.executable, "-c", _WORKLOAD, str(work)], capture_output=True, text=True,
-                                 env=env, timeout=timeout)  # fmt: skip
-            if out.returncode != 0 or not partial.exists():
-                log.info("no class archive: the build run ended with %s: %s", out.returncode, out.stderr[-2000:])
-                return None
-            os.replace(partial, path)
-            return path
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.info("no class archive: %s", exc)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _proc.locked(Path(f"{path}.lock"), timeout + 60, "building Spark's class archive"):
+            return path if path.exists() else _build(path, base_options, timeout)  # exists: built meanwhile
+    except (OSError, ServiceError) as exc:
+        log.info("no class archive: %s", exc)
+        return None
+
+
+def _build(path: Path, base_options: str, timeout: float) -> Path | None:
+    """One short Spark run that records the archive as its JVM exits; renamed into place when complete."""
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    work = path.with_suffix(f".{os.getpid()}.checkpoint")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    env[ENV] = f"{base_options} -XX:ArchiveClassesAtExit={partial} {QUIET}".strip()
+    try:
+        out = subprocess.run([sys.executable, "-c", _WORKLOAD, str(work)], capture_output=True, text=True,
+                             env=env, timeout=timeout)  # fmt: skip
+        if out.returncode != 0 or not partial.exists():
+            log.info("no class archive: the build run ended with %s: %s", out.returncode, out.stderr[-2000:])
             return None
-        finally:
-            partial.unlink(missing_ok=True)
-            subprocess.run(["rm", "-rf", str(work)], check=False)
+        os.replace(partial, path)
+        return path
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("no class archive: %s", exc)
+        return None
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def archive_options(archive: Path) -> str:
