@@ -22,7 +22,9 @@ venv: $(STAMP)
 # The peer environment of the differential suite (integration/spark_peer/): Spark's own format("kafka")
 # beside kafka-eos in one Spark session. Maven Central serves no spark-sql-kafka-0-10 for PySpark 4.3,
 # so the peer runs on the nearest Spark it serves, with PySpark of the same version from PyPI, and our
-# package installed without its PySpark pin (--no-deps, then its other requirements).
+# package installed without its PySpark pin (--no-deps, then its other requirements). --no-compile: built
+# beside the main suite, pip would compile every module of PySpark (and its tests) on the suite's CPU;
+# Python compiles and caches the few the peer suite imports.
 SPARK_PEER_VERSION := 4.2.0
 PEER_VENV  := .venv-peer
 PEER_PY    := $(PEER_VENV)/bin/python
@@ -32,7 +34,7 @@ $(PEER_STAMP): pyproject.toml $(STAMP)
 	@test -x $(PEER_PY) || $(PY) -m venv $(PEER_VENV)
 	@$(PEER_PY) -m pip install -q --upgrade pip
 	$(PY) -c 'import tomllib as t; p = t.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["dev"] if not d.startswith("pyspark")))' > $(PEER_VENV)/requirements.txt
-	$(PEER_PY) -m pip install -q 'pyspark[sql]==$(SPARK_PEER_VERSION)' -r $(PEER_VENV)/requirements.txt
+	$(PEER_PY) -m pip install -q --no-compile 'pyspark[sql]==$(SPARK_PEER_VERSION)' -r $(PEER_VENV)/requirements.txt
 	$(PEER_PY) -m pip install -q --no-deps -e .
 	@touch $(PEER_STAMP)
 

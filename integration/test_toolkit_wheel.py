@@ -47,7 +47,9 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     _run([sys.executable, "-m", "venv", str(root / "venv")], timeout=300)
     pip = str(root / "venv" / "bin" / "pip")
     # protobuf: PySpark's transformWithState client imports it (examples/balances; a user of that API has it)
-    _run([pip, "install", "-q", f"{wheel}[embedded]", "pytest", "protobuf>=5"], timeout=1200)
+    # --no-compile: pip would compile every module of PySpark and pandas (tests too); Python compiles and
+    # caches the ones the examples import
+    _run([pip, "install", "-q", "--no-compile", f"{wheel}[embedded]", "pytest", "protobuf>=5"], timeout=1200)
     # this venv's Spark is another installation, readied as conftest.py readies the suite's: PySpark's zip gets
     # its bytecode, and its JVMs a class archive of their own, kept with the venv (40 s once; the examples'
     # runs start some 30 Spark JVMs, each about 4 s sooner, and their Python workers compile no PySpark)
