@@ -162,10 +162,10 @@ def without_class_archives(options: str) -> str:
 
 
 def _broker_env() -> dict[str, str]:
-    """The broker's environment. An archive inherited through JDK_JAVA_OPTIONS (Spark's, which the suite and
-    the toolkit name there: connectors/services/spark_cds.py) would be taken as the base of the broker's
-    own recording, and the JVM refuses to start ("DynamicDumpSharedSpaces is unsupported when base CDS
-    archive is not loaded"): the broker names its own archive on its command line instead."""
+    """The broker's environment. An archive inherited through JDK_JAVA_OPTIONS (Spark's, which the test suite names
+    there: connectors/services/spark_cds.py) would be taken as the base of the broker's own recording, and the JVM
+    refuses to start ("DynamicDumpSharedSpaces is unsupported when base CDS archive is not loaded"): the broker
+    names its own archive on its command line instead."""
     env = dict(os.environ)
     if env.get("JDK_JAVA_OPTIONS"):
         env["JDK_JAVA_OPTIONS"] = without_class_archives(env["JDK_JAVA_OPTIONS"])
@@ -371,7 +371,7 @@ def resolve_module(
     (Spark's Kafka connector, the benchmarks' JDBC driver).
     """
     target = root / stem
-    with _proc.locked(root / f"{stem}.lock", timeout + 60, "fetching the Kafka jars"):
+    with _proc.locked(root / f"{stem}.lock", timeout + 60, f"fetching the jars of {stem}"):
         if (target / MARKER).is_file():
             return target  # another process finished while we waited
         for stale in root.glob(f".{stem}-*"):  # left by a resolver that died; we hold the lock
