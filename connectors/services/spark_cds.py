@@ -9,11 +9,12 @@ later JVMs map: measured here, a local session's start and first query went from
 The archive is built once per JDK and Spark installation, by one short Spark run with
 ``-XX:ArchiveClassesAtExit``, into the user's cache directory (``~/.cache/spark-eos/cds/``), and then
 named in ``JDK_JAVA_OPTIONS`` for every JVM the process's children start. A JVM whose class path is not
-Spark's (Ivy, Kafka's storage tool; the broker drops it: it has its own), or an archive gone stale (the JVM checks every jar's size and time; Spark
-upgraded or reinstalled), is simply not used: the JVM starts as it would have without it (its CDS
-messages are turned off). The archive's name holds a digest of the JDK's version and of Spark's jars, so
-a new installation gets a new archive rather than a stale one. Building takes about 40 s on 2 cores; a
-build that fails leaves JVMs as they were, and says why in the log.
+Spark's (Ivy, Kafka's storage tool; the broker drops it: it has its own), or an archive gone stale (the
+JVM checks every jar's size and time; Spark upgraded or reinstalled), is simply not used: the JVM starts
+as it would have without it (its CDS messages are turned off). The archive's name holds a digest of the
+JDK's version and of Spark's jars, so a new installation gets a new archive rather than a stale one.
+Building takes about 40 s on 2 cores; a build that fails leaves JVMs as they were, and says why in the
+log.
 """
 
 from __future__ import annotations
