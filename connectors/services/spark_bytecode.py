@@ -11,7 +11,9 @@ fifteen such processes.
 552: a worker still compares each source's hash, so bytecode that does not match its source is never
 used; an interpreter of another version skips it by its magic number and compiles the source as
 before). The modules are the same files; only their bytecode is added. It is the test suite's
-(``conftest.py``): the zip belongs to the PySpark installation, which a user may not want rewritten.
+(``conftest.py``, before the session starts any Spark: a worker importing from the zip while it is
+replaced would read the new file at the old one's offsets): the zip belongs to the PySpark
+installation, which a user may not want rewritten.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def _rewrite(zip_path: Path) -> None:
                         code = compile(data, f"{zip_path}{os.sep}{info.filename}", "exec", dont_inherit=True)
                     pyc = _code_to_hash_pyc(code, importlib.util.source_hash(data), checked=True)
                     zout.writestr(zipfile.ZipInfo(info.filename[:-3] + ".pyc", date_time=info.date_time), bytes(pyc))
-        os.replace(partial, zip_path)  # a worker that has the old zip open keeps reading the old file
+        # atomic: no reader sees half a zip. But a Python process already importing from the old zip reopens
+        # it by name at the offsets it read before: run this before any Spark starts (conftest.py does)
+        os.replace(partial, zip_path)
     finally:
         partial.unlink(missing_ok=True)
 
