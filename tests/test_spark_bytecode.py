@@ -68,9 +68,9 @@ def test_eos_spark_bytecode_0_leaves_the_zip(tmp_path: Path, monkeypatch: pytest
 
 def test_the_suites_pyspark_zip_holds_bytecode() -> None:
     """conftest.py precompiled it: the suite's Python workers import PySpark without compiling it."""
-    import pyspark
+    from connectors.services import spark_cds
 
-    home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    home = spark_cds.spark_home()
     if os.environ.get(spark_bytecode.BYTECODE_ENV) == "0":  # a user's choice, never CI's: nothing rewritten now
         assert spark_bytecode.precompile(home) == []
         return

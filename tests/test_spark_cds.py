@@ -91,7 +91,7 @@ def test_spark_jvms_of_the_suite_load_sparks_classes_from_the_archive(tmp_path: 
         assert "-XX:SharedArchiveFile=" not in options, options
         return
     assert "-XX:SharedArchiveFile=" in options, options
-    home = spark_cds._spark_home()
+    home = spark_cds.spark_home()
     # to files, one per JVM: spark-submit reads the launcher JVM's standard output as the command to run
     env = dict(os.environ, JDK_JAVA_OPTIONS=f"{options} -Xlog:class+load=info:file={tmp_path}/load-%p.log")
     out = subprocess.run([str(home / "bin" / "spark-submit"), "--version"], capture_output=True, text=True,

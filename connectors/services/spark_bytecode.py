@@ -26,7 +26,7 @@ import zipfile
 from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 from pathlib import Path
 
-from connectors.services import _proc
+from connectors.services import _proc, spark_cds
 from eos_core.errors import ServiceError
 
 __all__ = ["BYTECODE_ENV", "precompile", "precompiled"]
@@ -82,12 +82,8 @@ def precompile(spark_home: Path | None = None) -> list[Path]:
     ``EOS_SPARK_BYTECODE=0``, or not writable, which is logged)."""
     if os.environ.get(BYTECODE_ENV, "1").strip() == "0":
         return []
-    if spark_home is None:
-        import pyspark
-
-        spark_home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
     done = []
-    for zip_path in _zips(spark_home):
+    for zip_path in _zips(spark_cds.spark_home() if spark_home is None else spark_home):
         try:
             if precompiled(zip_path):
                 continue

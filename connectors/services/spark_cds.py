@@ -32,7 +32,7 @@ from connectors.services import _proc
 from connectors.services.apache_kafka import cache_root
 from eos_core.errors import ServiceError
 
-__all__ = ["CDS_ENV", "archive_options", "build_archive", "enable"]
+__all__ = ["CDS_ENV", "archive_options", "build_archive", "enable", "spark_home"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ gateway.proc.wait(timeout=300)
 """
 
 
-def _spark_home() -> Path:
+def spark_home() -> Path:
+    """The Spark installation this process's Spark runs: ``SPARK_HOME``, else the pip-installed PySpark's."""
     import pyspark
 
     return Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
@@ -114,8 +115,8 @@ def build_archive(base_options: str = "", *, timeout: float = 600.0) -> Path | N
 
     ``base_options`` are the JVM options the archive's users run with (the dump runs with them too)."""
     try:
-        spark_home = _spark_home()
-        path = _cache_dir() / f"spark-{_digest(spark_home)}.jsa"
+        home = spark_home()
+        path = _cache_dir() / f"spark-{_digest(home)}.jsa"
     except (OSError, subprocess.SubprocessError, ImportError) as exc:
         log.info("no class archive: %s", exc)
         return None
