@@ -34,16 +34,22 @@ def _no_fault_group_aimed_at_pytest() -> Iterator[None]:
 
 
 # `make test` runs the suite on two pytest workers (pytest-xdist, --dist loadgroup). Tests that share
-# one machine-wide thing run on one worker, one after another: the private Docker engine and its
-# images (one engine per worker would double its start and image builds), and the standalone Spark
-# cluster tests (two clusters at once on 2 cores would starve each other's timed faults).
+# one machine-wide thing run on one worker, one after another (pytest_xdist_make_scheduler below): the
+# private Docker engine and its images (one engine per worker would double its start and image builds),
+# and the standalone Spark cluster tests (two clusters at once on 2 cores would starve each other's
+# timed faults).
 _GROUPS = {
-    "test_docker_faults.py": "docker",
-    "test_docker_hygiene.py": "docker",
-    "test_cluster.py": "cluster",
-    "test_speculation_cluster.py": "cluster",
-    "test_chaos_cluster.py": "cluster",  # the chaos toolkit's own standalone cluster (slow-task)
-    "test_kafka_broker_faults.py": "kafka-broker",  # one module broker of their own, not one per worker
+    "integration/test_docker_faults.py": "docker",
+    "integration/test_docker_hygiene.py": "docker",
+    "integration/test_cluster.py": "cluster",
+    "integration/test_speculation_cluster.py": "cluster",
+    "integration/test_chaos_cluster.py": "cluster",  # the chaos toolkit's own standalone cluster (slow-task)
+    "integration/test_kafka_broker_faults.py": "kafka-broker",  # one module broker of their own, not one per worker
+    # ... and modules whose module-scoped service or environment would otherwise be built on both workers
+    "integration/test_toolkit_wheel.py": "wheel",  # one venv with the wheel and its Spark's class archive (~85 s)
+    "integration/test_kafka_sink_crash.py": "kafka-sink-crash",  # its broker with a 1 s transaction cleanup
+    "integration/test_services_apache_kafka.py": "apache-kafka-broker",
+    "integration/test_services_postgres.py": "own-postgres",
 }
 
 
@@ -64,12 +70,38 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["EOS_SERVICES"] = "embedded"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def xdist_group_of(nodeid: str) -> str | None:
+    """The group of a test by its node id ("integration/test_cluster.py::test_x[a]" -> "cluster"), if any."""
+    return _GROUPS.get(nodeid.split("::", 1)[0])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` by the groups above, read from the node ids.
+
+    pytest-xdist 3.8 tells a test's group to its scheduler by appending "@group" to the node id its
+    worker reports, through ``item._nodeid``; pytest 9 keeps the id elsewhere (``item._id``), so the
+    suffix never arrives and every grouped test was scheduled on its own: both workers built the shipped
+    environment and ran a standalone cluster at once, and both set up the container fault tests.
+    The scheduler here asks ``xdist_group_of`` instead (tests/test_suite_groups.py proves the placement)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByFile(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = xdist_group_of(nodeid)
+            return f"group:{group}" if group else super()._split_scope(nodeid)
+
+    return ByFile(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # the markers before xdist's own hook reads them (for an xdist that can)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group as above, and order the run: the slow integration tests first, the quick unit tests
     last, so two workers finish together instead of one waiting on a long test started last."""
     for item in items:
-        group = _GROUPS.get(item.path.name)
+        group = xdist_group_of(item.nodeid)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 
