@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from connectors.toolkit import app_runner, chaos, checker, fault_kinds, pytest_plugin, topic_checker
+from connectors.toolkit import app_runner, chaos, checker, fault_kinds, harness, pytest_plugin, topic_checker
 from connectors.toolkit.harness import Outcome
 from eos_core import faults
 from eos_core.errors import ConfigError
@@ -50,7 +50,8 @@ def test_other_sink_kinds_get_no_out_topic_and_a_dsn_without_its_password() -> N
     argv = chaos._runner_argv(cfg, "src", "t", "/tmp/w/checkpoint", "available-now")
     assert "--out-topic" not in argv and "--visibility" not in argv
     assert "s3cret" not in " ".join(argv) and "s3cret" not in chaos.reproduce_command(cfg, None)
-    assert chaos._password_env(cfg.dsn) == {"PGPASSWORD": "s3cret"} and chaos._password_env("") == {}
+    assert harness.password_apart(cfg.dsn) == ("user=eos dbname=db host=127.0.0.1 port=5", {"PGPASSWORD": "s3cret"})
+    assert harness.password_apart("") == ("", {})
 
 
 def test_the_reproduce_command_names_the_sink_kind_and_a_custom_id_field() -> None:

@@ -210,3 +210,14 @@ def test_chaos_arguments_and_help():
     assert args.func is not None
     with pytest.raises(SystemExit):
         parser.parse_args(["chaos", "--pipeline", "nope"])
+
+
+def test_the_matrix_runner_gets_its_postgres_password_by_environment_not_command_line(tmp_path):
+    from integration.harness.matrix import Pipeline
+
+    dsn = "postgresql://eos_admin:s3cret@127.0.0.1:5432/postgres"
+    pipe = Pipeline("2pc", "127.0.0.1:9092", "t", dsn, dsn, "t", str(tmp_path))
+    argv = pipe.argv()
+    assert "s3cret" not in " ".join(argv), argv  # ps shows a command line to every user of the machine
+    assert argv[argv.index("--dsn") + 1] == "user=eos_admin dbname=postgres host=127.0.0.1 port=5432"
+    assert pipe.env(None, "run0")["PGPASSWORD"] == "s3cret"

@@ -36,7 +36,7 @@ from typing import Any
 
 from connectors.toolkit import checker, fault_kinds, oracle
 from connectors.toolkit.app_runner import out_topic_of, sink_id_of
-from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
+from connectors.toolkit.harness import PipelineProcess, describe_exit, password_apart, python_argv
 from eos_core import faults
 from eos_core.errors import ConfigError
 
@@ -734,22 +734,6 @@ class _Producer(threading.Thread):
             self.done.set()
 
 
-def _argv_dsn(dsn: str) -> str:
-    """The dsn a run is given on its command line (which ``ps`` shows, and which ends up in its sink's
-    options): without the password, which the run gets from ``PGPASSWORD`` (``_password_env``)."""
-    from sinks.postgres.connection import postgres_options
-
-    return postgres_options(dsn, option="--dsn")["dsn"] if dsn else ""
-
-
-def _password_env(dsn: str) -> dict[str, str]:
-    """``{"PGPASSWORD": ...}`` when ``dsn`` holds a password (libpq reads it in every process of the run)."""
-    from sinks.postgres.connection import postgres_options
-
-    password = postgres_options(dsn, option="--dsn").get("password") if dsn else None
-    return {"PGPASSWORD": password} if password else {}
-
-
 def _runner_argv(
     cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None, *,
     dsn: str | None = None, master: str | None = None, conf: Mapping[str, str] | None = None,
@@ -757,7 +741,7 @@ def _runner_argv(
     """The command line of one run of the job: ``dsn`` the job's (a proxy's when Postgres is cut),
     ``master`` and ``conf`` what the faults need (default: ``cfg.master``, nothing)."""
     confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
-    dsn_arg, master = _argv_dsn(dsn or cfg.dsn), master or cfg.master
+    dsn_arg, master = password_apart(dsn or cfg.dsn)[0], master or cfg.master
     if cfg.app:
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
         options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
@@ -1193,7 +1177,7 @@ def run(cfg: ChaosConfig) -> checker.Report:
     load_workload(cfg)
     plans = schedule(cfg)
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.update(_password_env(cfg.dsn))  # the runs' --dsn carries no password (_argv_dsn)
+    env.update(password_apart(cfg.dsn)[1])  # the runs' --dsn carries no password (_runner_argv)
     env.pop("EOS_FAULTS", None)
     with fault_kinds.FaultKit(weights, bootstrap=cfg.bootstrap, dsn=cfg.dsn, postgres=cfg.postgres_service,
                               env=env, workdir=cfg.workdir) as kit:  # fmt: skip

@@ -27,6 +27,7 @@ __all__ = [
     "latest_file",
     "make_unwritable",
     "marked_processes",
+    "password_apart",
     "python_argv",
     "restore_writable",
     "truncate_file",
@@ -368,3 +369,16 @@ def restore_writable(state: Unwritable) -> None:
 def python_argv(module: str, *args: str) -> list[str]:
     """``[this interpreter, -m, module, *args]``: the pipeline runs with the test's venv."""
     return [sys.executable, "-m", module, *args]
+
+
+def password_apart(dsn: str) -> tuple[str, dict[str, str]]:
+    """``dsn`` without its password, and ``{"PGPASSWORD": ...}`` (empty when it holds none) for the run's
+    environment, where libpq reads it in every process of the run. A run's command line is what ``ps``
+    shows to every user of the machine, and its --dsn ends up in its sink's options."""
+    if not dsn:
+        return "", {}
+    from sinks.postgres.connection import postgres_options
+
+    parts = postgres_options(dsn, option="--dsn")
+    password = parts.get("password")
+    return parts["dsn"], ({"PGPASSWORD": password} if password else {})

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.toolkit import checker
-from connectors.toolkit.harness import Outcome, PipelineProcess
+from connectors.toolkit.harness import Outcome, PipelineProcess, password_apart
 from eos_core import faults
 
 __all__ = ["REPO", "Pipeline"]
@@ -67,7 +67,7 @@ class Pipeline:
     ) -> list[str]:
         args = [
             sys.executable, "-m", "integration.harness.runner", "--sink", self.sink,
-            "--bootstrap", bootstrap or self.bootstrap, "--topic", self.topic, "--dsn", self.dsn,
+            "--bootstrap", bootstrap or self.bootstrap, "--topic", self.topic, "--dsn", password_apart(self.dsn)[0],
             "--table", self.table, "--checkpoint", checkpoint or self.checkpoint,
             "--sink-id", sink_id or self.sink_id, "--max-offsets", str(self.max_offsets),
             "--trigger", trigger, "--master", master or self.master, "--fail-on-data-loss", fail_on_data_loss,
@@ -86,6 +86,7 @@ class Pipeline:
         # once/times state per step, never shared with another test that uses the same spec text
         env[faults.ENV_STATE] = os.path.join(self.workdir, "fault-state", state)
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(password_apart(self.dsn)[1])  # the command line's --dsn has none: ps shows it to everyone
         return env
 
     def process(
