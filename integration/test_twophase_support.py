@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from connectors.services._proc import free_port
+from connectors.toolkit.harness import password_apart
 from eos_core.faults import fired
 from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared
 
@@ -154,12 +155,14 @@ class Scenario:
         env["PYSPARK_PYTHON"] = sys.executable
         if faults:
             env["EOS_FAULTS"] = faults
+        run_dsn, password = password_apart(dsn or self.dsn)
+        env.update(password)  # not on the command line, which ps shows to every user
         cmd = [
             sys.executable,
             "-m",
             "integration.test_twophase_app",
             "--dsn",
-            dsn or self.dsn,
+            run_dsn,
             "--table",
             self.name,
             "--sink-id",
