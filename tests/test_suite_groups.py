@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import _GROUPS, xdist_group_of
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from conftest import _GROUPS, xdist_group_of  # noqa: E402
 
 RECORDER = """
 import os, pytest
