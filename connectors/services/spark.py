@@ -6,12 +6,15 @@ import os
 import sys
 from typing import Any
 
+from connectors.launch import pyspark_daemon
+
 __all__ = ["local_session"]
 
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
+    **pyspark_daemon.CONF,  # Python workers forked with our modules loaded
 }
 
 
@@ -24,7 +27,8 @@ def local_session(
     same_python: bool = True,
     **conf: str,
 ) -> Any:
-    """A SparkSession on ``master`` with the UI off, 2 shuffle partitions, quiet logs and our formats registered.
+    """A SparkSession on ``master`` with the UI off, 2 shuffle partitions, quiet logs, our formats registered
+    and our Python worker daemon (``connectors.launch.pyspark_daemon``).
 
     ``local[2,2]`` gives task retries (a failed task is tried twice), which exactly-once code must
     survive. With ``same_python`` (this machine's masters) Python workers run this interpreter, so

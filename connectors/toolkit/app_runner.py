@@ -65,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectors.launch import pyspark_daemon
 from eos_core import faults
 from eos_core.errors import ConfigError
 
@@ -204,7 +205,7 @@ def _spark(master: str, conf: dict[str, str] | None = None) -> Any:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.executorEnv.PYTHONPATH", os.pathsep.join(sys.path))
     )
-    for key, value in {**executor_env(master), **(conf or {})}.items():
+    for key, value in {**pyspark_daemon.CONF, **executor_env(master), **(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from connectors.launch import pyspark_daemon
 from connectors.toolkit.app_runner import executor_env, mark_process_group, serve, with_trigger
 from eos_core import faults
 
@@ -107,7 +108,11 @@ def _spark(args: argparse.Namespace) -> Any:
     )
     if args.master.startswith("local-cluster"):
         builder = builder.config("spark.executor.memory", "512m")
-    for key, value in {**executor_env(args.master), **dict(kv.split("=", 1) for kv in args.conf)}.items():
+    for key, value in {
+        **pyspark_daemon.CONF,
+        **executor_env(args.master),
+        **dict(kv.split("=", 1) for kv in args.conf),
+    }.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

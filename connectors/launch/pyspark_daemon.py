@@ -1,0 +1,85 @@
+"""PySpark's worker daemon with spark-eos loaded once, before it forks: ``spark.python.daemon.module``.
+
+Spark starts one Python daemon per executor (``python -m pyspark.daemon pyspark.worker``) and forks
+a worker from it for each task slot; every worker then imports what its tasks need. For the
+``kafka-eos`` source and the Postgres sinks that is PySpark's worker, pyarrow, pandas, psycopg and
+our modules: about one second of CPU per worker, paid again by every executor and after every
+restart (measured on 2 cores: 1.4 CPU-s per worker of the crash matrix, 0.5 with this daemon). With
+``spark.python.daemon.module=connectors.launch.pyspark_daemon`` the daemon imports them once and
+each fork inherits them. ``connectors.services.spark.local_session``, the toolkit's app runner and
+the crash harness set it; any other job can (docs/deployment.md).
+
+Fork safety. PySpark's own daemon imports nothing heavy before forking, because a fork copies only
+the calling thread and pyarrow starts a thread when it is imported (its jemalloc's background
+thread), as OpenBLAS may (numpy, under pandas). Here that thread is switched off before the import
+(``JE_ARROW_MALLOC_CONF``, unless the user set it) and the daemon checks, once the imports are done,
+that it is still its only thread. If it is not (another library or version started one, or the
+platform has no ``/proc`` to tell), it replaces itself with PySpark's own daemon: slower, never unsafe.
+Nothing of the preload may write to stdout, where the daemon tells Spark its port: Python-level
+output goes to stderr meanwhile. A module that fails to import is left for the worker, whose error
+then reaches the task as it would without this daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+
+__all__ = ["CONF", "PRELOAD", "main", "preload", "threads"]
+
+# the setting that makes Spark start this daemon instead of its own
+CONF = {"spark.python.daemon.module": "connectors.launch.pyspark_daemon"}
+
+# what a worker of the source or the sinks imports: PySpark's Arrow path, then ours
+PRELOAD = (
+    "pyspark.worker",
+    "pyarrow",
+    "pandas",
+    "pyspark.sql.pandas.serializers",
+    "sources.kafka",
+    "sinks.postgres",
+    "sinks.kafka",
+)
+
+
+def threads() -> int | None:
+    """How many threads this process runs (``None`` where ``/proc`` cannot tell)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Import ``modules`` that import cleanly, output to stderr; the names imported."""
+    os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
+    done = []
+    with contextlib.redirect_stdout(sys.stderr):
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                continue
+            done.append(name)
+    return done
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Preload, then serve as PySpark's daemon; PySpark's own daemon when a thread was started or cannot be seen."""
+    argv = sys.argv[1:] if argv is None else argv
+    if threads() == 1:
+        worker = argv[0] if argv else "pyspark.worker"
+        # the worker module is imported after the fork by PySpark's daemon; here once, before it
+        preload((worker, *(m for m in PRELOAD if m != worker)) if worker.startswith("pyspark") else PRELOAD)
+        if threads() == 1:
+            from pyspark.daemon import manager
+
+            manager()
+            return
+    os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *argv])
+
+
+if __name__ == "__main__":
+    main()

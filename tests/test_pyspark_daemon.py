@@ -1,0 +1,112 @@
+"""connectors.launch.pyspark_daemon: PySpark's daemon with our modules loaded before it forks, or PySpark's own."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from connectors.launch import pyspark_daemon
+
+
+class _Served(Exception):
+    pass
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
+    """main()'s effects recorded: what it preloads, whether it serves, what it execs."""
+    seen: list[tuple[str, object]] = []
+
+    def execv(path: str, argv: list[str]) -> None:
+        seen.append(("execv", argv[1:]))
+        raise _Served  # execv does not return
+
+    monkeypatch.setattr(pyspark_daemon, "preload", lambda modules=(): seen.append(("preload", modules)) or [])
+    monkeypatch.setattr(os, "execv", execv)
+    import pyspark.daemon
+
+    monkeypatch.setattr(pyspark.daemon, "manager", lambda: seen.append(("manager", None)))
+    return seen
+
+
+def test_a_single_threaded_daemon_preloads_the_worker_module_first_then_serves(calls, monkeypatch) -> None:
+    monkeypatch.setattr(pyspark_daemon, "threads", lambda: 1)
+    pyspark_daemon.main(["pyspark.worker"])
+    assert [c[0] for c in calls] == ["preload", "manager"]
+    modules = calls[0][1]
+    assert modules[0] == "pyspark.worker" and list(modules).count("pyspark.worker") == 1
+    assert {"sources.kafka", "sinks.postgres", "pyarrow"} <= set(modules)
+
+
+def test_a_thread_started_by_the_preload_hands_over_to_pysparks_own_daemon(calls, monkeypatch) -> None:
+    counts = iter([1, 2])  # one thread before the imports, two after
+    monkeypatch.setattr(pyspark_daemon, "threads", lambda: next(counts))
+    with pytest.raises(_Served):
+        pyspark_daemon.main(["pyspark.worker"])
+    assert [c[0] for c in calls] == ["preload", "execv"]
+    assert calls[1][1] == ["-m", "pyspark.daemon", "pyspark.worker"]
+
+
+def test_without_proc_nothing_is_preloaded(calls, monkeypatch) -> None:
+    monkeypatch.setattr(pyspark_daemon, "threads", lambda: None)
+    with pytest.raises(_Served):
+        pyspark_daemon.main(["pyspark.worker"])
+    assert calls == [("execv", ["-m", "pyspark.daemon", "pyspark.worker"])]
+
+
+def test_preload_keeps_stdout_for_the_port_and_leaves_a_broken_module_to_the_worker(tmp_path, monkeypatch, capfd):
+    (tmp_path / "noisy_mod.py").write_text("print('hello from an import')\n")
+    (tmp_path / "broken_mod.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    done = pyspark_daemon.preload(("noisy_mod", "broken_mod", "json"))
+    out, err = capfd.readouterr()
+    assert done == ["noisy_mod", "json"]
+    assert out == "" and "hello from an import" in err
+
+
+def _daemon(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, int, str]:
+    """The module run as Spark runs it; its command line, threads and mapped libraries once it told its port."""
+    proc = subprocess.Popen([sys.executable, "-m", "connectors.launch.pyspark_daemon", "pyspark.worker"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)  # fmt: skip
+    assert proc.stdout is not None
+    (port,) = struct.unpack("!i", proc.stdout.read(4))  # the only bytes it writes: its port, as Spark reads it
+    assert 0 < port < 65536
+    cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+    maps = Path(f"/proc/{proc.pid}/maps").read_text()
+    return proc, cmdline, threads, maps
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.close()  # Spark's way to stop its daemon: it exits (1, as PySpark's own does at EOF)
+    proc.wait(30)
+    proc.stdout.close()
+
+
+def test_the_real_daemon_loads_pyarrow_and_our_modules_and_stays_single_threaded() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JE_ARROW_MALLOC_CONF"}
+    env["OMP_NUM_THREADS"] = "1"  # what Spark gives its Python workers (spark.task.cpus)
+    proc, cmdline, threads, maps = _daemon(env)
+    try:
+        assert "connectors.launch.pyspark_daemon" in cmdline, cmdline
+        assert threads == 1  # a fork copies one thread: any other would be lost in every worker
+        assert "pyarrow" in maps and "confluent_kafka" in maps  # loaded before the fork
+    finally:
+        _stop(proc)
+
+
+def test_the_real_daemon_becomes_pysparks_own_when_an_import_starts_a_thread() -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", JE_ARROW_MALLOC_CONF="background_thread:true")
+    proc, cmdline, threads, maps = _daemon(env)
+    try:
+        assert "-m pyspark.daemon pyspark.worker" in cmdline, cmdline  # exec'd: same pid, PySpark's daemon
+        assert "connectors.launch.pyspark_daemon" not in cmdline
+        assert threads == 1 and "libarrow" not in maps
+    finally:
+        _stop(proc)
