@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -141,8 +142,10 @@ def test_submit_file_runs_a_command_as_spark_submit_would(tmp_path) -> None:
     path = out.stdout.strip()
     assert out.returncode == 0 and path.endswith("spark_submit.py") and os.path.isfile(path)
     # spark-submit runs the file as a script: its directory first on sys.path must shadow nothing
-    assert sorted(os.listdir(os.path.dirname(path))) in (["__init__.py", "spark_submit.py"],
-                                                        ["__init__.py", "__pycache__", "spark_submit.py"])  # fmt: skip
+    beside = {f.removesuffix(".py") for f in os.listdir(os.path.dirname(path)) if f != "__pycache__"}
+    assert beside == {"__init__", "spark_submit", "pyspark_daemon"}, beside
+    for name in beside - {"__init__"}:  # no module of the standard library or of an installed package has its name
+        assert name not in sys.stdlib_module_names and importlib.util.find_spec(name) is None, name
     ran = subprocess.run([sys.executable, path, "--version"], capture_output=True, text=True, cwd=tmp_path)
     assert ran.returncode == 0 and ran.stdout.startswith("spark-eos "), ran.stderr
 
