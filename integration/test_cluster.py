@@ -86,7 +86,10 @@ def _launch(how: str, cluster: StandaloneCluster, env_zip: Path, pipeline: str, 
         PYSPARK_PYTHON="./environment/bin/python",  # executors: the unpacked archive
         EOS_FAULTS_LOG=str(work / "faults.jsonl"),
         EOS_FAULTS_STATE=str(work / "fault-state"),
-    )
+        SPARK_LOCAL_DIRS=str(work / "local"),  # a driver SIGKILLed (F19) leaves its copies of the archive behind:
+    )  # here, and in the JVM's temp dir (spark-submit's own copy), both under the test's directory
+    (work / "tmp").mkdir(exist_ok=True)
+    env["JDK_JAVA_OPTIONS"] = f"{env.get('JDK_JAVA_OPTIONS', '')} -Djava.io.tmpdir={work / 'tmp'}".strip()
     if not (work / "environment").exists():  # the driver's Python data source planner runs it too
         unpack_env(env_zip, work / "environment")
     with open(work / f"driver-{len(list(work.glob('driver-*.log')))}.log", "w") as out:  # the child keeps its copy

@@ -75,11 +75,11 @@ class StandaloneCluster:
     def work_dir(self, i: int) -> Path:
         return self.root / f"work-{i}"
 
-    def _start(self, name: str, cls: str, host: str, *args: str) -> None:
+    def _start(self, name: str, cls: str, host: str, *args: str, **extra: str) -> None:
         home = spark_home()
         env = {k: v for k, v in self.env.items() if not k.startswith("EOS_FAULTS")}  # per run: spark.executorEnv
         env.update(SPARK_HOME=home, SPARK_LOCAL_IP=host, SPARK_PUBLIC_DNS=host, SPARK_LOG_DIR=str(self.root),
-                   SPARK_NO_DAEMONIZE="1")  # fmt: skip
+                   SPARK_NO_DAEMONIZE="1", **extra)  # fmt: skip
         if self.env.get("EOS_FAULTS_LOG"):  # fixed for a chaos run: the executors' firings go there
             env["EOS_FAULTS_LOG"] = self.env["EOS_FAULTS_LOG"]
         with open(self.log(name), "ab") as fh:
@@ -96,8 +96,10 @@ class StandaloneCluster:
             self._wait("master", "I have been elected leader", 1, timeout)
             for i in range(self.workers):
                 self.work_dir(i).mkdir(exist_ok=True)
+                # executors' local dirs under the root: one SIGKILLed (a lost host) never removes its own
                 self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", WORKER_HOSTS[i], "--cores", "1",
-                            "--memory", self.memory, "--work-dir", str(self.work_dir(i)), self.url)  # fmt: skip
+                            "--memory", self.memory, "--work-dir", str(self.work_dir(i)), self.url,
+                            SPARK_LOCAL_DIRS=str(self.root / f"local-{i}"))  # fmt: skip
             self._wait("master", "Registering worker", self.workers, timeout)
         except BaseException:
             self.stop()
