@@ -305,7 +305,7 @@ def test_f11_f12_f14_damaged_checkpoint_and_lost_input_fail_loudly(visibility, m
         proc.stop()
     pipe.outcomes.append(out)
     assert out.returncode == 2, f"F11: an unwritable checkpoint must stop the query\n{pipe.describe()}"
-    assert "RUNNER FAILED" in out.log_tail
+    assert proc.logged("RUNNER FAILED")  # anywhere in this run's log: the JVM's own stack trace may follow it
     assert not os.path.exists(os.path.join(commits, "2"))
     # batch 2 may be decided in Postgres already; the restart rolls it forward, never twice
     assert pipe.run().returncode == 0, pipe.describe()
@@ -338,7 +338,9 @@ def test_f11_f12_f14_damaged_checkpoint_and_lost_input_fail_loudly(visibility, m
         assert o.returncode == 2, f"F12 ({log}): a truncated {log} file must stop the query; got {o}\n{o.log_tail}"
         assert checker.last_commit(copy) == last, f"F12 ({log}): the checkpoint moved on"
     assert out14.returncode == 2, f"F14: lost input must stop the query; got {out14}\n{out14.log_tail}"
-    assert "RUNNER FAILED" in out14.log_tail
+    # in this run's log, not only its tail: the JVM logs the query's end with a stack trace on a thread of
+    # its own, which can follow the runner's marker and push it out of the last 4,000 characters (CI, once)
+    assert f14.logged("RUNNER FAILED"), out14.log_tail
     assert _rows(pipe.check_dsn, pipe.table) == rows, "a failing run changed the sink"
     assert checker.last_commit(pipe.checkpoint) == last
     with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
