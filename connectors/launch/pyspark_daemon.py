@@ -54,7 +54,6 @@ def threads() -> int | None:
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
     """Import ``modules`` that import cleanly, output to stderr; the names imported."""
-    os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
     done = []
     with contextlib.redirect_stdout(sys.stderr):
         for name in modules:
@@ -71,8 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if threads() == 1:
         worker = argv[0] if argv else "pyspark.worker"
+        os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")  # before pyarrow loads
         # the worker module is imported after the fork by PySpark's daemon; here once, before it
-        preload((worker, *(m for m in PRELOAD if m != worker)) if worker.startswith("pyspark") else PRELOAD)
+        preload(tuple(dict.fromkeys((worker, *PRELOAD))) if worker.startswith("pyspark") else PRELOAD)
         if threads() == 1:
             from pyspark.daemon import manager
 
