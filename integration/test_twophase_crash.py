@@ -1,4 +1,7 @@
-"""Two-phase sink under crashes: kill the query's process group at every protocol step, restart, check."""
+"""Two-phase sink under crashes: kill the query's process group at every protocol step, restart, check.
+
+visibility=partition under the same kills (after PREPARE, half-way through the COMMIT PREPAREDs, which
+attempt wins each) is in the crash matrix: ``test_f1_to_f8[2pc-partition]`` (F2, F3)."""
 
 from __future__ import annotations
 
@@ -131,32 +134,3 @@ def test_upsert_mode_under_faults(twophase_pg: Any, tmp_path: Path) -> None:
     assert final.returncode == 0, final.stderr[-3000:]
     tags = s.check(complete=True)
     assert tags[0] != killed and tags[1] == decided and tags[2] == half
-
-
-def test_partition_visibility_under_kills(twophase_pg: Any, tmp_path: Path) -> None:
-    """visibility=partition: tasks write into the table inside their prepared transactions. A kill
-    before the decision leaves nothing visible; a kill half-way through the COMMIT PREPAREDs (some
-    tasks' rows visible) is rolled forward by the next run."""
-    s = Scenario(twophase_pg.dsn, tmp_path, batches=3, rows=ROWS)
-    extra = ("visibility=partition",)
-    kills = [  # the steps where partition visibility differs; the others are batch mode's (above)
-        ("sink.after_prepare", 0, ":partition=0", "replay"),
-        ("sink.commit.after_k", 1, ":k=1", "killed"),  # one task's rows visible, rolled forward
-    ]
-    winners: dict[int, str] = {}
-    for point, batch, cond, winner in kills:
-        run = s.run(f"{point}:batch={batch}{cond}:action=kill-group:once", extra=extra)
-        assert run.killed, f"{point}: rc={run.returncode}: {run.stderr[-2000:]}"
-        assert len([e for e in s.fired(point) if int(e["batch"]) == batch]) == 1, f"{point} did not fire once"
-        winners[batch] = run.tag if winner == "killed" else f"not {run.tag}"
-    final = s.run(extra=extra)
-    assert final.returncode == 0, final.stderr[-3000:]
-    tags = s.check(complete=True)
-    for batch, tag in winners.items():
-        if tag.startswith("not "):
-            assert tags[batch] != tag[4:], f"batch {batch}: rows of the killed attempt became visible"
-        else:
-            assert tags[batch] == tag, f"batch {batch} was decided in {tag}, but rows of {tags[batch]} are visible"
-    with psycopg.connect(s.dsn, autocommit=True) as conn:
-        stages = conn.execute("SELECT DISTINCT stage FROM eos.sink_batches WHERE sink_id = %s", (s.sink_id,)).fetchall()
-    assert stages == [("direct",)]
