@@ -110,3 +110,16 @@ def test_the_real_daemon_becomes_pysparks_own_when_an_import_starts_a_thread() -
         assert threads == 1 and "libarrow" not in maps
     finally:
         _stop(proc)
+
+
+def test_spark_planners_import_the_formats_without_arrow() -> None:
+    """Spark's planner processes (lookup, create, plan the read, the write, the streaming commits: a few per
+    query start) import a DataSource class's module to unpickle it, and none of them reads or writes an Arrow
+    batch; pyarrow with numpy cost ~0.35 CPU-s per process. The formats import them where they use them (the
+    executors' workers have them preloaded by this daemon)."""
+    code = (
+        "import sys, sources.kafka, sinks.postgres; print(sorted(m for m in ('numpy', 'pyarrow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    assert {"pyarrow.compute", "sources.kafka.reader", "sinks.postgres"} <= set(pyspark_daemon.PRELOAD)

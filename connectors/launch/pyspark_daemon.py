@@ -36,9 +36,11 @@ CONF = {"spark.python.daemon.module": "connectors.launch.pyspark_daemon"}
 PRELOAD = (
     "pyspark.worker",
     "pyarrow",
+    "pyarrow.compute",
     "pandas",
     "pyspark.sql.pandas.serializers",
     "sources.kafka",
+    "sources.kafka.reader",  # the source and the sinks import Arrow where they use it (planners never do)
     "sinks.postgres",
     "sinks.kafka",
 )

@@ -4,6 +4,10 @@ Shared internals: ``options`` (connection/table options), ``connection`` (connec
 retrying), ``types`` (Spark -> Postgres types, table checks), ``copy`` (binary COPY from Arrow),
 ``merge`` (dedup + version-guarded upsert/delete from a staging table); ``twophase`` is a package
 of its own, by role.
+
+numpy and pyarrow are imported inside the functions that use them, never at a module's top: Spark's
+planner processes (a few per query start) import these modules to unpickle a DataSource class and
+never touch an Arrow batch, and the two cost ~0.35 CPU-s per process (``tests/test_pyspark_daemon.py``).
 """
 
 from __future__ import annotations

@@ -29,13 +29,15 @@ import itertools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import pyarrow as pa
 from psycopg.types.json import set_json_dumps
 
 from sinks.postgres.options import TableName, quote_ident
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["arrow_encoder", "copy_arrow", "create_staging", "drop_staging", "json_dumps", "to_python"]
 
@@ -93,6 +95,8 @@ def _map_to_dict(value: Any) -> Any:
 
 def _maps_inside(value: Any, type_: pa.DataType) -> Any:
     """Turn Arrow map values (lists of pairs) into dicts anywhere inside a nested value."""
+    import pyarrow as pa
+
     if value is None:
         return None
     if pa.types.is_map(type_):
@@ -105,6 +109,8 @@ def _maps_inside(value: Any, type_: pa.DataType) -> Any:
 
 
 def _has_map(type_: pa.DataType) -> bool:
+    import pyarrow as pa
+
     if pa.types.is_map(type_):
         return True
     if pa.types.is_struct(type_):
@@ -116,6 +122,8 @@ def _has_map(type_: pa.DataType) -> bool:
 
 def to_python(array: pa.Array | pa.ChunkedArray, pg_type: str) -> list[Any]:
     """Python values of one Arrow column, ready for psycopg's binary dumper of ``pg_type``."""
+    import pyarrow as pa
+
     values: list[Any] = array.to_pylist()
     type_ = array.type
     if pg_type == "jsonb":

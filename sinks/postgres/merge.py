@@ -39,14 +39,17 @@ Semantics (docs/postgres-upsert.md states them for users):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
 import psycopg
-import pyarrow as pa
 
 from sinks.postgres.connection import ddl_lock
 from sinks.postgres.options import TableName, quote_ident
 from sinks.postgres.types import Column
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 __all__ = [
     "DELETE_FLAG",
@@ -148,6 +151,9 @@ class KeyTracker:
         self._parts.append(self._codes(batch))
 
     def _codes(self, batch: pa.RecordBatch) -> np.ndarray:
+        import numpy as np
+        import pyarrow as pa
+
         cols = [batch.column(batch.schema.get_field_index(k)) for k in self.key]
         if len(cols) == 1 and pa.types.is_integer(cols[0].type):
             return np.asarray(cols[0].cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -162,6 +168,8 @@ class KeyTracker:
     @property
     def unique(self) -> bool:
         """True only when it is proven: no key seen twice (a hash collision says False)."""
+        import numpy as np
+
         if self._gave_up:
             return False
         if not self._parts:

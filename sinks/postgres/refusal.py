@@ -21,17 +21,18 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import psycopg
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import sql
 
 from eos_core.errors import FatalError
 from sinks.postgres.options import TableName, quote_ident
 from sinks.postgres.types import Column, base_type
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 __all__ = [
     "REFUSED_CLASSES",
@@ -276,6 +277,9 @@ def _escape_json(value: Any) -> Any:
 def _leaves(array: pa.Array, rows: np.ndarray) -> Iterator[tuple[pa.Array, np.ndarray, bool]]:
     """Every leaf array inside ``array`` with the batch row of each of its values, and whether it is a
     map key. Struct children, list/map entries (by offsets: Arrow's kernels do not take maps)."""
+    import numpy as np
+    import pyarrow as pa
+
     type_ = array.type
     if pa.types.is_struct(type_):
         for child in array.flatten():
@@ -296,6 +300,8 @@ def _leaves(array: pa.Array, rows: np.ndarray) -> Iterator[tuple[pa.Array, np.nd
 
 def _bad_utf8(array: pa.Array) -> list[tuple[int, bytes]]:
     """(row, raw bytes) of the strings of ``array`` that are not valid UTF-8 (Spark passes bytes on)."""
+    import pyarrow as pa
+
     try:
         array.validate(full=True)
         return []
@@ -320,6 +326,9 @@ def _bad_utf8(array: pa.Array) -> list[tuple[int, bytes]]:
 def _may_hold_nul(array: pa.Array) -> bool:
     """Whether the bytes of a string array's values hold a NUL (a scan of its data buffer, ~30x faster
     than ``match_substring``, which then finds the rows; bytes under a null slot may give a false alarm)."""
+    import numpy as np
+    import pyarrow as pa
+
     buffers = array.buffers()
     if len(buffers) < 3 or buffers[2] is None:
         return False
@@ -330,6 +339,8 @@ def _may_hold_nul(array: pa.Array) -> bool:
 
 
 def _is_text(type_: pa.DataType) -> bool:
+    import pyarrow as pa
+
     return bool(pa.types.is_string(type_) or pa.types.is_large_string(type_))
 
 
@@ -340,6 +351,10 @@ def _typmod(target: str) -> int | None:
 
 def unstorable(batch: pa.RecordBatch, columns: Sequence[Column], version: str | None = None) -> list[Unstorable]:
     """The values of ``batch`` (columns by DataFrame name) Postgres cannot take as sent, or would change."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     found: dict[tuple[int, str], Unstorable] = {}  # the first refusal of each (row, column)
     names = set(batch.schema.names)
 
@@ -399,6 +414,8 @@ def unstorable(batch: pa.RecordBatch, columns: Sequence[Column], version: str | 
 
 def _escape_value(array: pa.Array, row: int) -> Any:
     """The value at ``row`` escaped for a jsonb dead-letter row (as ``to_jsonb`` would, but storable)."""
+    import pyarrow as pa
+
     try:
         value = array[row].as_py()
     except (UnicodeDecodeError, pa.ArrowInvalid):  # invalid UTF-8 somewhere inside: the raw bytes, escaped
@@ -412,6 +429,10 @@ def _escape_value(array: pa.Array, row: int) -> Any:
 def _changed(array: pa.Array, c: Column, target: str, add: Any, version: str | None) -> None:
     """Values Postgres would take but change: name cut, timestamp(p) rounding, float -> numeric rounding,
     a NaN version; dates and timestamps outside Postgres' range."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     type_ = array.type
     valid = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     if target == "name" and _is_text(type_):
@@ -511,6 +532,9 @@ class Screen:
 
 
 def _with_why(batch: pa.RecordBatch, bad: Sequence[Unstorable], offset: int) -> pa.RecordBatch:
+    import numpy as np
+    import pyarrow as pa
+
     by_row: dict[int, list[Unstorable]] = {}
     for u in bad:
         by_row.setdefault(u.row, []).append(u)

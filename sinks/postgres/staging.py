@@ -11,11 +11,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, StructType
 
 from eos_core.errors import ConfigError, FatalError
@@ -24,6 +21,9 @@ from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, KeyTracker, MergePlan, ensure_tombstones
 from sinks.postgres.options import UpsertOptions
 from sinks.postgres.types import check_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["SPILL_BYTES", "BatchBuffer", "Replayable", "UpsertPlanner", "prepared_rows"]
 
@@ -119,6 +119,9 @@ def prepared_rows(
 ) -> Iterator[pa.RecordBatch]:
     """Stage-ready batches (written columns + ordinal + delete flag), one by one; a null key or
     version fails at the batch that holds it. ``keys`` sees every batch (is each key distinct?)."""
+    import numpy as np
+    import pyarrow as pa
+
     names = [c.name for c in plan.columns]
     payload = [c.name for c in plan.columns if c.name not in plan.key and c.name != plan.version]
     ordinal = 0
@@ -179,6 +182,8 @@ class BatchBuffer:
         return buffer
 
     def append(self, batch: pa.RecordBatch) -> None:
+        import pyarrow as pa
+
         self.rows += batch.num_rows
         if self._writer is None and self._bytes + batch.nbytes <= self.limit:
             self._memory.append(batch)
@@ -199,6 +204,8 @@ class BatchBuffer:
         self._writer.write_batch(batch)
 
     def seal(self) -> None:
+        import pyarrow as pa
+
         if self._writer is None:
             return
         import os
@@ -212,6 +219,8 @@ class BatchBuffer:
         self._writer = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
         if self._mapped is None:
             yield from self._memory
             return
@@ -252,6 +261,9 @@ class Replayable:
 
 
 def _delete_flags(batch: pa.RecordBatch, opts: UpsertOptions, payload: list[str]) -> pa.Array:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     flags = pa.array([False] * batch.num_rows, pa.bool_())
     if opts.delete_column is not None:
         col = batch.column(batch.schema.get_field_index(opts.delete_column))

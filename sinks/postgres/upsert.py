@@ -28,10 +28,9 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -55,6 +54,9 @@ from sinks.postgres.merge import (
 from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text, quote_ident
 from sinks.postgres.refusal import WHY, Screen, Unstaged
 from sinks.postgres.staging import Replayable, UpsertPlanner, prepared_rows
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "FORMAT",

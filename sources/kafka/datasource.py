@@ -33,7 +33,6 @@ from eos_core.options import parse_bool
 from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, from_json, is_symbolic, to_json
 from sources.kafka.options import KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
-from sources.kafka.reader import read_partition
 from sources.kafka.split import KafkaInputPartition
 from sources.kafka.workers import check_python_workers
 
@@ -249,6 +248,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, KafkaInputPartition):
             return iter(())  # Spark reads one placeholder partition when a plan has none
+        from sources.kafka.reader import read_partition  # Arrow is the executors' (planners never read)
+
         return read_partition(partition)
 
     def commit(self, end: dict) -> None:
@@ -275,4 +276,6 @@ class KafkaBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, KafkaInputPartition):
             return iter(())  # Spark reads one placeholder partition when a plan has none
+        from sources.kafka.reader import read_partition  # Arrow is the executors' (planners never read)
+
         return read_partition(partition)

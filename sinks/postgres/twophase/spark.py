@@ -4,9 +4,8 @@ adapter ``twopc_batch``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -27,6 +26,9 @@ from sinks.postgres.twophase.plan import (
     TwoPhaseMessage,
 )
 from sinks.postgres.twophase.writer import TwoPhaseWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class _Roles(TwoPhaseWriter):

@@ -6,11 +6,9 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import psycopg
-import pyarrow as pa
 from psycopg import sql
 from pyspark.sql.types import StructType
 
@@ -54,6 +52,9 @@ from sinks.postgres.twophase.plan import (
     task_table,
 )
 from sinks.postgres.twophase.recovery import resolve, rollback_prepared
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("sinks.postgres.twophase")
 
@@ -406,6 +407,9 @@ class TwoPhaseWriter:
 
 def _with_ordinals(batches: Iterable[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
     """The written columns and each row's place in the task (``ORDINAL``), batch by batch."""
+    import numpy as np
+    import pyarrow as pa
+
     ordinal = 0
     for batch in batches:
         if batch.num_rows:
