@@ -232,9 +232,11 @@ def test_f1_to_f8(variant, make_pipeline, postgres_service):
 def _protocol_state(pipe: Pipeline, batch: int) -> tuple[list[str], Any]:
     """Right after a kill in ``batch``: the sink's prepared gids of that batch and its decision (None: undecided)."""
     from sinks.postgres.twophase.decisions import ProtocolTables
+    from sinks.postgres.twophase.gid import parse_gid
 
     with psycopg.connect(pipe.check_dsn, autocommit=True) as conn:
-        prepared = [g for g in checker.prepared_gids(conn, pipe.sink_id) if g.split(":")[2] == str(batch)]
+        gids = {g: parse_gid(g) for g in checker.prepared_gids(conn, pipe.sink_id)}
+        prepared = [g for g, gid in gids.items() if gid is not None and gid.batch == batch]
         return prepared, ProtocolTables().decision(conn, pipe.sink_id, batch)
 
 
