@@ -6,11 +6,14 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from connectors.launch import pyspark_daemon
+from connectors.toolkit import app_runner
 
 
 class _Served(Exception):
@@ -69,10 +72,10 @@ def test_preload_keeps_stdout_for_the_port_and_leaves_a_broken_module_to_the_wor
     assert out == "" and "hello from an import" in err
 
 
-def _daemon(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, int, str]:
+def _daemon(env: dict[str, str], stderr: IO[bytes] | None = None) -> tuple[subprocess.Popen[bytes], str, int, str]:
     """The module run as Spark runs it; its command line, threads and mapped libraries once it told its port."""
     proc = subprocess.Popen([sys.executable, "-m", "connectors.launch.pyspark_daemon", "pyspark.worker"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)  # fmt: skip
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env)  # fmt: skip
     assert proc.stdout is not None
     (port,) = struct.unpack("!i", proc.stdout.read(4))  # the only bytes it writes: its port, as Spark reads it
     assert 0 < port < 65536
@@ -98,6 +101,33 @@ def test_the_real_daemon_loads_pyarrow_and_our_modules_and_stays_single_threaded
         assert threads == 1  # a fork copies one thread: any other would be lost in every worker
         assert "pyarrow" in maps and "confluent_kafka" in maps  # loaded before the fork
     finally:
+        _stop(proc)
+
+
+def test_a_run_past_its_limit_gets_the_python_stacks_of_the_daemon_and_its_workers_who_go_on(tmp_path: Path) -> None:
+    """A query that outlived its limit (``app_runner.serve``) asks each process of this daemon for its Python
+    stacks: the daemon registers the dump signal with faulthandler before it serves (its forks inherit it), writes
+    every thread's stack to stderr (under Spark: the run's log) and goes on serving. Other processes are left alone."""
+    # as the JVM: it catches the signal (HotSpot's own use of it) and names the daemon in a setting; never asked
+    jvm_like = "import signal, time; signal.signal(signal.SIGUSR2, lambda *a: None); time.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", jvm_like, f"spark.python.daemon.module={pyspark_daemon.MODULE}"])
+    err = tmp_path / "daemon.err"
+    with open(err, "wb") as fh:
+        proc, *_ = _daemon(dict(os.environ, OMP_NUM_THREADS="1"), stderr=fh)  # its preload: the decoy is ready
+    try:
+        said = app_runner.python_stacks(settle=0.2)
+        assert said.startswith("Python workers ["), said
+        asked = said[said.index("[") + 1 : said.index("]")].split(", ")
+        assert str(proc.pid) in asked and str(other.pid) not in asked, said
+        deadline = time.monotonic() + 10
+        while "in manager" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        dump = err.read_text()
+        assert "(most recent call first)" in dump and "in manager" in dump, dump  # faulthandler's: its serving loop
+        assert proc.poll() is None and other.poll() is None  # both go on
+    finally:
+        other.kill()
+        other.wait(10)
         _stop(proc)
 
 

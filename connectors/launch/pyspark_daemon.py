@@ -18,19 +18,30 @@ platform has no ``/proc`` to tell), it replaces itself with PySpark's own daemon
 Nothing of the preload may write to stdout, where the daemon tells Spark its port: Python-level
 output goes to stderr meanwhile. A module that fails to import is left for the worker, whose error
 then reaches the task as it would without this daemon.
+
+Where a hung worker waits. The daemon registers ``SIGUSR2`` with ``faulthandler`` before it serves, so
+it and every worker it forks write the Python stack of each of their threads to stderr (Spark copies it
+into the driver's or the executor's log) when they get that signal, and go on. The runners send it to
+the workers of a query that outlived its time limit (``connectors.toolkit.app_runner.serve``): the
+JVM's stacks show only that a task waits on its Python worker, these show on what.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 
-__all__ = ["CONF", "PRELOAD", "main", "preload", "threads"]
+__all__ = ["CONF", "DUMP_SIGNAL", "MODULE", "PRELOAD", "main", "preload", "threads"]
 
+MODULE = "connectors.launch.pyspark_daemon"
 # the setting that makes Spark start this daemon instead of its own
-CONF = {"spark.python.daemon.module": "connectors.launch.pyspark_daemon"}
+CONF = {"spark.python.daemon.module": MODULE}
+# the daemon and its workers write their Python stacks to stderr on this signal (and go on)
+DUMP_SIGNAL = signal.SIGUSR2
 
 # what a worker of the source or the sinks imports: PySpark's Arrow path, then ours
 PRELOAD = (
@@ -78,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         if threads() == 1:
             from pyspark.daemon import manager
 
+            faulthandler.register(DUMP_SIGNAL, all_threads=True)  # inherited by every fork: no thread started
             manager()
             return
     os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *argv])

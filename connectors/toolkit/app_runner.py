@@ -57,6 +57,7 @@ tells the chaos loop that the query runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -77,6 +78,7 @@ __all__ = [
     "main",
     "mark_process_group",
     "out_topic_of",
+    "python_stacks",
     "serve",
     "sink_id_of",
     "sink_refusal",
@@ -226,7 +228,8 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
     """Start the query (``start()``), wait for its end; the exit code and the markers the chaos loop reads.
 
     0 when it ended (availableNow drained), 2 when it failed (``RUNNER FAILED:`` + the error, last on
-    stderr), 3 after ``timeout`` seconds, 64 on a ``ConfigError`` before the query started (``RUNNER
+    stderr), 3 after ``timeout`` seconds (first the stacks of the JVM's stream threads and of the Python
+    workers: ``RUNNER STACKS``, ``python_stacks``), 64 on a ``ConfigError`` before the query started (``RUNNER
     REFUSED:`` + why: the job does not fit the run). ``RUNNER STARTED`` on stdout once it runs.
     """
     started = time.monotonic()
@@ -237,6 +240,7 @@ def serve(start: Callable[[], Any], timeout: float) -> int:
             print(
                 f"RUNNER STACKS of the query still running after {timeout}s:\n{_stacks()}", file=sys.stderr, flush=True
             )
+            print(python_stacks(), file=sys.stderr, flush=True)  # the workers' stacks, then which were asked
             query.stop()
             print(f"RUNNER TIMEOUT after {timeout}s", file=sys.stderr, flush=True)
             return 3
@@ -268,6 +272,45 @@ def _stacks() -> str:
     except Exception as exc:  # the JVM may be the thing that hangs
         lines.append(f"(no JVM stacks: {type(exc).__name__}: {exc})")
     return "\n".join(lines) or "(no stream execution thread)"
+
+
+def python_stacks(root: int | None = None, settle: float = 1.5) -> str:
+    """Have the Python workers under ``root`` (this process) write their stacks to the log: each process of
+    our worker daemon (``connectors.launch.pyspark_daemon``) that catches its dump signal gets it; their
+    stacks reach this process's stderr through Spark's copy of their output within ``settle`` seconds. A
+    process that does not catch it (PySpark's own daemon) is left alone: the signal would end it. What was
+    signalled, in one line; never raises."""
+    from connectors.toolkit.harness import descendants
+
+    signalled = []
+    try:
+        for pid in descendants(os.getpid() if root is None else root):
+            if not _dumps_on_signal(pid):
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(pid, pyspark_daemon.DUMP_SIGNAL)
+                signalled.append(pid)
+    except Exception as exc:  # a report of a hang must not fail on its way out
+        return f"(no Python stacks: {type(exc).__name__}: {exc})"
+    if not signalled:
+        return "(no Python worker of spark-eos's daemon to ask for its stacks)"
+    time.sleep(settle)
+    return f"Python workers {signalled} asked for their stacks (faulthandler's 'Current thread 0x...' blocks above)"
+
+
+def _dumps_on_signal(pid: int) -> bool:
+    """Whether ``pid`` runs our worker daemon (``python -m connectors.launch.pyspark_daemon``: the JVM's command
+    line names it too, in a setting, and the JVM must never get the signal: HotSpot uses it for itself) and has
+    a handler for its dump signal (``SigCgt``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if fh.read().split(b"\0")[1:3] != [b"-m", pyspark_daemon.MODULE.encode()]:
+                return False
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            caught = next((line.split()[1] for line in fh if line.startswith("SigCgt:")), "0")
+    except OSError:
+        return False
+    return bool(int(caught, 16) & (1 << (int(pyspark_daemon.DUMP_SIGNAL) - 1)))
 
 
 def foreach_batch_with_fault_points(func: Callable[[Any, int], Any]) -> Callable[[Any, int], None]:
