@@ -131,6 +131,41 @@ def test_a_run_past_its_limit_gets_the_python_stacks_of_the_daemon_and_its_worke
         _stop(proc)
 
 
+def test_an_unchanged_zip_keeps_its_directory_and_a_changed_one_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's first task calls importlib.invalidate_caches(), which before Python 3.13 re-reads the directory
+    of each zip on the path once per zipimporter of it (PySpark's zip: 16 times, 0.2 CPU-s per worker)."""
+    import importlib
+    import zipfile
+    import zipimport
+
+    monkeypatch.setattr(zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches)  # restored
+    monkeypatch.setattr(pyspark_daemon, "_ZIPS_READ", {})
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("eos_zipped_pkg/__init__.py", "")
+        z.writestr("eos_zipped_pkg/a.py", "X = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    for name in ("eos_zipped_pkg", "eos_zipped_pkg.a", "eos_zipped_pkg.b"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert importlib.import_module("eos_zipped_pkg.a").X == 1
+    reads: list[str] = []
+    read = zipimport._read_directory  # type: ignore[attr-defined]
+    monkeypatch.setattr(zipimport, "_read_directory", lambda path: reads.append(path) or read(path))
+    if sys.version_info >= (3, 13):  # zipimport re-reads a directory lazily there: nothing to keep
+        assert pyspark_daemon.remember_zips() == 0
+        return
+    assert pyspark_daemon.remember_zips() >= 1
+    importlib.invalidate_caches()
+    assert str(archive) not in reads  # unchanged: its directory kept
+    with zipfile.ZipFile(archive, "a") as z:  # changed: read again, and what it holds now imports
+        z.writestr("eos_zipped_pkg/b.py", "Y = 2\n")
+    importlib.invalidate_caches()
+    assert str(archive) in reads
+    assert importlib.import_module("eos_zipped_pkg.b").Y == 2
+
+
 def test_the_real_daemon_becomes_pysparks_own_when_an_import_starts_a_thread() -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", JE_ARROW_MALLOC_CONF="background_thread:true")
     proc, cmdline, threads, maps = _daemon(env)
