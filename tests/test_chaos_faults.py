@@ -187,3 +187,34 @@ def test_the_producer_waits_out_a_broker_that_is_down(tmp_path: Path, monkeypatc
     with pytest.raises(KafkaException):
         producer._write(5)
     assert producer.written == 5
+
+
+def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """executor-loss runs the job's runs on local-cluster (executor JVMs to kill), slow-task on a standalone
+    cluster with speculation; the draining run carries no fault: the job's own master, none of the kit's conf."""
+    started: list[list[str]] = []
+
+    class Run:
+        def __init__(self, argv: list[str], env: dict[str, str], log: str, root: str) -> None:
+            started.append(argv)
+            self.pid, self.log_path, self.returncode = 42, log, 0
+
+        def start(self) -> Run:
+            return self
+
+        def wait(self, timeout: float) -> Run:
+            return self
+
+    monkeypatch.setattr(chaos, "PipelineProcess", Run)
+    cfg = chaos.ChaosConfig("2pc", kills=1, seed=1, records=10, bootstrap="127.0.0.1:9", dsn="postgresql://u@h/d",
+                            workdir=str(tmp_path), master="local[3,2]")  # fmt: skip
+    for kinds, kit_master in (({"executor-loss": 1}, fault_kinds.LOCAL_CLUSTER), ({"slow-task": 1}, "spark://h:7077")):
+        kit = fault_kinds.FaultKit(kinds, bootstrap=cfg.bootstrap, dsn=cfg.dsn)
+        kit.master, kit.conf = kit_master, {"spark.speculation": "true", "spark.executor.memory": "768m"}
+        runlog = chaos._RunLog(str(tmp_path / "runs.jsonl"))
+        assert chaos._drain(cfg, kit, {}, "t", "t", str(tmp_path), runlog).returncode == 0
+        argv = started[-1]
+        assert argv[argv.index("--master") + 1] == "local[3,2]" and "--conf" not in argv, argv
+    assert [r["master"] for r in chaos.read_runs(str(tmp_path)) if r["role"] == "drain"] == ["local[3,2]"] * 2

@@ -1227,15 +1227,16 @@ def _drain(
     cfg: ChaosConfig, kit: fault_kinds.FaultKit, env: dict[str, str], topic: str, table: str, root: str,
     runlog: _RunLog,
 ) -> Any:  # fmt: skip
-    """The last run: availableNow from the checkpoint until the topic is drained; how it ended."""
+    """The last run: availableNow from the checkpoint until the topic is drained; how it ended. It carries no
+    fault, so it runs on the job's own master (``cfg.master``), not on the local-cluster or standalone cluster
+    that ``executor-loss`` or ``slow-task`` ran the job's other runs on (executor JVMs of its own to start):
+    a restart from the checkpoint on another master with as many task slots, as an operator may do."""
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
     drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
-    argv = _runner_argv(
-        cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=kit.master, conf=kit.conf
-    )
+    argv = _runner_argv(cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=cfg.master)
     final = PipelineProcess(argv, env, os.path.join(cfg.workdir, "pipeline.log"), root)
     final.start()
-    entry = runlog.started(final, "drain", checkpoint, master=kit.master)
+    entry = runlog.started(final, "drain", checkpoint, master=cfg.master)
     try:
         last = final.wait(drain + 60)
     except Exception:
