@@ -99,7 +99,11 @@ def _more(bootstrap: str, topic: str, n: int, *, seed: int) -> None:
 
 def _f27_broker_killed_mid_transaction(pipe: Pipeline, broker: ApacheKafka, held: str) -> None:
     point = held.split(":")[0]
-    proc = pipe.process(f"{held}:action=sleep:seconds=3:once", state="F27").start()
+    # each blocking step of the sink bounded at 30 s (default 120): whatever the restart does to the open
+    # transaction, the query rides it out or fails loudly inside the run's 400 s; 120 s steps chained over a
+    # task's two attempts (commit; init, marker look-up, commit) could outlast it (CI, once: RUNNER TIMEOUT)
+    proc = pipe.process(f"{held}:action=sleep:seconds=3:once", state="F27", extra=("kafkaProducer.timeoutMs=30000",))
+    proc.start()
     try:
         wait_until(lambda: pipe.fired(point, action="sleep"), timeout=300, what=f"{point} held", alive=proc.alive)
         jvm = broker.proc

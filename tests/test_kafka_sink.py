@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -362,6 +363,32 @@ def test_a_task_slots_producer_stays_warm_in_its_worker_but_never_for_a_retried_
     client.forget(after)  # failed or fenced: gone from the cache
     assert not client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")[1]
     client._WARM.clear()
+
+
+def test_a_transactional_step_ends_within_kafka_producer_timeout_ms_even_when_each_try_nearly_exhausts_it() -> None:
+    """Each try of a blocking step gets what is left of kafkaProducer.timeoutMs, not the whole of it again: a
+    coordinator that answers each try retriably just before its time is up (a broker back from a crash, its
+    transactions still loading) cannot stretch the step to twice the bound (CI once: a task's steps after F27's
+    broker restart outlasted the run's 400 s)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sinks.kafka import client
+    from sinks.kafka.client import TxnProducer
+
+    given: list[float] = []
+
+    class Coordinator:  # stands in for librdkafka: every try waits 90 % of its time, then says "retriable"
+        def init_transactions(self, timeout: float) -> None:
+            given.append(timeout)
+            time.sleep(timeout * 0.9)
+            raise KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True))
+
+    producer = TxnProducer({"bootstrap.servers": "127.0.0.1:9"}, "spark-eos:s:task:0", timeout=1.0, context="t")
+    producer.producer = Coordinator()  # type: ignore[assignment]
+    with pytest.raises(client.RetriableError) as err:
+        producer.init()
+    assert "within 1 s (kafkaProducer.timeoutMs)" in str(err.value)
+    assert len(given) >= 2 and given[0] > 0.95 and sum(given) <= 1.25, given  # never the whole second again
 
 
 class _FakeTxn:

@@ -103,13 +103,15 @@ class TxnProducer:
         if err is not None and len(self.errors) < 5:
             self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.name()} ({err.str()})")
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
+    def _call(self, what: str, fn: Callable[[float], T]) -> T:
         """Run a transactional call: retry while librdkafka says retriable, within the timeout; a fenced
-        producer is ``Fenced``; an abortable error aborts and is retriable (the task or batch runs again)."""
+        producer is ``Fenced``; an abortable error aborts and is retriable (the task or batch runs again).
+        ``fn`` gets the seconds left: each try waits at most that, so the call ends within the timeout
+        (a try given the whole timeout again after a slow retriable failure could wait twice as long)."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return fn()
+                return fn(_left(deadline))
             except KafkaException as exc:
                 err = kafka_error(exc)
                 if err is None:
@@ -145,11 +147,11 @@ class TxnProducer:
 
     def init(self) -> None:
         """Fence every older producer with this id and abort its open transaction."""
-        self._call("init_transactions", lambda: self.producer.init_transactions(self.timeout))
+        self._call("init_transactions", self.producer.init_transactions)
 
     def begin(self) -> None:
         self.errors.clear()
-        self._call("begin_transaction", self.producer.begin_transaction)
+        self._call("begin_transaction", lambda _left: self.producer.begin_transaction())
 
     def send(self, rows: list[Row]) -> None:
         """Queue ``rows`` in the open transaction."""
@@ -168,7 +170,7 @@ class TxnProducer:
     def commit(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
         """Commit the transaction with each (offsets, consumer group) of ``markers`` in it."""
         self.add_markers(markers)
-        self._call("commit_transaction", lambda: self.producer.commit_transaction(self.timeout))
+        self._call("commit_transaction", self.producer.commit_transaction)
 
     def add_markers(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
         """Put each (offsets, consumer group) of ``markers`` in the open transaction (the coordinator checks the
@@ -183,7 +185,7 @@ class TxnProducer:
                     consumer.close()
             self._call(
                 "send_offsets_to_transaction",
-                lambda o=offsets, m=metadata: self.producer.send_offsets_to_transaction(o, m, self.timeout),  # type: ignore[misc]
+                lambda left, o=offsets, m=metadata: self.producer.send_offsets_to_transaction(o, m, left),  # type: ignore[misc]
             )
 
     def abort_quietly(self) -> None:
@@ -311,7 +313,7 @@ class KafkaLookups:
         """Each topic's partitions, max.message.bytes and cleanup policy; None for a topic that does not exist."""
         wanted = [t for t in topics if t not in self._limits]
         if wanted:
-            meta = self._retry("topic metadata", lambda: self.admin.list_topics(timeout=self.timeout))
+            meta = self._retry("topic metadata", lambda left: self.admin.list_topics(timeout=left))
             present = [t for t in wanted if t in meta.topics and meta.topics[t].error is None]
             for t in wanted:
                 if t not in present:
@@ -319,10 +321,10 @@ class KafkaLookups:
             if present:
                 configs = self._retry(
                     "topic configs",
-                    lambda: {
-                        r.name: f.result(timeout=self.timeout)
+                    lambda left: {
+                        r.name: f.result(timeout=left)
                         for r, f in self.admin.describe_configs(
-                            [ConfigResource(ResourceType.TOPIC, t) for t in present], request_timeout=self.timeout
+                            [ConfigResource(ResourceType.TOPIC, t) for t in present], request_timeout=left
                         ).items()
                     },
                 )
@@ -393,11 +395,12 @@ class KafkaLookups:
             time.sleep(0.1)
         raise RetriableError(f"{self.context}: topic {topic!r} was created but its metadata did not appear")
 
-    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+    def _retry(self, what: str, fn: Callable[[float], T]) -> T:
+        """``fn`` retried while its error is retriable, each try given the seconds left of the timeout."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return fn()
+                return fn(_left(deadline))
             except KafkaException as exc:
                 err = kafka_error(exc)
                 if err is not None and err.retriable() and time.monotonic() < deadline:
@@ -409,6 +412,11 @@ class KafkaLookups:
 
     def close(self) -> None:
         self._admin = None
+
+
+def _left(deadline: float) -> float:
+    """The seconds left until ``deadline`` (``time.monotonic()``), at least 0.1: a last try, never none."""
+    return max(0.1, deadline - time.monotonic())
 
 
 def _admin_conf(conf: dict[str, str]) -> dict[str, str | int | float | bool]:
