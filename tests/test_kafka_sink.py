@@ -383,7 +383,9 @@ def test_a_transactional_step_ends_within_kafka_producer_timeout_ms_even_when_ea
             time.sleep(timeout * 0.9)
             raise KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True))
 
-    producer = TxnProducer({"bootstrap.servers": "127.0.0.1:9"}, "spark-eos:s:task:0", timeout=1.0, context="t")
+    producer = TxnProducer(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": "0"}, "spark-eos:s:task:0", timeout=1.0, context="t"
+    )
     producer.producer = Coordinator()  # type: ignore[assignment]
     with pytest.raises(client.RetriableError) as err:
         producer.init()
