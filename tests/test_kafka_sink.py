@@ -393,6 +393,73 @@ def test_a_transactional_step_ends_within_kafka_producer_timeout_ms_even_when_ea
     assert len(given) >= 2 and given[0] > 0.95 and sum(given) <= 1.25, given  # never the whole second again
 
 
+def test_a_send_offsets_call_that_ignores_its_timeout_is_given_up_and_its_producer_takes_no_other_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka's send_offsets_to_transaction can block for good when the group coordinator's broker goes away
+    (confluentinc/librdkafka#5456; CI: a task waited 380 s after F27's broker restart with a 30 s bound): the step
+    fails retriably a few seconds past kafkaProducer.timeoutMs, and the given-up producer is not asked to abort
+    (librdkafka would refuse, or block too)."""
+    import threading
+
+    from sinks.kafka import client
+    from sinks.kafka.client import TxnProducer
+
+    monkeypatch.setattr(client, "_GRACE", 0.5)
+    release = threading.Event()
+    calls: list[str] = []
+
+    class Stuck:  # stands in for librdkafka: the call never returns until the test ends
+        def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+            calls.append(f"send_offsets {timeout:.1f}")
+            release.wait(60)
+
+        def abort_transaction(self, timeout: float) -> None:
+            calls.append("abort")
+
+        def flush(self, timeout: float) -> int:
+            return 0
+
+    producer = TxnProducer(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": "0"}, "spark-eos:s:task:0", timeout=1.0, context="t"
+    )
+    producer._group_metadata["g"] = object()
+    producer.producer = Stuck()  # type: ignore[assignment]
+    started = time.monotonic()
+    try:
+        with pytest.raises(client.RetriableError) as err:
+            producer.add_markers([([], "g")])
+        took = time.monotonic() - started
+        assert 1.4 <= took < 3.0, took  # the 1 s bound and the 0.5 s grace, not the call's own (endless) wait
+        assert "send_offsets_to_transaction did not return within 1 s (kafkaProducer.timeoutMs)" in str(err.value)
+        assert producer.stuck == "send_offsets_to_transaction"
+        producer.abort_quietly()
+        assert calls == ["send_offsets 1.0"], calls  # no abort on a producer with a call in progress
+    finally:
+        release.set()
+
+
+def test_a_bounded_call_hands_back_its_result_and_its_kafka_error() -> None:
+    """The thread of a bounded call returns what the call returned and raises what it raised (the retry loop
+    sorts librdkafka's errors by kind), and a call that returns leaves the producer usable."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sinks.kafka.client import TxnProducer
+
+    producer = TxnProducer(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": "0"}, "spark-eos:s:task:0", timeout=1.0, context="t"
+    )
+    assert producer._bounded("x", lambda: 42, 1.0) == 42
+    error = KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True))
+
+    def fails() -> None:
+        raise error
+
+    with pytest.raises(KafkaException) as raised:
+        producer._bounded("x", fails, 1.0)
+    assert raised.value is error and producer.stuck is None
+
+
 class _FakeTxn:
     """Stands in for the publish's transactional producer: records what the publish did."""
 

@@ -5,9 +5,11 @@ look-ups (topic limits, the broker's transaction timeout) the checks need. Every
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -32,6 +34,8 @@ log = logging.getLogger("sinks.kafka")
 T = TypeVar("T")
 
 _DEFAULT_MAX_MESSAGE_BYTES = 1048588  # the broker's message.max.bytes default (a topic's max.message.bytes)
+# how long past its own timeout a librdkafka call that may not honour it is waited for (TxnProducer._bounded)
+_GRACE = 5.0
 
 
 class Fenced(FatalError):
@@ -84,6 +88,7 @@ class TxnProducer:
         self.context = context
         self._group_metadata: dict[str, Any] = {}  # by marker group: made once, by a consumer that never joins it
         self.errors: list[str] = []
+        self.stuck: str | None = None  # the call this producer was given up in (_bounded): it takes no other
         self.producer = Producer(
             {
                 **conf,
@@ -183,12 +188,51 @@ class TxnProducer:
                     metadata = self._group_metadata[group] = consumer.consumer_group_metadata()
                 finally:
                     consumer.close()
-            self._call(
-                "send_offsets_to_transaction",
-                lambda left, o=offsets, m=metadata: self.producer.send_offsets_to_transaction(o, m, left),  # type: ignore[misc]
+            self._call("send_offsets_to_transaction", partial(self._send_offsets, offsets, metadata))
+
+    def _send_offsets(self, offsets: list[TopicPartition], metadata: Any, left: float) -> None:
+        send = self.producer.send_offsets_to_transaction
+        self._bounded("send_offsets_to_transaction", lambda: send(offsets, metadata, left), left)
+
+    def _bounded(self, what: str, fn: Callable[[], T], timeout: float) -> T:
+        """``fn()``, a librdkafka call given ``timeout`` that it may not honour, waited for at most ``_GRACE`` s
+        past it. librdkafka 2.x's ``send_offsets_to_transaction`` can block for good when the group coordinator's
+        broker goes away mid-call (its coordinator requests never check their timeout: confluentinc/librdkafka
+        #5456, #5511; CI: a task waited 380 s after F27's broker restart, with a 30 s bound). The call runs in a
+        thread of its own; one that outlives the bound is given up: the producer is marked ``stuck`` (it takes no
+        other call) and the step fails retriably. Its transaction is aborted by the next producer with its id
+        (``init`` fences it), or by the broker after transaction.timeout.ms. The blocked thread ends with the
+        Python worker, which exits when its task fails."""
+        result: list[T] = []
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                result.append(fn())
+            except BaseException as exc:  # handed to the caller's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=call, name=f"spark-eos {what}", daemon=True)
+        thread.start()
+        thread.join(timeout + _GRACE)
+        if thread.is_alive():
+            self.stuck = what
+            raise RetriableError(
+                f"{self.context}: {what} did not return within {self.timeout:.0f} s (kafkaProducer.timeoutMs) and "
+                f"{_GRACE:.0f} s more: librdkafka did not honour its timeout (known for a coordinator whose broker "
+                "went away: confluentinc/librdkafka#5456). The producer is given up; its transaction is aborted by "
+                "the next attempt (which fences it) or by the broker after kafka.transaction.timeout.ms",
+                transactional_id=self.name,
             )
+        if failure:
+            raise failure[0]
+        return result[0]
 
     def abort_quietly(self) -> None:
+        if self.stuck is not None:  # librdkafka refuses a second transactional call while one is in progress
+            log.warning("%s: %s was given up during %s; its transaction is left to the next producer with its id "
+                        "or to the broker's timeout", self.context, self.name, self.stuck)  # fmt: skip
+            return
         try:
             self.producer.abort_transaction(min(self.timeout, 30.0))
         except KafkaException as exc:
