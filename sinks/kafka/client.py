@@ -201,8 +201,9 @@ class TxnProducer:
         #5456, #5511; CI: a task waited 380 s after F27's broker restart, with a 30 s bound). The call runs in a
         thread of its own; one that outlives the bound is given up: the producer is marked ``stuck`` (it takes no
         other call) and the step fails retriably. Its transaction is aborted by the next producer with its id
-        (``init`` fences it), or by the broker after transaction.timeout.ms. The blocked thread ends with the
-        Python worker, which exits when its task fails."""
+        (``init`` fences it), or by the broker after transaction.timeout.ms. The blocked thread ends with its
+        process: a task's Python worker exits when its task fails; in a driver (the publish of a foreachBatch
+        adapter) it waits, a daemon thread, until librdkafka returns or the process ends."""
         result: list[T] = []
         failure: list[BaseException] = []
 
