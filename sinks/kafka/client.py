@@ -5,7 +5,6 @@ look-ups (topic limits, the broker's transaction timeout) the checks need. Every
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
 
 from eos_core.errors import ConfigError, FatalError, RetriableError
+from eos_core.waits import StillRunning, within
 from sinks.kafka.records import TopicLimits
 
 __all__ = [
@@ -196,27 +196,17 @@ class TxnProducer:
 
     def _bounded(self, what: str, fn: Callable[[], T], timeout: float) -> T:
         """``fn()``, a librdkafka call given ``timeout`` that it may not honour, waited for at most ``_GRACE`` s
-        past it. librdkafka 2.x's ``send_offsets_to_transaction`` can block for good when the group coordinator's
-        broker goes away mid-call (its coordinator requests never check their timeout: confluentinc/librdkafka
-        #5456, #5511; CI: a task waited 380 s after F27's broker restart, with a 30 s bound). The call runs in a
-        thread of its own; one that outlives the bound is given up: the producer is marked ``stuck`` (it takes no
+        past it (``eos_core.waits.within``). librdkafka 2.x's ``send_offsets_to_transaction`` can block for good when
+        the group coordinator's broker goes away mid-call (its coordinator requests never check their timeout:
+        confluentinc/librdkafka #5456, #5511; CI: a task waited 380 s after F27's broker restart, with a 30 s
+        bound). A call that outlives the bound is given up: the producer is marked ``stuck`` (it takes no
         other call) and the step fails retriably. Its transaction is aborted by the next producer with its id
         (``init`` fences it), or by the broker after transaction.timeout.ms. The blocked thread ends with its
         process: a task's Python worker exits when its task fails; in a driver (the publish of a foreachBatch
         adapter) it waits, a daemon thread, until librdkafka returns or the process ends."""
-        result: list[T] = []
-        failure: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                result.append(fn())
-            except BaseException as exc:  # handed to the caller's thread
-                failure.append(exc)
-
-        thread = threading.Thread(target=call, name=f"spark-eos {what}", daemon=True)
-        thread.start()
-        thread.join(timeout + _GRACE)
-        if thread.is_alive():
+        try:
+            return within(fn, timeout + _GRACE, name=f"spark-eos {what}")
+        except StillRunning:
             self.stuck = what
             raise RetriableError(
                 f"{self.context}: {what} did not return within {self.timeout:.0f} s (kafkaProducer.timeoutMs) and "
@@ -224,10 +214,7 @@ class TxnProducer:
                 "went away: confluentinc/librdkafka#5456). The producer is given up; its transaction is aborted by "
                 "the next attempt (which fences it) or by the broker after kafka.transaction.timeout.ms",
                 transactional_id=self.name,
-            )
-        if failure:
-            raise failure[0]
-        return result[0]
+            ) from None
 
     def abort_quietly(self) -> None:
         if self.stuck is not None:  # librdkafka refuses a second transactional call while one is in progress

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from eos_core.errors import ConfigError, FatalError, ServiceError
+from eos_core.waits import StillRunning, within
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
 
 __all__ = ["KafkaMetadataClient"]
@@ -69,10 +69,9 @@ def _close_within(consumer: Consumer, what: str, timeout: float) -> None:
         except Exception:  # closing is best effort; nothing to lose
             log.debug("closing %s failed", what, exc_info=True)
 
-    closer = threading.Thread(target=close, name=f"kafka-eos close {what}", daemon=True)
-    closer.start()
-    closer.join(timeout)
-    if closer.is_alive():
+    try:
+        within(close, timeout, name=f"kafka-eos close {what}")
+    except StillRunning:
         log.warning("kafka-eos: closing %s took over %.0f s; left to finish in the background", what, timeout)
 
 
