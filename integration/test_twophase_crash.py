@@ -1,7 +1,9 @@
 """Two-phase sink under crashes: kill the query's process group at every protocol step, restart, check.
 
-visibility=partition under the same kills (after PREPARE, half-way through the COMMIT PREPAREDs, which
-attempt wins each) is in the crash matrix: ``test_f1_to_f8[2pc-partition]`` (F2, F3)."""
+The steps after the decision that the crash matrix already kills, with the same checks of which attempt
+wins, are not repeated here: half-way through the COMMIT PREPAREDs (F3, ``sink.commit.after_k``) and
+after all of them, before Spark's commit log (F4, ``sink.after_commit``), in ``test_f1_to_f8[2pc]`` and
+``[2pc-partition]``; so is visibility=partition after PREPARE (F2)."""
 
 from __future__ import annotations
 
@@ -30,8 +32,6 @@ KILLS = [
     ("sink.after_prepare", 1, ":partition=0", "replay"),  # prepared, undecided: rolled back, replayed
     ("sink.commit.before_decision", 2, "", "replay"),
     ("sink.commit.after_decision", 3, "", "killed"),  # decided: the killed run's rows, never the replay's
-    ("sink.commit.after_k", 4, ":k=1", "killed"),  # half committed: rolled forward
-    ("sink.after_commit", 5, "", "killed"),  # all committed, Spark's commit log not written
 ]
 
 
@@ -66,10 +66,10 @@ def _kill_at(s: Scenario, point: str, batch: int, cond: str) -> str:
     return run.tag
 
 
-def test_kill_at_every_protocol_step_then_pg_crash_task_kill_and_connection_cut(
+def test_kill_at_each_step_up_to_the_decision_then_pg_crash_task_kill_and_connection_cut(
     twophase_pg: Any, tmp_path: Path
 ) -> None:
-    """One sink, seven runs: each of the first six dies at one protocol step (the whole process
+    """One sink, five runs: each of the first four dies at one protocol step (the whole process
     group, SIGKILL), the next resumes from the checkpoint. After the after_prepare kill Postgres
     itself crashes (-m immediate) with the prepared transactions in place. The last run also has a
     writer task killed after PREPARE (a task retry under local[2,2]), the connection cut right
