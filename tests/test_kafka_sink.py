@@ -18,6 +18,7 @@ from sinks.kafka.options import parse_options
 from sinks.kafka.plan import BATCH_JOB, KafkaSinkMessage, KafkaSinkPlan, LineageMismatch, meet_marker
 from sinks.kafka.records import RowBatch, RowDigest, TopicLimits, check_schema, record_size
 from sinks.kafka.screen import Screen, dead_letter
+from sources.kafka.datasource import write_options
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "sink.id": "orders", "topic": "out"}
 
@@ -30,10 +31,17 @@ def opts(streaming: bool = True, **extra: str) -> Any:
 # ---- options --------------------------------------------------------------------------------------
 
 
-def test_defaults_and_what_spark_users_bring() -> None:
-    # the source's options and the query name Spark hands a sink when the query has one are ignored
-    o = opts(**{"subscribe": "in", "startingOffsets": "earliest", "kafka.acks": "all", "kafka.linger.ms": "5",
-                "queryName": "q"})  # fmt: skip
+def test_defaults_and_what_spark_users_bring(caplog: pytest.LogCaptureFixture) -> None:
+    # one options map for a read and a write: the format drops the source's options from the write, each with a
+    # log line, and keeps the sink's own (topic, faults) and kafka.*; the query name Spark hands a sink is ignored
+    shared = {"subscribe": "in", "StartingOffsets": "earliest", "kafka.acks": "all", "kafka.linger.ms": "5",
+              "topic": "out", "faults": "", "maxOffsetsPerTrigger": "9"}  # fmt: skip
+    with caplog.at_level("INFO", logger="sources.kafka.datasource"):
+        kept = write_options(shared)
+    assert kept == {"kafka.acks": "all", "kafka.linger.ms": "5", "topic": "out", "faults": ""}
+    dropped = sorted(r.getMessage().split("'")[1] for r in caplog.records if "ignoring option" in r.getMessage())
+    assert dropped == ["StartingOffsets", "maxOffsetsPerTrigger", "subscribe"], caplog.text
+    o = opts(**kept, queryName="q")
     assert o.visibility == "batch" and o.staged and o.markers_on == "out" and o.staging_topic == "spark-eos-staging"
     conf = o.producer_config()
     assert conf["partitioner"] == "murmur2_random" and conf["linger.ms"] == "5"
@@ -554,3 +562,31 @@ def test_k1_the_survey_fails_when_a_broker_did_not_list_its_groups() -> None:
     admin = SimpleNamespace(list_consumer_groups=lambda request_timeout: SimpleNamespace(result=lambda t: listed))
     with pytest.raises(RetriableError, match="no answer from every broker: broker 2"):
         read_slot_markers(admin, "orders", "out", timeout=1)  # type: ignore[arg-type]
+
+
+def test_the_sink_alone_refuses_a_source_option_the_format_did_not_drop() -> None:
+    # the sink knows only its own options: a read's option reaching it is a mistake, named with what to do
+    with pytest.raises(ConfigError) as e:
+        opts(subscribe="in")
+    assert e.value.option == "subscribe" and "subscribe" in str(e.value)
+
+
+def test_kafka_batch_drops_a_reads_options_as_the_format_does() -> None:
+    from sinks.kafka.spark import kafka_batch
+    from sources.kafka.datasource import KafkaEosDataSource
+
+    write = kafka_batch(KafkaEosDataSource, **BASE, checkpointLocation="/tmp/ck", subscribe="in",
+                        startingOffsets="earliest")  # fmt: skip
+    assert write.__name__ == "kafka_batch[orders]"
+
+
+def test_the_formats_writer_takes_a_shared_options_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    # write of format("kafka-eos") with the read's options in the same map: built, not refused (writeStream goes
+    # through the same write_options; its plan needs a checkpoint Spark wrote, which the integration tests have)
+    import sinks.kafka.spark as spark_sink
+    from sources.kafka.datasource import KafkaEosDataSource
+
+    monkeypatch.setattr(spark_sink, "check_services", lambda opts: ())  # no broker here
+    shared = {**BASE, "subscribe": "in", "startingOffsets": "earliest", "batch.id": "3"}
+    writer = KafkaEosDataSource(shared).writer(StructType([StructField("value", StringType())]), False)
+    assert writer.plan.opts.topic == "out" and writer.plan.opts.batch_id == 3

@@ -4,7 +4,6 @@ exactly-once ones, declared once and parsed into ``KafkaSinkOptions``."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,11 +12,8 @@ from typing import Any
 from eos_core.errors import ConfigError
 from eos_core.kafka_config import client_config, redact_options
 from eos_core.options import REQUIRED, OptionSet, option
-from sources.kafka.option_specs import OPTIONS as SOURCE_OPTIONS
 
 __all__ = ["CONTEXT", "OPTIONS", "KafkaSinkOptions", "parse_options"]
-
-log = logging.getLogger("sinks.kafka.options")
 
 CONTEXT = "kafka-eos sink"
 STAGING_TOPIC = "spark-eos-staging"
@@ -205,25 +201,14 @@ class KafkaSinkOptions:
             )
 
 
-# The source's options, given to a write (one options map shared by a read and a write): Spark's
-# Kafka sink ignores them, so does this one, with a log line.
-_SOURCE_ONLY = frozenset(o.name for o in SOURCE_OPTIONS.options) - {"topic", "faults"}
-
-OPTIONS = OptionSet(
-    CONTEXT,
-    KafkaSinkOptions,
-    passthrough=("kafka.",),
-    passthrough_attr="kafka",
-    ignored=("path", "queryName", *_SOURCE_ONLY),
-)
+# A read's options in a write's map (one map shared by both) are the format's to drop, with a log line
+# (``sources.kafka.datasource.write_options``): the sink knows only its own.
+OPTIONS = OptionSet(CONTEXT, KafkaSinkOptions, passthrough=("kafka.",), passthrough_attr="kafka",
+                    ignored=("path", "queryName"))  # fmt: skip
 
 
 def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSinkOptions:
     """Parse and check a write's options; ConfigError naming the option."""
-    given = {str(k).lower(): str(k) for k in raw}
-    for name in sorted(_SOURCE_ONLY):
-        if name.lower() in given:
-            log.info("%s: ignoring option '%s': a Kafka source option, no meaning on a write", CONTEXT, name)
     opts = OPTIONS.build(raw)
     opts = dataclasses.replace(opts, kafka={"kafka." + k[len("kafka.") :].lower(): v for k, v in opts.kafka.items()})
     opts.producer_config()  # refuses what librdkafka cannot honour or what breaks exactly-once, naming it

@@ -172,12 +172,14 @@ class KafkaStreamWriter(_Roles, DataSourceStreamArrowWriter):
 
 def kafka_batch(data_source: Any, **options: Any) -> Callable[[Any, int], None]:
     """A ``foreachBatch(df, batch_id)`` function writing each micro-batch through the exactly-once Kafka sink
-    of ``data_source`` (the ``kafka-eos`` format, which it registers with the batch's session).
+    of ``data_source`` (the ``kafka-eos`` format, which it registers with the batch's session; its
+    ``write_options`` drops a read's options from a shared options map).
 
     ``sink.id`` and ``checkpointLocation`` (the query's own) are required; pass dotted names as
     ``**{"sink.id": "orders"}`` or ``sink_id=``. The micro-batch id becomes ``batch.id``.
     """
-    raw = {_DOTTED.get(k, k): str(v) for k, v in options.items()}
+    # the format's own rule for a read's options in a write's map (dropped, with a log line), as writer() applies it
+    raw = data_source.write_options({_DOTTED.get(k, k): str(v) for k, v in options.items()})
     if "batch.id" in {k.lower() for k in raw}:
         raise ConfigError(
             f"{CONTEXT}: kafka_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -31,12 +31,12 @@ from eos_core import faults
 from eos_core.errors import ConfigError
 from eos_core.options import parse_bool
 from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, from_json, is_symbolic, to_json
-from sources.kafka.options import KafkaSourceOptions, parse_options
+from sources.kafka.options import OPTIONS, KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
 from sources.kafka.split import KafkaInputPartition
 from sources.kafka.workers import check_python_workers
 
-__all__ = ["FORMAT", "KafkaBatchReader", "KafkaEosDataSource", "KafkaStreamReader", "kafka_schema"]
+__all__ = ["FORMAT", "KafkaBatchReader", "KafkaEosDataSource", "KafkaStreamReader", "kafka_schema", "write_options"]
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,29 @@ def kafka_schema(include_headers: bool = False) -> StructType:
     return StructType(fields)
 
 
+def write_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A write's options without the source's own, each dropped with a log line: one options map may serve a
+    read and a write, and Spark's Kafka sink ignores a read's options too. The sink's own options (``topic``,
+    ``faults``: both directions have them) and ``kafka.*`` stay. The format owns this rule because it knows
+    both directions; the sink (``sinks.kafka``) knows only its own options and refuses any other."""
+    from sinks.kafka.options import OPTIONS as SINK_OPTIONS
+
+    sink = set(SINK_OPTIONS.by_key)
+    read_only = {o.name.lower() for o in OPTIONS.options} - sink
+    kept: dict[str, Any] = {}
+    for key, value in raw.items():
+        if str(key).lower() in read_only:
+            log.info("%s: ignoring option '%s': a Kafka source option, no meaning on a write", FORMAT, key)
+        else:
+            kept[key] = value
+    return kept
+
+
 class KafkaEosDataSource(DataSource):
     """``format("kafka-eos")``: Kafka as Spark reads it (``readStream``, ``read``), and written exactly once
     (``writeStream``, ``write``: the sink in ``sinks.kafka``)."""
+
+    write_options = staticmethod(write_options)  # what a foreachBatch adapter of the sink drops as writer() does
 
     @classmethod
     def name(cls) -> str:
@@ -115,14 +135,14 @@ class KafkaEosDataSource(DataSource):
                 "mode('append')",
                 option="mode",
             )
-        return KafkaBatchWriter(self.options, schema)
+        return KafkaBatchWriter(write_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         # Complete output mode arrives as overwrite=True: as Spark's Kafka sink, every batch appends the whole
         # result (once per batch).
         from sinks.kafka.spark import KafkaStreamWriter
 
-        return KafkaStreamWriter(self.options, schema)
+        return KafkaStreamWriter(write_options(self.options), schema)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
