@@ -25,7 +25,7 @@ import json
 import os
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from connectors.toolkit.checker import Report
@@ -74,7 +74,6 @@ def timeline_svg(
         return "<p>No process of the run was recorded (runs.jsonl is missing).</p>"
     t0 = min(float(r["start"]) for r in runs)
     t1 = max(float(r.get("end") or r["start"]) for r in runs)
-    outside = [e for e in fault_log if str(e.get("point", "")).startswith("chaos.") and e.get("began")]
     span = max(t1 - t0, 1.0)
     scale = (_WIDTH - _LEFT - 20) / span
 
@@ -99,49 +98,77 @@ def timeline_svg(
         parts.append(f'<text x="{tx}" y="{height - 10}" class="axis">{tick:.0f}s</text>')
         tick += step
     for i, run in enumerate(runs):
-        y = 40 + i * _ROW
-        role = run.get("role", "chaos")
-        label = f"{'run' if role == 'chaos' else role} {run.get('run')} (pid {run.get('pid')})"
-        parts.append(f'<text x="8" y="{y + 15}" class="label">{_esc(label)}</text>')
-        start, end = float(run["start"]), float(run.get("end") or t1)
-        ended = str(run.get("ended_by", ""))
+        restarted = bool(i) and runs[i - 1].get("role") == "chaos"
+        parts += _run_row(run, 40 + i * _ROW, x, t0, t1, restarted, fault_log)
+    parts += _outside_row(runs, fault_log, x, t1)
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _run_row(
+    run: Mapping[str, Any],
+    y: int,
+    x: Callable[[float], float],
+    t0: float,
+    t1: float,
+    restarted: bool,
+    fault_log: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    """One process's row: its bar, its batches (planned to committed), a restart mark (``restarted``: the run
+    before it was a chaos run), its SIGKILL, and the fault points that fired in it."""
+    parts = []
+    role = run.get("role", "chaos")
+    label = f"{'run' if role == 'chaos' else role} {run.get('run')} (pid {run.get('pid')})"
+    parts.append(f'<text x="8" y="{y + 15}" class="label">{_esc(label)}</text>')
+    start, end = float(run["start"]), float(run.get("end") or t1)
+    ended = str(run.get("ended_by", ""))
+    parts.append(
+        f'<rect x="{x(start)}" y="{y + 4}" width="{max(1.0, x(end) - x(start))}" height="16" class="run {role}">'
+        f"<title>{_esc(label)}: {_esc(run.get('exit', ''))}; {_esc(ended)}</title></rect>"
+    )
+    for b in batches(str(run.get("checkpoint", ""))):
+        done = b["committed"]
+        if done is None or not start - 1 <= done <= end + 1 or b["planned"] > end + 1:
+            continue
+        bx = x(max(b["planned"], start))
         parts.append(
-            f'<rect x="{x(start)}" y="{y + 4}" width="{max(1.0, x(end) - x(start))}" height="16" class="run {role}">'
-            f"<title>{_esc(label)}: {_esc(run.get('exit', ''))}; {_esc(ended)}</title></rect>"
+            f'<rect x="{bx}" y="{y + 7}" width="{max(1.5, x(done) - bx)}" height="10" class="batch">'
+            f"<title>batch {b['batch']}: planned +{b['planned'] - t0:.1f}s, committed +{done - t0:.1f}s</title></rect>"
         )
-        for b in batches(str(run.get("checkpoint", ""))):
-            done = b["committed"]
-            if done is None or not start - 1 <= done <= end + 1 or b["planned"] > end + 1:
-                continue
-            bx = x(max(b["planned"], start))
-            parts.append(
-                f'<rect x="{bx}" y="{y + 7}" width="{max(1.5, x(done) - bx)}" height="10" class="batch">'
-                f"<title>batch {b['batch']}: planned +{b['planned'] - t0:.1f}s, committed +{done - t0:.1f}s</title></rect>"
-            )
-            parts.append(f'<line x1="{x(done)}" y1="{y + 4}" x2="{x(done)}" y2="{y + 20}" class="commit"/>')
-        if i and role in ("chaos", "drain") and runs[i - 1].get("role") == "chaos":
-            parts.append(
-                f'<path d="M{x(start)},{y + 2} l5,-6 l-10,0 z" class="restart"><title>restart from the checkpoint'
-                f"</title></path>"
-            )
-        if "SIGKILL" in str(run.get("exit", "")):
-            ex = x(end)
-            parts.append(
-                f'<path d="M{ex - 5},{y + 7} l10,10 M{ex + 5},{y + 7} l-10,10" class="kill">'
-                f"<title>{_esc(run.get('exit'))}: {_esc(ended)}</title></path>"
-            )
-        for e in fault_log:
-            when = float(e.get("time", 0))
-            if str(e.get("point", "")).startswith("chaos.") or not start <= when <= end:
-                continue
-            cls = "firing kill-group" if e.get("action") in ("kill-group", "kill", "exit") else "firing"
-            if e.get("action") == "sleep" and float(_sleep(e)) == 0:
-                continue  # a logging rule (a speculative copy passed): shown with its hold
-            parts.append(
-                f'<circle cx="{x(when)}" cy="{y + 12}" r="5" class="{cls}"><title>{_esc(e.get("point"))} '
-                f"({_esc(e.get('action'))}) batch {_esc(e.get('batch', '-'))} partition {_esc(e.get('partition', '-'))} "
-                f"pid {_esc(e.get('pid'))}</title></circle>"
-            )
+        parts.append(f'<line x1="{x(done)}" y1="{y + 4}" x2="{x(done)}" y2="{y + 20}" class="commit"/>')
+    if restarted and role in ("chaos", "drain"):
+        parts.append(
+            f'<path d="M{x(start)},{y + 2} l5,-6 l-10,0 z" class="restart"><title>restart from the checkpoint'
+            f"</title></path>"
+        )
+    if "SIGKILL" in str(run.get("exit", "")):
+        ex = x(end)
+        parts.append(
+            f'<path d="M{ex - 5},{y + 7} l10,10 M{ex + 5},{y + 7} l-10,10" class="kill">'
+            f"<title>{_esc(run.get('exit'))}: {_esc(ended)}</title></path>"
+        )
+    for e in fault_log:
+        when = float(e.get("time", 0))
+        if str(e.get("point", "")).startswith("chaos.") or not start <= when <= end:
+            continue
+        cls = "firing kill-group" if e.get("action") in ("kill-group", "kill", "exit") else "firing"
+        if e.get("action") == "sleep" and float(_sleep(e)) == 0:
+            continue  # a logging rule (a speculative copy passed): shown with its hold
+        parts.append(
+            f'<circle cx="{x(when)}" cy="{y + 12}" r="5" class="{cls}"><title>{_esc(e.get("point"))} '
+            f"({_esc(e.get('action'))}) batch {_esc(e.get('batch', '-'))} partition {_esc(e.get('partition', '-'))} "
+            f"pid {_esc(e.get('pid'))}</title></circle>"
+        )
+    return parts
+
+
+def _outside_row(
+    runs: Sequence[Mapping[str, Any]], fault_log: Sequence[Mapping[str, Any]], x: Callable[[float], float], t1: float
+) -> list[str]:
+    """The faults from outside (service faults, from began to healed) on a row of their own, and the
+    executor losses and slow tasks marked on the row of the run they hit."""
+    parts = []
+    outside = [e for e in fault_log if str(e.get("point", "")).startswith("chaos.") and e.get("began")]
     y = 40 + len(runs) * _ROW
     parts.append(f'<text x="8" y="{y + 15}" class="label">faults from outside</text>')
     for e in outside:
@@ -163,8 +190,7 @@ def timeline_svg(
                     f'{"ok" if e.get("ok") else "bad"}"><title>{_esc(e.get("action"))}: {_esc(e.get("proof", ""))}'
                     "</title></rect>"
                 )
-    parts.append("</svg>")
-    return "\n".join(parts)
+    return parts
 
 
 def _sleep(entry: Mapping[str, Any]) -> float:
