@@ -359,7 +359,7 @@ def test_a_dead_letter_keeps_the_row_where_it_fits_and_says_why() -> None:
 def test_a_task_slots_producer_stays_warm_in_its_worker_but_never_for_a_retried_attempt() -> None:
     from sinks.kafka import client
 
-    conf = {"bootstrap.servers": "127.0.0.1:9", "transactional.id": "spark-eos:s:task:0"}
+    conf = {"bootstrap.servers": "127.0.0.1:9", "transactional.id": "spark-eos:s:task:0", "log_level": "0"}
     first, warm = client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")
     assert not warm  # a new producer: the caller initialises it (fencing older ones)
     again, warm = client.slot_producer(conf, "spark-eos:s:task:0", timeout=1, context="t")
