@@ -45,9 +45,14 @@ def run(dsn: str, rows: int, repeat: int) -> int:
         F.concat(F.lit("value-"), F.col("id").cast("string")).alias("v"),
         (F.col("id") * 0.5).alias("n"),
     )
-    data = {every: (base if not every else base.withColumn("n", F.when(F.col("id") % every == every - 1, F.lit(-1.0))
-                                                            .otherwise(F.col("n")))).cache()
-            for every in {e or 0 for e in CASES.values()}}  # fmt: skip
+    data = {
+        every: (
+            base
+            if not every
+            else base.withColumn("n", F.when(F.col("id") % every == every - 1, F.lit(-1.0)).otherwise(F.col("n")))
+        ).cache()
+        for every in {e or 0 for e in CASES.values()}
+    }
     for df in data.values():
         df.count()
 

@@ -188,8 +188,15 @@ def fill_input(bootstrap: str, records: int, size: int, partitions: int) -> str:
     from confluent_kafka import Producer
 
     topic = create_topic(bootstrap, partitions, "bench-sink-in")
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                  "queue.buffering.max.messages": 500_000, "compression.type": "none"})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "compression.type": "none",
+        }
+    )
     for i in range(records):
         while True:
             try:
@@ -236,8 +243,10 @@ def loops(bootstrap: str, topic: str, records: int, size: int, *, procs: int, tx
     go, out = ctx.Event(), ctx.Queue()
     bounds = [(records * k // procs, records * (k + 1) // procs) for k in range(procs)]
     ready = [ctx.Event() for _ in bounds]
-    kids = [ctx.Process(target=_loop, args=(bootstrap, topic, lo, hi, size, txn, r, go, out))
-            for (lo, hi), r in zip(bounds, ready, strict=True)]  # fmt: skip
+    kids = [
+        ctx.Process(target=_loop, args=(bootstrap, topic, lo, hi, size, txn, r, go, out))
+        for (lo, hi), r in zip(bounds, ready, strict=True)
+    ]
     for k in kids:
         k.start()
     for r in ready:
@@ -329,8 +338,10 @@ class Checker:
         ).first()
         got = (int(row["n"]), int(row["h"] or 0))
         if got != self.want:
-            raise SystemExit(f"{who}: topic {topic} holds {got[0]:,} records (checksum {got[1]}), not the input's "
-                             f"{self.want[0]:,} (checksum {self.want[1]})")  # fmt: skip
+            raise SystemExit(
+                f"{who}: topic {topic} holds {got[0]:,} records (checksum {got[1]}), not the input's "
+                f"{self.want[0]:,} (checksum {self.want[1]})"
+            )
         sample = row["sample"]
         if len(sample) != (self.records + self.step - 1) // self.step:
             raise SystemExit(f"{who}: the sample of {topic} has {len(sample)} records")
@@ -338,8 +349,10 @@ class Checker:
             key, value, part = bytes(rec["key"]), bytes(rec["value"]), rec["partition"]
             i = int(key)
             if value != value_of(i, self.size) or part != java_partition(key, self.partitions):
-                raise SystemExit(f"{who}: record {key!r} in {topic} has value {value[:20]!r}..., partition {part} "
-                                 f"(want partition {java_partition(key, self.partitions)})")  # fmt: skip
+                raise SystemExit(
+                    f"{who}: record {key!r} in {topic} has value {value[:20]!r}..., partition {part} "
+                    f"(want partition {java_partition(key, self.partitions)})"
+                )
 
 
 def write_batch(df: Any, who: str, bootstrap: str, topic: str) -> float:
@@ -397,10 +410,23 @@ def profile_task(bootstrap: str, mode: str, sizes: list[int], size: int, partiti
     """cProfile of one task's ``write_task`` of each of ``sizes`` rows (and of the publish for visibility=batch) in a
     fresh process, after the writer's setup timed cold; its report as text."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.kafka_sink", "--profile-child", mode, bootstrap, ",".join(map(str, sizes)),
-         str(size), str(partitions)],
-        capture_output=True, text=True, timeout=1800, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.kafka_sink",
+            "--profile-child",
+            mode,
+            bootstrap,
+            ",".join(map(str, sizes)),
+            str(size),
+            str(partitions),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if out.returncode:
         raise SystemExit(f"the profile of visibility={mode} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out.stdout
@@ -444,8 +470,13 @@ def _profile_child(mode: str, bootstrap: str, sizes: list[int], size: int, parti
     batch_id = 0
 
     def writer_of(batch: int) -> tuple[Any, float]:
-        raw = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "sink.id": topic, "batch.id": str(batch),
-               "visibility": mode}  # fmt: skip
+        raw = {
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": topic,
+            "sink.id": topic,
+            "batch.id": str(batch),
+            "visibility": mode,
+        }
         sink_spark._CHECKED.clear()  # Spark builds each writer in a fresh Python process: the cache is cold
         t0 = time.perf_counter()
         writer = pickle.loads(pickle.dumps(sink_spark.KafkaBatchWriter(raw, schema)))  # as the tasks get it
@@ -468,12 +499,18 @@ def _profile_child(mode: str, bootstrap: str, sizes: list[int], size: int, parti
         commit_wall = time.perf_counter() - t0
         bare_init, bare = _bare_loop(bootstrap, topic, batches)
         print(f"#### visibility={mode}, one task of {rows:,} rows, Arrow batches of 10,000 made before the clock")
-        print(f"   the writer built cold and pickled for the tasks (options, plan, check_services, the slots' "
-              f"survey): {setup:.3f} s")  # fmt: skip
-        print(f"   the task's write without the profiler: {task_wall:.3f} s ({rows / task_wall:,.0f} rows/s); "
-              f"the driver's commit: {commit_wall:.3f} s")  # fmt: skip
-        print(f"   bare loop over the same batches (to_pylist, produce, one transaction): {bare:.3f} s "
-              f"({rows / bare:,.0f} rows/s), its init_transactions {bare_init:.3f} s more")  # fmt: skip
+        print(
+            f"   the writer built cold and pickled for the tasks (options, plan, check_services, the slots' "
+            f"survey): {setup:.3f} s"
+        )
+        print(
+            f"   the task's write without the profiler: {task_wall:.3f} s ({rows / task_wall:,.0f} rows/s); "
+            f"the driver's commit: {commit_wall:.3f} s"
+        )
+        print(
+            f"   bare loop over the same batches (to_pylist, produce, one transaction): {bare:.3f} s "
+            f"({rows / bare:,.0f} rows/s), its init_transactions {bare_init:.3f} s more"
+        )
         batch_id += 1
         writer, _ = writer_of(batch_id)
         message, seconds, prof = _profiled(writer.write, iter(batches))
@@ -487,8 +524,13 @@ def _bare_loop(bootstrap: str, topic: str, batches: list[Any]) -> tuple[float, f
     """(init_transactions seconds, seconds of the rest): the least a Python task can do with the same Arrow batches."""
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
-                  "transactional.id": f"bench-bare-{uuid.uuid4().hex}"})  # fmt: skip
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "partitioner": "murmur2_random",
+            "transactional.id": f"bench-bare-{uuid.uuid4().hex}",
+        }
+    )
     t0 = time.perf_counter()
     p.init_transactions(60)
     t1 = time.perf_counter()
@@ -592,8 +634,10 @@ def run_streams(spark: Any, bootstrap: str, a: Any, records: int, meter: Meter, 
 
 def report_batches(res: Results, records: int, a: Any, repeat: int) -> None:
     base = SPARK if a.spark_sink else None
-    print(f"\nBatch write of {records:,} records ({a.size} B values, keyed, {a.partitions} partitions), {repeat} "
-          "round(s); ratios: the median of the rounds' ratios (each round's in brackets)")  # fmt: skip
+    print(
+        f"\nBatch write of {records:,} records ({a.size} B values, keyed, {a.partitions} partitions), {repeat} "
+        "round(s); ratios: the median of the rounds' ratios (each round's in brackets)"
+    )
     head = "| writer | seconds (median) | records/s |" + (" x Spark's sink |" if base else "") + " x limit |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
@@ -610,14 +654,18 @@ def report_batches(res: Results, records: int, a: Any, repeat: int) -> None:
         print(f"| {who} | {_cpu_cells(res.cpu[who])} |")
     if base:
         got = _med(res.ratios(base, EOS_P))
-        print(f"\ntarget (issue 31): visibility=partition >= 0.8x Spark's sink on the batch write: {got:.2f}x -> "
-              f"{'met' if got >= 0.8 else 'NOT met'}")  # fmt: skip
+        print(
+            f"\ntarget (issue 31): visibility=partition >= 0.8x Spark's sink on the batch write: {got:.2f}x -> "
+            f"{'met' if got >= 0.8 else 'NOT met'}"
+        )
 
 
 def report_streams(res: Results, records: int, a: Any) -> None:
     base = SPARK if a.spark_sink else None
-    print(f"\nStream of {records:,} records in {a.batches} micro-batches (availableNow, kafka-eos source unless "
-          f"named), {a.stream_repeat} round(s); per batch: medians of the batches with rows")  # fmt: skip
+    print(
+        f"\nStream of {records:,} records in {a.batches} micro-batches (availableNow, kafka-eos source unless "
+        f"named), {a.stream_repeat} round(s); per batch: medians of the batches with rows"
+    )
     head = "| pipeline | seconds | x Spark's sink | - Python floor s | triggerExecution ms | addBatch ms |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
@@ -664,8 +712,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     load0 = os.getloadavg()
-    print(f"bench.kafka_sink: {records:,} records x {a.size} B, {a.partitions} partitions; load average at the "
-          f"start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} ({os.cpu_count()} cores)", flush=True)  # fmt: skip
+    print(
+        f"bench.kafka_sink: {records:,} records x {a.size} B, {a.partitions} partitions; load average at the "
+        f"start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} ({os.cpu_count()} cores)",
+        flush=True,
+    )
     batches = streams = None
     profiles: list[str] = []
     with kafka(a.bootstrap, a.broker) as bootstrap:

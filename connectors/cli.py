@@ -75,8 +75,10 @@ def _savepoint_create(args: argparse.Namespace) -> int:
 
     _must_exist("create", "CHECKPOINT", args.checkpoint)
     manifest = _savepoint_errors("create", lambda: create(args.checkpoint, args.dest, force=args.force))
-    print(f"savepoint {args.dest}: batches 0..{manifest['last_commit']} committed"
-          f" ({manifest['files']} files, {manifest['bytes']} bytes) from {args.checkpoint}")  # fmt: skip
+    print(
+        f"savepoint {args.dest}: batches 0..{manifest['last_commit']} committed"
+        f" ({manifest['files']} files, {manifest['bytes']} bytes) from {args.checkpoint}"
+    )
     return 0
 
 
@@ -155,14 +157,26 @@ def _verify_cmd(args: argparse.Namespace) -> int:
     _check_topic(args.bootstrap, args.topic)
     aggregates = None
     if args.balances_table:
-        aggregates = {"table": args.balances_table, "key": "account", "value": "amount",
-                      "columns": {"balance": "sum", "events": "count"}}  # fmt: skip
+        aggregates = {
+            "table": args.balances_table,
+            "key": "account",
+            "value": "amount",
+            "columns": {"balance": "sum", "events": "count"},
+        }
     report = checker.verify(
-        bootstrap=args.bootstrap, topic=args.topic, dsn=args.dsn, table=args.table or "",
-        payload_fields=tuple(args.payload) if args.payload else None, sink_id=args.sink_id,
-        checkpoint=args.checkpoint, decisions=bool(args.sink_id and args.checkpoint), aggregates=aggregates,
-        dead_letters=args.dead_letters, poison_position=_poison_at(args.poison_at), id_columns=id_columns,
-    )  # fmt: skip
+        bootstrap=args.bootstrap,
+        topic=args.topic,
+        dsn=args.dsn,
+        table=args.table or "",
+        payload_fields=tuple(args.payload) if args.payload else None,
+        sink_id=args.sink_id,
+        checkpoint=args.checkpoint,
+        decisions=bool(args.sink_id and args.checkpoint),
+        aggregates=aggregates,
+        dead_letters=args.dead_letters,
+        poison_position=_poison_at(args.poison_at),
+        id_columns=id_columns,
+    )
     if args.table and not report.info.get("source_records"):
         raise FatalError(
             f"verify: topic {args.topic!r} holds no records to compare with table {args.table!r} (the table has "
@@ -203,15 +217,22 @@ def _usage(message: str) -> SystemExit:
 
 
 def _add_demo(sub: Any) -> None:
-    p = sub.add_parser("demo", help="the main job: embedded services, three pipelines killed and restarted, verdict",
-                       description="Start embedded Kafka and Postgres, produce payment events, run the ledger "
-                       "(two-phase commit), balances (keyed state + upsert) and transfers (Kafka -> Kafka through "
-                       "the kafka-eos sink) pipelines while killing them, then check exactly-once. Exit 0 only when "
-                       "it held.")  # fmt: skip
+    p = sub.add_parser(
+        "demo",
+        help="the main job: embedded services, three pipelines killed and restarted, verdict",
+        description="Start embedded Kafka and Postgres, produce payment events, run the ledger "
+        "(two-phase commit), balances (keyed state + upsert) and transfers (Kafka -> Kafka through "
+        "the kafka-eos sink) pipelines while killing them, then check exactly-once. Exit 0 only when "
+        "it held.",
+    )
     p.add_argument("--records", type=int, default=6000, help="payment events to produce (default 6000)")
-    p.add_argument("--kills", type=int, default=6,
-                   help="kills dealt round-robin to ledger, transfers, balances, alternating a SIGKILL and a fault "
-                   "point (default 6: one of each per pipeline)")  # fmt: skip
+    p.add_argument(
+        "--kills",
+        type=int,
+        default=6,
+        help="kills dealt round-robin to ledger, transfers, balances, alternating a SIGKILL and a fault "
+        "point (default 6: one of each per pipeline)",
+    )
     p.add_argument("--seed", type=int, default=7, help="seed of the events and the kill schedule (default 7)")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
     p.add_argument(
@@ -229,28 +250,41 @@ def _add_demo(sub: Any) -> None:
 
 
 def _add_run(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a reference pipeline from a TOML/YAML config, restarting it on failure",
-                       description="Run PIPELINE (ledger | balances | transfers) as configured in --config; see "
-                       "configs/*.toml.")  # fmt: skip
-    p.add_argument("pipeline", choices=("ledger", "balances", "transfers"), metavar="PIPELINE",
-                   help="ledger | balances | transfers")  # fmt: skip
+    p = sub.add_parser(
+        "run",
+        help="run a reference pipeline from a TOML/YAML config, restarting it on failure",
+        description="Run PIPELINE (ledger | balances | transfers) as configured in --config; see configs/*.toml.",
+    )
+    p.add_argument(
+        "pipeline",
+        choices=("ledger", "balances", "transfers"),
+        metavar="PIPELINE",
+        help="ledger | balances | transfers",
+    )
     p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (.toml, .yaml or .yml)")
     p.add_argument("--trigger", default=None, help="override spark.trigger (e.g. 2s, available-now)")
     p.add_argument("--checkpoint", default=None, help="override spark.checkpoint")
     p.add_argument("--master", default=None, help="override spark.master (e.g. local[*], local-cluster[2,1,1024])")
-    p.add_argument("--restart", default=None, metavar="STRATEGY",
-                   help="override restart.strategy: none | fixed-delay:N:D | exponential-backoff:I:M:X | "
-                   "failure-rate:N:INTERVAL:D")  # fmt: skip
+    p.add_argument(
+        "--restart",
+        default=None,
+        metavar="STRATEGY",
+        help="override restart.strategy: none | fixed-delay:N:D | exponential-backoff:I:M:X | "
+        "failure-rate:N:INTERVAL:D",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default=None, help="structured log format")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.set_defaults(func=_run_cmd)
 
 
 def _add_inspect(sub: Any) -> None:
-    p = sub.add_parser("inspect", help="show a checkpoint: batches, source offsets, commit log, state store",
-                       description="Show a streaming checkpoint: each batch with its source offsets (the source's "
-                       "operator state), the commit log, the state store provider and versions; with --dsn also "
-                       "the two-phase sink's decision log and in-doubt transactions.")  # fmt: skip
+    p = sub.add_parser(
+        "inspect",
+        help="show a checkpoint: batches, source offsets, commit log, state store",
+        description="Show a streaming checkpoint: each batch with its source offsets (the source's "
+        "operator state), the commit log, the state store provider and versions; with --dsn also "
+        "the two-phase sink's decision log and in-doubt transactions.",
+    )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="the query's checkpoint directory")
     p.add_argument("--dsn", default=None, help="Postgres of a postgres-2pc sink: show its decision log")
     p.add_argument("--sink-id", default=None, help="only this sink id (default: every sink in the decision log)")
@@ -260,9 +294,12 @@ def _add_inspect(sub: Any) -> None:
 
 
 def _add_savepoint(sub: Any) -> None:
-    p = sub.add_parser("savepoint", help="copy a consistent checkpoint (create) or put one back (restore)",
-                       description="Savepoints: retained copies of a stopped query's checkpoint, consistent up to "
-                       "its last committed batch.")  # fmt: skip
+    p = sub.add_parser(
+        "savepoint",
+        help="copy a consistent checkpoint (create) or put one back (restore)",
+        description="Savepoints: retained copies of a stopped query's checkpoint, consistent up to "
+        "its last committed batch.",
+    )
     ss = p.add_subparsers(dest="savepoint_command", required=True, metavar="{create,restore}")
     c = ss.add_parser("create", help="copy CHECKPOINT to DEST up to its last committed batch")
     c.add_argument("checkpoint", metavar="CHECKPOINT")
@@ -277,29 +314,56 @@ def _add_savepoint(sub: Any) -> None:
 
 
 def _add_verify(sub: Any) -> None:
-    p = sub.add_parser("verify", help="check a topic against a table: duplicates, losses, aggregates, end state",
-                       description="Run the exactly-once checker: sink rows vs topic records by id, optional "
-                       "per-account balances, no prepared transaction left, decision log vs commit log.")  # fmt: skip
-    p.add_argument("--bootstrap", default=os.environ.get("EOS_KAFKA_BOOTSTRAP"), required=not os.environ.get("EOS_KAFKA_BOOTSTRAP"),
-                   help="Kafka bootstrap (default $EOS_KAFKA_BOOTSTRAP)")  # fmt: skip
+    p = sub.add_parser(
+        "verify",
+        help="check a topic against a table: duplicates, losses, aggregates, end state",
+        description="Run the exactly-once checker: sink rows vs topic records by id, optional "
+        "per-account balances, no prepared transaction left, decision log vs commit log.",
+    )
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("EOS_KAFKA_BOOTSTRAP"),
+        required=not os.environ.get("EOS_KAFKA_BOOTSTRAP"),
+        help="Kafka bootstrap (default $EOS_KAFKA_BOOTSTRAP)",
+    )
     p.add_argument("--topic", required=True)
-    p.add_argument("--dsn", default=os.environ.get("EOS_POSTGRES_DSN"), required=not os.environ.get("EOS_POSTGRES_DSN"),
-                   help="Postgres DSN (default $EOS_POSTGRES_DSN)")  # fmt: skip
+    p.add_argument(
+        "--dsn",
+        default=os.environ.get("EOS_POSTGRES_DSN"),
+        required=not os.environ.get("EOS_POSTGRES_DSN"),
+        help="Postgres DSN (default $EOS_POSTGRES_DSN)",
+    )
     p.add_argument("--table", default=None, help="table with one row per record (see --id-column)")
-    p.add_argument("--id-column", action="append", default=None, metavar="FIELD[=COLUMN][,...]",
-                   help="what identifies a record: a field of its JSON value and the table's column of it "
-                   "(default id=id); topic, partition, offset name the record's Kafka position, e.g. "
-                   "--id-column partition=src_partition,offset=src_offset")  # fmt: skip
+    p.add_argument(
+        "--id-column",
+        action="append",
+        default=None,
+        metavar="FIELD[=COLUMN][,...]",
+        help="what identifies a record: a field of its JSON value and the table's column of it "
+        "(default id=id); topic, partition, offset name the record's Kafka position, e.g. "
+        "--id-column partition=src_partition,offset=src_offset",
+    )
     p.add_argument("--balances-table", default=None, help="table of per-account balances to recompute and compare")
     p.add_argument("--payload", nargs="*", default=None, help="columns compared with the record (default: all shared)")
-    p.add_argument("--sink-id", default=None, help="postgres-2pc sink id: check its prepared transactions (without "
-                   "it: every eos sink's in the database) and decisions")  # fmt: skip
+    p.add_argument(
+        "--sink-id",
+        default=None,
+        help="postgres-2pc sink id: check its prepared transactions (without "
+        "it: every eos sink's in the database) and decisions",
+    )
     p.add_argument("--checkpoint", default=None, help="with --sink-id: last decision must equal the last commits/n")
-    p.add_argument("--dead-letters", default=None, help="the sink's errors.table: each record must be in exactly one "
-                   "of --table and this dead-letter table")  # fmt: skip
-    p.add_argument("--poison-at", default=None, metavar="PART_COL,OFFSET_COL",
-                   help="with --dead-letters: the dead-letter rows' columns holding the Kafka partition and offset; "
-                   "each record that is not a JSON object must be there exactly once")  # fmt: skip
+    p.add_argument(
+        "--dead-letters",
+        default=None,
+        help="the sink's errors.table: each record must be in exactly one of --table and this dead-letter table",
+    )
+    p.add_argument(
+        "--poison-at",
+        default=None,
+        metavar="PART_COL,OFFSET_COL",
+        help="with --dead-letters: the dead-letter rows' columns holding the Kafka partition and offset; "
+        "each record that is not a JSON object must be there exactly once",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_verify_cmd)
 
@@ -333,10 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_savepoint(sub)
     _add_verify(sub)
-    p = sub.add_parser("submit-file", help="print the file to give spark-submit to run a spark-eos command",
-                       description="Print the path of the file spark-submit runs as the driver of a spark-eos "
-                       'command, e.g. spark-submit --master spark://h:7077 "$(spark-eos submit-file)" run ledger '
-                       "--config ledger.yaml (docs/deployment.md).")  # fmt: skip
+    p = sub.add_parser(
+        "submit-file",
+        help="print the file to give spark-submit to run a spark-eos command",
+        description="Print the path of the file spark-submit runs as the driver of a spark-eos "
+        'command, e.g. spark-submit --master spark://h:7077 "$(spark-eos submit-file)" run ledger '
+        "--config ledger.yaml (docs/deployment.md).",
+    )
     p.set_defaults(func=_submit_file_cmd)
     # other engineers' commands; their modules import only light dependencies at module level
     _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")

@@ -35,15 +35,25 @@ TRACKS = ("ledger", "transfers", "balances")
 """The pipelines, in the order the kill schedule deals kills to them."""
 
 FAULT_POINTS = {
-    "ledger": ("sink.after_prepare", "sink.commit.after_decision", "sink.commit.after_k", "sink.after_commit",
-               "source.read.mid"),
+    "ledger": (
+        "sink.after_prepare",
+        "sink.commit.after_decision",
+        "sink.commit.after_k",
+        "sink.after_commit",
+        "source.read.mid",
+    ),
     "balances": ("pipeline.batch", "sink.after_commit", "source.read.mid"),
     # the kafka-eos sink at its default visibility=batch: a task's rows staged, the driver before the
     # publish, mid-publish (every 100 records: needs a batch of 100+), published before commits/n;
     # sink.task.after_commit fires only with visibility=partition
-    "transfers": ("sink.after_write", "sink.commit.before_decision", "sink.publish.mid", "sink.after_commit",
-                  "source.read.mid"),
-}  # fmt: skip
+    "transfers": (
+        "sink.after_write",
+        "sink.commit.before_decision",
+        "sink.publish.mid",
+        "sink.after_commit",
+        "source.read.mid",
+    ),
+}
 PUBLISH_MID_ROWS = 200
 """sink.publish.mid is drawn only when a batch may hold this many records (it fires at the 100th)."""
 
@@ -135,8 +145,9 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def _config(path: str, name: str, bootstrap: str, topic: str, dsn: str, table: str, checkpoint: str,
-            max_offsets: int) -> None:  # fmt: skip
+def _config(
+    path: str, name: str, bootstrap: str, topic: str, dsn: str, table: str, checkpoint: str, max_offsets: int
+) -> None:
     """The pipeline's TOML config; ``table`` is the output topic for transfers (which has no dsn)."""
     sink = f'topic = "{table}"' if name == "transfers" else f'dsn = "{dsn}"\ntable = "{table}"'
     body = f"""# written by spark-eos demo
@@ -168,8 +179,15 @@ last_n = 5
         fh.write(body)
 
 
-def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, workdir: str, timeout: float,
-           secrets: dict[str, str] | None = None) -> None:  # fmt: skip
+def _drive(
+    track: Track,
+    kills: list[Kill],
+    cfg_path: str,
+    checkpoint: str,
+    workdir: str,
+    timeout: float,
+    secrets: dict[str, str] | None = None,
+) -> None:
     from connectors.toolkit import checker
     from connectors.toolkit.harness import PipelineProcess, describe_exit, python_argv
 
@@ -212,8 +230,14 @@ def _drive(track: Track, kills: list[Kill], cfg_path: str, checkpoint: str, work
             after = checker.last_commit(checkpoint)
             if i > 0 and after != before:
                 track.recoveries += 1  # the previous kill's restart resumed and committed new batches
-            track.kills.append({"how": how, "exit": describe_exit(out.returncode), "killed": out.killed,
-                                "commits": f"{before} -> {after}"})  # fmt: skip
+            track.kills.append(
+                {
+                    "how": how,
+                    "exit": describe_exit(out.returncode),
+                    "killed": out.killed,
+                    "commits": f"{before} -> {after}",
+                }
+            )
         before = checker.last_commit(checkpoint)
         final = PipelineProcess([*argv, "--trigger", "available-now"], base_env, log_path)
         out = final.run(timeout * 2)
@@ -239,8 +263,10 @@ def _services(stack: list[Any]) -> tuple[str, str, str]:
     stack.append(pg)
     version = getattr(kafka, "version", None)  # the embedded Apache Kafka's
     broker = " (tansu)" if kafka.is_tansu else (f" (Apache Kafka {version})" if version else "")
-    what = (f"Kafka {kafka.kind}{broker} at {kafka.bootstrap}; "
-            f"Postgres {pg.kind} at {pg.dsn_redacted} ({time.monotonic() - t:.1f}s)")  # fmt: skip
+    what = (
+        f"Kafka {kafka.kind}{broker} at {kafka.bootstrap}; "
+        f"Postgres {pg.kind} at {pg.dsn_redacted} ({time.monotonic() - t:.1f}s)"
+    )
     return kafka.bootstrap, pg.dsn, what
 
 
@@ -296,12 +322,19 @@ def _run_pipelines(
         _config(cfg_path, name, bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets)
         track = Track(name)
         tracks.append((track, checkpoint))
-        threads.append(threading.Thread(target=_drive, args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0,
-                                                             secrets),
-                                        name=f"demo-{name}", daemon=True))  # fmt: skip
-    say("[3/4] running ledger (postgres-2pc), balances (transformWithStateInPandas -> postgres-upsert) and transfers "
+        threads.append(
+            threading.Thread(
+                target=_drive,
+                args=(track, schedule[name], cfg_path, checkpoint, workdir, 240.0, secrets),
+                name=f"demo-{name}",
+                daemon=True,
+            )
+        )
+    say(
+        "[3/4] running ledger (postgres-2pc), balances (transformWithStateInPandas -> postgres-upsert) and transfers "
         "(kafka-eos sink, visibility=batch); kills: "
-        + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none"))  # fmt: skip
+        + (", ".join(f"{k.pipeline}: {k.label()}" for ks in schedule.values() for k in ks) or "none")
+    )
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -351,38 +384,57 @@ def _verdict(
     elapsed = time.monotonic() - wall
     proc_time = max(tr.seconds for tr, _ in tracks)
     report: dict[str, Any] = {
-        "ok": ok, "events": len(events), "ledger_rows": rep_l.info.get("sink_rows"),
-        "duplicates": dup.counts["duplicates"], "missing": lost.counts["losses"], "phantoms": ph.counts["phantoms"],
-        "payload_mismatches": pay.counts["payload"], "accounts": agg.counts["keys"],
+        "ok": ok,
+        "events": len(events),
+        "ledger_rows": rep_l.info.get("sink_rows"),
+        "duplicates": dup.counts["duplicates"],
+        "missing": lost.counts["losses"],
+        "phantoms": ph.counts["phantoms"],
+        "payload_mismatches": pay.counts["payload"],
+        "accounts": agg.counts["keys"],
         "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
         "transfers": {
-            "records": rep_t.info.get("sink_records"), "duplicates": t_dup.counts["duplicates"],
-            "missing": t_lost.counts["losses"], "phantoms": t_ph.counts["phantoms"],
-            "payload_mismatches": t_pay.counts["payload"], "positions_ok": t_positions.ok,
+            "records": rep_t.info.get("sink_records"),
+            "duplicates": t_dup.counts["duplicates"],
+            "missing": t_lost.counts["losses"],
+            "phantoms": t_ph.counts["phantoms"],
+            "payload_mismatches": t_pay.counts["payload"],
+            "positions_ok": t_positions.ok,
             "open_transactions": sum(c.counts["open_partitions"] for c in t_open),
-            "marker_vs_commit": t_marker.summary, "marker_ok": t_marker.ok,
+            "marker_vs_commit": t_marker.summary,
+            "marker_ok": t_marker.ok,
         },
-        "poison": len(poison), "poison_dead_letters": {
+        "poison": len(poison),
+        "poison_dead_letters": {
             "ledger": poison_l.counts["poison"] - poison_l.counts["missing"],
             "balances": poison_b.counts["poison"] - poison_b.counts["missing"],
             "transfers": t_poison.counts["poison"] - t_poison.counts["missing"],
-        }, "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"] + t_poison.counts["extra"],
-        "crashes_injected": crashes, "kills_planned": planned, "fault_points_fired": len(fired),
+        },
+        "poison_extra_copies": poison_l.counts["extra"] + poison_b.counts["extra"] + t_poison.counts["extra"],
+        "crashes_injected": crashes,
+        "kills_planned": planned,
+        "fault_points_fired": len(fired),
         "restarts": sum(len(tr.kills) for tr, _ in tracks),
-        "recoveries": sum(tr.recoveries for tr, _ in tracks), "prepared_left": prepared.counts["prepared"],
-        "decision_vs_commit": decision.summary, "wall_seconds": round(elapsed, 1),
-        "events_per_second": round(len(events) / proc_time, 1), "workdir": workdir,
+        "recoveries": sum(tr.recoveries for tr, _ in tracks),
+        "prepared_left": prepared.counts["prepared"],
+        "decision_vs_commit": decision.summary,
+        "wall_seconds": round(elapsed, 1),
+        "events_per_second": round(len(events) / proc_time, 1),
+        "workdir": workdir,
         "kills": {tr.name: tr.kills for tr, _ in tracks},
-    }  # fmt: skip
+    }
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
         held = {  # each line's own check, where the report holds a count and not the checker's verdict
-            "duplicates": dup.ok and t_dup.ok, "missing": lost.ok and t_lost.ok,
+            "duplicates": dup.ok and t_dup.ok,
+            "missing": lost.ok and t_lost.ok,
             "altered": ph.ok and pay.ok and t_ph.ok and t_pay.ok,
             "poison": poison_l.ok and poison_b.ok and t_poison.ok and t_positions.ok,
-            "open": all(c.ok for c in t_open), "decision": decision.ok, "markers": t_marker.ok,
-        }  # fmt: skip
+            "open": all(c.ok for c in t_open),
+            "decision": decision.ok,
+            "markers": t_marker.ok,
+        }
         say(_verdict_table(report, held, proc_time))
     return ok
 
@@ -400,27 +452,47 @@ def _verdict_table(report: dict[str, Any], held: dict[str, bool], proc_time: flo
         _row("transfers records", f"{tr['records']} (read_committed)", tr["records"] == report["events"]),
         _row("duplicates", f"ledger {report['duplicates']}, transfers {tr['duplicates']}", held["duplicates"]),
         _row("missing", f"ledger {report['missing']}, transfers {tr['missing']}", held["missing"]),
-        _row("phantoms / altered", f"ledger {report['phantoms']} / {report['payload_mismatches']}, transfers "
-             f"{tr['phantoms']} / {tr['payload_mismatches']}", held["altered"]),
-        _row("poison records", f"{report['poison']} produced; in the dead letters once each: ledger "
-             f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']} "
-             f"(tables), transfers {report['poison_dead_letters']['transfers']} (topic)", held["poison"]),
-        _row("balances matching", f"{report['accounts'] - report['balances_wrong']}/{report['accounts']} accounts",
-             report["balances_wrong"] == 0),
-        _row("crashes injected", f"{crashes} of {planned} planned ({fired} at fault points, "
-             f"{crashes - fired} SIGKILL from outside)", crashes == planned),
-        _row("recoveries", f"{report['restarts']} restarts from the checkpoint, {report['recoveries']} of them "
-             "committed new batches before the next kill or the end"),
+        _row(
+            "phantoms / altered",
+            f"ledger {report['phantoms']} / {report['payload_mismatches']}, transfers "
+            f"{tr['phantoms']} / {tr['payload_mismatches']}",
+            held["altered"],
+        ),
+        _row(
+            "poison records",
+            f"{report['poison']} produced; in the dead letters once each: ledger "
+            f"{report['poison_dead_letters']['ledger']}, balances {report['poison_dead_letters']['balances']} "
+            f"(tables), transfers {report['poison_dead_letters']['transfers']} (topic)",
+            held["poison"],
+        ),
+        _row(
+            "balances matching",
+            f"{report['accounts'] - report['balances_wrong']}/{report['accounts']} accounts",
+            report["balances_wrong"] == 0,
+        ),
+        _row(
+            "crashes injected",
+            f"{crashes} of {planned} planned ({fired} at fault points, {crashes - fired} SIGKILL from outside)",
+            crashes == planned,
+        ),
+        _row(
+            "recoveries",
+            f"{report['restarts']} restarts from the checkpoint, {report['recoveries']} of them "
+            "committed new batches before the next kill or the end",
+        ),
         _row("prepared txns left", report["prepared_left"], report["prepared_left"] == 0),
         _row("open Kafka txns", f"{tr['open_transactions']} (transfers output and dead-letter topics)", held["open"]),
         _row("decision log", report["decision_vs_commit"], held["decision"]),
         _row("transfers markers", tr["marker_vs_commit"], held["markers"]),
-        _row("throughput", f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
-             f"({proc_time:.0f}s)"),
+        _row(
+            "throughput",
+            f"{report['events_per_second']} events/s per pipeline, end to end incl. JVM starts and restarts "
+            f"({proc_time:.0f}s)",
+        ),
         _row("wall time", f"{report['wall_seconds']:.0f}s"),
         "  " + "-" * 58,
         "  verdict: " + ("EXACTLY-ONCE HELD" if report["ok"] else "EXACTLY-ONCE VIOLATED (see above and the work dir)"),
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 
@@ -440,25 +512,52 @@ def main(args: argparse.Namespace) -> int:
         tag = f"demo_{args.seed}_{int(time.time())}"
         topic, ledger_table, balances_table = f"payments_{tag}", f"ledger_{tag}", f"balances_{tag}"
         events, poison = _fill_topic(args, bootstrap, topic)
-        say(f"[2/4] topic {topic}: {len(events)} events over {args.partitions} partitions, keyed by account, and "
+        say(
+            f"[2/4] topic {topic}: {len(events)} events over {args.partitions} partitions, keyed by account, and "
             f"{len(poison)} malformed records (the pipelines divert them to dead-letter tables and a dead-letter "
-            "topic)")  # fmt: skip
+            "topic)"
+        )
         tables = {"ledger": ledger_table, "transfers": f"transfers_{tag}", "balances": balances_table}
         tracks, schedule = _run_pipelines(args, workdir, bootstrap, topic, dsn, tables, wall)
         say("[4/4] checking exactly-once")
         ckpt = {track.name: path for track, path in tracks}
-        rep_l = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table=ledger_table,
-                               payload_fields=("account", "amount"), sink_id=ledger_table, checkpoint=ckpt["ledger"],
-                               dead_letters=f"{ledger_table}_dead_letters", poison_position=ledger.poison_position)  # fmt: skip
-        rep_b = checker.verify(bootstrap=bootstrap, topic=topic, dsn=dsn, table="", decisions=False,
-                               aggregates={"table": balances_table, "key": "account", "value": "amount",
-                                           "columns": {"balance": "sum", "events": "count"}},
-                               dead_letters=f"{balances_table}_dead_letters",
-                               poison_position=balances.poison_position)  # fmt: skip
+        rep_l = checker.verify(
+            bootstrap=bootstrap,
+            topic=topic,
+            dsn=dsn,
+            table=ledger_table,
+            payload_fields=("account", "amount"),
+            sink_id=ledger_table,
+            checkpoint=ckpt["ledger"],
+            dead_letters=f"{ledger_table}_dead_letters",
+            poison_position=ledger.poison_position,
+        )
+        rep_b = checker.verify(
+            bootstrap=bootstrap,
+            topic=topic,
+            dsn=dsn,
+            table="",
+            decisions=False,
+            aggregates={
+                "table": balances_table,
+                "key": "account",
+                "value": "amount",
+                "columns": {"balance": "sum", "events": "count"},
+            },
+            dead_letters=f"{balances_table}_dead_letters",
+            poison_position=balances.poison_position,
+        )
         # the transfers run's config, as the demo wrote it (its sink id is its output topic)
-        rep_t = transfers.verify(PipelineConfig(pipeline="transfers", bootstrap=bootstrap, topic=topic,
-                                                sink_topic=tables["transfers"], sink_id=tables["transfers"],
-                                                checkpoint=ckpt["transfers"]))  # fmt: skip
+        rep_t = transfers.verify(
+            PipelineConfig(
+                pipeline="transfers",
+                bootstrap=bootstrap,
+                topic=topic,
+                sink_topic=tables["transfers"],
+                sink_id=tables["transfers"],
+                checkpoint=ckpt["transfers"],
+            )
+        )
         ok = _verdict(args, workdir, wall, events, poison, tracks, schedule, rep_l, rep_b, rep_t)
         for track, _ in tracks:
             if track.error:

@@ -38,14 +38,16 @@ def _state(checkpoint: str) -> dict[str, Any]:
                     kinds.add(m.group(2))
                     if m.group(2) in ("zip", "snapshot"):
                         snapshots.add(int(m.group(1)))
-        operators.append({
-            "operator": op,
-            "partitions": len(parts),
-            "versions": [min(versions), max(versions)] if versions else [],
-            "snapshot_versions": sorted(snapshots)[-5:],
-            "files": sorted(kinds),
-            "changelog": "changelog" in kinds,
-        })  # fmt: skip
+        operators.append(
+            {
+                "operator": op,
+                "partitions": len(parts),
+                "versions": [min(versions), max(versions)] if versions else [],
+                "snapshot_versions": sorted(snapshots)[-5:],
+                "files": sorted(kinds),
+                "changelog": "changelog" in kinds,
+            }
+        )
     return {"operators": operators}
 
 
@@ -92,19 +94,23 @@ def inspect(
             continue
         conf = head.get("conf", conf)
         provider = conf.get("spark.sql.streaming.stateStore.providerClass", provider)
-        batches.append({
-            "batch": n,
-            "committed": n in commits,
-            "timestamp_ms": head.get("batchTimestampMs"),
-            "sources": sources,
-        })  # fmt: skip
+        batches.append(
+            {
+                "batch": n,
+                "committed": n in commits,
+                "timestamp_ms": head.get("batchTimestampMs"),
+                "sources": sources,
+            }
+        )
     info["batches"] = batches
     info["last_planned"] = batches[-1]["batch"] if batches else None
     info["last_committed"] = max(commits) if commits else None
     info["uncommitted"] = [b["batch"] for b in batches if not b["committed"]]
-    info["state_store"] = {"provider": provider, **_state(checkpoint),
-                           "changelog_checkpointing": conf.get(
-                               "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")}  # fmt: skip
+    info["state_store"] = {
+        "provider": provider,
+        **_state(checkpoint),
+        "changelog_checkpointing": conf.get("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"),
+    }
     if dsn:
         info["sink"] = _sink(dsn, sink_id, eos_schema)
     return info
@@ -146,26 +152,38 @@ def render(info: dict[str, Any], *, as_json: bool = False, last: int = 20) -> st
     """The report as JSON or as readable tables (the last ``last`` batches)."""
     if as_json:
         return json.dumps(info, indent=2, sort_keys=True, default=str)
-    out = [f"checkpoint  {info['checkpoint']}", f"query id    {info.get('query_id')}",
-           f"batches     planned up to {info['last_planned']}, committed up to {info['last_committed']}"
-           + (f", uncommitted {info['uncommitted']} (replayed on restart)" if info["uncommitted"] else "")]  # fmt: skip
+    out = [
+        f"checkpoint  {info['checkpoint']}",
+        f"query id    {info.get('query_id')}",
+        f"batches     planned up to {info['last_planned']}, committed up to {info['last_committed']}"
+        + (f", uncommitted {info['uncommitted']} (replayed on restart)" if info["uncommitted"] else ""),
+    ]
     rows: list[tuple[Any, ...]] = [("batch", "commit", "source offsets (operator state)")]
     for b in info["batches"][-last:]:
         offsets = b.get("error") or "; ".join(json.dumps(s, sort_keys=True) for s in b["sources"] if s is not None)
         rows.append((b["batch"], "yes" if b["committed"] else "NO", offsets[:150]))
     out += ["", _table(rows)]
     st = info["state_store"]
-    out += ["", f"state store {st['provider'] or '(none: stateless query)'}"
-            + (f"; changelog checkpointing {st['changelog_checkpointing']}" if st.get("changelog_checkpointing") else "")]  # fmt: skip
+    out += [
+        "",
+        f"state store {st['provider'] or '(none: stateless query)'}"
+        + (f"; changelog checkpointing {st['changelog_checkpointing']}" if st.get("changelog_checkpointing") else ""),
+    ]
     for op in st["operators"]:
-        out.append(f"  operator {op['operator']}: {op['partitions']} partitions, versions {op['versions']}, "
-                   f"files {','.join(op['files'])}, snapshots {op['snapshot_versions']}")  # fmt: skip
+        out.append(
+            f"  operator {op['operator']}: {op['partitions']} partitions, versions {op['versions']}, "
+            f"files {','.join(op['files'])}, snapshots {op['snapshot_versions']}"
+        )
     sink = info.get("sink")
     if sink is not None:
         out += ["", "sink decision log (latest first)"]
         if sink["decisions"]:
-            out.append(_table([("sink", "batch", "gids", "decided at")]
-                              + [(d["sink_id"], d["batch"], d["gids"], d["decided_at"]) for d in sink["decisions"][:last]]))  # fmt: skip
+            out.append(
+                _table(
+                    [("sink", "batch", "gids", "decided at")]
+                    + [(d["sink_id"], d["batch"], d["gids"], d["decided_at"]) for d in sink["decisions"][:last]]
+                )
+            )
         else:
             out.append("  (no decisions)")
         out.append(f"in-doubt prepared transactions: {len(sink['in_doubt'])}")

@@ -308,9 +308,14 @@ def install(
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     exporter = EosMetrics(
-        dsn=dsn, sink_id=sink_id, eos_schema=eos_schema, errors_table=errors_table, textfile=textfile,
-        json_stream=json_stream, http_port=http_port,
-    )  # fmt: skip
+        dsn=dsn,
+        sink_id=sink_id,
+        eos_schema=eos_schema,
+        errors_table=errors_table,
+        textfile=textfile,
+        json_stream=json_stream,
+        http_port=http_port,
+    )
 
     class Listener(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:

@@ -305,9 +305,18 @@ def option(
     """A field of an options dataclass, declared by its spec (see ``Option``): its default is the spec's
     (``REQUIRED``: none), its name is the option's attribute, its repr hides a secret."""
     spec = Option(
-        name, kind, default, description, secret=secret, choices=choices, min=min, max=max, check=check,
-        convert=convert, aliases=aliases,
-    )  # fmt: skip
+        name,
+        kind,
+        default,
+        description,
+        secret=secret,
+        choices=choices,
+        min=min,
+        max=max,
+        check=check,
+        convert=convert,
+        aliases=aliases,
+    )
     return _field(spec)
 
 

@@ -17,11 +17,33 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 def test_short_chaos_run_from_the_command_line_holds_exactly_once(kafka_service, postgres_service, tmp_path):
     work = tmp_path / "chaos"
     out = subprocess.run(
-        [sys.executable, "-m", "connectors.toolkit.chaos", "--pipeline", "2pc", "--kills", "3", "--seed", "11",
-         "--records", "3000", "--max-offsets", "300", "--bootstrap", kafka_service.bootstrap,
-         "--dsn", postgres_service.dsn, "--workdir", str(work), "--json", "--quiet"],
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "connectors.toolkit.chaos",
+            "--pipeline",
+            "2pc",
+            "--kills",
+            "3",
+            "--seed",
+            "11",
+            "--records",
+            "3000",
+            "--max-offsets",
+            "300",
+            "--bootstrap",
+            kafka_service.bootstrap,
+            "--dsn",
+            postgres_service.dsn,
+            "--workdir",
+            str(work),
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["ok"] is True, json.dumps(report["checks"], indent=1)

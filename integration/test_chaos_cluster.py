@@ -33,11 +33,37 @@ def test_slow_task_on_the_toolkit_cluster_and_broker_and_postgres_faults_are_pro
     env = {k: v for k, v in os.environ.items() if k not in ("EOS_KAFKA_BOOTSTRAP", "EOS_POSTGRES_DSN")}
     env.update(EOS_SERVICES="embedded", PYSPARK_PYTHON=sys.executable)  # the command starts what it restarts
     out = subprocess.run(
-        [sys.executable, "-m", "connectors.toolkit.chaos", "--app", "orders_job:build", "--kills", "5", "--seed", "1",
-         "--faults", FAULTS, "--records", "300", "--max-offsets", "30", "--payload", "key,amount",
-         "--workdir", str(work), "--report", str(tmp_path / "report"), "--json", "--quiet"],
-        cwd=ORDERS, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "connectors.toolkit.chaos",
+            "--app",
+            "orders_job:build",
+            "--kills",
+            "5",
+            "--seed",
+            "1",
+            "--faults",
+            FAULTS,
+            "--records",
+            "300",
+            "--max-offsets",
+            "30",
+            "--payload",
+            "key,amount",
+            "--workdir",
+            str(work),
+            "--report",
+            str(tmp_path / "report"),
+            "--json",
+            "--quiet",
+        ],
+        cwd=ORDERS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     report = json.loads(out.stdout)
     checks = {c["name"]: c for c in report["checks"]}
@@ -48,8 +74,11 @@ def test_slow_task_on_the_toolkit_cluster_and_broker_and_postgres_faults_are_pro
         **{k.split(":")[0]: 1 for k in FAULTS.split(",")},
     }
     assert report["info"]["master"].startswith("spark://127.0.0.1:"), report["info"]
-    logged = {e["action"]: e for e in map(json.loads, (work / "faults.jsonl").read_text().splitlines())
-              if str(e.get("point", "")).startswith("chaos.")}  # fmt: skip
+    logged = {
+        e["action"]: e
+        for e in map(json.loads, (work / "faults.jsonl").read_text().splitlines())
+        if str(e.get("point", "")).startswith("chaos.")
+    }
     slow = logged["slow-task"]
     # the proof of speculation: another attempt of the held task, in another process, while it was held
     assert slow["copy"]["partition"] == slow["held"]["partition"] and slow["copy"]["pid"] != slow["held"]["pid"]

@@ -37,9 +37,17 @@ def test_non_idempotent_foreach_batch_insert_is_caught_and_minimised(
     plans = chaos.plan_kills("foreachbatch", 2, 49)
     assert plans[1].point == "sink.after_commit" and plans[0].kind == "sigkill", plans
     report = eos_chaos(
-        "insert_job:build", generator="insert_job:records", records=200, kills=2, seed=49, max_offsets=40,
-        sink_kind="foreachbatch", oracle="append", reference_runs=1, minimise=True,
-    )  # fmt: skip
+        "insert_job:build",
+        generator="insert_job:records",
+        records=200,
+        kills=2,
+        seed=49,
+        max_offsets=40,
+        sink_kind="foreachbatch",
+        oracle="append",
+        reference_runs=1,
+        minimise=True,
+    )
     assert not report.ok, report.table()
     table = report.get("oracle.table")
     assert not table.ok and table.counts["extra"] > 0 and table.counts["missing"] == 0, report.table()

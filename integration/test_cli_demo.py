@@ -15,14 +15,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
 
 def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_path) -> None:
-    env = dict(os.environ, EOS_KAFKA_BOOTSTRAP=kafka_service.bootstrap, EOS_POSTGRES_DSN=postgres_service.dsn,
-               SPARK_LOCAL_IP="127.0.0.1")  # fmt: skip
+    env = dict(
+        os.environ,
+        EOS_KAFKA_BOOTSTRAP=kafka_service.bootstrap,
+        EOS_POSTGRES_DSN=postgres_service.dsn,
+        SPARK_LOCAL_IP="127.0.0.1",
+    )
     # 3 kills, dealt round-robin: ledger a SIGKILL, transfers a fault point of the Kafka sink, balances a SIGKILL
     out = subprocess.run(
-        [sys.executable, "-m", "connectors.cli", "demo", "--records", "400", "--kills", "3", "--seed", "3",
-         "--workdir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=1500, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "connectors.cli",
+            "demo",
+            "--records",
+            "400",
+            "--kills",
+            "3",
+            "--seed",
+            "3",
+            "--workdir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+    )
     report = json.loads(out.stdout[out.stdout.index("{\n") :])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert report["ok"] is True
@@ -40,8 +60,11 @@ def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_p
     transfers = report["transfers"]
     assert transfers["records"] == 400, transfers
     assert (transfers["duplicates"], transfers["missing"], transfers["phantoms"], transfers["payload_mismatches"]) == (
-        0, 0, 0, 0
-    )  # fmt: skip
+        0,
+        0,
+        0,
+        0,
+    )
     assert transfers["open_transactions"] == 0 and transfers["marker_ok"] and transfers["positions_ok"], transfers
     # the malformed records mixed into the topic: each in every pipeline's dead letters, once
     assert report["poison"] == 5, report

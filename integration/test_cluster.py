@@ -43,14 +43,22 @@ RECORDS, PER_TRIGGER = 800, 100  # batches 0..7
 
 def _config(path: Path, pipeline: str, kafka: Any, pg: Any, topic: str, table: str, spec: str, spark: dict) -> Path:
     """The user's YAML, faults as a sink option; ``spark`` adds master and conf for ``spark-eos run``."""
-    path.write_text(json.dumps({  # JSON is YAML
-        "pipeline": pipeline,
-        "source": {"bootstrap": kafka.bootstrap, "topic": topic, "max_offsets_per_trigger": PER_TRIGGER},
-        "sink": {"dsn": pg.dsn, "table": table, "options": {"faults": spec}},
-        "spark": {"checkpoint": str(path.parent / "checkpoint"), "trigger": "available-now",
-                  "shuffle_partitions": 2, **spark},
-        "log": {"format": "json", "progress": False},
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "pipeline": pipeline,
+                "source": {"bootstrap": kafka.bootstrap, "topic": topic, "max_offsets_per_trigger": PER_TRIGGER},
+                "sink": {"dsn": pg.dsn, "table": table, "options": {"faults": spec}},
+                "spark": {
+                    "checkpoint": str(path.parent / "checkpoint"),
+                    "trigger": "available-now",
+                    "shuffle_partitions": 2,
+                    **spark,
+                },
+                "log": {"format": "json", "progress": False},
+            }
+        )
+    )
     return path
 
 
@@ -74,9 +82,21 @@ def _launch(how: str, cluster: StandaloneCluster, env_zip: Path, pipeline: str, 
         conf = [
             a for k, v in _cluster_conf(env_zip, work).items() if k != "spark.archives" for a in ("--conf", f"{k}={v}")
         ]
-        argv = [f"{spark_home()}/bin/spark-submit", "--master", cluster.url, "--deploy-mode", "client",
-                "--archives", f"{env_zip}#environment", *conf,
-                spark_submit.__file__, "run", pipeline, "--config", str(config)]  # fmt: skip
+        argv = [
+            f"{spark_home()}/bin/spark-submit",
+            "--master",
+            cluster.url,
+            "--deploy-mode",
+            "client",
+            "--archives",
+            f"{env_zip}#environment",
+            *conf,
+            spark_submit.__file__,
+            "run",
+            pipeline,
+            "--config",
+            str(config),
+        ]
     else:
         argv = [sys.executable, "-m", "connectors.cli", "run", pipeline, "--config", str(config)]
     env = clean_env(
@@ -93,8 +113,9 @@ def _launch(how: str, cluster: StandaloneCluster, env_zip: Path, pipeline: str, 
     if not (work / "environment").exists():  # the driver's Python data source planner runs it too
         unpack_env(env_zip, work / "environment")
     with open(work / f"driver-{len(list(work.glob('driver-*.log')))}.log", "w") as out:  # the child keeps its copy
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, cwd=work)  # fmt: skip
+        return subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=work
+        )
 
 
 def _kill_group(p: subprocess.Popen[str]) -> None:
@@ -117,9 +138,16 @@ def _executor_python(pid: int) -> tuple[str, str]:
 
 @pytest.mark.parametrize(("pipeline", "how"), [("ledger", "spark-submit"), ("balances", "run")])
 def test_f17_f18_f19_worker_lost_master_restarted_driver_killed_on_a_standalone_cluster(
-    pipeline: str, how: str, standalone_cluster: StandaloneCluster, shipped_env: Path, kafka_service: Any,
-    postgres_service: Any, new_topic: Any, new_table: Any, tmp_path: Path,
-) -> None:  # fmt: skip
+    pipeline: str,
+    how: str,
+    standalone_cluster: StandaloneCluster,
+    shipped_env: Path,
+    kafka_service: Any,
+    postgres_service: Any,
+    new_topic: Any,
+    new_table: Any,
+    tmp_path: Path,
+) -> None:
     cluster = standalone_cluster
     topic, table = new_topic(partitions=2, prefix=f"cl{pipeline[0]}"), new_table(pipeline)
     produce(kafka_service.bootstrap, topic, generate(RECORDS, seed=17), partitions=2)
@@ -182,12 +210,29 @@ def test_f17_f18_f19_worker_lost_master_restarted_driver_killed_on_a_standalone_
 
     checkpoint = str(tmp_path / "checkpoint")
     if pipeline == "ledger":
-        report = checker.verify(bootstrap=kafka_service.bootstrap, topic=topic, dsn=postgres_service.dsn, table=table,
-                                payload_fields=("account", "amount"), sink_id=table, checkpoint=checkpoint)  # fmt: skip
+        report = checker.verify(
+            bootstrap=kafka_service.bootstrap,
+            topic=topic,
+            dsn=postgres_service.dsn,
+            table=table,
+            payload_fields=("account", "amount"),
+            sink_id=table,
+            checkpoint=checkpoint,
+        )
     else:
-        report = checker.verify(bootstrap=kafka_service.bootstrap, topic=topic, dsn=postgres_service.dsn, table="",
-                                decisions=False, aggregates={"table": table, "key": "account", "value": "amount",
-                                                             "columns": {"balance": "sum", "events": "count"}})  # fmt: skip
+        report = checker.verify(
+            bootstrap=kafka_service.bootstrap,
+            topic=topic,
+            dsn=postgres_service.dsn,
+            table="",
+            decisions=False,
+            aggregates={
+                "table": table,
+                "key": "account",
+                "value": "amount",
+                "columns": {"balance": "sum", "events": "count"},
+            },
+        )
     assert report.ok, report.table()
     assert report.info["source_records"] == RECORDS
 

@@ -80,9 +80,18 @@ COMMIT_SQL = {"2pc": b"COMMIT PREPARED", "upsert": b"COMMIT", "stateful": b"COMM
 def make_pipeline(kafka_service, postgres_service, tmp_path):
     proxies: list[TcpProxy] = []
 
-    def make(sink: str, *, records: int = RECORDS, proxy_pg: bool = False, topic: str | None = None,
-             bootstrap: str | None = None, produce: bool = True, aborted: int = 0,
-             options: tuple[str, ...] = (), dead_letters: bool = False) -> Pipeline:  # fmt: skip
+    def make(
+        sink: str,
+        *,
+        records: int = RECORDS,
+        proxy_pg: bool = False,
+        topic: str | None = None,
+        bootstrap: str | None = None,
+        produce: bool = True,
+        aborted: int = 0,
+        options: tuple[str, ...] = (),
+        dead_letters: bool = False,
+    ) -> Pipeline:
         name = f"cm_{sink}_{uuid.uuid4().hex[:8]}"
         if dead_letters:  # the table refuses every record whose amount is a multiple of 331 (about 0.3 %):
             # some batches hold a refused record and some none, so one run crosses both paths
@@ -100,8 +109,9 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
             recs = make_records(records, seed=len(name), prefix=f"{name}-")
             if aborted:  # F15: half the input in a committed transaction, then an aborted one
                 bad = [dict(r, id=r["id"] + "-aborted") for r in make_records(aborted, seed=15, prefix=f"{name}-")]
-                produce_records(bootstrap, topic, recs[: records // 2], partitions=2, transactional_id=f"{name}-tx",
-                                aborted=bad)  # fmt: skip
+                produce_records(
+                    bootstrap, topic, recs[: records // 2], partitions=2, transactional_id=f"{name}-tx", aborted=bad
+                )
                 recs = recs[records // 2 :]
             produce_records(bootstrap, topic, recs, partitions=2)
         dsn = postgres_service.dsn
@@ -109,8 +119,18 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
             proxy = TcpProxy("127.0.0.1", int(postgres_service.port)).start()
             proxies.append(proxy)
             dsn = _with_port(dsn, proxy.port)
-        pipe = Pipeline(sink, bootstrap, topic, dsn, postgres_service.dsn, name, str(tmp_path / name), PER_TRIGGER,
-                        options=options, dead_letters=f"{name}_refused" if dead_letters else None)  # fmt: skip
+        pipe = Pipeline(
+            sink,
+            bootstrap,
+            topic,
+            dsn,
+            postgres_service.dsn,
+            name,
+            str(tmp_path / name),
+            PER_TRIGGER,
+            options=options,
+            dead_letters=f"{name}_refused" if dead_letters else None,
+        )
         pipe.proxy = proxies[-1] if proxy_pg else None
         return pipe
 
@@ -298,12 +318,20 @@ def test_f9_f10_network_cuts(visibility, make_pipeline, postgres_service):
         # a short stall per batch keeps the query busy long enough to cut it mid-stream
         proc = pipe.process("sink.before_write:partition=0:action=sleep:seconds=1", state="F9").start()
         try:
-            wait_until(lambda: (checker.last_commit(pipe.checkpoint) or -1) >= 1, timeout=300, what="commits/1",
-                       alive=proc.alive)  # fmt: skip
+            wait_until(
+                lambda: (checker.last_commit(pipe.checkpoint) or -1) >= 1,
+                timeout=300,
+                what="commits/1",
+                alive=proc.alive,
+            )
             at_cut = checker.last_commit(pipe.checkpoint) or 0
             f9 = _cut_for(kafka_proxy, 6)  # F9: every Kafka connection reset, new ones refused
-            wait_until(lambda: (checker.last_commit(pipe.checkpoint) or -1) >= at_cut + 2, timeout=300,
-                       what="progress after the Kafka cut", alive=proc.alive)  # fmt: skip
+            wait_until(
+                lambda: (checker.last_commit(pipe.checkpoint) or -1) >= at_cut + 2,
+                timeout=300,
+                what="progress after the Kafka cut",
+                alive=proc.alive,
+            )
             f10 = _cut_for(pipe.proxy, 6)  # F10: Postgres likewise
             out = proc.wait(400)
         finally:
@@ -438,8 +466,12 @@ def test_f15_f16_aborted_input_and_second_query(visibility, make_pipeline, kafka
     other = os.path.join(pipe.workdir, "other-checkpoint")
     try:
         try:
-            wait_until(lambda: os.path.exists(os.path.join(pipe.checkpoint, "commits", "0")), timeout=300,
-                       what="commits/0", alive=lambda: a.alive() or b.alive())  # fmt: skip
+            wait_until(
+                lambda: os.path.exists(os.path.join(pipe.checkpoint, "commits", "0")),
+                timeout=300,
+                what="commits/0",
+                alive=lambda: a.alive() or b.alive(),
+            )
             both_failed = False
         except RuntimeError:  # both twins ended before Spark committed batch 0
             both_failed = True
@@ -488,8 +520,14 @@ def _read_uncommitted(bootstrap: str, topic: str) -> tuple[dict[int, list[str]],
     partition's (log start offset, high watermark)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"f15-{uuid.uuid4().hex[:8]}",
-                  "isolation.level": "read_uncommitted", "enable.partition.eof": True})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"f15-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_uncommitted",
+            "enable.partition.eof": True,
+        }
+    )
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
         marks = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}

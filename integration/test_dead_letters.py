@@ -207,8 +207,12 @@ def test_errors_max_stops_the_search_for_refused_rows_at_the_limit(
     pg_conn.execute(f"INSERT INTO {table} SELECT 50000 + i, 'old', 0, 'e' || i, 1, 0, 0 FROM generate_series(0, 59) i")  # type: ignore[arg-type]
     rows = [(i, "ok", 1, f"e{i}" if i % 5 == 0 else f"n{i}", 2, 1, 1) for i in range(300)]  # 60 emails taken
     with pytest.raises(Exception, match=r"refused at least 3 of 300 rows, more than errors.max=2 rows"):
-        _write(spark.createDataFrame(rows, SCHEMA).coalesce(1), postgres_service.dsn, table,
-               **{"errors.max": "2", "retry.attempts": "1"})  # fmt: skip
+        _write(
+            spark.createDataFrame(rows, SCHEMA).coalesce(1),
+            postgres_service.dsn,
+            table,
+            **{"errors.max": "2", "retry.attempts": "1"},
+        )
     assert len(_ids(pg_conn, table)) == 61 and _letters(pg_conn, table) == {}  # nothing of the task written
 
 

@@ -98,19 +98,39 @@ def _part(record: Mapping[str, Any], partitions: int) -> int:
     return zlib.crc32(str(record["id"]).encode()) % partitions
 
 
-def _send(producer: Producer, topic: str, records: Sequence[Mapping[str, Any]], partitions: int | None = None,
-          *, partition: int | None = None, timestamp: int | None = None) -> None:  # fmt: skip
+def _send(
+    producer: Producer,
+    topic: str,
+    records: Sequence[Mapping[str, Any]],
+    partitions: int | None = None,
+    *,
+    partition: int | None = None,
+    timestamp: int | None = None,
+) -> None:
     """JSON values keyed by the record's ``key``, to ``partition`` or spread over ``partitions`` by id."""
     for rec in records:
         p = partition if partition is not None else _part(rec, partitions or 1)
         extra = {"timestamp": timestamp} if timestamp is not None else {}
-        producer.produce(topic, value=json.dumps(dict(rec), sort_keys=True).encode(), key=str(rec["key"]).encode(),
-                         partition=p, **extra)  # fmt: skip
+        producer.produce(
+            topic,
+            value=json.dumps(dict(rec), sort_keys=True).encode(),
+            key=str(rec["key"]).encode(),
+            partition=p,
+            **extra,
+        )
         producer.poll(0)
 
 
-def _produce(bootstrap: str, topic: str, records: Sequence[Mapping[str, Any]], partitions: int | None = None,
-             *, partition: int | None = None, timestamp: int | None = None, **conf: Any) -> None:  # fmt: skip
+def _produce(
+    bootstrap: str,
+    topic: str,
+    records: Sequence[Mapping[str, Any]],
+    partitions: int | None = None,
+    *,
+    partition: int | None = None,
+    timestamp: int | None = None,
+    **conf: Any,
+) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, **conf})
     _send(producer, topic, records, partitions, partition=partition, timestamp=timestamp)
     assert producer.flush(60) == 0, f"records to {topic} not delivered in 60 s"
@@ -118,8 +138,15 @@ def _produce(bootstrap: str, topic: str, records: Sequence[Mapping[str, Any]], p
 
 def _log_records(bootstrap: str, topic: str, isolation: str) -> list[tuple[int, int, dict[str, Any]]]:
     """(partition, offset, value) of every record a plain consumer with ``isolation`` gets, to each partition's end."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                  "isolation.level": isolation, "enable.partition.eof": True})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bf-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
         c.assign([TopicPartition(topic, p, -2) for p in parts])  # -2: each partition's earliest offset
@@ -151,8 +178,9 @@ def _marks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
 
 def _ends(bootstrap: str, topic: str) -> dict[int, int]:
     """Each partition's last stable offset: where a read_committed reader (the query) ends."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}",
-                  "isolation.level": "read_committed"})  # fmt: skip
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}", "isolation.level": "read_committed"}
+    )
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
         return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1] for p in parts}
@@ -254,8 +282,9 @@ def test_f20_broker_sigkilled_mid_batch_and_restarted(broker: ApacheKafka, make_
     spec = "source.read.start:batch=1:action=sleep:seconds=2;sink.after_write:batch=1:action=sleep:seconds=0"
     proc = pipe.process(spec, state="F20").start()
     try:
-        wait_until(lambda: pipe.fired("source.read.start", batch=1), timeout=300, what="batch 1's read tasks",
-                   alive=proc.alive)  # fmt: skip
+        wait_until(
+            lambda: pipe.fired("source.read.start", batch=1), timeout=300, what="batch 1's read tasks", alive=proc.alive
+        )
         before = checker.last_commit(pipe.checkpoint)
         jvm, log_dir = broker.proc, broker.log_dir
         assert jvm is not None
@@ -297,8 +326,15 @@ def test_f21_broker_restarted_with_a_transaction_open(broker: ApacheKafka, make_
     def recs(kind: str, n: int, seed: int) -> list[dict[str, Any]]:
         return make_records(n, seed=seed, prefix=f"{pipe.table}-{kind}{seed}-")
 
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{pipe.table}-tx", "linger.ms": 5,
-                         "transaction.timeout.ms": 60000, "log_level": 0})  # fmt: skip  # quiet across the crash
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"{pipe.table}-tx",
+            "linger.ms": 5,
+            "transaction.timeout.ms": 60000,
+            "log_level": 0,
+        }
+    )  # quiet across the crash
     producer.init_transactions(30)
     txns: list[tuple[str, list[dict[str, Any]]]] = []
 
@@ -391,8 +427,11 @@ def test_f22_retention_deletes_records_a_stopped_query_has_not_read(broker: Apac
     assert _marks(bootstrap, topic) == {0: (0, 150), 1: (0, 100)}
     # retention of one hour: the segment of partition 0 with the old records goes, offsets 0-99 (real retention:
     # the broker deletes whole segments older than retention.ms; no DeleteRecords)
-    resource = ConfigResource("topic", topic, incremental_configs=[
-        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
+    resource = ConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)],
+    )
     admin = _admin(bootstrap)  # kept: the futures fail if their client is gone
     next(iter(admin.incremental_alter_configs([resource]).values())).result(30)
     wait_until(lambda: _marks(bootstrap, topic)[0][0] > 0, timeout=60, what="retention to delete a segment")
@@ -483,11 +522,22 @@ def test_f25_records_deleted_before_the_first_batch_is_replayed_are_data_loss(
 def test_f23_compacted_topic_is_read_exactly_as_the_cleaner_left_it(broker: ApacheKafka, make_pipeline: Any) -> None:
     pipe = make_pipeline("f23", max_offsets=60)
     bootstrap, topic = broker.bootstrap, pipe.topic
-    _create_topic(bootstrap, topic, 2, {"cleanup.policy": "compact", "segment.ms": "100",
-                                        "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"})  # fmt: skip
+    _create_topic(
+        bootstrap,
+        topic,
+        2,
+        {
+            "cleanup.policy": "compact",
+            "segment.ms": "100",
+            "min.cleanable.dirty.ratio": "0.01",
+            "min.compaction.lag.ms": "0",
+        },
+    )
     # every other record has a key of its own (it stays); the others share three keys (all but the last go)
-    records = [{"id": f"{pipe.table}-{i:04d}", "key": f"u{i:03d}" if i % 2 == 0 else f"dup{i % 6}", "amount": i + 1}
-               for i in range(240)]  # fmt: skip
+    records = [
+        {"id": f"{pipe.table}-{i:04d}", "key": f"u{i:03d}" if i % 2 == 0 else f"dup{i % 6}", "amount": i + 1}
+        for i in range(240)
+    ]
     plain = {"enable.idempotence": False}  # no producer state for the cleaner to keep batches for
     _produce(bootstrap, topic, records, 2, **plain)
     time.sleep(0.5)  # older than segment.ms: the next record starts a new segment, and the cleaner may clean the old
@@ -573,10 +623,17 @@ def test_f24_partitions_added_and_topic_recreated_under_a_running_query(
     proc = pipe.process(state="F24-false", trigger="processing:1", fail_on_data_loss="false").start()
     try:
         went_back = [f"the offsets of {topic}-{p} went back from {position[p]} to 2" for p in range(4)]
-        wait_until(lambda: all(w in _log_from(pipe, size) for w in went_back), timeout=240,
-                   what="the data loss in the log", alive=proc.alive)  # fmt: skip
-        fourth = [{"id": f"{pipe.table}-4-{p}-{i}", "key": "k", "amount": i + 1, "_p": p}
-                  for p in range(4) for i in range(position[p] + 5 - 2)]  # fmt: skip
+        wait_until(
+            lambda: all(w in _log_from(pipe, size) for w in went_back),
+            timeout=240,
+            what="the data loss in the log",
+            alive=proc.alive,
+        )
+        fourth = [
+            {"id": f"{pipe.table}-4-{p}-{i}", "key": "k", "amount": i + 1, "_p": p}
+            for p in range(4)
+            for i in range(position[p] + 5 - 2)
+        ]
         for p in range(4):
             _produce(bootstrap, topic, [r for r in fourth if r["_p"] == p], partition=p)
         _drained(pipe, proc, 200 + 4 * 5)

@@ -87,8 +87,17 @@ def make_pipeline(broker: ApacheKafka, tmp_path: Any) -> Any:
         name = f"ks_{visibility}_{uuid.uuid4().hex[:8]}"
         create_topic(broker.bootstrap, name, 2)
         _more(broker.bootstrap, name, RECORDS, seed=0)
-        return Pipeline("kafka", broker.bootstrap, name, "", "", f"{name}-out", str(tmp_path / name), PER_TRIGGER,
-                        options=(f"visibility={visibility}",))  # fmt: skip
+        return Pipeline(
+            "kafka",
+            broker.bootstrap,
+            name,
+            "",
+            "",
+            f"{name}-out",
+            str(tmp_path / name),
+            PER_TRIGGER,
+            options=(f"visibility={visibility}",),
+        )
 
     return make
 
@@ -124,8 +133,9 @@ def _f27_broker_killed_mid_transaction(pipe: Pipeline, broker: ApacheKafka, held
 def _zombie(bootstrap: str, name: str, topic: str, junk: int) -> Producer:
     """A producer with transactional id ``name`` that sent ``junk`` records and a marker for batch 99 in a
     transaction it leaves open (a writer that lost its connection or hung, and comes back later)."""
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": name, "transaction.timeout.ms": 120000,
-                  "log_level": 0})  # fmt: skip
+    p = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": name, "transaction.timeout.ms": 120000, "log_level": 0}
+    )
     p.init_transactions(30)
     p.begin_transaction()
     for i in range(junk):
@@ -164,8 +174,11 @@ def test_f26_to_f29_one_query_through_every_fault(visibility: str, broker: Apach
     # F29 (partition): a transaction timed out by the broker, the task's retry writes its rows once
     if visibility == "partition":
         _more(pipe.bootstrap, pipe.topic, MORE, seed=29)
-        out = pipe.run("sink.after_write:partition=0:attempt=0:action=sleep:seconds=7:once", state="F29",
-                       extra=("kafka.transaction.timeout.ms=3000",))  # fmt: skip
+        out = pipe.run(
+            "sink.after_write:partition=0:attempt=0:action=sleep:seconds=7:once",
+            state="F29",
+            extra=("kafka.transaction.timeout.ms=3000",),
+        )
         assert len(pipe.fired("sink.after_write", partition=0, action="sleep")) == 2, pipe.describe()
         with open(pipe.log_path, encoding="utf-8") as fh:
             assert "kafka.transaction.timeout.ms (3000 ms)" in fh.read(), f"F29 not reported\n{pipe.describe()}"

@@ -47,9 +47,20 @@ def _source(bootstrap: str, n: int, *, seed: int = 0, topic: str | None = None) 
     return topic
 
 
-def _run(spark: Any, bootstrap: str, src: str, out: str, sink_id: str, checkpoint: str, *, visibility: str,
-         max_offsets: int = 200, min_partitions: int | None = None, faults: str | None = None,
-         options: dict[str, str] | None = None) -> Exception | None:  # fmt: skip
+def _run(
+    spark: Any,
+    bootstrap: str,
+    src: str,
+    out: str,
+    sink_id: str,
+    checkpoint: str,
+    *,
+    visibility: str,
+    max_offsets: int = 200,
+    min_partitions: int | None = None,
+    faults: str | None = None,
+    options: dict[str, str] | None = None,
+) -> Exception | None:
     """One availableNow run of kafka-eos -> (key, value) -> the kafka-eos sink; the exception it ended with."""
     reader = (
         spark.readStream.format("kafka-eos")
@@ -87,8 +98,9 @@ def _count(bootstrap: str, topic: str) -> int:
 
 
 def _ok(bootstrap: str, src: str, out: str, sink_id: str, checkpoint: str, records: int, **kw: Any) -> None:
-    report = verify_topic(bootstrap=bootstrap, source_topic=src, sink_topic=out, sink_id=sink_id,
-                          checkpoint=checkpoint, **kw)  # fmt: skip
+    report = verify_topic(
+        bootstrap=bootstrap, source_topic=src, sink_topic=out, sink_id=sink_id, checkpoint=checkpoint, **kw
+    )
     assert report.ok, report.table()
     assert report.info["sink_records"] == records
 
@@ -198,9 +210,16 @@ def test_l_k5_batch_jobs_and_the_columns_sparks_sink_takes(spark: Any, kafka_ser
     )
 
     def write(batch_id: int) -> None:
-        (df.write.format("kafka-eos").option("kafka.bootstrap.servers", b).option("marker.topic", out)
-         .option("sink.id", sink).option("visibility", visibility).option("batch.id", str(batch_id))
-         .mode("append").save())  # fmt: skip
+        (
+            df.write.format("kafka-eos")
+            .option("kafka.bootstrap.servers", b)
+            .option("marker.topic", out)
+            .option("sink.id", sink)
+            .option("visibility", visibility)
+            .option("batch.id", str(batch_id))
+            .mode("append")
+            .save()
+        )
 
     write(5)
     write(5)  # the same batch id again: a no-op
@@ -226,11 +245,18 @@ def test_l_k6_foreach_batch_replays_a_failed_batch_once(spark: Any, kafka_servic
         if faults:
             opts["faults"] = f"{faults};pipeline.batch:run={uuid.uuid4().hex}"
         q = (
-            spark.readStream.format("kafka-eos").option("kafka.bootstrap.servers", b).option("subscribe", src)
-            .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load()
-            .select("key", "value").writeStream.foreachBatch(connectors.kafka_batch(**opts))
-            .option("checkpointLocation", ck).trigger(availableNow=True).start()
-        )  # fmt: skip
+            spark.readStream.format("kafka-eos")
+            .option("kafka.bootstrap.servers", b)
+            .option("subscribe", src)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "100")
+            .load()
+            .select("key", "value")
+            .writeStream.foreachBatch(connectors.kafka_batch(**opts))
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start()
+        )
         try:
             q.awaitTermination()
         except Exception as exc:
@@ -253,8 +279,15 @@ def test_l_k7_operator_commands_show_the_markers_and_reset_them_knowingly(
     create_topic(b, out, 2)
     df = spark.createDataFrame([(f"k{i}", json.dumps({"id": i})) for i in range(20)], "key string, value string")
     for batch in (3, 4):
-        (df.write.format("kafka-eos").option("kafka.bootstrap.servers", b).option("topic", out)
-         .option("sink.id", sink).option("batch.id", str(batch)).mode("append").save())  # fmt: skip
+        (
+            df.write.format("kafka-eos")
+            .option("kafka.bootstrap.servers", b)
+            .option("topic", out)
+            .option("sink.id", sink)
+            .option("batch.id", str(batch))
+            .mode("append")
+            .save()
+        )
     common = ["--bootstrap", b, "--sink-id", sink]
     assert cli.main(["kafka-sink", "status", *common, "--marker-topic", out]) == 0
     shown = capsys.readouterr().out
@@ -268,8 +301,15 @@ def test_l_k7_operator_commands_show_the_markers_and_reset_them_knowingly(
     assert cli.main(["kafka-sink", "status", *common, "--marker-topic", out]) == 64
     assert "no consumer group of sink" in capsys.readouterr().err
     # reset knowingly: batch 3 (written before) is written again
-    (df.write.format("kafka-eos").option("kafka.bootstrap.servers", b).option("topic", out)
-     .option("sink.id", sink).option("batch.id", "3").mode("append").save())  # fmt: skip
+    (
+        df.write.format("kafka-eos")
+        .option("kafka.bootstrap.servers", b)
+        .option("topic", out)
+        .option("sink.id", sink)
+        .option("batch.id", "3")
+        .mode("append")
+        .save()
+    )
     # Kafka writes a committed transaction's markers to its partitions after the commit returns: a read at
     # once may find one partition's rows not yet readable (49 of 60, twice). Read until all are, never more.
     counts: list[int] = []

@@ -51,9 +51,14 @@ def test_restart_with_new_columns_rolls_back_the_dead_attempt_before_altering(
     assert time.monotonic() - started < 4.0, "the writer waited on the ALTER TABLE"
     assert _prepared(sink) == []  # the dead attempt's transactions are gone (nothing of them was visible)
     with psycopg.connect(sink["dsn"], autocommit=True) as conn:
-        columns = [r[0] for r in conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
-            "ORDER BY attnum", (sink["table"],)).fetchall()]  # fmt: skip
+        columns = [
+            r[0]
+            for r in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+                "ORDER BY attnum",
+                (sink["table"],),
+            ).fetchall()
+        ]
     assert columns == ["id", "name", "note"]
     msgs = []
     for p, ids in enumerate((range(0, 3), range(3, 6))):

@@ -205,9 +205,23 @@ def test_poison_events_go_to_each_pipelines_dead_letter_table_once(
     assert report.ok, report.table()
     assert report.info["sink_rows"] == 120 and report.info["dead_letters"] == len(POISON) + 1, report.info
     assert report.get("poison.dead_letters").counts == {"poison": len(POISON), "missing": 0, "extra": 0}
-    args = ["verify", "--bootstrap", kafka_service.bootstrap, "--topic", ledger_topic, "--dsn", postgres_service.dsn,
-            "--table", cfg.table, "--payload", "account", "--dead-letters", str(cfg.dead_letter_table),
-            "--sink-id", cfg.effective_sink_id]  # fmt: skip  # its sink's prepared gids, not other tests' on the server
+    args = [
+        "verify",
+        "--bootstrap",
+        kafka_service.bootstrap,
+        "--topic",
+        ledger_topic,
+        "--dsn",
+        postgres_service.dsn,
+        "--table",
+        cfg.table,
+        "--payload",
+        "account",
+        "--dead-letters",
+        str(cfg.dead_letter_table),
+        "--sink-id",
+        cfg.effective_sink_id,
+    ]  # its sink's prepared gids, not other tests' on the server
     assert cli.main([*args, "--poison-at", "src_partition,src_offset"]) == 0  # the same check from the CLI
     assert cli.main(args) == 1  # without it the poison rows are phantoms: the check can fail
     notes = sorted(
@@ -251,8 +265,10 @@ def test_a_table_that_would_take_malformed_rows_is_refused(
     from eos_core.errors import ConfigError
 
     table = new_table("ledger")
-    pg_conn.execute(f"CREATE TABLE {table} (id text, account text, counterparty text, amount bigint, ts timestamptz, "  # type: ignore[arg-type]
-                    "src_partition integer, src_offset bigint, malformed text)")  # fmt: skip
+    pg_conn.execute(
+        f"CREATE TABLE {table} (id text, account text, counterparty text, amount bigint, ts timestamptz, "  # type: ignore[arg-type]
+        "src_partition integer, src_offset bigint, malformed text)"
+    )
     cfg = _cfg(kafka_service, postgres_service, "ledger", new_topic(prefix="guard"), table, str(tmp_path / "ck"))
     with pytest.raises(ConfigError, match=rf"ALTER TABLE {table} ADD CHECK \(malformed IS NULL\)") as err:
         prepare(cfg)
@@ -281,8 +297,9 @@ def test_balances_state_ttl_and_restart_with_state(
     second = generate(60, seed=3, accounts=6, start=120)
     produce(kafka_service.bootstrap, topic, second, partitions=2)
     _run(pipeline_spark, cfg)
-    agg = checker.compare_aggregates(first + second, checker.read_table(pg_conn, table), key="account",
-                                     columns={"balance": "sum", "events": "count"})  # fmt: skip
+    agg = checker.compare_aggregates(
+        first + second, checker.read_table(pg_conn, table), key="account", columns={"balance": "sum", "events": "count"}
+    )
     assert agg[0].ok, agg[0].summary
     row = pg_conn.execute(
         f"SELECT events, recent, counterparties, version FROM {table} WHERE account = 'acct-000'"
@@ -327,8 +344,13 @@ def test_run_command_on_local_cluster(kafka_service, postgres_service, new_topic
         "  trigger: available-now\n  master: local-cluster[2,1,1024]\nrestart:\n  strategy: fixed-delay:1:1s\nlog:\n  format: json\n"
     )
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    out = subprocess.run([sys.executable, "-m", "connectors.cli", "run", "ledger", "--config", str(config)],
-                         capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "connectors.cli", "run", "ledger", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
     assert {"pipeline.start", "query.started", "pipeline.done"} <= {e["event"] for e in events}
@@ -375,8 +397,15 @@ def _read_uncommitted_ids(bootstrap: str, topic: str) -> list[str]:
     """Every record id in ``topic``'s log, aborted and open transactions' records included (read_uncommitted)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"uncommitted-{topic}", "enable.auto.commit": False,
-                         "isolation.level": "read_uncommitted", "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"uncommitted-{topic}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+            "enable.partition.eof": True,
+        }
+    )
     try:
         parts = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
@@ -410,8 +439,13 @@ def test_transfers_killed_mid_publish_and_restarted_writes_every_record_once(
     from eos_core import faults
 
     topic, out = new_topic(partitions=2, prefix="transfers-in"), f"transfers-out-{tmp_path.name[-20:]}"
-    produce(kafka_service.bootstrap, topic, generate(300, seed=5), partitions=2,
-            raw=[(i % 2, v) for i, v in enumerate(POISON)])  # fmt: skip
+    produce(
+        kafka_service.bootstrap,
+        topic,
+        generate(300, seed=5),
+        partitions=2,
+        raw=[(i % 2, v) for i, v in enumerate(POISON)],
+    )
     config = tmp_path / "transfers.toml"
     config.write_text(
         f'pipeline = "transfers"\n[source]\nbootstrap = "{kafka_service.bootstrap}"\ntopic = "{topic}"\n'

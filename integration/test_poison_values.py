@@ -165,8 +165,9 @@ def test_upsert_checks_deferred_constraints_inside_the_search(twophase_pg: Any, 
 # ---- postgres-2pc ---------------------------------------------------------------------------------
 
 
-def _twopc(s: dict[str, Any], table: str, schema: StructType, batches: list[pa.RecordBatch], batch: int = 0,
-           **options: str) -> Any:  # fmt: skip
+def _twopc(
+    s: dict[str, Any], table: str, schema: StructType, batches: list[pa.RecordBatch], batch: int = 0, **options: str
+) -> Any:
     """Two tasks (one batch each) of batch ``batch`` and the commit, as Spark runs them."""
     opts = dict(s["opts"], table=table, **{"sink.id": f"{s['sink_id']}-{table[-6:]}"}, **options)
     plan(s["checkpoint"], batch)
@@ -193,8 +194,14 @@ def test_2pc_diverts_values_postgres_cannot_hold(sink: dict[str, Any], options: 
     table = sink["table"] + "_pv"
     _create(sink["dsn"], table)
     data = _batch()
-    _twopc(sink, table, SCHEMA, [data.slice(0, 5), data.slice(5)], **options,
-           **{"errors.tolerance": "all", "errors.table": f"{table}_refused"})  # fmt: skip
+    _twopc(
+        sink,
+        table,
+        SCHEMA,
+        [data.slice(0, 5), data.slice(5)],
+        **options,
+        **{"errors.tolerance": "all", "errors.table": f"{table}_refused"},
+    )
     assert _ids(sink["dsn"], table) == [1, 2, 3, 4]
     _check_letters(sink["dsn"], table)
 
@@ -239,11 +246,16 @@ def test_2pc_checks_deferred_constraints_inside_the_search(sink: dict[str, Any],
 
 CHANGED = [
     ("n name", StringType(), "é" * 40, 'column "n" (name)', "63 bytes"),  # 80 bytes: Postgres would cut it
-    ("n timestamp(0) with time zone", TimestampType(), dt.datetime(2024, 5, 1, 12, 0, 0, 250000, tzinfo=dt.timezone.utc),
-     'column "n" (timestamp(0) with time zone)', "round"),
+    (
+        "n timestamp(0) with time zone",
+        TimestampType(),
+        dt.datetime(2024, 5, 1, 12, 0, 0, 250000, tzinfo=dt.timezone.utc),
+        'column "n" (timestamp(0) with time zone)',
+        "round",
+    ),
     ("n numeric(10,2)", DoubleType(), 0.125, 'column "n" (numeric(10,2))', "0.13"),
     ("n numeric", DoubleType(), 0.1 + 0.2, 'column "n" (numeric)', "0.3"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(

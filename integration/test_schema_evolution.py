@@ -33,9 +33,14 @@ def _save(df: DataFrame, fmt: str, dsn: str, table: str, batch: int, **options: 
 
 
 def _table(conn: psycopg.Connection, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    cols = [r[0] for r in conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
-        "ORDER BY attnum", (f'"{table}"',))]  # fmt: skip
+    cols = [
+        r[0]
+        for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum",
+            (f'"{table}"',),
+        )
+    ]
     return cols, conn.execute(f'SELECT * FROM "{table}" ORDER BY k').fetchall()  # type: ignore[arg-type]
 
 
@@ -70,8 +75,14 @@ def test_new_columns_are_refused_with_the_sql_then_added_by_add_columns(
     _save(spark.createDataFrame([(3, 30)], "k long, n int"), fmt, dsn, table, 3, **{"schema.evolution": "add-columns"})
     # a type change is never made, add-columns or not: refused with the statement to run
     with pytest.raises(Exception) as err:
-        _save(spark.createDataFrame([(4, "x")], "k long, n string"), fmt, dsn, table, 4,
-              **{"schema.evolution": "add-columns"})  # fmt: skip
+        _save(
+            spark.createDataFrame([(4, "x")], "k long, n string"),
+            fmt,
+            dsn,
+            table,
+            4,
+            **{"schema.evolution": "add-columns"},
+        )
     assert "column 'n' has type integer" in str(err.value) and "never changes a type" in str(err.value)
     assert [r[0] for r in _table(pg_conn, table)[1]] == [1, 2, 3]
 
@@ -105,9 +116,12 @@ def test_two_writers_adding_the_same_column_at_once_both_succeed(
 
 
 def test_add_columns_waits_for_a_held_table_only_so_long_and_says_why(
-    spark: SparkSession, postgres_service: Any, pg_conn: psycopg.Connection, new_table: Any,
+    spark: SparkSession,
+    postgres_service: Any,
+    pg_conn: psycopg.Connection,
+    new_table: Any,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     from eos_core.errors import RetriableError
     from sinks.postgres import types
     from sinks.postgres.options import parse_table_name

@@ -156,8 +156,13 @@ def test_postgres_options_take_the_password_out_of_the_dsn() -> None:
 
     safe = connectors.postgres_options("postgresql://app:hunter%402@db:5432/shop?sslmode=require")
     assert safe["password"] == "hunter@2" and "hunter" not in safe["dsn"]
-    assert conninfo_to_dict(safe["dsn"]) == {"user": "app", "host": "db", "port": "5432", "dbname": "shop",
-                                             "sslmode": "require"}  # fmt: skip
+    assert conninfo_to_dict(safe["dsn"]) == {
+        "user": "app",
+        "host": "db",
+        "port": "5432",
+        "dbname": "shop",
+        "sslmode": "require",
+    }
     keyword = connectors.postgres_options(make_conninfo(host="db", user="app", password="a b'c"))
     assert keyword["password"] == "a b'c" and "password" not in keyword["dsn"]
     assert connectors.postgres_options("postgresql://app@db/shop") == {"dsn": "user=app dbname=shop host=db"}

@@ -40,8 +40,13 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # built from a copy: `make test` installs the clone into .venv-peer meanwhile, and setuptools builds in
     # the source tree (build/, *.egg-info), where two builds at once would meet
     source = root / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "spark-warehouse", ".eos"))  # fmt: skip
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "spark-warehouse", ".eos"
+        ),
+    )
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)], timeout=600)
     (wheel,) = (root / "dist").glob("spark_eos-*.whl")
     _run([sys.executable, "-m", "venv", str(root / "venv")], timeout=300)
@@ -55,8 +60,12 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # runs start some 30 Spark JVMs, each about 4 s sooner, and their Python workers compile no PySpark)
     base = without_class_archives(os.environ.get(spark_cds.ENV, ""))
     ready = "import sys; from connectors.services import spark_bytecode, spark_cds; spark_bytecode.precompile(); "
-    built = _run([str(root / "venv" / "bin" / "python"), "-c", ready + "print(spark_cds.build_archive(sys.argv[1]))",
-                  base], cwd=root, timeout=900, env=_outside(XDG_CACHE_HOME=str(root)))  # fmt: skip
+    built = _run(
+        [str(root / "venv" / "bin" / "python"), "-c", ready + "print(spark_cds.build_archive(sys.argv[1]))", base],
+        cwd=root,
+        timeout=900,
+        env=_outside(XDG_CACHE_HOME=str(root)),
+    )
     archive = built.stdout.strip().splitlines()[-1]
     assert archive.endswith(".jsa"), built.stdout + built.stderr  # a build that fails would cost every run its start
     (root / "jvm-options").write_text(f"{base} {spark_cds.archive_options(Path(archive))}".strip())
@@ -94,17 +103,44 @@ def test_example_job_is_chaos_tested_from_the_wheel_by_plugin_and_cli(
     assert where.stdout.strip().startswith(str(wheel_venv)), where.stdout
 
     # 1. the pytest plugin, its fixtures found through the entry point
-    plugin = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_orders_chaos.py"], cwd=work, env=env,
-                  timeout=1500)  # fmt: skip
+    plugin = _run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_orders_chaos.py"],
+        cwd=work,
+        env=env,
+        timeout=1500,
+    )
     assert "1 passed" in plugin.stdout, plugin.stdout[-2000:]
 
     # 2. the command line, on the same job, whose table now refuses orders above 900 (dead letters)
     cli = _run(
-        [str(wheel_venv / "bin" / "spark-eos"), "chaos", "--app", "orders_job:build", "--kills", "1", "--seed", "5",
-         "--records", "300", "--max-offsets", "100", "--payload", "key,amount", "--workdir", str(tmp_path / "cli"),
-         "--option", "max_amount=900", "--dead-letters", "{table}_refused", "--json", "--quiet"],
-        cwd=work, env=env, timeout=1200,
-    )  # fmt: skip
+        [
+            str(wheel_venv / "bin" / "spark-eos"),
+            "chaos",
+            "--app",
+            "orders_job:build",
+            "--kills",
+            "1",
+            "--seed",
+            "5",
+            "--records",
+            "300",
+            "--max-offsets",
+            "100",
+            "--payload",
+            "key,amount",
+            "--workdir",
+            str(tmp_path / "cli"),
+            "--option",
+            "max_amount=900",
+            "--dead-letters",
+            "{table}_refused",
+            "--json",
+            "--quiet",
+        ],
+        cwd=work,
+        env=env,
+        timeout=1200,
+    )
     report = json.loads(cli.stdout)
     assert report["ok"] is True, json.dumps(report["checks"], indent=1)
     checks = {c["name"]: c for c in report["checks"]}
@@ -133,14 +169,31 @@ def test_join_dedup_and_state_examples_are_chaos_tested_from_the_wheel_with_ever
         for f in (REPO / "examples" / example).iterdir():
             if f.is_file():
                 shutil.copy(f, work / f.name)
-    env = {k: v for k, v in _env(wheel_venv, kafka_service, postgres_service).items()
-           if k not in ("EOS_KAFKA_BOOTSTRAP", "EOS_POSTGRES_DSN")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in _env(wheel_venv, kafka_service, postgres_service).items()
+        if k not in ("EOS_KAFKA_BOOTSTRAP", "EOS_POSTGRES_DSN")
+    }
     env["EOS_SERVICES"] = "embedded"
     python = str(wheel_venv / "bin" / "python")
     base = tmp_path / "pt"
-    out = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(base), "-rA",
-                *(f"test_{e}_chaos.py" for e in NEW_EXAMPLES)],
-               cwd=work, env=env, timeout=2400)  # fmt: skip
+    out = _run(
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(base),
+            "-rA",
+            *(f"test_{e}_chaos.py" for e in NEW_EXAMPLES),
+        ],
+        cwd=work,
+        env=env,
+        timeout=2400,
+    )
     assert f"{len(NEW_EXAMPLES)} passed" in out.stdout, out.stdout[-3000:]
     # the report enrich's test asked for: a timeline of its runs with the kill and the faults, and JUnit
     (page_path,) = base.glob("test_enriched_orders*0/report/report.html")  # not pytest's "current" link

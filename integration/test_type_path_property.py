@@ -105,9 +105,14 @@ SCHEMA = StructType(
     ]
 )
 INNER_ARROW = pa.struct(
-    [("x", pa.float64()), ("s", pa.string()), ("d", pa.decimal128(10, 2)), ("t", pa.timestamp("us", tz="UTC")),
-     ("b", pa.binary())]
-)  # fmt: skip
+    [
+        ("x", pa.float64()),
+        ("s", pa.string()),
+        ("d", pa.decimal128(10, 2)),
+        ("t", pa.timestamp("us", tz="UTC")),
+        ("b", pa.binary()),
+    ]
+)
 ARROW = pa.schema(
     [
         ("id", pa.int64()),
@@ -422,8 +427,9 @@ class Modes:
 
     def prepared(self) -> int:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s)",
-                               (f"eos:{self.s['sink_id']}-",)).fetchone()  # fmt: skip
+            row = conn.execute(
+                "SELECT count(*) FROM pg_prepared_xacts WHERE starts_with(gid, %s)", (f"eos:{self.s['sink_id']}-",)
+            ).fetchone()
             return int(row[0]) if row else 0
 
 
@@ -487,8 +493,13 @@ def test_the_oracle_sees_poison(modes: Modes) -> None:
     clean: dict[str, Any] = {k: None for k in (f.name for f in SCHEMA.fields) if k != "id"}
     clean.update(s=("text", "ok"), st={"x": 1.5, "s": "a", "d": decimal.Decimal("1.25"), "t": 0, "b": b"\x01"})
     assert storable(clean)
-    for change in ({"s": ("text", "a\x00")}, {"s": ("raw", b"\xed\xa0\x80")}, {"m": {"k": math.nan}},
-                   {"ts": PG_OUT_US[0]}, {"dt": PG_OUT_DAYS[0]}):  # fmt: skip
+    for change in (
+        {"s": ("text", "a\x00")},
+        {"s": ("raw", b"\xed\xa0\x80")},
+        {"m": {"k": math.nan}},
+        {"ts": PG_OUT_US[0]},
+        {"dt": PG_OUT_DAYS[0]},
+    ):
         assert not storable({**clean, **change}), change
     modes.reset()
     for mode in ("upsert", "batch", "partition"):

@@ -67,30 +67,46 @@ def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
 @pytest.mark.parametrize(
     ("kinds", "named", "needle"),
     [
-        ("broker-restart:1", {"kafka_named": "EOS_KAFKA_BOOTSTRAP"},
-         "--faults broker-restart: needs a Kafka broker the chaos run starts itself (it restarts it), but "
-         "EOS_KAFKA_BOOTSTRAP names yours; unset EOS_KAFKA_BOOTSTRAP"),
-        ("kafka-stall:1", {"kafka_named": "--bootstrap"}, "--faults kafka-stall: needs a Kafka broker the chaos run "
-         "starts itself (it advertises a proxy from it), but --bootstrap names yours"),
-        ("kill:1,pg-crash:2", {"postgres_named": "--dsn"},
-         "--faults pg-crash: needs a Postgres spark-eos runs (it stops and starts the server), but --dsn names yours"),
-        ("pg-cut:1", {"dsn": "host=/var/run/postgresql dbname=x"}, "--faults pg-cut: the Postgres DSN names no single TCP"),
+        (
+            "broker-restart:1",
+            {"kafka_named": "EOS_KAFKA_BOOTSTRAP"},
+            "--faults broker-restart: needs a Kafka broker the chaos run starts itself (it restarts it), but "
+            "EOS_KAFKA_BOOTSTRAP names yours; unset EOS_KAFKA_BOOTSTRAP",
+        ),
+        (
+            "kafka-stall:1",
+            {"kafka_named": "--bootstrap"},
+            "--faults kafka-stall: needs a Kafka broker the chaos run "
+            "starts itself (it advertises a proxy from it), but --bootstrap names yours",
+        ),
+        (
+            "kill:1,pg-crash:2",
+            {"postgres_named": "--dsn"},
+            "--faults pg-crash: needs a Postgres spark-eos runs (it stops and starts the server), but --dsn names yours",
+        ),
+        (
+            "pg-cut:1",
+            {"dsn": "host=/var/run/postgresql dbname=x"},
+            "--faults pg-cut: the Postgres DSN names no single TCP",
+        ),
         ("slow-task:1", {"partitions": 1}, "--faults slow-task: needs --partitions >= 2"),
     ],
-)  # fmt: skip
+)
 def test_faults_the_setup_cannot_inject_are_refused_naming_the_fault(kinds: str, named: dict, needle: str) -> None:
     args = {"kafka_named": None, "postgres_named": None, "dsn": "postgresql://u@127.0.0.1:5/db", "partitions": 2}
     with pytest.raises(ConfigError) as exc:
         fault_kinds.refuse_unsupported(fault_kinds.parse_faults(kinds), **{**args, **named})
     assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
     # the same faults on services spark-eos runs: nothing refused
-    fault_kinds.refuse_unsupported(fault_kinds.parse_faults("kill:1,pg-crash:1,broker-restart:1,kafka-cut:1,pg-cut:1"),
-                                   **args)  # fmt: skip
+    fault_kinds.refuse_unsupported(
+        fault_kinds.parse_faults("kill:1,pg-crash:1,broker-restart:1,kafka-cut:1,pg-cut:1"), **args
+    )
 
 
 def test_a_chaos_config_without_the_postgres_service_refuses_server_faults(tmp_path: Path) -> None:
-    cfg = chaos.ChaosConfig("2pc", 2, 1, 10, "127.0.0.1:1", "postgresql://u@127.0.0.1:1/db", str(tmp_path),
-                            faults={"pg-restart": 1})  # fmt: skip
+    cfg = chaos.ChaosConfig(
+        "2pc", 2, 1, 10, "127.0.0.1:1", "postgresql://u@127.0.0.1:1/db", str(tmp_path), faults={"pg-restart": 1}
+    )
     with pytest.raises(ConfigError, match="pg-restart: needs the Postgres service spark-eos runs"):
         chaos._check_fault_setup(cfg)
 
@@ -128,8 +144,9 @@ def test_executor_loss_refuses_a_process_under_no_executor() -> None:
 def test_with_address_points_a_dsn_at_the_proxy_and_keeps_the_rest() -> None:
     from psycopg.conninfo import conninfo_to_dict
 
-    moved = conninfo_to_dict(fault_kinds.with_address("postgresql://u:pw@db.example:5432/app?sslmode=disable",
-                                                      "127.0.0.1", 6000))  # fmt: skip
+    moved = conninfo_to_dict(
+        fault_kinds.with_address("postgresql://u:pw@db.example:5432/app?sslmode=disable", "127.0.0.1", 6000)
+    )
     assert moved["host"] == "127.0.0.1" and moved["port"] == "6000"
     assert moved["dbname"] == "app" and moved["user"] == "u" and moved["sslmode"] == "disable"
 
@@ -160,7 +177,7 @@ def test_cli_help_lists_every_fault_kind() -> None:
         capture_output=True,
         text=True,
         env=dict(os.environ, COLUMNS="400"),
-    )  # fmt: skip (argparse wraps lines at hyphens)
+    )  # argparse wraps lines at hyphens
     text = " ".join(out.stdout.split())
     assert out.returncode == 0 and all(k in text for k in fault_kinds.KINDS), text
 
@@ -208,8 +225,16 @@ def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_ne
             return self
 
     monkeypatch.setattr(chaos, "PipelineProcess", Run)
-    cfg = chaos.ChaosConfig("2pc", kills=1, seed=1, records=10, bootstrap="127.0.0.1:9", dsn="postgresql://u@h/d",
-                            workdir=str(tmp_path), master="local[3,2]")  # fmt: skip
+    cfg = chaos.ChaosConfig(
+        "2pc",
+        kills=1,
+        seed=1,
+        records=10,
+        bootstrap="127.0.0.1:9",
+        dsn="postgresql://u@h/d",
+        workdir=str(tmp_path),
+        master="local[3,2]",
+    )
     for kinds, kit_master in (({"executor-loss": 1}, fault_kinds.LOCAL_CLUSTER), ({"slow-task": 1}, "spark://h:7077")):
         kit = fault_kinds.FaultKit(kinds, bootstrap=cfg.bootstrap, dsn=cfg.dsn)
         kit.master, kit.conf = kit_master, {"spark.speculation": "true", "spark.executor.memory": "768m"}

@@ -20,8 +20,17 @@ from sinks.kafka.markers import Marker
 
 
 def _cfg(sink_kind: str = "kafka", **kw: Any) -> chaos.ChaosConfig:
-    base: dict[str, Any] = dict(pipeline="app", kills=2, seed=32, records=120, bootstrap="127.0.0.1:9", dsn="",
-                                workdir="/tmp/w", app="rekey_job:build", sink_kind=sink_kind)  # fmt: skip
+    base: dict[str, Any] = dict(
+        pipeline="app",
+        kills=2,
+        seed=32,
+        records=120,
+        bootstrap="127.0.0.1:9",
+        dsn="",
+        workdir="/tmp/w",
+        app="rekey_job:build",
+        sink_kind=sink_kind,
+    )
     return chaos.ChaosConfig(**{**base, **kw})
 
 
@@ -86,8 +95,7 @@ def test_postgres_faults_are_refused_for_a_job_writing_to_kafka(fault: str) -> N
     assert f"drop {fault}" in msg
     # the plugin's names in the plugin's refusal
     with pytest.raises(ConfigError, match=f"^faults= {fault}: sink_kind= kafka-partition"):
-        chaos.refuse_for_sink_kind("kafka-partition", {fault: 1}, dsn=None, dead_letters=None,
-                                   names=chaos.PLUGIN_NAMES)  # fmt: skip
+        chaos.refuse_for_sink_kind("kafka-partition", {fault: 1}, dsn=None, dead_letters=None, names=chaos.PLUGIN_NAMES)
 
 
 def test_a_postgres_the_job_names_may_be_cut_not_restarted() -> None:
@@ -96,8 +104,9 @@ def test_a_postgres_the_job_names_may_be_cut_not_restarted() -> None:
     with pytest.raises(ConfigError, match="--faults pg-restart: --sink-kind kafka: it would stop and start a Postgres"):
         chaos.refuse_for_sink_kind("kafka", {"pg-restart": 1}, dsn=dsn, dead_letters=None)
     # every other kind applies; other sink kinds are not this function's business
-    chaos.refuse_for_sink_kind("kafka", {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-")}, dsn="",
-                               dead_letters="{table}_dlq")  # fmt: skip
+    chaos.refuse_for_sink_kind(
+        "kafka", {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-")}, dsn="", dead_letters="{table}_dlq"
+    )
     chaos.refuse_for_sink_kind("2pc", {"pg-restart": 1}, dsn="", dead_letters="public.x")
 
 
@@ -114,12 +123,14 @@ def _chaos_argv(*extra: str) -> list[str]:
     ("argv", "needle"),
     [
         (["--pipeline", "2pc", "--sink-kind", "kafka"], "--sink-kind kafka needs --app"),
-        (_chaos_argv("--sink-kind", "kafka", "--faults", "kill:1,pg-restart:1"),
-         "--faults pg-restart: --sink-kind kafka: the run gives the job no Postgres"),
+        (
+            _chaos_argv("--sink-kind", "kafka", "--faults", "kill:1,pg-restart:1"),
+            "--faults pg-restart: --sink-kind kafka: the run gives the job no Postgres",
+        ),
         (_chaos_argv("--sink-kind", "kafka-partition", "--faults", "pg-cut:1"), "name it with --dsn"),
         (_chaos_argv("--sink-kind", "kafka", "--dead-letters", "a/b"), "--dead-letters 'a/b'"),
     ],
-)  # fmt: skip
+)
 def test_the_command_refuses_before_any_service_starts(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,19 +197,29 @@ def test_a_job_wired_as_the_run_asks_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("fmt", "options", "needle"),
     [
-        ("postgres-2pc", {}, "--sink-kind kafka-partition: the job's query writes with format('postgres-2pc'), not "
-         "with the kafka-eos sink; run it with the --sink-kind of its sink"),
+        (
+            "postgres-2pc",
+            {},
+            "--sink-kind kafka-partition: the job's query writes with format('postgres-2pc'), not "
+            "with the kafka-eos sink; run it with the --sink-kind of its sink",
+        ),
         ("", {}, "writes with Spark's default format (no .format())"),
         ("kafka-eos", {"sink.id": "t", "visibility": "partition"}, "has no option 'topic', the run needs 't_out'"),
-        ("kafka-eos", {"topic": "mine", "sink.id": "t", "visibility": "partition"},
-         "has topic='mine', the run needs 't_out' (the topic the run creates and reads back read_committed): "
-         "give it .option('topic', job.out_topic)"),
+        (
+            "kafka-eos",
+            {"topic": "mine", "sink.id": "t", "visibility": "partition"},
+            "has topic='mine', the run needs 't_out' (the topic the run creates and reads back read_committed): "
+            "give it .option('topic', job.out_topic)",
+        ),
         ("kafka-eos", {"topic": "t_out", "sink.id": "x", "visibility": "partition"}, ".option('sink.id', job.sink_id)"),
         ("kafka-eos", {"topic": "t_out", "sink.id": "t"}, "has visibility='batch', the run needs 'partition'"),
-        ("kafka-eos", {"topic": "t_out", "sink.id": "t", "visibility": "partition", "marker.topic": "m"},
-         "marker.topic='m'; the run reads them from job.out_topic"),
+        (
+            "kafka-eos",
+            {"topic": "t_out", "sink.id": "t", "visibility": "partition", "marker.topic": "m"},
+            "marker.topic='m'; the run reads them from job.out_topic",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_job_not_wired_as_the_run_asks_is_refused_saying_how_to_fix_it(
     fmt: str, options: dict[str, str], needle: str
 ) -> None:
@@ -228,8 +249,9 @@ def test_the_writer_remembers_what_build_gave_it(monkeypatch: pytest.MonkeyPatch
     out = writer.format("kafka-eos").option("Topic", "t_out").option("skipped", None)
     out.options(**{"sink.id": "t", "visibility": "partition"})
     assert app_runner._sink_of(writer) == {
-        "format": "kafka-eos", "options": {"topic": "t_out", "sink.id": "t", "visibility": "partition"}
-    }  # fmt: skip
+        "format": "kafka-eos",
+        "options": {"topic": "t_out", "sink.id": "t", "visibility": "partition"},
+    }
     assert jvm.calls == [("format", "kafka-eos"), ("Topic", "t_out"), ("sink.id", "t"), ("visibility", "partition")]
     assert app_runner.sink_refusal(writer, _job()) is None
 
@@ -257,8 +279,9 @@ def test_a_kafka_sink_run_is_checked_by_the_topic_checker(monkeypatch: pytest.Mo
     calls: list[tuple[str, dict[str, Any]]] = []
     monkeypatch.setattr(topic_checker, "verify_topic", lambda **kw: calls.append(("topic", kw)) or checker.Report())
     monkeypatch.setattr(checker, "verify", lambda **kw: calls.append(("table", kw)) or checker.Report())
-    chaos._verify_output(_cfg("kafka-partition", payload_fields=("account",), dead_letters="{table}_dlq"), "src", "t",
-                         "/c")  # fmt: skip
+    chaos._verify_output(
+        _cfg("kafka-partition", payload_fields=("account",), dead_letters="{table}_dlq"), "src", "t", "/c"
+    )
     chaos._verify_output(_cfg("kafka", oracle="append"), "src", "t", "/c")
     chaos._verify_output(_cfg("2pc", dsn="pg"), "src", "t", "/c")
     chaos._verify_output(_cfg("kafka", app=None, pipeline="2pc", dsn="pg"), "src", "t", "/c")
@@ -314,14 +337,18 @@ def _topic_report(monkeypatch: pytest.MonkeyPatch, modes: list[str], **kw: Any) 
     monkeypatch.setattr(topic_checker, "open_transactions", lambda b, t: {})
     monkeypatch.setattr(topic_checker, "marker_batches", lambda b, s, t: markers)
     monkeypatch.setattr(topic_checker, "last_commit", lambda c: 7)
-    return topic_checker.verify_topic(bootstrap="b:1", source_topic="s", sink_topic="t", sink_id="t", checkpoint="/c",
-                                      records=False, **kw)  # fmt: skip
+    return topic_checker.verify_topic(
+        bootstrap="b:1", source_topic="s", sink_topic="t", sink_id="t", checkpoint="/c", records=False, **kw
+    )
 
 
 def test_the_topic_checker_holds_the_sink_to_the_visibility_the_run_names(monkeypatch: pytest.MonkeyPatch) -> None:
     report = _topic_report(monkeypatch, ["partition", "partition"], visibility="partition")
-    assert report.ok and [c.name for c in report.checks] == ["end.open_transactions", "end.marker_vs_commit",
-                                                              "end.visibility"], report.table()  # fmt: skip
+    assert report.ok and [c.name for c in report.checks] == [
+        "end.open_transactions",
+        "end.marker_vs_commit",
+        "end.visibility",
+    ], report.table()
     bad = _topic_report(monkeypatch, ["batch"], visibility="partition").get("end.visibility")
     assert not bad.ok and "give it .option('visibility', job.visibility)" in bad.summary, bad.summary
     assert not _topic_report(monkeypatch, [], visibility="batch").get("end.visibility").ok  # no marker at all

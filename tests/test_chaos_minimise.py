@@ -13,9 +13,19 @@ from eos_core.errors import ConfigError
 
 
 def _cfg(tmp_path: Path, **kw: object) -> chaos.ChaosConfig:
-    base: dict[str, object] = dict(pipeline="app", kills=4, seed=49, records=300, bootstrap="b:1",
-                                   dsn="postgresql://h/d", workdir=str(tmp_path), app="insert_job:build",
-                                   sink_kind="foreachbatch", generator="insert_job:records", oracle="append")  # fmt: skip
+    base: dict[str, object] = dict(
+        pipeline="app",
+        kills=4,
+        seed=49,
+        records=300,
+        bootstrap="b:1",
+        dsn="postgresql://h/d",
+        workdir=str(tmp_path),
+        app="insert_job:build",
+        sink_kind="foreachbatch",
+        generator="insert_job:records",
+        oracle="append",
+    )
     base.update(kw)
     return chaos.ChaosConfig(**base)  # type: ignore[arg-type]
 
@@ -47,8 +57,14 @@ def test_minimise_drops_every_kill_the_failure_does_not_need(tmp_path: Path, mon
     assert found["schedule"] == [f"2: {plan.kind}" + (f" {plan.point}" if plan.point else "")]
     argv = shlex.split(found["command"])
     assert argv[:4] == ["spark-eos", "chaos", "--app", "insert_job:build"]
-    for flag, value in [("--seed", "49"), ("--kills", "4"), ("--only-kills", "2"), ("--oracle", "append"),
-                        ("--generator", "insert_job:records"), ("--sink-kind", "foreachbatch")]:  # fmt: skip
+    for flag, value in [
+        ("--seed", "49"),
+        ("--kills", "4"),
+        ("--only-kills", "2"),
+        ("--oracle", "append"),
+        ("--generator", "insert_job:records"),
+        ("--sink-kind", "foreachbatch"),
+    ]:
         assert argv[argv.index(flag) + 1] == value
 
 

@@ -71,9 +71,11 @@ def test_a_generator_by_name_or_by_function_is_seeded_and_checked(
 def test_files_of_sample_records_json_lines_and_raw_lines(tmp_path: Path) -> None:
     jl = tmp_path / "sample.jsonl"
     jl.write_text(
-        json.dumps({"key": "s1", "value": {"temp": 21.5}, "timestamp": 5}) + "\n\n"
-        + json.dumps({"value": "x", "topic": "other", "headers": {"h": "1"}}) + "\n"
-    )  # fmt: skip
+        json.dumps({"key": "s1", "value": {"temp": 21.5}, "timestamp": 5})
+        + "\n\n"
+        + json.dumps({"value": "x", "topic": "other", "headers": {"h": "1"}})
+        + "\n"
+    )
     recs = chaos.read_records_file(str(jl))
     assert recs == [
         chaos.Record(b"s1", b'{"temp": 21.5}', timestamp=5),
@@ -98,8 +100,17 @@ def test_several_topics_reach_the_job_and_partitions_are_checked_before_anything
     recs = [chaos.Record(b"k", b"v"), chaos.Record(None, b"p", topic="payments")]
     topics = chaos.topics_of(recs, "chaos_app_1_2")
     assert topics == {"": "chaos_app_1_2", "payments": "chaos_app_1_2_payments"}
-    cfg = chaos.ChaosConfig(pipeline="app", kills=1, seed=1, records=10, bootstrap="b:1", dsn="postgresql://h/d",
-                            workdir=str(tmp_path), app="j:build", topics=topics)  # fmt: skip
+    cfg = chaos.ChaosConfig(
+        pipeline="app",
+        kills=1,
+        seed=1,
+        records=10,
+        bootstrap="b:1",
+        dsn="postgresql://h/d",
+        workdir=str(tmp_path),
+        app="j:build",
+        topics=topics,
+    )
     argv = chaos._runner_argv(cfg, "chaos_app_1_2", "t", "/c", "available-now")
     assert argv[argv.index("--topics") + 1] == "payments=chaos_app_1_2_payments"
     job = app_runner.Job("b:1", "chaos_app_1_2", "d", "t", topics={"payments": "chaos_app_1_2_payments"})

@@ -25,40 +25,101 @@ def _workdir(tmp_path: Path) -> Path:
             (ck / "commits" / str(n)).write_text("v1\n")
             os.utime(ck / "commits" / str(n), (t0 + committed, t0 + committed))
     runs = [
-        {"run": 1, "role": "chaos", "pid": 11, "start": t0, "end": t0 + 7, "exit": "killed by SIGKILL",
-         "ended_by": "fault 1: fault sink.after_prepare", "checkpoint": str(ck)},
-        {"run": 2, "role": "chaos", "pid": 12, "start": t0 + 10, "end": t0 + 20, "exit": "killed by SIGKILL",
-         "ended_by": "SIGKILL: the schedule is over", "checkpoint": str(ck)},
-        {"run": 3, "role": "drain", "pid": 13, "start": t0 + 21, "end": t0 + 30, "exit": "exit code 0",
-         "ended_by": "drained", "checkpoint": str(ck)},
-    ]  # fmt: skip
+        {
+            "run": 1,
+            "role": "chaos",
+            "pid": 11,
+            "start": t0,
+            "end": t0 + 7,
+            "exit": "killed by SIGKILL",
+            "ended_by": "fault 1: fault sink.after_prepare",
+            "checkpoint": str(ck),
+        },
+        {
+            "run": 2,
+            "role": "chaos",
+            "pid": 12,
+            "start": t0 + 10,
+            "end": t0 + 20,
+            "exit": "killed by SIGKILL",
+            "ended_by": "SIGKILL: the schedule is over",
+            "checkpoint": str(ck),
+        },
+        {
+            "run": 3,
+            "role": "drain",
+            "pid": 13,
+            "start": t0 + 21,
+            "end": t0 + 30,
+            "exit": "exit code 0",
+            "ended_by": "drained",
+            "checkpoint": str(ck),
+        },
+    ]
     (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
     log = [
-        {"point": "sink.after_prepare", "action": "kill-group", "batch": 2, "partition": 0, "pid": 99, "time": t0 + 6.5,
-         "rule": "sink.after_prepare:batch=2:action=kill-group:once"},
-        {"point": "chaos.pg-crash", "action": "pg-crash", "began": t0 + 14, "healed": t0 + 17.5, "time": t0 + 17.5,
-         "ok": True, "proof": "postmaster started A -> B; a connection while down was refused"},
-    ]  # fmt: skip
+        {
+            "point": "sink.after_prepare",
+            "action": "kill-group",
+            "batch": 2,
+            "partition": 0,
+            "pid": 99,
+            "time": t0 + 6.5,
+            "rule": "sink.after_prepare:batch=2:action=kill-group:once",
+        },
+        {
+            "point": "chaos.pg-crash",
+            "action": "pg-crash",
+            "began": t0 + 14,
+            "healed": t0 + 17.5,
+            "time": t0 + 17.5,
+            "ok": True,
+            "proof": "postmaster started A -> B; a connection while down was refused",
+        },
+    ]
     (tmp_path / "faults.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
     events = [
-        {"kill": 0, "kind": "fault", "fault": "fault-point", "point": "sink.after_prepare", "exit": "killed by SIGKILL",
-         "ok": True, "proof": "killed by SIGKILL; sink.after_prepare fired (pid 99)", "run": 1},
-        {"kill": 1, "kind": "pg-crash", "fault": "pg-crash", "point": None, "exit": "still running", "ok": True,
-         "proof": "postmaster started A -> B", "run": 2},
-    ]  # fmt: skip
+        {
+            "kill": 0,
+            "kind": "fault",
+            "fault": "fault-point",
+            "point": "sink.after_prepare",
+            "exit": "killed by SIGKILL",
+            "ok": True,
+            "proof": "killed by SIGKILL; sink.after_prepare fired (pid 99)",
+            "run": 1,
+        },
+        {
+            "kill": 1,
+            "kind": "pg-crash",
+            "fault": "pg-crash",
+            "point": None,
+            "exit": "still running",
+            "ok": True,
+            "proof": "postmaster started A -> B",
+            "run": 2,
+        },
+    ]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return tmp_path
 
 
 def _failing_report() -> checker.Report:
-    got = [{"account": "a1", "balance": 10, "events": 2}, {"account": "a2", "balance": 7, "events": 1},
-           {"account": "a3", "balance": 1, "events": 1}]  # fmt: skip
-    want = [{"account": "a1", "balance": 5, "events": 1}, {"account": "a2", "balance": 7, "events": 1},
-            {"account": "a4", "balance": 3, "events": 1}]  # fmt: skip
+    got = [
+        {"account": "a1", "balance": 10, "events": 2},
+        {"account": "a2", "balance": 7, "events": 1},
+        {"account": "a3", "balance": 1, "events": 1},
+    ]
+    want = [
+        {"account": "a1", "balance": 5, "events": 1},
+        {"account": "a2", "balance": 7, "events": 1},
+        {"account": "a4", "balance": 3, "events": 1},
+    ]
     rep = oracle.judge(got, [want], mode="upsert", key=("account",))
     rep.add(checker.Check("chaos.kills", True, "1 of 1 planned kills ended the pipeline by SIGKILL"))
-    rep.info.update(app="balances_job:build", seed=5, records=40, kills=2, faults="fault-point:1,pg-crash:1",
-                    wall_seconds=30.0)  # fmt: skip
+    rep.info.update(
+        app="balances_job:build", seed=5, records=40, kills=2, faults="fault-point:1,pg-crash:1", wall_seconds=30.0
+    )
     return rep
 
 

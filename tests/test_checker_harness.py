@@ -51,8 +51,9 @@ time.sleep(60)
 
 def test_a_killed_run_takes_its_processes_outside_the_group_too(tmp_path):
     proc = harness.PipelineProcess([sys.executable, "-c", STRAY], log_path=str(tmp_path / "log")).start()
-    harness.wait_until(lambda: "ready" in proc.log_tail() and harness.marked_processes(proc.pid), timeout=20,
-                       what="the stray ready")  # fmt: skip
+    harness.wait_until(
+        lambda: "ready" in proc.log_tail() and harness.marked_processes(proc.pid), timeout=20, what="the stray ready"
+    )
     stray = harness.marked_processes(proc.pid)
     harness.wait_until(lambda: os.getpgid(stray[0]) == stray[0], timeout=10, what="the stray in its own group")
     proc.kill_group()

@@ -182,8 +182,11 @@ TRANSFERS = {
 def test_transfers_config_takes_a_topic_and_no_postgres() -> None:
     cfg = parse_config(TRANSFERS)
     assert (cfg.sink_topic, cfg.dead_letter_topic, cfg.effective_sink_id, cfg.target) == (
-        "transfers", "transfers-dead-letters", "transfers", "transfers"
-    )  # fmt: skip
+        "transfers",
+        "transfers-dead-letters",
+        "transfers",
+        "transfers",
+    )
     cfg = parse_config({**TRANSFERS, "transfers": {"dead_letters": "bad-payments", "partitions": 4}})
     assert (cfg.dead_letter_topic, cfg.topic_partitions) == ("bad-payments", 4)
     assert parse_config({**TRANSFERS, "transfers": {"malformed": "fail"}}).dead_letter_topic is None
@@ -195,30 +198,65 @@ def test_transfers_config_takes_a_topic_and_no_postgres() -> None:
     [
         # what each pipeline requires: Postgres for ledger and balances, a topic for transfers
         ("transfers", {"sink": {}}, "config: 'sink.topic' is required and empty", "sink.topic"),
-        ("ledger", {"sink": {"dsn": "postgresql://u@h/db"}}, "config: 'sink.table' is required and empty", "sink.table"),
+        (
+            "ledger",
+            {"sink": {"dsn": "postgresql://u@h/db"}},
+            "config: 'sink.table' is required and empty",
+            "sink.table",
+        ),
         ("balances", {"sink": {"table": "b"}}, "config: 'sink.dsn' is required and empty", "sink.dsn"),
         # keys of the other kind of sink are refused, not ignored
-        ("transfers", {"sink": {"topic": "t", "dsn": "postgresql://u@h/db"}}, "'sink.dsn' does not apply to pipeline "
-         "'transfers' (it writes to Kafka: set sink.topic); remove it", "sink.dsn"),
+        (
+            "transfers",
+            {"sink": {"topic": "t", "dsn": "postgresql://u@h/db"}},
+            "'sink.dsn' does not apply to pipeline 'transfers' (it writes to Kafka: set sink.topic); remove it",
+            "sink.dsn",
+        ),
         ("transfers", {"sink": {"topic": "t", "table": "x"}}, "'sink.table' does not apply", "sink.table"),
-        ("ledger", {"sink": {**GOOD["sink"], "topic": "t"}}, "'sink.topic' does not apply to pipeline 'ledger' (it "
-         "writes to Postgres: set sink.dsn and sink.table); remove it", "sink.topic"),
+        (
+            "ledger",
+            {"sink": {**GOOD["sink"], "topic": "t"}},
+            "'sink.topic' does not apply to pipeline 'ledger' (it "
+            "writes to Postgres: set sink.dsn and sink.table); remove it",
+            "sink.topic",
+        ),
         # the topics: names Kafka takes, and no loop or mix-up between them
-        ("transfers", {"sink": {"topic": "no spaces"}}, "'sink.topic' = 'no spaces' is not a Kafka topic name",
-         "sink.topic"),
+        (
+            "transfers",
+            {"sink": {"topic": "no spaces"}},
+            "'sink.topic' = 'no spaces' is not a Kafka topic name",
+            "sink.topic",
+        ),
         ("transfers", {"sink": {"topic": "payments"}}, "'sink.topic' = 'payments' is source.topic too", "sink.topic"),
-        ("transfers", {"transfers": {"dead_letters": "payments"}}, "'transfers.dead_letters' = 'payments' is "
-         "source.topic too", "transfers.dead_letters"),
-        ("transfers", {"transfers": {"dead_letters": "transfers"}}, "'transfers.dead_letters' = 'transfers' is "
-         "sink.topic too", "transfers.dead_letters"),
-        ("transfers", {"sink": {"topic": "t", "options": {"topic": "t"}}}, "'sink.options.topic' would send every "
-         "row, malformed events too, to one topic", "sink.options.topic"),
+        (
+            "transfers",
+            {"transfers": {"dead_letters": "payments"}},
+            "'transfers.dead_letters' = 'payments' is source.topic too",
+            "transfers.dead_letters",
+        ),
+        (
+            "transfers",
+            {"transfers": {"dead_letters": "transfers"}},
+            "'transfers.dead_letters' = 'transfers' is sink.topic too",
+            "transfers.dead_letters",
+        ),
+        (
+            "transfers",
+            {"sink": {"topic": "t", "options": {"topic": "t"}}},
+            "'sink.options.topic' would send every row, malformed events too, to one topic",
+            "sink.options.topic",
+        ),
         ("transfers", {"transfers": {"partitions": -1}}, "transfers.partitions must be >= 0", "transfers.partitions"),
-        ("transfers", {"transfers": {"partitions": "many"}}, "'transfers.partitions' must be int", "transfers.partitions"),
+        (
+            "transfers",
+            {"transfers": {"partitions": "many"}},
+            "'transfers.partitions' must be int",
+            "transfers.partitions",
+        ),
         ("transfers", {"transfers": {"malformed": "drop"}}, "transfers.malformed = 'drop'", "transfers.malformed"),
         ("transfers", {"transfers": {"topic": "x"}}, "unknown key(s) transfers.topic", "transfers.topic"),
     ],
-)  # fmt: skip
+)
 def test_each_pipeline_requires_its_sinks_keys(pipeline: str, change: dict, needle: str, key: str) -> None:
     base = TRANSFERS if pipeline == "transfers" else {**GOOD, "pipeline": pipeline}
     with pytest.raises(ConfigError) as err:
@@ -470,8 +508,24 @@ def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pyt
     with pytest.raises(SystemExit, match="expected key=value"):
         chaos.main(["--app", "x:build", "--option", "novalue", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
     with pytest.raises(SystemExit, match="expected key=value"):
-        app_runner.main(["--app", "x:build", "--bootstrap", "b:1", "--topic", "t", "--dsn", "postgresql://h/d",
-                         "--table", "t", "--checkpoint", "/nonexistent", "--option", "novalue"])  # fmt: skip
+        app_runner.main(
+            [
+                "--app",
+                "x:build",
+                "--bootstrap",
+                "b:1",
+                "--topic",
+                "t",
+                "--dsn",
+                "postgresql://h/d",
+                "--table",
+                "t",
+                "--checkpoint",
+                "/nonexistent",
+                "--option",
+                "novalue",
+            ]
+        )
     # a refused job must not leave pytest's group named for kill-group faults (CI died of that: exit 137)
     assert faults.ENV_PGID not in os.environ
     with pytest.raises(SystemExit, match="expected module:function"):
@@ -492,12 +546,26 @@ def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pyt
 def test_chaos_app_runs_the_users_module_with_the_runs_topic_table_and_checkpoint() -> None:
     from connectors.toolkit import chaos
 
-    cfg = chaos.ChaosConfig(pipeline="app", kills=1, seed=1, records=10, bootstrap="b:1", dsn="postgresql://h/d",
-                            workdir="/tmp/w", app="orders_job:build", options={"region": "eu"})  # fmt: skip
+    cfg = chaos.ChaosConfig(
+        pipeline="app",
+        kills=1,
+        seed=1,
+        records=10,
+        bootstrap="b:1",
+        dsn="postgresql://h/d",
+        workdir="/tmp/w",
+        app="orders_job:build",
+        options={"region": "eu"},
+    )
     argv = chaos._runner_argv(cfg, "topic1", "table1", "/tmp/w/checkpoint", "available-now")
     assert argv[1:3] == ["-m", "connectors.toolkit.app_runner"]
-    for flag, value in [("--app", "orders_job:build"), ("--topic", "topic1"), ("--table", "table1"),
-                        ("--checkpoint", "/tmp/w/checkpoint"), ("--option", "region=eu")]:  # fmt: skip
+    for flag, value in [
+        ("--app", "orders_job:build"),
+        ("--topic", "topic1"),
+        ("--table", "table1"),
+        ("--checkpoint", "/tmp/w/checkpoint"),
+        ("--option", "region=eu"),
+    ]:
         assert argv[argv.index(flag) + 1] == value
     assert cfg.points == "2pc"
     assert {p.point for p in chaos.plan_kills("other", 40, 1) if p.point} == {"source.read.mid"}
@@ -525,8 +593,10 @@ def test_demo_deals_kills_round_robin_one_sigkill_and_one_fault_per_pipeline() -
 
     schedule = demo.plan(6, seed=7)
     assert {name: [k.kind for k in kills] for name, kills in schedule.items()} == {
-        "ledger": ["sigkill", "fault"], "transfers": ["fault", "sigkill"], "balances": ["sigkill", "fault"]
-    }  # fmt: skip
+        "ledger": ["sigkill", "fault"],
+        "transfers": ["fault", "sigkill"],
+        "balances": ["sigkill", "fault"],
+    }
     assert sum(len(k) for k in demo.plan(4, seed=7).values()) == 4
     assert [k.kind for k in demo.plan(3, seed=1)["transfers"]] == ["fault"]  # a small run still kills the Kafka sink
     # only fault points that fire for the Kafka sink's default visibility=batch; 100+ record batches for publish.mid

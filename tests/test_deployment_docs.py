@@ -41,9 +41,22 @@ def test_max_prepared_transactions_refusal_points_at_the_managed_postgres_sectio
 
 
 def test_deployment_has_the_platform_sections() -> None:
-    assert {"databricks", "emr-and-dataproc", "kubernetes", "managed-postgres",
-            "coming-from-spark-jdbc-kafka-connects-jdbc-sink-or-flink"} <= _anchors()  # fmt: skip
+    assert {
+        "databricks",
+        "emr-and-dataproc",
+        "kubernetes",
+        "managed-postgres",
+        "coming-from-spark-jdbc-kafka-connects-jdbc-sink-or-flink",
+    } <= _anchors()
     text = DOC.read_text()
-    for needle in ("pk.mode", "insert.mode", "auto.evolve", "delete.enabled", "errors.deadletterqueue.topic.name",
-                   "PgBouncer", "VACUUM", "dbtable"):  # fmt: skip
+    for needle in (
+        "pk.mode",
+        "insert.mode",
+        "auto.evolve",
+        "delete.enabled",
+        "errors.deadletterqueue.topic.name",
+        "PgBouncer",
+        "VACUUM",
+        "dbtable",
+    ):
         assert needle in text, needle

@@ -66,9 +66,12 @@ def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def _client(monkeypatch: pytest.MonkeyPatch, admins: _Admins, timeout_ms: int = 120_000) -> KafkaMetadataClient:
     c = KafkaMetadataClient(
-        {"bootstrap.servers": "127.0.0.1:1"}, timeout_ms=timeout_ms, retries=3, retry_interval_ms=10,
+        {"bootstrap.servers": "127.0.0.1:1"},
+        timeout_ms=timeout_ms,
+        retries=3,
+        retry_interval_ms=10,
         read_committed=False,
-    )  # fmt: skip
+    )
 
     def admin() -> Any:
         if c._admin is None:
@@ -81,9 +84,14 @@ def _client(monkeypatch: pytest.MonkeyPatch, admins: _Admins, timeout_ms: int = 
 
 @pytest.mark.parametrize(
     "code",
-    [KafkaError._NOENT, KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
-     KafkaError.OFFSET_NOT_AVAILABLE, KafkaError._TRANSPORT],
-)  # fmt: skip
+    [
+        KafkaError._NOENT,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError._TRANSPORT,
+    ],
+)
 def test_offsets_wait_for_a_restarted_broker_within_poll_timeout(
     monkeypatch: pytest.MonkeyPatch, no_sleep: list[float], code: int
 ) -> None:

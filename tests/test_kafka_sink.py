@@ -34,8 +34,15 @@ def opts(streaming: bool = True, **extra: str) -> Any:
 def test_defaults_and_what_spark_users_bring(caplog: pytest.LogCaptureFixture) -> None:
     # one options map for a read and a write: the format drops the source's options from the write, each with a
     # log line, and keeps the sink's own (topic, faults) and kafka.*; the query name Spark hands a sink is ignored
-    shared = {"subscribe": "in", "StartingOffsets": "earliest", "kafka.acks": "all", "kafka.linger.ms": "5",
-              "topic": "out", "faults": "", "maxOffsetsPerTrigger": "9"}  # fmt: skip
+    shared = {
+        "subscribe": "in",
+        "StartingOffsets": "earliest",
+        "kafka.acks": "all",
+        "kafka.linger.ms": "5",
+        "topic": "out",
+        "faults": "",
+        "maxOffsetsPerTrigger": "9",
+    }
     with caplog.at_level("INFO", logger="sources.kafka.datasource"):
         kept = write_options(shared)
     assert kept == {"kafka.acks": "all", "kafka.linger.ms": "5", "topic": "out", "faults": ""}
@@ -163,8 +170,14 @@ def schema(*fields: tuple[str, Any]) -> StructType:
 
 
 def test_columns_as_sparks_kafka_sink_takes_them() -> None:
-    full = schema(("key", StringType()), ("value", BinaryType()), ("topic", StringType()), ("partition", IntegerType()),
-                  ("headers", HEADERS), ("extra", LongType()))  # fmt: skip
+    full = schema(
+        ("key", StringType()),
+        ("value", BinaryType()),
+        ("topic", StringType()),
+        ("partition", IntegerType()),
+        ("headers", HEADERS),
+        ("extra", LongType()),
+    )
     assert check_schema(full, topic_option=None, context="c") == ("topic", "key", "value", "headers", "partition")
     assert "topic" not in check_schema(full, topic_option="out", context="c")  # the option overrides the column
 
@@ -192,10 +205,14 @@ def arrow(n: int, start: int = 0, *, nulls: bool = False) -> pa.RecordBatch:
     headers = [[{"key": "h", "value": str(i).encode()}] if i % 2 else None for i in range(start, start + n)]
     htype = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
     return pa.RecordBatch.from_arrays(
-        [pa.array(keys, pa.string()), pa.array(values, pa.binary()), pa.array(headers, htype),
-         pa.array([i % 3 for i in range(start, start + n)], pa.int32())],
+        [
+            pa.array(keys, pa.string()),
+            pa.array(values, pa.binary()),
+            pa.array(headers, htype),
+            pa.array([i % 3 for i in range(start, start + n)], pa.int32()),
+        ],
         names=["key", "value", "headers", "partition"],
-    )  # fmt: skip
+    )
 
 
 COLS = ("key", "value", "headers", "partition")
@@ -310,25 +327,32 @@ def screen_at(message_max_bytes: int) -> Screen:
 def batch_of(rows: list[tuple[Any, ...]]) -> RowBatch:
     topic, key, value, partition = zip(*rows, strict=True)
     b = pa.RecordBatch.from_arrays(
-        [pa.array(topic, pa.string()), pa.array(key, pa.binary()), pa.array(value, pa.binary()), pa.array(partition, pa.int32())],
+        [
+            pa.array(topic, pa.string()),
+            pa.array(key, pa.binary()),
+            pa.array(value, pa.binary()),
+            pa.array(partition, pa.int32()),
+        ],
         names=["topic", "key", "value", "partition"],
-    )  # fmt: skip
+    )
     return RowBatch(b, ("topic", "key", "value", "partition"), None)
 
 
 def test_k3_what_a_broker_refuses_is_found_row_by_row() -> None:
     plain = TopicLimits(partitions=2, max_message_bytes=500, compacted=False)
     compacted = TopicLimits(partitions=1, max_message_bytes=10_000, compacted=True)
-    rows = batch_of([
-        ("out", b"k", b"ok", None),
-        ("out", b"k", b"v" * 480, None),  # payload 481 fits, a one-record batch of it does not (61 + framing)
-        ("big", b"k", b"v" * 1200, None),  # over the producer's message.max.bytes (1000)
-        ("big", None, b"v", None),  # no key on a compacted topic
-        ("out", b"k", b"v", 2),  # partition 2 of a 2-partition topic
-        ("gone", b"k", b"v", None),  # no such topic
-        (None, b"k", b"v", None),  # no topic at all
-        ("out", b"k", b"v", 1),
-    ])  # fmt: skip
+    rows = batch_of(
+        [
+            ("out", b"k", b"ok", None),
+            ("out", b"k", b"v" * 480, None),  # payload 481 fits, a one-record batch of it does not (61 + framing)
+            ("big", b"k", b"v" * 1200, None),  # over the producer's message.max.bytes (1000)
+            ("big", None, b"v", None),  # no key on a compacted topic
+            ("out", b"k", b"v", 2),  # partition 2 of a 2-partition topic
+            ("gone", b"k", b"v", None),  # no such topic
+            (None, b"k", b"v", None),  # no topic at all
+            ("out", b"k", b"v", 1),
+        ]
+    )
     found = screen(out=plain, big=compacted).refused(rows)
     assert sorted(found) == [1, 2, 3, 4, 5, 6]
     assert "max.message.bytes 500" in found[1] and "message.max.bytes 1000" in found[2]
@@ -575,8 +599,9 @@ def test_kafka_batch_drops_a_reads_options_as_the_format_does() -> None:
     from sinks.kafka.spark import kafka_batch
     from sources.kafka.datasource import KafkaEosDataSource
 
-    write = kafka_batch(KafkaEosDataSource, **BASE, checkpointLocation="/tmp/ck", subscribe="in",
-                        startingOffsets="earliest")  # fmt: skip
+    write = kafka_batch(
+        KafkaEosDataSource, **BASE, checkpointLocation="/tmp/ck", subscribe="in", startingOffsets="earliest"
+    )
     assert write.__name__ == "kafka_batch[orders]"
 
 

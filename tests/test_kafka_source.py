@@ -1167,8 +1167,12 @@ def test_record_loop_fast_path_yields_the_per_record_loops_batches(monkeypatch: 
             extend(self, run, lo, hi, size)  # type: ignore[arg-type]
 
         monkeypatch.setattr(reader_mod._Columns, "extend", counted)
-        settings = ReadSettings({"bootstrap.servers": "b:9"}, poll_timeout_ms=300, arrow_batch_rows=400,  # type: ignore[arg-type]
-                                arrow_batch_bytes=1_000_000)  # fmt: skip
+        settings = ReadSettings(
+            {"bootstrap.servers": "b:9"},
+            poll_timeout_ms=300,
+            arrow_batch_rows=400,  # type: ignore[arg-type]
+            arrow_batch_bytes=1_000_000,
+        )
         batches = list(reader_mod.read_partition(KafkaInputPartition(r(0, 0, 3000), settings)))
         return batches, marks
 

@@ -41,8 +41,9 @@ def test_progress_gives_records_lag_per_partition_and_times() -> None:
 
 def test_json_line_textfile_and_http_endpoint(tmp_path) -> None:
     out = io.StringIO()
-    exporter = metrics.EosMetrics(sink_id={"payments": "payments-raw"}, textfile=str(tmp_path / "eos.prom"),
-                                  json_stream=out, http_port=0)  # fmt: skip
+    exporter = metrics.EosMetrics(
+        sink_id={"payments": "payments-raw"}, textfile=str(tmp_path / "eos.prom"), json_stream=out, http_port=0
+    )
     try:
         exporter.record(PROGRESS)
         exporter.record({**PROGRESS, "batchId": 8, "numInputRows": 30})

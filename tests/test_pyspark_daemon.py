@@ -74,8 +74,13 @@ def test_preload_keeps_stdout_for_the_port_and_leaves_a_broken_module_to_the_wor
 
 def _daemon(env: dict[str, str], stderr: IO[bytes] | None = None) -> tuple[subprocess.Popen[bytes], str, int, str]:
     """The module run as Spark runs it; its command line, threads and mapped libraries once it told its port."""
-    proc = subprocess.Popen([sys.executable, "-m", "connectors.launch.pyspark_daemon", "pyspark.worker"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "connectors.launch.pyspark_daemon", "pyspark.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+    )
     assert proc.stdout is not None
     (port,) = struct.unpack("!i", proc.stdout.read(4))  # the only bytes it writes: its port, as Spark reads it
     assert 0 < port < 65536

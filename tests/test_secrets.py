@@ -33,32 +33,49 @@ from sinks.postgres.options import ConnectionOptions, UpsertOptions
 # (dsn, the password its writer meant, the form) -- every password is made of tokens (Zq9, xK7, wQ2)
 # that occur in no message of spark-eos, so any 3-character piece of one in the output is a leak.
 MALFORMED = [
-    pytest.param("host=127.0.0.1 port=1 user=u password=Zq9 xK7 wQ2 dbname=d", "Zq9 xK7 wQ2", "keyword",
-                 id="keyword-unquoted-spaces"),
-    pytest.param("host=127.0.0.1 port=1 password='Zq9 xK7 wQ2 dbname=d", "Zq9 xK7 wQ2", "keyword",
-                 id="keyword-unbalanced-quote"),
-    pytest.param("host=127.0.0.1 port=1 password=Zq9xK7wQ2 = user=u", "Zq9xK7wQ2 =", "keyword",
-                 id="keyword-stray-equals"),
-    pytest.param("host=127.0.0.1 port=1 password=Zq9 xK7=wQ2 user=u", "Zq9 xK7=wQ2", "keyword",
-                 id="keyword-equals-in-unquoted-value"),
+    pytest.param(
+        "host=127.0.0.1 port=1 user=u password=Zq9 xK7 wQ2 dbname=d",
+        "Zq9 xK7 wQ2",
+        "keyword",
+        id="keyword-unquoted-spaces",
+    ),
+    pytest.param(
+        "host=127.0.0.1 port=1 password='Zq9 xK7 wQ2 dbname=d", "Zq9 xK7 wQ2", "keyword", id="keyword-unbalanced-quote"
+    ),
+    pytest.param(
+        "host=127.0.0.1 port=1 password=Zq9xK7wQ2 = user=u", "Zq9xK7wQ2 =", "keyword", id="keyword-stray-equals"
+    ),
+    pytest.param(
+        "host=127.0.0.1 port=1 password=Zq9 xK7=wQ2 user=u",
+        "Zq9 xK7=wQ2",
+        "keyword",
+        id="keyword-equals-in-unquoted-value",
+    ),
     pytest.param("host=127.0.0.1 port=1 password=Zq9\x00xK7 user=u", "Zq9\x00xK7", "keyword", id="keyword-nul"),
     pytest.param("postgresql://u:Zq9 xK7@127.0.0.1:1/db", "Zq9 xK7", "URI", id="uri-raw-space"),
     pytest.param("postgresql://u:Zq9@xK7wQ2@127.0.0.1:1/db", "Zq9@xK7wQ2", "URI", id="uri-at-in-password"),
     pytest.param("postgresql://u:Zq9/xK7wQ2@127.0.0.1:1/db", "Zq9/xK7wQ2", "URI", id="uri-slash-in-password"),
     pytest.param("postgresql://u:Zq9%zzxK7@127.0.0.1:1/db", "Zq9%zzxK7", "URI", id="uri-bad-percent-escape"),
     pytest.param("postgresql://u@127.0.0.1:1/db?password=Zq9 xK7", "Zq9 xK7", "URI", id="uri-query-raw-space"),
-]  # fmt: skip
+]
 
 # Well-formed: they parse, and connecting fails (nothing listens on port 1).
 WELL_FORMED = [
-    pytest.param({"dsn": "host=127.0.0.1 port=1 user=u dbname=d password='Zq9 xK7\\'wQ2=\\\\'"}, "Zq9 xK7'wQ2=\\",
-                 id="keyword-dsn"),
+    pytest.param(
+        {"dsn": "host=127.0.0.1 port=1 user=u dbname=d password='Zq9 xK7\\'wQ2=\\\\'"},
+        "Zq9 xK7'wQ2=\\",
+        id="keyword-dsn",
+    ),
     pytest.param({"dsn": "postgresql://u:Zq9%20xK7%40wQ2%2F@127.0.0.1:1/d"}, "Zq9 xK7@wQ2/", id="uri-dsn"),
-    pytest.param({"host": "127.0.0.1", "port": "1", "user": "u", "password": "Zq9 xK7'wQ2=\\"}, "Zq9 xK7'wQ2=\\",
-                 id="password-option"),
-    pytest.param({"dsn": "postgresql://u:wrong@127.0.0.1:1/d", "password": "Zq9 'xK7"}, "Zq9 'xK7",
-                 id="password-option-over-dsn"),
-]  # fmt: skip
+    pytest.param(
+        {"host": "127.0.0.1", "port": "1", "user": "u", "password": "Zq9 xK7'wQ2=\\"},
+        "Zq9 xK7'wQ2=\\",
+        id="password-option",
+    ),
+    pytest.param(
+        {"dsn": "postgresql://u:wrong@127.0.0.1:1/d", "password": "Zq9 'xK7"}, "Zq9 'xK7", id="password-option-over-dsn"
+    ),
+]
 
 
 def pieces(password: str) -> set[str]:

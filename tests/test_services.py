@@ -283,9 +283,17 @@ def test_a_lock_held_elsewhere_is_waited_for_a_bounded_time_and_named(tmp_path: 
     """_proc.locked: the Kafka jars' fetch, Spark's class archive and PySpark's bytecode take one lock each;
     a holder that never lets go ends the wait with an error naming what it does and the lock file."""
     lock = tmp_path / "x.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(lock)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(ServiceError, match=r"another process has been building things for 1s \(lock .*x\.lock\)"):

@@ -228,8 +228,12 @@ class FakeIvy:
         target = Path(argv[argv.index("-retrieve") + 1]).parent
         version = ET.parse(argv[argv.index("-ivy") + 1]).getroot().find("dependencies/dependency").get("rev")  # type: ignore[union-attr]
         target.mkdir(parents=True)
-        names = self.jars or [f"kafka_2.13-{version}.jar", f"kafka-clients-{version}.jar",
-                              "log4j-core-2.25.5.jar", "log4j-slf4j-impl-2.25.5.jar"]  # fmt: skip
+        names = self.jars or [
+            f"kafka_2.13-{version}.jar",
+            f"kafka-clients-{version}.jar",
+            "log4j-core-2.25.5.jar",
+            "log4j-slf4j-impl-2.25.5.jar",
+        ]
         for name in names:
             (target / name).write_bytes(b"PK")
 

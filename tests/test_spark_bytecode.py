@@ -25,8 +25,14 @@ def _home(tmp_path: Path, mod: str = "def f():\n    raise ValueError('from the s
 
 def _import(zip_path: Path, code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(zip_path)},
-                          capture_output=True, text=True, timeout=60, cwd="/")  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PYTHONPATH": str(zip_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
 
 
 def test_the_zip_gains_bytecode_that_workers_import(tmp_path: Path) -> None:

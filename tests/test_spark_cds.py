@@ -94,9 +94,14 @@ def test_spark_jvms_of_the_suite_load_sparks_classes_from_the_archive(tmp_path: 
     home = spark_cds.spark_home()
     # to files, one per JVM: spark-submit reads the launcher JVM's standard output as the command to run
     env = dict(os.environ, JDK_JAVA_OPTIONS=f"{options} -Xlog:class+load=info:file={tmp_path}/load-%p.log")
-    out = subprocess.run([str(home / "bin" / "spark-submit"), "--version"], capture_output=True, text=True,
-                         env=env, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [str(home / "bin" / "spark-submit"), "--version"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    loaded = [line for log in tmp_path.glob("load-*.log") for line in log.read_text().splitlines()
-              if "org.apache.spark.deploy.SparkSubmit " in line]  # fmt: skip
+    loaded = [
+        line
+        for log in tmp_path.glob("load-*.log")
+        for line in log.read_text().splitlines()
+        if "org.apache.spark.deploy.SparkSubmit " in line
+    ]
     assert len(loaded) == 1 and "shared objects file (top)" in loaded[0], loaded

@@ -35,10 +35,27 @@ def test_every_group_runs_on_one_worker_and_the_rest_on_both(tmp_path: Path) -> 
     files = [*sorted(set(_GROUPS)), "integration/test_upsert.py", "integration/test_kafka_source.py"]
     env = {**os.environ, "EOS_GROUPS_LOG": str(log), "PYTHONPATH": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "eos_groups_recorder", "-q",
-         "-p", "no:cacheprovider", *files],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-p",
+            "eos_groups_recorder",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *files,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     placed = [line.split(" ", 1) for line in log.read_text().splitlines()]
     workers: dict[str, set[str]] = collections.defaultdict(set)

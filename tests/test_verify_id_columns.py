@@ -39,9 +39,11 @@ def verify(**kw: Any) -> checker.Report:
 
 
 def test_kafka_position_identifies_the_records(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = [{"account": "a", "amount": 5, "src_partition": 0, "src_offset": 0},
-            {"account": "b", "amount": 7, "src_partition": 1, "src_offset": 0},
-            {"account": "a", "amount": 9, "src_partition": 0, "src_offset": 1}]  # fmt: skip
+    rows = [
+        {"account": "a", "amount": 5, "src_partition": 0, "src_offset": 0},
+        {"account": "b", "amount": 7, "src_partition": 1, "src_offset": 0},
+        {"account": "a", "amount": 9, "src_partition": 0, "src_offset": 1},
+    ]
     fake_services(monkeypatch, rows, ["account", "amount", "src_partition", "src_offset"])
     idc = checker.parse_id_columns(["partition=src_partition,offset=src_offset"])
     assert idc == [("partition", "src_partition"), ("offset", "src_offset")]

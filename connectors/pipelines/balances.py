@@ -38,10 +38,9 @@ OUTPUT_SCHEMA = (
 
 # transformWithState refuses the HDFS-backed store; changelog checkpointing = Flink's incremental checkpoints
 STATE_CONF = {
-    "spark.sql.streaming.stateStore.providerClass":
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}  # fmt: skip
+}
 
 
 def ddl(table: str) -> str:
@@ -178,8 +177,9 @@ def build(spark: Any, cfg: PipelineConfig) -> Any:
     events = parse_events(kafka_stream(spark, cfg), cfg.malformed)
     malformed = cfg.malformed == "dead-letter"
     if malformed:
-        own_key = F.concat(F.lit(MALFORMED_KEY), F.col("src_partition").cast("string"), F.lit("/"),
-                           F.col("src_offset").cast("string"))  # fmt: skip
+        own_key = F.concat(
+            F.lit(MALFORMED_KEY), F.col("src_partition").cast("string"), F.lit("/"), F.col("src_offset").cast("string")
+        )
         events = events.withColumn("account", F.when(F.col("malformed").isNull(), F.col("account")).otherwise(own_key))
     out = events.groupBy("account").transformWithStateInPandas(
         statefulProcessor=BalanceProcessor(int(cfg.ttl_seconds * 1000), cfg.last_n, malformed),

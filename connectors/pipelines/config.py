@@ -120,8 +120,12 @@ class PipelineConfig:
             )
         to_kafka = self.pipeline in KAFKA_SINKS
         sink_keys = (("sink_topic", "sink.topic"),) if to_kafka else (("dsn", "sink.dsn"), ("table", "sink.table"))
-        for name, where in (("bootstrap", "source.bootstrap"), ("topic", "source.topic"), *sink_keys,
-                            ("checkpoint", "spark.checkpoint")):  # fmt: skip
+        for name, where in (
+            ("bootstrap", "source.bootstrap"),
+            ("topic", "source.topic"),
+            *sink_keys,
+            ("checkpoint", "spark.checkpoint"),
+        ):
             if not str(getattr(self, name) or "").strip():
                 raise ConfigError(f"config: '{where}' is required and empty", option=where)
         foreign = (("dsn", "sink.dsn"), ("table", "sink.table")) if to_kafka else (("sink_topic", "sink.topic"),)

@@ -56,8 +56,9 @@ def parse_events(raw: Any, malformed: str = "fail", *, keep: Sequence[str] = (),
         .when(rec["amount"].isNull(), F.lit("'amount' missing or not a whole number"))
         .when(rec["ts"].isNull(), F.lit("'ts' missing or not a timestamp"))
     )
-    position = F.concat(F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("/"),
-                        F.col("offset").cast("string"))  # fmt: skip
+    position = F.concat(
+        F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("/"), F.col("offset").cast("string")
+    )
     columns = [
         rec["account"].alias("account"),
         F.coalesce(rec["counterparty"], F.lit("")).alias("counterparty"),
@@ -76,12 +77,19 @@ def parse_events(raw: Any, malformed: str = "fail", *, keep: Sequence[str] = (),
         extra = [F.col(c).alias(f"src_{c}") for c in keep] + ([problem.alias(reason)] if reason else [])
         return raw.select(rec["id"].alias("id"), *columns, F.when(problem.isNotNull(), note).alias("malformed"), *extra)
     where = F.concat(
-        F.lit("malformed payment event at topic "), F.col("topic"),
-        F.lit(" partition "), F.col("partition").cast("string"),
-        F.lit(" offset "), F.col("offset").cast("string"), F.lit(": "), problem,
-        F.lit(". The pipeline stops rather than dropping it: fix or remove the record, or move the "
-              "starting offset past it, then restart (the checkpoint replays this batch)."),
-    )  # fmt: skip
+        F.lit("malformed payment event at topic "),
+        F.col("topic"),
+        F.lit(" partition "),
+        F.col("partition").cast("string"),
+        F.lit(" offset "),
+        F.col("offset").cast("string"),
+        F.lit(": "),
+        problem,
+        F.lit(
+            ". The pipeline stops rather than dropping it: fix or remove the record, or move the "
+            "starting offset past it, then restart (the checkpoint replays this batch)."
+        ),
+    )
     checked_id = F.when(problem.isNotNull(), F.raise_error(where)).otherwise(rec["id"])
     return raw.select(checked_id.alias("id"), *columns, *(F.col(c).alias(f"src_{c}") for c in keep))
 
@@ -97,13 +105,15 @@ def generate(n: int, *, seed: int, accounts: int = 40, counterparties: int = 8, 
     out = []
     for i in range(start, start + n):
         amount = rng.randint(-500, 1000)
-        out.append({
-            "id": f"e{i:09d}",
-            "account": f"acct-{rng.randrange(accounts):03d}",
-            "counterparty": f"cp-{rng.randrange(counterparties):02d}",
-            "amount": amount if amount != 0 else 1,
-            "ts": (base + timedelta(seconds=i)).isoformat(),
-        })  # fmt: skip
+        out.append(
+            {
+                "id": f"e{i:09d}",
+                "account": f"acct-{rng.randrange(accounts):03d}",
+                "counterparty": f"cp-{rng.randrange(counterparties):02d}",
+                "amount": amount if amount != 0 else 1,
+                "ts": (base + timedelta(seconds=i)).isoformat(),
+            }
+        )
     return out
 
 

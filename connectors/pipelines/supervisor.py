@@ -170,8 +170,16 @@ def _run(
     spark = session(cfg)
     restarts = 0
     target = {"sink_topic": cfg.sink_topic} if cfg.pipeline == "transfers" else {"table": cfg.table}
-    log.event("pipeline.start", pipeline=cfg.pipeline, topic=cfg.topic, **target,
-              checkpoint=cfg.checkpoint, trigger=cfg.trigger, master=_master_of(spark, cfg), restart=str(strategy))  # fmt: skip
+    log.event(
+        "pipeline.start",
+        pipeline=cfg.pipeline,
+        topic=cfg.topic,
+        **target,
+        checkpoint=cfg.checkpoint,
+        trigger=cfg.trigger,
+        master=_master_of(spark, cfg),
+        restart=str(strategy),
+    )
     while True:
         error: BaseException | None = None
         try:
@@ -190,10 +198,13 @@ def _run(
         cause = scrub(error_cause(error), conninfo=cfg.dsn)[:1000]  # our error's line, not Spark's wrapping
         delay = strategy.on_failure(clock())
         if delay is None:
-            log.event("pipeline.failed", level="error", error=cause, detail=message, restarts=restarts,
-                      strategy=str(strategy))  # fmt: skip
-            print(f"error: pipeline {cfg.pipeline} failed and the restart strategy {strategy} gives up: {cause}",
-                  file=sys.stderr)  # fmt: skip
+            log.event(
+                "pipeline.failed", level="error", error=cause, detail=message, restarts=restarts, strategy=str(strategy)
+            )
+            print(
+                f"error: pipeline {cfg.pipeline} failed and the restart strategy {strategy} gives up: {cause}",
+                file=sys.stderr,
+            )
             return 2
         restarts += 1
         log.event("pipeline.restart", level="warn", error=cause[:500], delay_s=delay, restart=restarts)

@@ -139,10 +139,15 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
 
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"spark-eos-dead-letters-{os.getpid()}",
-        "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"spark-eos-dead-letters-{os.getpid()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None:
@@ -171,13 +176,18 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
                     done.add(p)
                 pairs: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
                 headers = {k: bytes(v or b"").decode("utf-8", "replace") for k, v in pairs}
-                out.append({
-                    "key": msg.key(), "value": msg.value(), "reason": headers.get("eos.malformed"),
-                    "topic": headers.get("eos.source.topic"),
-                    "partition": _number(headers.get("eos.source.partition")),
-                    "offset": _number(headers.get("eos.source.offset")),
-                    "_partition": p, "_offset": offset,
-                })  # fmt: skip
+                out.append(
+                    {
+                        "key": msg.key(),
+                        "value": msg.value(),
+                        "reason": headers.get("eos.malformed"),
+                        "topic": headers.get("eos.source.topic"),
+                        "partition": _number(headers.get("eos.source.partition")),
+                        "offset": _number(headers.get("eos.source.offset")),
+                        "_partition": p,
+                        "_offset": offset,
+                    }
+                )
         return out
     finally:
         consumer.close()
@@ -263,10 +273,16 @@ def verify(
     from connectors.toolkit.topic_checker import open_transactions, verify_topic
 
     report = verify_topic(
-        bootstrap=cfg.bootstrap, source_topic=cfg.topic, sink_topic=cfg.sink_topic, sink_id=cfg.effective_sink_id,
-        checkpoint=cfg.checkpoint, marker_topic=cfg.sink_topic, payload_fields=payload_fields, fault_log=fault_log,
+        bootstrap=cfg.bootstrap,
+        source_topic=cfg.topic,
+        sink_topic=cfg.sink_topic,
+        sink_id=cfg.effective_sink_id,
+        checkpoint=cfg.checkpoint,
+        marker_topic=cfg.sink_topic,
+        payload_fields=payload_fields,
+        fault_log=fault_log,
         expect_faults=expect_faults,
-    )  # fmt: skip
+    )
     if cfg.dead_letter_topic is not None:
         report.add(*check_dead_letters(cfg.bootstrap, cfg.topic, cfg.sink_topic, cfg.dead_letter_topic))
         left = open_transactions(cfg.bootstrap, [cfg.dead_letter_topic])

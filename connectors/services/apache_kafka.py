@@ -390,8 +390,13 @@ def resolve_module(
             if check is not None:
                 check(jars)
             names = sorted(p.name for p in jars.glob("*.jar"))
-            marker = {"version": version, "command": argv, "seconds": round(seconds, 1), "jars": names,
-                      "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+            marker = {
+                "version": version,
+                "command": argv,
+                "seconds": round(seconds, 1),
+                "jars": names,
+                "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
             (jars / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             if target.exists():  # not ours (no marker): an interrupted copy by hand; replaced
                 shutil.rmtree(target)
@@ -762,8 +767,9 @@ class ApacheKafka(KafkaService):
         argv = self._java("kafka.Kafka", str(self.properties_path), cds=self._cds.options())
         with open(self.stdout_path, "ab") as out:
             try:
-                self.proc = _proc.spawn(argv, log=out, tie_to_parent=not self._detached, cwd=str(self.base),
-                                        env=_broker_env())  # fmt: skip
+                self.proc = _proc.spawn(
+                    argv, log=out, tie_to_parent=not self._detached, cwd=str(self.base), env=_broker_env()
+                )
             except OSError as e:
                 raise ServiceError(f"cannot run {self.java!r}: {e}", java=self.java) from e
         self.pid = self.proc.pid

@@ -41,8 +41,15 @@ def tansu_binary() -> str:
 def tansu_args(listen: str, advertised: str | None = None) -> list[str]:
     """tansu's arguments after its binary: a broker on ``listen`` (``tcp://host:port``), advertising
     ``advertised`` (default the same), keeping everything in memory."""
-    return ["broker", "--listener-url", listen, "--advertised-listener-url", advertised or listen,
-            "--storage-engine", "memory://tansu/"]  # fmt: skip
+    return [
+        "broker",
+        "--listener-url",
+        listen,
+        "--advertised-listener-url",
+        advertised or listen,
+        "--storage-engine",
+        "memory://tansu/",
+    ]
 
 
 def kafka_reachable(bootstrap: str, timeout: float) -> tuple[bool, str, str | None]:

@@ -90,8 +90,13 @@ def spark_home() -> Path:
 
 
 def _java_version() -> str:
-    out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if k != ENV})  # fmt: skip
+    out = subprocess.run(
+        ["java", "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != ENV},
+    )
     return out.stderr.strip()
 
 
@@ -138,8 +143,9 @@ def _build(path: Path, base_options: str, timeout: float) -> Path | None:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     env[ENV] = f"{base_options} -XX:ArchiveClassesAtExit={partial} {QUIET}".strip()
     try:
-        out = subprocess.run([sys.executable, "-c", _WORKLOAD, str(work)], capture_output=True, text=True,
-                             env=env, timeout=timeout)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", _WORKLOAD, str(work)], capture_output=True, text=True, env=env, timeout=timeout
+        )
         if out.returncode != 0 or not partial.exists():
             log.info("no class archive: the build run ended with %s: %s", out.returncode, out.stderr[-2000:])
             return None

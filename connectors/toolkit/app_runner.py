@@ -164,8 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--max-offsets", type=int, default=1000)
     p.add_argument("--out-topic", default="", help="a kafka-eos sink job: the topic it writes (job.out_topic)")
-    p.add_argument("--visibility", choices=("batch", "partition"), default="batch",
-                   help="a kafka-eos sink job: the sink's visibility (job.visibility)")  # fmt: skip
+    p.add_argument(
+        "--visibility",
+        choices=("batch", "partition"),
+        default="batch",
+        help="a kafka-eos sink job: the sink's visibility (job.visibility)",
+    )
     p.add_argument("--trigger", default="available-now", help="available-now | processing:SECONDS")
     p.add_argument("--master", default="local[2,2]")
     p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
@@ -441,8 +445,18 @@ def main(argv: list[str] | None = None) -> int:
     conf = dict(kv.split("=", 1) for kv in args.conf)
     topics = dict(kv.split("=", 1) for kv in args.topics)
     mark_process_group()  # only once the job will run: a refusal leaves the caller's environment alone
-    job = Job(args.bootstrap, args.topic, args.dsn, args.table, args.max_offsets, options, topics, args.checkpoint,
-              args.out_topic, args.visibility)  # fmt: skip
+    job = Job(
+        args.bootstrap,
+        args.topic,
+        args.dsn,
+        args.table,
+        args.max_offsets,
+        options,
+        topics,
+        args.checkpoint,
+        args.out_topic,
+        args.visibility,
+    )
     build, setup = load_app(args.app)
 
     def start() -> Any:

@@ -104,14 +104,22 @@ _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # what Kafka accepts as a to
 
 # the names of the inputs a refusal names: the command line's, or the pytest plugin's (eos_chaos)
 CLI_NAMES = {"sink_kind": "--sink-kind", "faults": "--faults", "dsn": "--dsn", "dead_letters": "--dead-letters"}
-PLUGIN_NAMES = {"sink_kind": "sink_kind=", "faults": "faults=", "dsn": "EOS_POSTGRES_DSN",
-                "dead_letters": "dead_letters="}  # fmt: skip
+PLUGIN_NAMES = {
+    "sink_kind": "sink_kind=",
+    "faults": "faults=",
+    "dsn": "EOS_POSTGRES_DSN",
+    "dead_letters": "dead_letters=",
+}
 
 
 def refuse_for_sink_kind(
-    sink_kind: str, weights: Mapping[str, int], *, dsn: str | None, dead_letters: str | None,
+    sink_kind: str,
+    weights: Mapping[str, int],
+    *,
+    dsn: str | None,
+    dead_letters: str | None,
     names: Mapping[str, str] = CLI_NAMES,
-) -> None:  # fmt: skip
+) -> None:
     """Refuse (ConfigError naming the input and the fix) what cannot apply to a job writing with the
     ``kafka-eos`` sink (``sink_kind`` kafka / kafka-partition): such a run gives the job no Postgres
     unless ``dsn`` names one, so a Postgres fault has nothing to act on (``pg-restart``, ``pg-crash``,
@@ -735,9 +743,17 @@ class _Producer(threading.Thread):
 
 
 def _runner_argv(
-    cfg: ChaosConfig, topic: str, table: str, checkpoint: str, trigger: str, timeout: float | None = None, *,
-    dsn: str | None = None, master: str | None = None, conf: Mapping[str, str] | None = None,
-) -> list[str]:  # fmt: skip
+    cfg: ChaosConfig,
+    topic: str,
+    table: str,
+    checkpoint: str,
+    trigger: str,
+    timeout: float | None = None,
+    *,
+    dsn: str | None = None,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> list[str]:
     """The command line of one run of the job: ``dsn`` the job's (a proxy's when Postgres is cut),
     ``master`` and ``conf`` what the faults need (default: ``cfg.master``, nothing)."""
     confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
@@ -749,16 +765,55 @@ def _runner_argv(
             options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
         return python_argv(
             "connectors.toolkit.app_runner",
-            "--app", cfg.app, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", dsn_arg, "--table", table,
-            "--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger,
-            "--master", master, "--timeout", str(timeout or cfg.timeout), *options, *confs,
-        )  # fmt: skip
+            "--app",
+            cfg.app,
+            "--bootstrap",
+            cfg.bootstrap,
+            "--topic",
+            topic,
+            "--dsn",
+            dsn_arg,
+            "--table",
+            table,
+            "--checkpoint",
+            checkpoint,
+            "--max-offsets",
+            str(cfg.max_offsets),
+            "--trigger",
+            trigger,
+            "--master",
+            master,
+            "--timeout",
+            str(timeout or cfg.timeout),
+            *options,
+            *confs,
+        )
     return python_argv(
         "integration.harness.runner",
-        "--sink", cfg.pipeline, "--bootstrap", cfg.bootstrap, "--topic", topic, "--dsn", dsn_arg,
-        "--table", table, "--checkpoint", checkpoint, "--sink-id", table, "--max-offsets", str(cfg.max_offsets),
-        "--trigger", trigger, "--master", master, "--timeout", str(timeout or cfg.timeout), *confs,
-    )  # fmt: skip
+        "--sink",
+        cfg.pipeline,
+        "--bootstrap",
+        cfg.bootstrap,
+        "--topic",
+        topic,
+        "--dsn",
+        dsn_arg,
+        "--table",
+        table,
+        "--checkpoint",
+        checkpoint,
+        "--sink-id",
+        table,
+        "--max-offsets",
+        str(cfg.max_offsets),
+        "--trigger",
+        trigger,
+        "--master",
+        master,
+        "--timeout",
+        str(timeout or cfg.timeout),
+        *confs,
+    )
 
 
 def _started(proc: PipelineProcess) -> bool:
@@ -787,8 +842,15 @@ class _RunLog:
 
     def started(self, proc: PipelineProcess, role: str, checkpoint: str, **extra: Any) -> dict[str, Any]:
         self.count += 1
-        return {"run": self.count, "role": role, "pid": proc.pid, "start": round(time.time(), 3),
-                "checkpoint": checkpoint, "log": proc.log_path, **extra}  # fmt: skip
+        return {
+            "run": self.count,
+            "role": role,
+            "pid": proc.pid,
+            "start": round(time.time(), 3),
+            "checkpoint": checkpoint,
+            "log": proc.log_path,
+            **extra,
+        }
 
     def ended(self, entry: dict[str, Any], returncode: int | None, ended_by: str) -> None:
         entry.update(end=round(time.time(), 3), exit=describe_exit(returncode), ended_by=ended_by)
@@ -823,16 +885,34 @@ class _Loop:
     starts when none is live; ``kill`` and ``fault-point`` end it; ``fault-point``, ``executor-loss``
     and ``slow-task`` are armed in a run's environment, so they get a run of their own)."""
 
-    def __init__(self, cfg: ChaosConfig, kit: fault_kinds.FaultKit, env: dict[str, str], topic: str, table: str,
-                 root: str, producer: _Producer, runlog: _RunLog) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: ChaosConfig,
+        kit: fault_kinds.FaultKit,
+        env: dict[str, str],
+        topic: str,
+        table: str,
+        root: str,
+        producer: _Producer,
+        runlog: _RunLog,
+    ) -> None:
         self.cfg, self.kit, self.env, self.root = cfg, kit, env, root
         self.producer, self.runlog = producer, runlog
         self.checkpoint = os.path.join(cfg.workdir, "checkpoint")
         self.fault_log = os.path.join(cfg.workdir, "faults.jsonl")
         self.log_path = os.path.join(cfg.workdir, "pipeline.log")
         # a run may carry several faults: the runner's own timeout (a safety net) covers them all
-        self.argv = _runner_argv(cfg, topic, table, self.checkpoint, "processing:0.5", cfg.timeout * (cfg.planned + 2),
-                                 dsn=kit.job_dsn, master=kit.master, conf=kit.conf)  # fmt: skip
+        self.argv = _runner_argv(
+            cfg,
+            topic,
+            table,
+            self.checkpoint,
+            "processing:0.5",
+            cfg.timeout * (cfg.planned + 2),
+            dsn=kit.job_dsn,
+            master=kit.master,
+            conf=kit.conf,
+        )
         self.live: PipelineProcess | None = None
         self.entry: dict[str, Any] = {}
         self.runs = _Runs()
@@ -846,8 +926,9 @@ class _Loop:
         proc = PipelineProcess(self.argv, run_env, self.log_path, self.root)
         proc.start()
         self.live = proc
-        self.entry = self.runlog.started(proc, "chaos", self.checkpoint, master=self.kit.master,
-                                         faults=faults_spec or None)  # fmt: skip
+        self.entry = self.runlog.started(
+            proc, "chaos", self.checkpoint, master=self.kit.master, faults=faults_spec or None
+        )
         return proc
 
     def _ended(self, proc: PipelineProcess, ended_by: str, timeout: float = 60) -> Any:
@@ -924,9 +1005,14 @@ class _Loop:
             self.runs.sigkilled += 1
         fired = fault_kinds.firings(self.fault_log, spec) if spec else []
         ok = out.killed and (plan.kind == "sigkill" or bool(fired))
-        return {"how": how, "out": out, "ok": ok, "spec": spec or None,
-                "proof": describe_exit(out.returncode) + (f"; {spec.split(':action')[0]} fired (pid "
-                f"{fired[0]['pid']})" if fired else "")}  # fmt: skip
+        return {
+            "how": how,
+            "out": out,
+            "ok": ok,
+            "spec": spec or None,
+            "proof": describe_exit(out.returncode)
+            + (f"; {spec.split(':action')[0]} fired (pid {fired[0]['pid']})" if fired else ""),
+        }
 
     def _held(self, plan: KillPlan) -> dict[str, Any]:
         """executor-loss and slow-task: a run whose first task at the hold point waits; its executor
@@ -935,8 +1021,9 @@ class _Loop:
         batch = _next_batch(checker.last_commit(self.checkpoint))
         point = fault_kinds.hold_point(cfg.points)
         slow = fault == "slow-task"
-        spec = fault_kinds.hold_spec(point, batch, fault_kinds.HOLD_SECONDS if slow else fault_kinds.EXECUTOR_HOLD,
-                                     log_others=slow)  # fmt: skip
+        spec = fault_kinds.hold_spec(
+            point, batch, fault_kinds.HOLD_SECONDS if slow else fault_kinds.EXECUTOR_HOLD, log_others=slow
+        )
         held_rule = spec.split(";")[0]
         proc = self._start(spec, plan.index)
         _wait_started(proc, cfg.timeout)
@@ -951,15 +1038,20 @@ class _Loop:
         if slow:
             time.sleep(max(0.0, float(held["time"]) + fault_kinds.HOLD_SECONDS + 1 - time.time()))
             copy = fault_kinds.speculative_copy(self.fault_log, held, spec.split(";")[1])
-            proof.update(held={k: held.get(k) for k in ("pid", "partition", "attempt", "time")},
-                         copy=None if copy is None else {k: copy.get(k) for k in ("pid", "partition", "attempt", "time")},
-                         ok=copy is not None)  # fmt: skip
+            proof.update(
+                held={k: held.get(k) for k in ("pid", "partition", "attempt", "time")},
+                copy=None if copy is None else {k: copy.get(k) for k in ("pid", "partition", "attempt", "time")},
+                ok=copy is not None,
+            )
             proof["proof"] = (
                 f"task {held.get('partition')} of batch {batch} held {fault_kinds.HOLD_SECONDS:.0f} s at {point} "
                 f"(pid {held.get('pid')}); "
-                + (f"a copy ran meanwhile (pid {copy.get('pid')}, attempt {copy.get('attempt', '?')})" if copy
-                   else "Spark ran NO copy of it meanwhile (speculation did not start)")
-            )  # fmt: skip
+                + (
+                    f"a copy ran meanwhile (pid {copy.get('pid')}, attempt {copy.get('attempt', '?')})"
+                    if copy
+                    else "Spark ran NO copy of it meanwhile (speculation did not start)"
+                )
+            )
         else:
             killed = fault_kinds.kill_executor(int(held["pid"]))
             proof.update(killed)
@@ -968,8 +1060,12 @@ class _Loop:
         recovered = self._commit_after(proc, before)
         proof["recovered"] = recovered or not proc.alive()
         self._log(plan, fault, proof)
-        return {"how": fault, "ok": bool(proof["ok"]) and proof["recovered"], "proof": proof["proof"]
-                + self._after(proc, recovered), "detail": proof}  # fmt: skip
+        return {
+            "how": fault,
+            "ok": bool(proof["ok"]) and proof["recovered"],
+            "proof": proof["proof"] + self._after(proc, recovered),
+            "detail": proof,
+        }
 
     def _disturb(self, plan: KillPlan) -> dict[str, Any]:
         cfg, fault = self.cfg, plan.fault
@@ -1080,13 +1176,21 @@ def _checked(
                 runs.sigkilled == runs.kill_steps and runs.sigkilled > 0 and not unreached,
                 f"{runs.sigkilled} of {runs.kill_steps} planned kills ended the pipeline by SIGKILL "
                 f"({fault_kills} from fault points, logged)"
-                + (f"; {len(unreached)} fault points NOT reached (killed from outside instead): the batch they "
-                   "aim at never ran" if unreached else ""),
-                {"planned": runs.kill_steps, "sigkilled": runs.sigkilled, "fault_point_kills": fault_kills,
-                 **({"unreached": len(unreached)} if unreached else {})},
+                + (
+                    f"; {len(unreached)} fault points NOT reached (killed from outside instead): the batch they "
+                    "aim at never ran"
+                    if unreached
+                    else ""
+                ),
+                {
+                    "planned": runs.kill_steps,
+                    "sigkilled": runs.sigkilled,
+                    "fault_point_kills": fault_kills,
+                    **({"unreached": len(unreached)} if unreached else {}),
+                },
                 {"unreached": unreached} if unreached else {},
             )
-        )  # fmt: skip
+        )
     if runs.proofs:
         bad = [p for p in runs.proofs if not p["ok"]]
         kinds = Counter(p["fault"] for p in runs.proofs)
@@ -1155,8 +1259,9 @@ def _check_fault_setup(cfg: ChaosConfig) -> dict[str, int]:
     weights = cfg.weights
     if cfg.app:  # first: a Kafka sink job's own refusals say more than the general ones
         refuse_for_sink_kind(cfg.sink_kind, weights, dsn=cfg.dsn, dead_letters=cfg.dead_letters)
-    fault_kinds.refuse_unsupported(weights, kafka_named=cfg.kafka_named, postgres_named=cfg.postgres_named,
-                                   dsn=cfg.dsn, partitions=cfg.partitions)  # fmt: skip
+    fault_kinds.refuse_unsupported(
+        weights, kafka_named=cfg.kafka_named, postgres_named=cfg.postgres_named, dsn=cfg.dsn, partitions=cfg.partitions
+    )
     server = [k for k in fault_kinds.PG_SERVER if k in weights]
     if server and (cfg.postgres_service is None or getattr(cfg.postgres_service, "kind", "env") == "env"):
         raise ConfigError(
@@ -1179,8 +1284,9 @@ def run(cfg: ChaosConfig) -> checker.Report:
     env = dict(os.environ, EOS_FAULTS_LOG=fault_log, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(password_apart(cfg.dsn)[1])  # the runs' --dsn carries no password (_runner_argv)
     env.pop("EOS_FAULTS", None)
-    with fault_kinds.FaultKit(weights, bootstrap=cfg.bootstrap, dsn=cfg.dsn, postgres=cfg.postgres_service,
-                              env=env, workdir=cfg.workdir) as kit:  # fmt: skip
+    with fault_kinds.FaultKit(
+        weights, bootstrap=cfg.bootstrap, dsn=cfg.dsn, postgres=cfg.postgres_service, env=env, workdir=cfg.workdir
+    ) as kit:
         if kit.cluster is not None:  # our cluster's executors run on this machine: this interpreter
             env.setdefault("PYSPARK_PYTHON", sys.executable)
         named = cfg.bootstrap
@@ -1210,9 +1316,20 @@ def _steps(cfg: ChaosConfig, loop: _Loop, plans: list[KillPlan], producer: _Prod
             runs.outcomes[exit_text] += 1
         else:
             runs.proofs.append({"index": plan.index, "fault": plan.fault, "ok": step["ok"], "proof": step["proof"]})
-        cfg.events.append({"kill": plan.index, "kind": how, "point": plan.point, "delay": plan.delay, "exit": exit_text,
-                           "seconds": round(out.seconds, 1) if out is not None else None, "fault": plan.fault,
-                           "ok": step["ok"], "proof": step["proof"], "run": loop.runlog.count})  # fmt: skip
+        cfg.events.append(
+            {
+                "kill": plan.index,
+                "kind": how,
+                "point": plan.point,
+                "delay": plan.delay,
+                "exit": exit_text,
+                "seconds": round(out.seconds, 1) if out is not None else None,
+                "fault": plan.fault,
+                "ok": step["ok"],
+                "proof": step["proof"],
+                "run": loop.runlog.count,
+            }
+        )
         progress.show(
             plan.index + 1,
             f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {exit_text}",
@@ -1224,9 +1341,14 @@ def _steps(cfg: ChaosConfig, loop: _Loop, plans: list[KillPlan], producer: _Prod
 
 
 def _drain(
-    cfg: ChaosConfig, kit: fault_kinds.FaultKit, env: dict[str, str], topic: str, table: str, root: str,
+    cfg: ChaosConfig,
+    kit: fault_kinds.FaultKit,
+    env: dict[str, str],
+    topic: str,
+    table: str,
+    root: str,
     runlog: _RunLog,
-) -> Any:  # fmt: skip
+) -> Any:
     """The last run: availableNow from the checkpoint until the topic is drained; how it ended. It carries no
     fault, so it runs on the job's own master (``cfg.master``), not on the local-cluster or standalone cluster
     that ``executor-loss`` or ``slow-task`` ran the job's other runs on (executor JVMs of its own to start):
@@ -1260,9 +1382,14 @@ def raise_refusal(out: Any) -> None:
 
 
 def _run_with(
-    cfg: ChaosConfig, kit: fault_kinds.FaultKit, plans: list[KillPlan], env: dict[str, str], topic: str, table: str,
+    cfg: ChaosConfig,
+    kit: fault_kinds.FaultKit,
+    plans: list[KillPlan],
+    env: dict[str, str],
+    topic: str,
+    table: str,
     root: str,
-) -> checker.Report:  # fmt: skip
+) -> checker.Report:
     import psycopg
 
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
@@ -1379,9 +1506,12 @@ def minimise(cfg: ChaosConfig, report: checker.Report) -> dict[str, Any]:
             break
         trial = [k for k in keep if k != index]
         tcfg = dataclasses.replace(
-            cfg, only_kills=tuple(trial), events=[], progress=False,
+            cfg,
+            only_kills=tuple(trial),
+            events=[],
+            progress=False,
             workdir=os.path.join(cfg.workdir, f"minimise-{len(trials)}"),
-        )  # fmt: skip
+        )
         tcfg.workload, tcfg.topics = None, {}
         result = run(tcfg)
         fails = not result.ok and result.info.get("verdict") != oracle.CANNOT_JUDGE
@@ -1430,9 +1560,14 @@ def _reference_verdict(
     if cfg.reference_rows is not None:  # a minimisation trial: the same records, the same references
         got = _output_rows(cfg, table)
         report = oracle.judge(
-            got, cfg.reference_rows, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
-            ignore=cfg.ignore_columns, table=_written(cfg, table),
-        )  # fmt: skip
+            got,
+            cfg.reference_rows,
+            mode=cfg.oracle or "append",
+            key=cfg.oracle_key,
+            tolerance=cfg.tolerance,
+            ignore=cfg.ignore_columns,
+            table=_written(cfg, table),
+        )
         report.info["sink_rows"] = len(got)
         return report
     clean = {k: v for k, v in env.items() if k not in ("EOS_FAULTS", "EOS_FAULTS_STATE")}
@@ -1447,8 +1582,12 @@ def _reference_verdict(
         # chaos run batched it its own way already), which keeps a reference run short
         argv = _runner_argv(
             dataclasses.replace(cfg, max_offsets=max(cfg.max_offsets, cfg.records * len(cfg.topics or {"": ""}))),
-            topic, ref_table, ref_checkpoint, "available-now", drain,
-        )  # fmt: skip
+            topic,
+            ref_table,
+            ref_checkpoint,
+            "available-now",
+            drain,
+        )
         proc = PipelineProcess(argv, clean, log, root)
         if runlog is None:
             out = proc.run(drain + 60)
@@ -1477,9 +1616,14 @@ def _reference_verdict(
     refs = [_output_rows(cfg, t) for t in tables]
     cfg.reference_rows = refs
     report = oracle.judge(
-        got, refs, mode=cfg.oracle or "append", key=cfg.oracle_key, tolerance=cfg.tolerance,
-        ignore=cfg.ignore_columns, table=_written(cfg, table),
-    )  # fmt: skip
+        got,
+        refs,
+        mode=cfg.oracle or "append",
+        key=cfg.oracle_key,
+        tolerance=cfg.tolerance,
+        ignore=cfg.ignore_columns,
+        table=_written(cfg, table),
+    )
     if cfg.kafka_sink:
         report.info.update({"reference_topics": [out_topic_of(t) for t in tables], "sink_rows": len(got)})
     else:
@@ -1518,8 +1662,11 @@ def _wait_started(proc: PipelineProcess, timeout: float) -> None:
 
 def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``chaos`` command to an argparse subparsers object (``spark-eos chaos``)."""
-    p = subparsers.add_parser("chaos", help="kill a pipeline N times while a producer writes, then check exactly-once",
-                              description=__doc__.split("\n")[0])  # fmt: skip
+    p = subparsers.add_parser(
+        "chaos",
+        help="kill a pipeline N times while a producer writes, then check exactly-once",
+        description=__doc__.split("\n")[0],
+    )
     _arguments(p)
     p.set_defaults(func=_command)
     return p  # type: ignore[no-any-return]
@@ -1530,11 +1677,15 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--app", default=None, help="module:function building YOUR query instead (see connectors.toolkit.app_runner)"
     )
-    p.add_argument("--sink-kind", choices=SINK_KINDS, default="2pc",
-                   help="with --app: the job's sink, which picks the fault points and checks (default 2pc; "
-                   "foreachbatch: points around your foreachBatch function, before Spark's commit; kafka / "
-                   "kafka-partition: the kafka-eos sink with visibility=batch / partition, writing job.out_topic, "
-                   "which is read back read_committed)")  # fmt: skip
+    p.add_argument(
+        "--sink-kind",
+        choices=SINK_KINDS,
+        default="2pc",
+        help="with --app: the job's sink, which picks the fault points and checks (default 2pc; "
+        "foreachbatch: points around your foreachBatch function, before Spark's commit; kafka / "
+        "kafka-partition: the kafka-eos sink with visibility=batch / partition, writing job.out_topic, "
+        "which is read back read_committed)",
+    )
     p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
     p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
     p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
@@ -1545,34 +1696,74 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "or with --sink-kind kafka* its errors.topic (the run creates it); a record there counts as delivered "
         "(each record once in the table or topic, or in the dead letters)",
     )
-    p.add_argument("--generator", default=None, metavar="MODULE:FUNCTION",
-                   help="with --app: YOUR records: records(seed, n) yields (key, value[, headers[, partition[, timestamp]]]) "
-                   "or dicts with key, value, headers, partition, timestamp (ms), topic (several topics: job.topics)")  # fmt: skip
-    p.add_argument("--records-file", default=None, metavar="PATH",
-                   help="with --app: YOUR sample records: *.jsonl one {key, value, timestamp, topic...} object a line, "
-                   "*.avro an Avro container file (each record's value plain Avro binary, what from_avro reads), "
-                   "any other file one raw value a line (the first --records of them)")  # fmt: skip
-    p.add_argument("--oracle", default=None, metavar="append|upsert:KEY[,KEY]",
-                   help="with --app: judge the table against fault-free reference runs of the job (availableNow, "
-                   "fresh checkpoint, table <table>_ref1..), as multisets (append) or by key (upsert)")  # fmt: skip
-    p.add_argument("--tolerance", type=float, default=0.0, help="with --oracle: float columns may differ this much "
-                   "(relative and absolute; default 0: exact)")  # fmt: skip
+    p.add_argument(
+        "--generator",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="with --app: YOUR records: records(seed, n) yields (key, value[, headers[, partition[, timestamp]]]) "
+        "or dicts with key, value, headers, partition, timestamp (ms), topic (several topics: job.topics)",
+    )
+    p.add_argument(
+        "--records-file",
+        default=None,
+        metavar="PATH",
+        help="with --app: YOUR sample records: *.jsonl one {key, value, timestamp, topic...} object a line, "
+        "*.avro an Avro container file (each record's value plain Avro binary, what from_avro reads), "
+        "any other file one raw value a line (the first --records of them)",
+    )
+    p.add_argument(
+        "--oracle",
+        default=None,
+        metavar="append|upsert:KEY[,KEY]",
+        help="with --app: judge the table against fault-free reference runs of the job (availableNow, "
+        "fresh checkpoint, table <table>_ref1..), as multisets (append) or by key (upsert)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        help="with --oracle: float columns may differ this much (relative and absolute; default 0: exact)",
+    )
     p.add_argument("--ignore-columns", default="", help="with --oracle: comma-separated columns allowed to differ")
-    p.add_argument("--reference-runs", type=int, default=2,
-                   help="with --oracle: fault-free runs (default 2: they must agree, else the verdict is CANNOT JUDGE)")  # fmt: skip
-    p.add_argument("--only-kills", default=None, metavar="I,J",
-                   help="run only these kills (numbered from 0) of the seed's schedule: what --minimise prints")  # fmt: skip
-    p.add_argument("--minimise", action="store_true",
-                   help="when the run fails, re-run the seed dropping kills one at a time; print the smallest "
-                   "failing schedule and the command reproducing it")  # fmt: skip
-    p.add_argument("--kills", type=int, default=10,
-                   help="how many faults the schedule has (default 10; all kills unless --faults says otherwise)")  # fmt: skip
-    p.add_argument("--faults", default=None, metavar="KIND:WEIGHT,...",
-                   help="the fault kinds drawn and their weights (default kill:1,fault-point:1); kinds: "
-                   + ", ".join(fault_kinds.KINDS) + " (docs/guarantees.md, chaos-test your own job)")  # fmt: skip
-    p.add_argument("--report", default=None, metavar="DIR",
-                   help="also write report.html (timeline, findings, the oracle's first differing rows; no network) "
-                   "and junit.xml (one test case per check) into DIR")  # fmt: skip
+    p.add_argument(
+        "--reference-runs",
+        type=int,
+        default=2,
+        help="with --oracle: fault-free runs (default 2: they must agree, else the verdict is CANNOT JUDGE)",
+    )
+    p.add_argument(
+        "--only-kills",
+        default=None,
+        metavar="I,J",
+        help="run only these kills (numbered from 0) of the seed's schedule: what --minimise prints",
+    )
+    p.add_argument(
+        "--minimise",
+        action="store_true",
+        help="when the run fails, re-run the seed dropping kills one at a time; print the smallest "
+        "failing schedule and the command reproducing it",
+    )
+    p.add_argument(
+        "--kills",
+        type=int,
+        default=10,
+        help="how many faults the schedule has (default 10; all kills unless --faults says otherwise)",
+    )
+    p.add_argument(
+        "--faults",
+        default=None,
+        metavar="KIND:WEIGHT,...",
+        help="the fault kinds drawn and their weights (default kill:1,fault-point:1); kinds: "
+        + ", ".join(fault_kinds.KINDS)
+        + " (docs/guarantees.md, chaos-test your own job)",
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="also write report.html (timeline, findings, the oracle's first differing rows; no network) "
+        "and junit.xml (one test case per check) into DIR",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the kill schedule and the records (default 1)")
     p.add_argument("--records", type=int, default=10_000, help="records the producer writes (default 10000)")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (default 2)")
@@ -1605,8 +1796,11 @@ def _oracle_args(args: argparse.Namespace) -> tuple[str | None, tuple[str, ...]]
         raise ConfigError(
             f"--reference-runs {args.reference_runs}: at least 1 (2, the default, also checks the job is deterministic)"
         )
-    given = {"--tolerance": args.tolerance != 0, "--ignore-columns": bool(args.ignore_columns),
-             "--reference-runs": args.reference_runs != 2}  # fmt: skip
+    given = {
+        "--tolerance": args.tolerance != 0,
+        "--ignore-columns": bool(args.ignore_columns),
+        "--reference-runs": args.reference_runs != 2,
+    }
     for flag, used in given.items():
         if used and not args.oracle:
             raise ConfigError(f"{flag} tunes the oracle's comparison: it needs --oracle append|upsert:KEY")
@@ -1665,8 +1859,9 @@ def _command(args: argparse.Namespace) -> int:
     named_pg = _named(args.dsn, "EOS_POSTGRES_DSN", "--dsn")
     if args.app:  # before the general refusals: a Kafka sink job's say more
         refuse_for_sink_kind(args.sink_kind, weights, dsn=args.dsn, dead_letters=args.dead_letters)
-    fault_kinds.refuse_unsupported(weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=args.dsn,
-                                   partitions=args.partitions)  # fmt: skip
+    fault_kinds.refuse_unsupported(
+        weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=args.dsn, partitions=args.partitions
+    )
     if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
         raise ConfigError(f"--report {args.report!r}: a file is there; name a directory (it is created if missing)")
     # a broker of the run's own when the faults restart it or cut it (fault_kinds.FaultKit starts it)
@@ -1677,16 +1872,35 @@ def _command(args: argparse.Namespace) -> int:
     try:
         workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
         cfg = ChaosConfig(
-            pipeline=args.pipeline or "2pc", kills=args.kills, seed=args.seed, records=args.records,
-            bootstrap=args.bootstrap, dsn=args.dsn, workdir=workdir, partitions=args.partitions,
-            max_offsets=args.max_offsets, progress=not args.quiet, app=args.app, sink_kind=args.sink_kind,
-            id_field=args.id_field, payload_fields=tuple(f for f in args.payload.split(",") if f),
-            options=dict(kv.split("=", 1) for kv in args.option), dead_letters=args.dead_letters,
-            generator=args.generator, records_file=args.records_file, oracle=mode, oracle_key=key,
-            tolerance=args.tolerance, ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
-            reference_runs=args.reference_runs, only_kills=only, faults=weights, postgres_service=pg_service,
-            kafka_named=named_kafka, postgres_named=named_pg,
-        )  # fmt: skip
+            pipeline=args.pipeline or "2pc",
+            kills=args.kills,
+            seed=args.seed,
+            records=args.records,
+            bootstrap=args.bootstrap,
+            dsn=args.dsn,
+            workdir=workdir,
+            partitions=args.partitions,
+            max_offsets=args.max_offsets,
+            progress=not args.quiet,
+            app=args.app,
+            sink_kind=args.sink_kind,
+            id_field=args.id_field,
+            payload_fields=tuple(f for f in args.payload.split(",") if f),
+            options=dict(kv.split("=", 1) for kv in args.option),
+            dead_letters=args.dead_letters,
+            generator=args.generator,
+            records_file=args.records_file,
+            oracle=mode,
+            oracle_key=key,
+            tolerance=args.tolerance,
+            ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
+            reference_runs=args.reference_runs,
+            only_kills=only,
+            faults=weights,
+            postgres_service=pg_service,
+            kafka_named=named_kafka,
+            postgres_named=named_pg,
+        )
         report = run(cfg)
         if args.minimise and not report.ok and report.info.get("verdict") != oracle.CANNOT_JUDGE:
             if not args.quiet:

@@ -52,8 +52,9 @@ def worker_hosts_usable() -> str | None:
 class StandaloneCluster:
     """A master and ``workers`` one-core workers (``WORKER_HOSTS``); ``url`` is the master's."""
 
-    def __init__(self, root: str | None = None, *, workers: int = 2, env: Mapping[str, str] | None = None,
-                 memory: str = "1g") -> None:  # fmt: skip
+    def __init__(
+        self, root: str | None = None, *, workers: int = 2, env: Mapping[str, str] | None = None, memory: str = "1g"
+    ) -> None:
         if not 1 <= workers <= len(WORKER_HOSTS):
             raise ConfigError(f"workers={workers}: 1 to {len(WORKER_HOSTS)}")
         self._own_root = root is None
@@ -78,16 +79,35 @@ class StandaloneCluster:
     def _start(self, name: str, cls: str, host: str, *args: str, **extra: str) -> None:
         home = spark_home()
         env = {k: v for k, v in self.env.items() if not k.startswith("EOS_FAULTS")}  # per run: spark.executorEnv
-        env.update(SPARK_HOME=home, SPARK_LOCAL_IP=host, SPARK_PUBLIC_DNS=host, SPARK_LOG_DIR=str(self.root),
-                   SPARK_NO_DAEMONIZE="1", **extra)  # fmt: skip
+        env.update(
+            SPARK_HOME=home,
+            SPARK_LOCAL_IP=host,
+            SPARK_PUBLIC_DNS=host,
+            SPARK_LOG_DIR=str(self.root),
+            SPARK_NO_DAEMONIZE="1",
+            **extra,
+        )
         if self.env.get("EOS_FAULTS_LOG"):  # fixed for a chaos run: the executors' firings go there
             env["EOS_FAULTS_LOG"] = self.env["EOS_FAULTS_LOG"]
         with open(self.log(name), "ab") as fh:
             self.procs[name] = subprocess.Popen(
-                [f"{home}/bin/spark-class", cls, "--host", host, "--webui-port", str(free_port()),
-                 "--properties-file", str(self.root / "spark-cluster.conf"), *args],
-                env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                [
+                    f"{home}/bin/spark-class",
+                    cls,
+                    "--host",
+                    host,
+                    "--webui-port",
+                    str(free_port()),
+                    "--properties-file",
+                    str(self.root / "spark-cluster.conf"),
+                    *args,
+                ],
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def start(self, timeout: float = 180.0) -> StandaloneCluster:
         (self.root / "spark-cluster.conf").write_text("spark.ui.enabled false\nspark.worker.timeout 15\n")
@@ -97,9 +117,19 @@ class StandaloneCluster:
             for i in range(self.workers):
                 self.work_dir(i).mkdir(exist_ok=True)
                 # executors' local dirs under the root: one SIGKILLed (a lost host) never removes its own
-                self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", WORKER_HOSTS[i], "--cores", "1",
-                            "--memory", self.memory, "--work-dir", str(self.work_dir(i)), self.url,
-                            SPARK_LOCAL_DIRS=str(self.root / f"local-{i}"))  # fmt: skip
+                self._start(
+                    f"worker-{i}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    WORKER_HOSTS[i],
+                    "--cores",
+                    "1",
+                    "--memory",
+                    self.memory,
+                    "--work-dir",
+                    str(self.work_dir(i)),
+                    self.url,
+                    SPARK_LOCAL_DIRS=str(self.root / f"local-{i}"),
+                )
             self._wait("master", "Registering worker", self.workers, timeout)
         except BaseException:
             self.stop()

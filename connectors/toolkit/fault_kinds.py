@@ -209,9 +209,14 @@ def with_address(dsn: str, host: str, port: int) -> str:
 
 
 def refuse_unsupported(
-    weights: Mapping[str, int], *, kafka_named: str | None, postgres_named: str | None, dsn: str | None,
-    partitions: int, option: str = "--faults",
-) -> None:  # fmt: skip
+    weights: Mapping[str, int],
+    *,
+    kafka_named: str | None,
+    postgres_named: str | None,
+    dsn: str | None,
+    partitions: int,
+    option: str = "--faults",
+) -> None:
     """Refuse (ConfigError, one line naming the fault and why) every listed fault this setup cannot
     inject. ``kafka_named`` / ``postgres_named``: where the user named their own broker / server
     (``"--bootstrap"``, ``"EOS_KAFKA_BOOTSTRAP"``...), None when spark-eos runs it."""
@@ -282,9 +287,15 @@ class FaultKit:
     ``master`` and ``conf`` are what the job's runs then use."""
 
     def __init__(
-        self, weights: Mapping[str, int], *, bootstrap: str, dsn: str, postgres: Any = None,
-        env: Mapping[str, str] | None = None, workdir: str = ".",
-    ) -> None:  # fmt: skip
+        self,
+        weights: Mapping[str, int],
+        *,
+        bootstrap: str,
+        dsn: str,
+        postgres: Any = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str = ".",
+    ) -> None:
         self.weights = dict(weights)
         self.bootstrap = bootstrap
         self.dsn = dsn
@@ -386,9 +397,14 @@ class FaultKit:
             pg.start()
         after = _pg_started(self.dsn)
         ok = before is not None and after is not None and before != after and (kind == "pg-restart" or refused)
-        return {"started_before": before, "started_after": after, "refused_while_down": refused, "ok": ok,
-                "proof": f"postmaster started {before} -> {after}"
-                + ("" if kind == "pg-restart" else f"; a connection while down {'was' if refused else 'was NOT'} refused")}  # fmt: skip
+        return {
+            "started_before": before,
+            "started_after": after,
+            "refused_while_down": refused,
+            "ok": ok,
+            "proof": f"postmaster started {before} -> {after}"
+            + ("" if kind == "pg-restart" else f"; a connection while down {'was' if refused else 'was NOT'} refused"),
+        }
 
     def _down(self, action: Callable[[], None], seconds: float) -> bool:
         """Run ``action`` (stop, stay down ``seconds``, start) while probing that the server refuses."""
@@ -415,15 +431,22 @@ class FaultKit:
             time.sleep(CUT_SECONDS)
             proxy.heal()
             hit = stats.resets + stats.refused - before
-            return {"connections_open": open_now, "reset_or_refused": hit, "ok": hit > 0,
-                    "proof": f"{hit} connections reset or refused in {CUT_SECONDS:.0f} s"}  # fmt: skip
+            return {
+                "connections_open": open_now,
+                "reset_or_refused": hit,
+                "ok": hit > 0,
+                "proof": f"{hit} connections reset or refused in {CUT_SECONDS:.0f} s",
+            }
         before = stats.stalled
         proxy.stall()
         time.sleep(STALL_SECONDS)
         proxy.heal()
         held = stats.stalled - before
-        return {"connections_held": held, "ok": held > 0,
-                "proof": f"{held} connections held without a byte for {STALL_SECONDS:.0f} s"}  # fmt: skip
+        return {
+            "connections_held": held,
+            "ok": held > 0,
+            "proof": f"{held} connections held without a byte for {STALL_SECONDS:.0f} s",
+        }
 
     def _broker(self, kind: str) -> dict[str, Any]:
         from connectors.services.embedded_kafka import kafka_reachable
@@ -442,9 +465,14 @@ class FaultKit:
             down_ok = False
         new = broker.pid
         ok = gone and new != old and broker.running() and not down_ok
-        return {"pid_before": old, "pid_after": new, "old_jvm_gone": gone, "ok": ok,
-                "proof": f"broker JVM {old} {'SIGKILLed' if kind == 'broker-crash' else 'stopped'} "
-                f"({'gone' if gone else 'STILL ALIVE'}), started again as {new}"}  # fmt: skip
+        return {
+            "pid_before": old,
+            "pid_after": new,
+            "old_jvm_gone": gone,
+            "ok": ok,
+            "proof": f"broker JVM {old} {'SIGKILLed' if kind == 'broker-crash' else 'stopped'} "
+            f"({'gone' if gone else 'STILL ALIVE'}), started again as {new}",
+        }
 
 
 # ---- faults inside the job's processes ------------------------------------------------------------
@@ -489,9 +517,14 @@ def kill_executor(held_pid: int) -> dict[str, Any]:
     while time.monotonic() < deadline and any(_pid_alive(p) for p in doomed):
         time.sleep(0.1)
     left = [p for p in doomed if _pid_alive(p)]
-    return {"executor": executor, "killed": doomed, "left": left, "ok": not left,
-            "proof": f"executor JVM {executor} and {len(doomed) - 1} processes under it SIGKILLed"
-            + (f"; STILL ALIVE: {left}" if left else ", all gone")}  # fmt: skip
+    return {
+        "executor": executor,
+        "killed": doomed,
+        "left": left,
+        "ok": not left,
+        "proof": f"executor JVM {executor} and {len(doomed) - 1} processes under it SIGKILLed"
+        + (f"; STILL ALIVE: {left}" if left else ", all gone"),
+    }
 
 
 def firings(log: str, rule: str) -> list[dict[str, Any]]:
@@ -506,8 +539,11 @@ def speculative_copy(log: str, held: Mapping[str, Any], others_rule: str) -> dic
     t0 = float(held.get("time", 0))
     same = ("batch", "partition", "topic")
     for e in firings(log, others_rule):
-        if (all(e.get(k) == held.get(k) for k in same) and e.get("pid") != held.get("pid")
-                and t0 <= float(e.get("time", 0)) <= t0 + HOLD_SECONDS + 1):  # fmt: skip
+        if (
+            all(e.get(k) == held.get(k) for k in same)
+            and e.get("pid") != held.get("pid")
+            and t0 <= float(e.get("time", 0)) <= t0 + HOLD_SECONDS + 1
+        ):
             return e
     return None
 

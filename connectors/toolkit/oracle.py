@@ -132,9 +132,14 @@ def _index(rows: Sequence[Row], key: Sequence[str]) -> tuple[dict[Any, Row], lis
 
 
 def _by_key(
-    got: Sequence[Row], want: Sequence[Row], key: Sequence[str], columns: Sequence[str], tolerance: float,
-    name: str, what: tuple[str, str],
-) -> Check:  # fmt: skip
+    got: Sequence[Row],
+    want: Sequence[Row],
+    key: Sequence[str],
+    columns: Sequence[str],
+    tolerance: float,
+    name: str,
+    what: tuple[str, str],
+) -> Check:
     g, gdup = _index(got, key)
     w, wdup = _index(want, key)
     missing = [k for k in w if k not in g]
@@ -164,9 +169,13 @@ def _by_key(
 
 
 def _multiset(
-    got: Sequence[Row], want: Sequence[Row], columns: Sequence[str], tolerance: float, name: str,
+    got: Sequence[Row],
+    want: Sequence[Row],
+    columns: Sequence[str],
+    tolerance: float,
+    name: str,
     what: tuple[str, str],
-) -> Check:  # fmt: skip
+) -> Check:
     loose = [c for c in columns if tolerance > 0 and any(_numeric(r.get(c)) for r in [*got, *want])]
     exact = [c for c in columns if c not in loose]
 
@@ -272,9 +281,15 @@ def judge(
 
 
 def differences(
-    got: Sequence[Row], want: Sequence[Row], *, mode: str, key: Sequence[str] = (), tolerance: float = 0.0,
-    ignore: Sequence[str] = (), limit: int = 10,
-) -> dict[str, Any]:  # fmt: skip
+    got: Sequence[Row],
+    want: Sequence[Row],
+    *,
+    mode: str,
+    key: Sequence[str] = (),
+    tolerance: float = 0.0,
+    ignore: Sequence[str] = (),
+    limit: int = 10,
+) -> dict[str, Any]:
     """The first ``limit`` rows where ``got`` (the chaos run) and ``want`` (the reference run) differ, as
     rows to show side by side: ``{"what": "differ"|"missing"|"extra"|"duplicate key", "chaos": row|None,
     "reference": row|None, "differ": [columns]}``, rows limited to the compared columns."""
@@ -302,8 +317,15 @@ def differences(
             if k not in w:
                 rows.append({"what": "extra", "key": list(k), "chaos": cut(g[k]), "reference": None, "differ": columns})
         for k in gdup:
-            rows.append({"what": "duplicate key", "key": list(k), "chaos": cut(g[k]), "reference": cut(w.get(k)),
-                         "differ": list(key)})  # fmt: skip
+            rows.append(
+                {
+                    "what": "duplicate key",
+                    "key": list(k),
+                    "chaos": cut(g[k]),
+                    "reference": cut(w.get(k)),
+                    "differ": list(key),
+                }
+            )
     else:
         unmatched = list(want)
         for row in got:
@@ -313,5 +335,11 @@ def differences(
             else:
                 unmatched.pop(hit)
         rows += [{"what": "missing", "chaos": None, "reference": cut(u), "differ": columns} for u in unmatched]
-    return {"mode": mode, "key": list(key), "tolerance": tolerance, "columns": columns, "rows": rows[:limit],
-            "total": len(rows)}  # fmt: skip
+    return {
+        "mode": mode,
+        "key": list(key),
+        "tolerance": tolerance,
+        "columns": columns,
+        "rows": rows[:limit],
+        "total": len(rows),
+    }

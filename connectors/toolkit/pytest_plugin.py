@@ -134,22 +134,50 @@ def eos_chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., A
         if tolerance < 0:
             raise ConfigError(f"tolerance={tolerance!r}: a number >= 0 (e.g. 1e-9)")
         weights = fault_kinds.parse_faults(faults, option="faults=")
-        chaos.refuse_for_sink_kind(sink_kind, weights, dsn=os.environ.get("EOS_POSTGRES_DSN"),
-                                   dead_letters=dead_letters, names=chaos.PLUGIN_NAMES)  # fmt: skip
+        chaos.refuse_for_sink_kind(
+            sink_kind,
+            weights,
+            dsn=os.environ.get("EOS_POSTGRES_DSN"),
+            dead_letters=dead_letters,
+            names=chaos.PLUGIN_NAMES,
+        )
         bootstrap, eos_postgres, named_kafka, named_pg = _services_for(request, sink_kind, weights)
         dsn = "" if eos_postgres is None else eos_postgres.dsn
-        fault_kinds.refuse_unsupported(weights, kafka_named=named_kafka, postgres_named=named_pg,
-                                       dsn=dsn, partitions=partitions, option="faults=")  # fmt: skip
+        fault_kinds.refuse_unsupported(
+            weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=dsn, partitions=partitions, option="faults="
+        )
         workdir = tmp_path / f"chaos-{next(runs)}"
         cfg = chaos.ChaosConfig(
-            pipeline="app", kills=kills, seed=seed, records=records, bootstrap=bootstrap, dsn=dsn,
-            workdir=str(workdir), partitions=partitions, max_offsets=max_offsets, progress=False, timeout=timeout,
-            app=app, sink_kind=sink_kind, id_field=id_field, payload_fields=tuple(payload), options=dict(options or {}),
-            dead_letters=dead_letters, generator=generator, records_file=records_file, oracle=mode, oracle_key=key,
-            tolerance=tolerance, ignore_columns=tuple(ignore_columns), reference_runs=reference_runs,
-            only_kills=tuple(only_kills) if only_kills is not None else None, faults=weights,
-            postgres_service=None if named_pg else eos_postgres, kafka_named=named_kafka, postgres_named=named_pg,
-        )  # fmt: skip
+            pipeline="app",
+            kills=kills,
+            seed=seed,
+            records=records,
+            bootstrap=bootstrap,
+            dsn=dsn,
+            workdir=str(workdir),
+            partitions=partitions,
+            max_offsets=max_offsets,
+            progress=False,
+            timeout=timeout,
+            app=app,
+            sink_kind=sink_kind,
+            id_field=id_field,
+            payload_fields=tuple(payload),
+            options=dict(options or {}),
+            dead_letters=dead_letters,
+            generator=generator,
+            records_file=records_file,
+            oracle=mode,
+            oracle_key=key,
+            tolerance=tolerance,
+            ignore_columns=tuple(ignore_columns),
+            reference_runs=reference_runs,
+            only_kills=tuple(only_kills) if only_kills is not None else None,
+            faults=weights,
+            postgres_service=None if named_pg else eos_postgres,
+            kafka_named=named_kafka,
+            postgres_named=named_pg,
+        )
         report = chaos.run(cfg)
         if minimise and not report.ok and report.info.get("verdict") != oracle_mod.CANNOT_JUDGE:
             chaos.minimise(cfg, report)  # report.info["minimised"]: the smallest failing schedule, its command

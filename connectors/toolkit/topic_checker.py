@@ -171,13 +171,16 @@ def verify_topic(
                 "end.visibility",
                 modes == [visibility],
                 f"the sink's {len(markers)} markers were written with visibility={','.join(modes) or 'none'}"
-                + ("" if modes == [visibility] or not modes else
-                   f", but the run expects visibility={visibility} (its --sink-kind): the job sets the sink's "
-                   "visibility itself; give it .option('visibility', job.visibility), or the --sink-kind of its mode "
-                   "(kafka: batch, kafka-partition: partition)"),
+                + (
+                    ""
+                    if modes == [visibility] or not modes
+                    else f", but the run expects visibility={visibility} (its --sink-kind): the job sets the sink's "
+                    "visibility itself; give it .option('visibility', job.visibility), or the --sink-kind of its mode "
+                    "(kafka: batch, kafka-partition: partition)"
+                ),
                 {"markers": len(markers)},
             )
-        )  # fmt: skip
+        )
     if fault_log is not None and (expect_faults or min_faults):
         report.add(*check_faults(fault_log, expect=expect_faults, min_count=max(min_faults, 1)))
     return report

@@ -106,6 +106,7 @@ def build(spark: Any, job: Job) -> Any:
     balances = transfers.groupBy("account").transformWithStateInPandas(
         statefulProcessor=_processor(), outputStructType=OUTPUT, outputMode="Update", timeMode="None"
     )
-    upsert = connectors.upsert_batch(**connectors.postgres_options(job.dsn), table=job.table, key="account",
-                                     version="version")  # fmt: skip
+    upsert = connectors.upsert_batch(
+        **connectors.postgres_options(job.dsn), table=job.table, key="account", version="version"
+    )
     return balances.writeStream.outputMode("update").foreachBatch(upsert)

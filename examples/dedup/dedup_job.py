@@ -85,6 +85,7 @@ def build(spark: Any, job: Job) -> Any:
         ev["click"]["page"].alias("page"),
     )
     once = clicks.withWatermark("sent_at", "10 minutes").dropDuplicatesWithinWatermark(["event_id"])
-    write = connectors.twopc_batch(**connectors.postgres_options(job.dsn), table=job.table, sink_id=job.sink_id,
-                                   checkpointLocation=job.checkpoint)  # binds each decision to Spark's batch  # fmt: skip
+    write = connectors.twopc_batch(
+        **connectors.postgres_options(job.dsn), table=job.table, sink_id=job.sink_id, checkpointLocation=job.checkpoint
+    )  # binds each decision to Spark's batch
     return once.writeStream.foreachBatch(write)

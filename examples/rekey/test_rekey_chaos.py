@@ -15,16 +15,29 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-TOPIC_CHECKS = ("records.duplicates", "records.losses", "records.payload", "end.open_transactions",
-                "end.marker_vs_commit", "end.visibility")  # fmt: skip
+TOPIC_CHECKS = (
+    "records.duplicates",
+    "records.losses",
+    "records.payload",
+    "end.open_transactions",
+    "end.marker_vs_commit",
+    "end.visibility",
+)
 
 
 def test_every_payment_once_in_the_rekeyed_topic_under_kills_at_the_sinks_steps(eos_chaos, tmp_path: Path) -> None:
     report = eos_chaos(
-        "rekey_job:build", generator="rekey_job:records", records=80, kills=1, seed=46, max_offsets=40,
-        sink_kind="kafka-partition", options={"drop_tests": "false"}, payload=("account", "cents", "currency"),
+        "rekey_job:build",
+        generator="rekey_job:records",
+        records=80,
+        kills=1,
+        seed=46,
+        max_offsets=40,
+        sink_kind="kafka-partition",
+        options={"drop_tests": "false"},
+        payload=("account", "cents", "currency"),
         report_dir=tmp_path / "report",
-    )  # fmt: skip
+    )
     assert report.ok, report.table()
     # seed 46: a kill right after one task's transaction of batch 1 committed
     assert report.get("chaos.kills").counts == {"planned": 1, "sigkilled": 1, "fault_point_kills": 1}, report.table()

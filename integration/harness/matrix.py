@@ -66,13 +66,34 @@ class Pipeline:
         bootstrap: str | None = None,
     ) -> list[str]:
         args = [
-            sys.executable, "-m", "integration.harness.runner", "--sink", self.sink,
-            "--bootstrap", bootstrap or self.bootstrap, "--topic", self.topic, "--dsn", password_apart(self.dsn)[0],
-            "--table", self.table, "--checkpoint", checkpoint or self.checkpoint,
-            "--sink-id", sink_id or self.sink_id, "--max-offsets", str(self.max_offsets),
-            "--trigger", trigger, "--master", master or self.master, "--fail-on-data-loss", fail_on_data_loss,
-            "--timeout", "400",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "integration.harness.runner",
+            "--sink",
+            self.sink,
+            "--bootstrap",
+            bootstrap or self.bootstrap,
+            "--topic",
+            self.topic,
+            "--dsn",
+            password_apart(self.dsn)[0],
+            "--table",
+            self.table,
+            "--checkpoint",
+            checkpoint or self.checkpoint,
+            "--sink-id",
+            sink_id or self.sink_id,
+            "--max-offsets",
+            str(self.max_offsets),
+            "--trigger",
+            trigger,
+            "--master",
+            master or self.master,
+            "--fail-on-data-loss",
+            fail_on_data_loss,
+            "--timeout",
+            "400",
+        ]
         for kv in (*self.options, *extra):
             args += ["--extra", kv]
         return args

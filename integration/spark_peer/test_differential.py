@@ -279,11 +279,16 @@ def _log_offsets(bootstrap: str, topic: str, partitions: int) -> list[tuple[int,
 
 def test_compacted_topic(spark: Any, kafka_service: Any, admin: AdminClient, tmp_path: Path) -> None:
     bootstrap = kafka_service.bootstrap
-    config = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
-              "min.compaction.lag.ms": "0"}  # fmt: skip
+    config = {
+        "cleanup.policy": "compact",
+        "segment.ms": "100",
+        "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": "0",
+    }
     topic = create_topic(admin, f"compact-{uuid.uuid4().hex[:8]}", 2, config)
-    records = [{"key": b"u%d" % i if i % 2 else b"dup%d" % (i % 3), "value": b"v%d" % i, "partition": i % 2}
-               for i in range(60)]  # fmt: skip
+    records = [
+        {"key": b"u%d" % i if i % 2 else b"dup%d" % (i % 3), "value": b"v%d" % i, "partition": i % 2} for i in range(60)
+    ]
     send(bootstrap, topic, records, **{"enable.idempotence": False})
     time.sleep(0.5)  # older than segment.ms: the next records roll the segments, which the cleaner may clean
     send(bootstrap, topic, [{"key": b"tail", "value": b"tail", "partition": p} for p in (0, 1)])
@@ -311,8 +316,10 @@ def test_partitions_added_between_runs(spark: Any, kafka_service: Any, admin: Ad
     s2 = stream(spark, SPARK, opts, cps[0], sink=s.batches)
     e2 = stream(spark, EOS, opts, cps[1], sink=e.batches)
     assert s2.error is None and e2.error is None, (s2.error, e2.error)
-    got = {fmt: sorted(v for rows in run.batches.values() for v in (r[1] for r in rows)) for fmt, run in
-           ((SPARK, s2), (EOS, e2))}  # fmt: skip
+    got = {
+        fmt: sorted(v for rows in run.batches.values() for v in (r[1] for r in rows))
+        for fmt, run in ((SPARK, s2), (EOS, e2))
+    }
     assert got[EOS] == got[SPARK] and len(got[SPARK]) == 15  # the same records, each once
     so, eo = offsets(cps[0]), offsets(cps[1])
     assert so[1] == {topic: {"0": 9, "1": 3, "2": 3}}  # Spark reads the new partitions in the batch that finds them

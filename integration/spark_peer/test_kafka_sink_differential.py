@@ -53,9 +53,14 @@ Rec = tuple[int, Any, Any, Any]  # (partition, key bytes | None, value bytes | N
 
 def test_murmur2_matches_javas() -> None:
     # values of Kafka's own UtilsTest.testMurmur2 (signed ints there)
-    cases = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
-             b"a-little-bit-longer-string": -1486304829, b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-             b"abc": 479470107}  # fmt: skip
+    cases = {
+        b"21": -973932308,
+        b"foobar": -790332482,
+        b"a-little-bit-long-string": -985981536,
+        b"a-little-bit-longer-string": -1486304829,
+        b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+        b"abc": 479470107,
+    }
     for key, signed in cases.items():
         assert murmur2(key) == signed & 0xFFFFFFFF, key
 
@@ -81,8 +86,15 @@ def _rows(*, key_type: str, value_type: str, topic: Callable[[int], str | None])
         elif i % 5 >= 2:
             headers = [("h", f"x{i}".encode()), ("h", None), ("ü", b"")][: i % 5]
         partition = (i * 7) % PARTITIONS if i % 4 == 0 or i % 20 == 3 else None
-        rows.append({"key": cast(key, key_type, i), "value": cast(value, value_type, i), "headers": headers,
-                     "partition": partition, "topic": topic(i)})  # fmt: skip
+        rows.append(
+            {
+                "key": cast(key, key_type, i),
+                "value": cast(value, value_type, i),
+                "headers": headers,
+                "partition": partition,
+                "topic": topic(i),
+            }
+        )
     return rows
 
 
@@ -96,8 +108,10 @@ def expected(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 
 def frame(spark: Any, rows: list[dict[str, Any]], *, key_type: str, value_type: str, with_topic: bool) -> Any:
-    schema = (f"key {key_type}, value {value_type}, headers array<struct<key: string, value: binary>>, "
-              f"partition int{', topic string' if with_topic else ''}")  # fmt: skip
+    schema = (
+        f"key {key_type}, value {value_type}, headers array<struct<key: string, value: binary>>, "
+        f"partition int{', topic string' if with_topic else ''}"
+    )
     cols = ["key", "value", "headers", "partition", *(["topic"] if with_topic else [])]
     data = [tuple(r[c] for c in cols) for r in rows]
     return spark.createDataFrame(spark.sparkContext.parallelize(data, 2), schema)  # rows 0-59 task 0, 60-119 task 1
@@ -115,8 +129,15 @@ def write(df: Any, writer: str, bootstrap: str, sink_id: str, batch_id: int = 1,
 
 def read_topics(bootstrap: str, *topics: str) -> dict[str, list[Rec]]:
     """Every committed record of each of ``topics``, by partition then offset (one consumer for all)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"diff-{uuid.uuid4().hex}", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "isolation.level": "read_committed"})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"diff-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
     meta = c.list_topics(timeout=10).topics
     tps = [(t, p) for t in topics for p in sorted(meta[t].partitions)]
     c.assign([TopicPartition(t, p, 0) for t, p in tps])
@@ -265,8 +286,14 @@ def test_stream_from_kafka(spark: Any, kafka_service: Any, admin: AdminClient, t
     t = _topics(admin, "stream", "in", *WRITERS)
     rows = _rows(key_type="binary", value_type="binary", topic=lambda i: None)
     # row i goes to source partition i % 2 at offset i // 2: a read task reads one source partition in order
-    send(bootstrap, t["in"], [{"key": r["key"], "value": r["value"], "headers": r["headers"] or None,
-                               "partition": i % 2} for i, r in enumerate(rows)])  # fmt: skip
+    send(
+        bootstrap,
+        t["in"],
+        [
+            {"key": r["key"], "value": r["value"], "headers": r["headers"] or None, "partition": i % 2}
+            for i, r in enumerate(rows)
+        ],
+    )
     for i, r in enumerate(rows):  # what the query computes: keyed rows of source partition 0, offset % 4 == 2
         r["partition"] = len(r["key"]) % PARTITIONS if r["key"] is not None and i % 8 == 4 else None
     pin = F.col("key").isNotNull() & (F.col("partition") == 0) & (F.col("offset") % 4 == 2)

@@ -218,8 +218,13 @@ class TxnProducer:
 
     def abort_quietly(self) -> None:
         if self.stuck is not None:  # librdkafka refuses a second transactional call while one is in progress
-            log.warning("%s: %s was given up during %s; its transaction is left to the next producer with its id "
-                        "or to the broker's timeout", self.context, self.name, self.stuck)  # fmt: skip
+            log.warning(
+                "%s: %s was given up during %s; its transaction is left to the next producer with its id "
+                "or to the broker's timeout",
+                self.context,
+                self.name,
+                self.stuck,
+            )
             return
         try:
             self.producer.abort_transaction(min(self.timeout, 30.0))

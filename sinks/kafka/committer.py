@@ -42,9 +42,13 @@ def commit_batch(plan: KafkaSinkPlan, messages: Sequence[object], batch: int) ->
         rows = sum(m.rows for m in mine)
         log.info(
             "%s: batch %d written by %d tasks (%d rows, %d written before, %d to errors.topic)",
-            plan.context, batch, len(mine), rows, sum(m.rows for m in mine if m.skipped),
+            plan.context,
+            batch,
+            len(mine),
+            rows,
+            sum(m.rows for m in mine if m.skipped),
             sum(m.diverted for m in mine),
-        )  # fmt: skip
+        )
         faults.point("sink.after_commit", spec=plan.opts.faults, batch=batch, sink=plan.opts.sink_id)
         return
     _Publish(plan, batch).run(mine)

@@ -203,8 +203,9 @@ class KafkaSinkOptions:
 
 # A read's options in a write's map (one map shared by both) are the format's to drop, with a log line
 # (``sources.kafka.datasource.write_options``): the sink knows only its own.
-OPTIONS = OptionSet(CONTEXT, KafkaSinkOptions, passthrough=("kafka.",), passthrough_attr="kafka",
-                    ignored=("path", "queryName"))  # fmt: skip
+OPTIONS = OptionSet(
+    CONTEXT, KafkaSinkOptions, passthrough=("kafka.",), passthrough_attr="kafka", ignored=("path", "queryName")
+)
 
 
 def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSinkOptions:

@@ -252,8 +252,10 @@ class TopicLimits:
 
 DIGEST_VERSION = "m1"  # the multiset digest below (markers written with another one compare unequal)
 _HASH_KEY = "spark-eos:rows:1"  # siphash key of pandas' hash_array: 16 bytes, fixed, so every process agrees
-_MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
-                 0xFF51AFD7ED558CCD], dtype=np.uint64)  # fmt: skip
+_MIX = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD],
+    dtype=np.uint64,
+)
 
 
 def _fmix(h: np.ndarray) -> np.ndarray:

@@ -87,8 +87,10 @@ def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
             log.warning(
                 "%s: batch %s was partly written before (slots %s); the other slots stage their rows and the driver "
                 "publishes them with their markers in one transaction",
-                plan.context, plan.batch, [w[0] for w in written],
-            )  # fmt: skip
+                plan.context,
+                plan.batch,
+                [w[0] for w in written],
+            )
             ensure_staging(lookups, opts, conf)
             fence = TxnProducer(conf, publish_name(opts.sink_id), timeout=opts.timeout_ms / 1000, context=plan.context)
             try:
@@ -153,8 +155,12 @@ class KafkaBatchWriter(_Roles, DataSourceArrowWriter):
         commit_batch(self.plan, messages, self.plan.opts.batch_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.info("%s: batch %s aborted; nothing of it is visible beyond the tasks' own commits (visibility=%s)",
-                 self.plan.context, self.plan.opts.batch_id, self.plan.opts.visibility)  # fmt: skip
+        log.info(
+            "%s: batch %s aborted; nothing of it is visible beyond the tasks' own commits (visibility=%s)",
+            self.plan.context,
+            self.plan.opts.batch_id,
+            self.plan.opts.visibility,
+        )
 
 
 class KafkaStreamWriter(_Roles, DataSourceStreamArrowWriter):
@@ -200,6 +206,12 @@ def kafka_batch(data_source: Any, **options: Any) -> Callable[[Any, int], None]:
     return write_batch
 
 
-_DOTTED = {"sink_id": "sink.id", "checkpoint_location": "checkpointLocation", "batch_id": "batch.id",
-           "marker_topic": "marker.topic", "staging_topic": "staging.topic", "errors_topic": "errors.topic",
-           "errors_tolerance": "errors.tolerance"}  # fmt: skip
+_DOTTED = {
+    "sink_id": "sink.id",
+    "checkpoint_location": "checkpointLocation",
+    "batch_id": "batch.id",
+    "marker_topic": "marker.topic",
+    "staging_topic": "staging.topic",
+    "errors_topic": "errors.topic",
+    "errors_tolerance": "errors.tolerance",
+}

@@ -398,15 +398,26 @@ def unstorable(batch: pa.RecordBatch, columns: Sequence[Column], version: str | 
                         for k in np.flatnonzero(np.asarray(mask)):
                             row = int(where[k])
                             what = "a JSON key" if is_key else "JSON" if json_staged else "text"
-                            add(row, c, "22P05" if json_staged else "22021",
+                            add(
+                                row,
+                                c,
+                                "22P05" if json_staged else "22021",
                                 f"{what} cannot hold the NUL character (0x00)",
-                                shorten(repr(leaf[int(k)].as_py())), _escape_value(array, row))  # fmt: skip
+                                shorten(repr(leaf[int(k)].as_py())),
+                                _escape_value(array, row),
+                            )
             elif json_staged and pa.types.is_floating(kind) and len(leaf):
                 values = np.asarray(leaf.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
                 for k in np.flatnonzero(~np.isfinite(values)):
                     row = int(where[k])
-                    add(row, c, "22P02", f"JSON has no {_escape_json(float(values[k]))}: jsonb cannot hold the value",
-                        shorten(repr(_escape_json(array[row].as_py()))), _escape_value(array, row))  # fmt: skip
+                    add(
+                        row,
+                        c,
+                        "22P02",
+                        f"JSON has no {_escape_json(float(values[k]))}: jsonb cannot hold the value",
+                        shorten(repr(_escape_json(array[row].as_py()))),
+                        _escape_value(array, row),
+                    )
         _changed(array, c, target, add, version)
     order = {c.name: i for i, c in enumerate(columns)}
     return sorted(found.values(), key=lambda u: (u.row, order[u.column]))
@@ -438,33 +449,63 @@ def _changed(array: pa.Array, c: Column, target: str, add: Any, version: str | N
     if target == "name" and _is_text(type_):
         lengths = np.asarray(pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False))
         for i in np.flatnonzero(lengths > NAME_BYTES):
-            add(int(i), c, "22001", f"value too long for type name ({NAME_BYTES} bytes): Postgres would cut it to "
-                f"{NAME_BYTES} bytes", shorten(repr(array[int(i)].as_py())), replace=False)  # fmt: skip
+            add(
+                int(i),
+                c,
+                "22001",
+                f"value too long for type name ({NAME_BYTES} bytes): Postgres would cut it to {NAME_BYTES} bytes",
+                shorten(repr(array[int(i)].as_py())),
+                replace=False,
+            )
     if pa.types.is_timestamp(type_) and len(array):
         micros = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
         unit = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": 0}[type_.unit]
         if unit:
             low = PG_MIN_TIMESTAMP_US // unit
             for i in np.flatnonzero(valid & (micros < low)):
-                add(int(i), c, "22008", "timestamp out of range for Postgres (4713 BC to 294276 AD)",
-                    f"{int(micros[i]) * unit} microseconds since 1970-01-01", f"{int(micros[i]) * unit}us since 1970")  # fmt: skip
+                add(
+                    int(i),
+                    c,
+                    "22008",
+                    "timestamp out of range for Postgres (4713 BC to 294276 AD)",
+                    f"{int(micros[i]) * unit} microseconds since 1970-01-01",
+                    f"{int(micros[i]) * unit}us since 1970",
+                )
             places = _typmod(c.target_type or "") if target.startswith("timestamp") else None
             if places is not None and places < 6 and unit == 1:
                 step = 10 ** (6 - places)
                 for i in np.flatnonzero(valid & (micros >= low) & (micros % step != 0)):
-                    add(int(i), c, "22001", f"{c.target_type} would round the value to {places} fractional digits",
-                        shorten(repr(str(array[int(i)].as_py()))), replace=False)  # fmt: skip
+                    add(
+                        int(i),
+                        c,
+                        "22001",
+                        f"{c.target_type} would round the value to {places} fractional digits",
+                        shorten(repr(str(array[int(i)].as_py()))),
+                        replace=False,
+                    )
     if pa.types.is_date32(type_) and len(array):
         days = np.asarray(array.cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
         for i in np.flatnonzero(valid & ((days < PG_MIN_DATE_DAYS) | (days >= PG_END_DATE_DAYS))):
-            add(int(i), c, "22008", "date out of range for Postgres (4713 BC to 5874897 AD)",
-                f"{int(days[i])} days since 1970-01-01", f"{int(days[i])} days since 1970")  # fmt: skip
+            add(
+                int(i),
+                c,
+                "22008",
+                "date out of range for Postgres (4713 BC to 5874897 AD)",
+                f"{int(days[i])} days since 1970-01-01",
+                f"{int(days[i])} days since 1970",
+            )
     if pa.types.is_floating(type_) and len(array):
         values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
         if c.name == version:
             for i in np.flatnonzero(valid & np.isnan(values)):
-                add(int(i), c, "22000", "a NaN version sorts above every number in Postgres: the key would never "
-                    "take a newer row", "NaN", replace=False)  # fmt: skip
+                add(
+                    int(i),
+                    c,
+                    "22000",
+                    "a NaN version sorts above every number in Postgres: the key would never take a newer row",
+                    "NaN",
+                    replace=False,
+                )
         if target == "numeric":
             digits = FLOAT_DIGITS["float" if pa.types.is_float32(type_) else "double"]
             scale = _numeric_scale(c.target_type or "")
@@ -475,8 +516,14 @@ def _changed(array: pa.Array, c: Column, target: str, add: Any, version: str | N
                     kept = kept.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
                 back = float(kept) if digits == 15 else float(np.float32(float(kept)))
                 if back != v:  # read back, it is another number
-                    add(int(i), c, "22001", f"{c.target_type} would round the {'double' if digits == 15 else 'real'} "
-                        f"value to {kept}", repr(v), replace=False)  # fmt: skip
+                    add(
+                        int(i),
+                        c,
+                        "22001",
+                        f"{c.target_type} would round the {'double' if digits == 15 else 'real'} value to {kept}",
+                        repr(v),
+                        replace=False,
+                    )
 
 
 def _numeric_scale(target: str) -> int | None:

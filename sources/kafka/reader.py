@@ -379,8 +379,14 @@ class KafkaPartitionReader:
                 raise access_denied(
                     ctp.topic, exc_err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
                 ) from None
-            log.warning("kafka-eos: %s-%d offset %d out of range (%s); offsets unavailable: %s (retrying)",
-                        ctp.topic, ctp.partition, position, err, exc)  # fmt: skip
+            log.warning(
+                "kafka-eos: %s-%d offset %d out of range (%s); offsets unavailable: %s (retrying)",
+                ctp.topic,
+                ctp.partition,
+                position,
+                err,
+                exc,
+            )
             return position
         end = self.range.end
         if position < low:
@@ -392,8 +398,15 @@ class KafkaPartitionReader:
             )
             return min(low, end)
         if position < high:
-            log.warning("kafka-eos: %s-%d offset %d reported out of range [%d, %d) (%s); seeking again",
-                        ctp.topic, ctp.partition, position, low, high, err)  # fmt: skip
+            log.warning(
+                "kafka-eos: %s-%d offset %d reported out of range [%d, %d) (%s); seeking again",
+                ctp.topic,
+                ctp.partition,
+                position,
+                low,
+                high,
+                err,
+            )
             return position
         self._loss(
             f"records {position}..{end - 1} of {ctp.topic}-{ctp.partition} are gone: the partition now ends at "
