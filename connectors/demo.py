@@ -363,6 +363,27 @@ def _verdict(
     rep_t: Any,
 ) -> bool:
     """The checkers' reports and the runs as one verdict, printed (a table, or JSON with --json)."""
+    report, held, proc_time = _summary(workdir, wall, events, poison, tracks, schedule, rep_l, rep_b, rep_t)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        say(_verdict_table(report, held, proc_time))
+    return bool(report["ok"])
+
+
+def _summary(
+    workdir: str,
+    wall: float,
+    events: list[dict[str, Any]],
+    poison: list[Any],
+    tracks: list[tuple[Track, str]],
+    schedule: dict[str, list[Any]],
+    rep_l: Any,
+    rep_b: Any,
+    rep_t: Any,
+) -> tuple[dict[str, Any], dict[str, bool], float]:
+    """The verdict's figures (what --json prints), each table line's own check, and the longest
+    pipeline's process time."""
     from eos_core import faults
 
     fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
@@ -376,7 +397,6 @@ def _verdict(
     t_ph, t_pay = rep_t.get("records.phantoms"), rep_t.get("records.payload")
     t_poison, t_positions = rep_t.get("poison.dead_letter_topic"), rep_t.get("records.positions")
     t_open = [rep_t.get("end.open_transactions"), rep_t.get("end.open_transactions.dead_letters")]
-    t_marker = rep_t.get("end.marker_vs_commit")
     prepared = rep_l.get("end.prepared")
     poison_l, poison_b = rep_l.get("poison.dead_letters"), rep_b.get("poison.dead_letters")
     decision = rep_l.get("end.decision_vs_commit")
@@ -393,17 +413,7 @@ def _verdict(
         "payload_mismatches": pay.counts["payload"],
         "accounts": agg.counts["keys"],
         "balances_wrong": agg.counts["wrong"] + agg.counts["missing"] + agg.counts["phantom"],
-        "transfers": {
-            "records": rep_t.info.get("sink_records"),
-            "duplicates": t_dup.counts["duplicates"],
-            "missing": t_lost.counts["losses"],
-            "phantoms": t_ph.counts["phantoms"],
-            "payload_mismatches": t_pay.counts["payload"],
-            "positions_ok": t_positions.ok,
-            "open_transactions": sum(c.counts["open_partitions"] for c in t_open),
-            "marker_vs_commit": t_marker.summary,
-            "marker_ok": t_marker.ok,
-        },
+        "transfers": _transfers_summary(rep_t),
         "poison": len(poison),
         "poison_dead_letters": {
             "ledger": poison_l.counts["poison"] - poison_l.counts["missing"],
@@ -423,20 +433,32 @@ def _verdict(
         "workdir": workdir,
         "kills": {tr.name: tr.kills for tr, _ in tracks},
     }
-    if args.json:
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        held = {  # each line's own check, where the report holds a count and not the checker's verdict
-            "duplicates": dup.ok and t_dup.ok,
-            "missing": lost.ok and t_lost.ok,
-            "altered": ph.ok and pay.ok and t_ph.ok and t_pay.ok,
-            "poison": poison_l.ok and poison_b.ok and t_poison.ok and t_positions.ok,
-            "open": all(c.ok for c in t_open),
-            "decision": decision.ok,
-            "markers": t_marker.ok,
-        }
-        say(_verdict_table(report, held, proc_time))
-    return ok
+    held = {  # each line's own check, where the report holds a count and not the checker's verdict
+        "duplicates": dup.ok and t_dup.ok,
+        "missing": lost.ok and t_lost.ok,
+        "altered": ph.ok and pay.ok and t_ph.ok and t_pay.ok,
+        "poison": poison_l.ok and poison_b.ok and t_poison.ok and t_positions.ok,
+        "open": all(c.ok for c in t_open),
+        "decision": decision.ok,
+        "markers": rep_t.get("end.marker_vs_commit").ok,
+    }
+    return report, held, proc_time
+
+
+def _transfers_summary(rep_t: Any) -> dict[str, Any]:
+    """The transfers pipeline's figures (its output is a topic, read back read_committed)."""
+    t_open = [rep_t.get("end.open_transactions"), rep_t.get("end.open_transactions.dead_letters")]
+    return {
+        "records": rep_t.info.get("sink_records"),
+        "duplicates": rep_t.get("records.duplicates").counts["duplicates"],
+        "missing": rep_t.get("records.losses").counts["losses"],
+        "phantoms": rep_t.get("records.phantoms").counts["phantoms"],
+        "payload_mismatches": rep_t.get("records.payload").counts["payload"],
+        "positions_ok": rep_t.get("records.positions").ok,
+        "open_transactions": sum(c.counts["open_partitions"] for c in t_open),
+        "marker_vs_commit": rep_t.get("end.marker_vs_commit").summary,
+        "marker_ok": rep_t.get("end.marker_vs_commit").ok,
+    }
 
 
 def _verdict_table(report: dict[str, Any], held: dict[str, bool], proc_time: float) -> str:

@@ -442,88 +442,121 @@ def _changed(array: pa.Array, c: Column, target: str, add: Any, version: str | N
     a NaN version; dates and timestamps outside Postgres' range."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     type_ = array.type
     valid = ~np.asarray(array.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     if target == "name" and _is_text(type_):
-        lengths = np.asarray(pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False))
-        for i in np.flatnonzero(lengths > NAME_BYTES):
-            add(
-                int(i),
-                c,
-                "22001",
-                f"value too long for type name ({NAME_BYTES} bytes): Postgres would cut it to {NAME_BYTES} bytes",
-                shorten(repr(array[int(i)].as_py())),
-                replace=False,
-            )
+        _changed_name(array, c, add)
     if pa.types.is_timestamp(type_) and len(array):
-        micros = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        unit = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": 0}[type_.unit]
-        if unit:
-            low = PG_MIN_TIMESTAMP_US // unit
-            for i in np.flatnonzero(valid & (micros < low)):
-                add(
-                    int(i),
-                    c,
-                    "22008",
-                    "timestamp out of range for Postgres (4713 BC to 294276 AD)",
-                    f"{int(micros[i]) * unit} microseconds since 1970-01-01",
-                    f"{int(micros[i]) * unit}us since 1970",
-                )
-            places = _typmod(c.target_type or "") if target.startswith("timestamp") else None
-            if places is not None and places < 6 and unit == 1:
-                step = 10 ** (6 - places)
-                for i in np.flatnonzero(valid & (micros >= low) & (micros % step != 0)):
-                    add(
-                        int(i),
-                        c,
-                        "22001",
-                        f"{c.target_type} would round the value to {places} fractional digits",
-                        shorten(repr(str(array[int(i)].as_py()))),
-                        replace=False,
-                    )
+        _changed_timestamp(array, c, target, add, valid)
     if pa.types.is_date32(type_) and len(array):
-        days = np.asarray(array.cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        for i in np.flatnonzero(valid & ((days < PG_MIN_DATE_DAYS) | (days >= PG_END_DATE_DAYS))):
+        _changed_date(array, c, add, valid)
+    if pa.types.is_floating(type_) and len(array):
+        _changed_float(array, c, target, add, version, valid)
+
+
+def _changed_name(array: pa.Array, c: Column, add: Any) -> None:
+    """A text value longer than a ``name`` holds: Postgres would cut it."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    lengths = np.asarray(pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False))
+    for i in np.flatnonzero(lengths > NAME_BYTES):
+        add(
+            int(i),
+            c,
+            "22001",
+            f"value too long for type name ({NAME_BYTES} bytes): Postgres would cut it to {NAME_BYTES} bytes",
+            shorten(repr(array[int(i)].as_py())),
+            replace=False,
+        )
+
+
+def _changed_timestamp(array: pa.Array, c: Column, target: str, add: Any, valid: Any) -> None:
+    """A timestamp before Postgres' first day, or one that ``timestamp(p)`` would round."""
+    import numpy as np
+    import pyarrow as pa
+
+    type_ = array.type
+    micros = np.asarray(array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    unit = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": 0}[type_.unit]
+    if unit:
+        low = PG_MIN_TIMESTAMP_US // unit
+        for i in np.flatnonzero(valid & (micros < low)):
             add(
                 int(i),
                 c,
                 "22008",
-                "date out of range for Postgres (4713 BC to 5874897 AD)",
-                f"{int(days[i])} days since 1970-01-01",
-                f"{int(days[i])} days since 1970",
+                "timestamp out of range for Postgres (4713 BC to 294276 AD)",
+                f"{int(micros[i]) * unit} microseconds since 1970-01-01",
+                f"{int(micros[i]) * unit}us since 1970",
             )
-    if pa.types.is_floating(type_) and len(array):
-        values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
-        if c.name == version:
-            for i in np.flatnonzero(valid & np.isnan(values)):
+        places = _typmod(c.target_type or "") if target.startswith("timestamp") else None
+        if places is not None and places < 6 and unit == 1:
+            step = 10 ** (6 - places)
+            for i in np.flatnonzero(valid & (micros >= low) & (micros % step != 0)):
                 add(
                     int(i),
                     c,
-                    "22000",
-                    "a NaN version sorts above every number in Postgres: the key would never take a newer row",
-                    "NaN",
+                    "22001",
+                    f"{c.target_type} would round the value to {places} fractional digits",
+                    shorten(repr(str(array[int(i)].as_py()))),
                     replace=False,
                 )
-        if target == "numeric":
-            digits = FLOAT_DIGITS["float" if pa.types.is_float32(type_) else "double"]
-            scale = _numeric_scale(c.target_type or "")
-            for i in np.flatnonzero(valid & np.isfinite(values)):
-                v = float(values[i])
-                kept = decimal.Decimal(f"{v:.{digits}g}")  # what float8_numeric / float4_numeric keep
-                if scale is not None:
-                    kept = kept.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
-                back = float(kept) if digits == 15 else float(np.float32(float(kept)))
-                if back != v:  # read back, it is another number
-                    add(
-                        int(i),
-                        c,
-                        "22001",
-                        f"{c.target_type} would round the {'double' if digits == 15 else 'real'} value to {kept}",
-                        repr(v),
-                        replace=False,
-                    )
+
+
+def _changed_date(array: pa.Array, c: Column, add: Any, valid: Any) -> None:
+    """A date outside Postgres' range."""
+    import numpy as np
+    import pyarrow as pa
+
+    days = np.asarray(array.cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    for i in np.flatnonzero(valid & ((days < PG_MIN_DATE_DAYS) | (days >= PG_END_DATE_DAYS))):
+        add(
+            int(i),
+            c,
+            "22008",
+            "date out of range for Postgres (4713 BC to 5874897 AD)",
+            f"{int(days[i])} days since 1970-01-01",
+            f"{int(days[i])} days since 1970",
+        )
+
+
+def _changed_float(array: pa.Array, c: Column, target: str, add: Any, version: str | None, valid: Any) -> None:
+    """A NaN version, or a float that ``numeric`` would round to another number."""
+    import numpy as np
+    import pyarrow as pa
+
+    type_ = array.type
+    values = np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+    if c.name == version:
+        for i in np.flatnonzero(valid & np.isnan(values)):
+            add(
+                int(i),
+                c,
+                "22000",
+                "a NaN version sorts above every number in Postgres: the key would never take a newer row",
+                "NaN",
+                replace=False,
+            )
+    if target == "numeric":
+        digits = FLOAT_DIGITS["float" if pa.types.is_float32(type_) else "double"]
+        scale = _numeric_scale(c.target_type or "")
+        for i in np.flatnonzero(valid & np.isfinite(values)):
+            v = float(values[i])
+            kept = decimal.Decimal(f"{v:.{digits}g}")  # what float8_numeric / float4_numeric keep
+            if scale is not None:
+                kept = kept.quantize(decimal.Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP)
+            back = float(kept) if digits == 15 else float(np.float32(float(kept)))
+            if back != v:  # read back, it is another number
+                add(
+                    int(i),
+                    c,
+                    "22001",
+                    f"{c.target_type} would round the {'double' if digits == 15 else 'real'} value to {kept}",
+                    repr(v),
+                    replace=False,
+                )
 
 
 def _numeric_scale(target: str) -> int | None:
