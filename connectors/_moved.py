@@ -17,6 +17,10 @@ MOVED = {
     "connectors.chaos": "connectors.toolkit.chaos",
     "connectors.harness": "connectors.toolkit.harness",
     "connectors.pytest_plugin": "connectors.toolkit.pytest_plugin",
+    "connectors.toolkit.fault_kinds": "connectors.toolkit.chaos.kinds",
+    "connectors.toolkit.proxy": "connectors.toolkit.chaos.proxy",
+    "connectors.toolkit.cluster": "connectors.toolkit.chaos.cluster",
+    "connectors.toolkit.avro": "connectors.toolkit.chaos.avro",
 }
 
 

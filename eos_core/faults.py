@@ -186,7 +186,7 @@ def _log(rule: FaultRule, name: str, context: dict[str, object]) -> None:
 
 def append_log(path: str, entry: Mapping[str, Any]) -> None:
     """Append one JSON line to the fault log at ``path`` and fsync it: a firing here, or a fault the chaos
-    toolkit injects from outside (``connectors.toolkit.fault_kinds``)."""
+    toolkit injects from outside (``connectors.toolkit.chaos.kinds``)."""
     line = (json.dumps(dict(entry), sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o644)
     try:

@@ -212,7 +212,7 @@ _CLIENT = textwrap.dedent(
     """
     import json, socket, subprocess, sys, threading, time
     sys.path.insert(0, sys.argv[1])
-    from connectors.toolkit.proxy import TcpProxy
+    from connectors.toolkit.chaos.proxy import TcpProxy
     from sinks.postgres.connection import classify, connect
     from sinks.postgres.options import ConnectionOptions
 

@@ -30,6 +30,7 @@ from connectors.services._proc import free_port
 from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit import checker
 from connectors.toolkit.chaos import create_topic, make_records, produce_records
+from connectors.toolkit.chaos.proxy import TcpProxy
 from connectors.toolkit.harness import (
     executor_pids,
     latest_file,
@@ -38,7 +39,6 @@ from connectors.toolkit.harness import (
     truncate_file,
     wait_until,
 )
-from connectors.toolkit.proxy import TcpProxy
 from integration.harness.matrix import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]

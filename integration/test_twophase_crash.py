@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors.toolkit.proxy import TcpProxy
+from connectors.toolkit.chaos.proxy import TcpProxy
 from integration import test_twophase_support as support
 from integration.test_twophase_support import Scenario
 from sinks.postgres.twophase.decisions import ProtocolTables, list_prepared

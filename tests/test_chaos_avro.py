@@ -9,8 +9,8 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from connectors.toolkit.avro import read_avro_records
 from connectors.toolkit.chaos import read_records_file
+from connectors.toolkit.chaos.avro import read_avro_records
 from eos_core.errors import ConfigError
 
 SCHEMA = {

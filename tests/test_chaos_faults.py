@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.toolkit import chaos, fault_kinds
+from connectors.toolkit import chaos
+from connectors.toolkit.chaos import kinds as fault_kinds
 from connectors.toolkit.harness import PipelineProcess
 from eos_core import faults
 from eos_core.errors import ConfigError
@@ -61,7 +62,7 @@ def test_weights_pick_the_kinds_and_the_seed_fixes_them() -> None:
 def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
     plans = chaos.plan_kills("2pc", 6, 1, faults={"kill": 1, "pg-cut": 1})
     outside = sum(p.fault == "pg-cut" for p in plans)
-    assert chaos._chunks(plans) == 6 + outside + 1
+    assert chaos.schedule.chunks(plans) == 6 + outside + 1
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,7 @@ def test_a_chaos_config_without_the_postgres_service_refuses_server_faults(tmp_p
         "2pc", 2, 1, 10, "127.0.0.1:1", "postgresql://u@127.0.0.1:1/db", str(tmp_path), faults={"pg-restart": 1}
     )
     with pytest.raises(ConfigError, match="pg-restart: needs the Postgres service spark-eos runs"):
-        chaos._check_fault_setup(cfg)
+        chaos.inputs.check_fault_setup(cfg)
 
 
 def test_hold_specs_parse_and_hold_the_first_task_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,10 +194,10 @@ def test_the_producer_waits_out_a_broker_that_is_down(tmp_path: Path, monkeypatc
         if len(calls) < 3:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
 
-    monkeypatch.setattr(chaos, "produce_records", flaky)
-    monkeypatch.setattr(chaos.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(chaos.workload, "produce_records", flaky)
+    monkeypatch.setattr(chaos.workload.time, "sleep", lambda _s: None)
     cfg = chaos.ChaosConfig("2pc", 1, 7, 10, "127.0.0.1:1", "postgresql://x", str(tmp_path))
-    producer = chaos._Producer(cfg, "t", 2, str(tmp_path / "ck"))
+    producer = chaos.workload.Producer(cfg, "t", 2, str(tmp_path / "ck"))
     producer._write(5)
     assert calls == [5, 5, 5] and producer.written == 5
     cfg.timeout = -1.0  # past the deadline: the error is the run's
@@ -224,7 +225,7 @@ def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_ne
         def wait(self, timeout: float) -> Run:
             return self
 
-    monkeypatch.setattr(chaos, "PipelineProcess", Run)
+    monkeypatch.setattr(chaos.runs, "PipelineProcess", Run)
     cfg = chaos.ChaosConfig(
         "2pc",
         kills=1,
@@ -238,8 +239,8 @@ def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_ne
     for kinds, kit_master in (({"executor-loss": 1}, fault_kinds.LOCAL_CLUSTER), ({"slow-task": 1}, "spark://h:7077")):
         kit = fault_kinds.FaultKit(kinds, bootstrap=cfg.bootstrap, dsn=cfg.dsn)
         kit.master, kit.conf = kit_master, {"spark.speculation": "true", "spark.executor.memory": "768m"}
-        runlog = chaos._RunLog(str(tmp_path / "runs.jsonl"))
-        assert chaos._drain(cfg, kit, {}, "t", "t", str(tmp_path), runlog).returncode == 0
+        runlog = chaos.runs.RunLog(str(tmp_path / "runs.jsonl"))
+        assert chaos.runs.drain(cfg, kit, {}, "t", "t", str(tmp_path), runlog).returncode == 0
         argv = started[-1]
         assert argv[argv.index("--master") + 1] == "local[3,2]" and "--conf" not in argv, argv
     assert [r["master"] for r in chaos.read_runs(str(tmp_path)) if r["role"] == "drain"] == ["local[3,2]"] * 2

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from connectors.toolkit import app_runner, chaos, checker, fault_kinds, harness, pytest_plugin, topic_checker
+from connectors.toolkit import app_runner, chaos, checker, harness, pytest_plugin, topic_checker
+from connectors.toolkit.chaos import kinds as fault_kinds
 from connectors.toolkit.harness import Outcome
 from eos_core import faults
 from eos_core.errors import ConfigError
@@ -43,20 +44,20 @@ def _flag(argv: list[str], flag: str) -> str:
 
 @pytest.mark.parametrize(("kind", "visibility"), [("kafka", "batch"), ("kafka-partition", "partition")])
 def test_a_kafka_sink_run_hands_the_job_its_topic_and_visibility_and_no_postgres(kind: str, visibility: str) -> None:
-    argv = chaos._runner_argv(_cfg(kind), "src", "chaos_app_32_9", "/tmp/w/checkpoint", "available-now")
+    argv = chaos.runs.runner_argv(_cfg(kind), "src", "chaos_app_32_9", "/tmp/w/checkpoint", "available-now")
     assert _flag(argv, "--out-topic") == "chaos_app_32_9_out" and _flag(argv, "--visibility") == visibility
     assert _flag(argv, "--dsn") == "" and _flag(argv, "--topic") == "src"
     # the runner takes them and hands them to the job
     args = app_runner.build_parser().parse_args(argv[argv.index("--app") :])
     assert (args.out_topic, args.visibility, args.dsn) == ("chaos_app_32_9_out", visibility, "")
     # a reference run writes a topic of its own
-    ref = chaos._runner_argv(_cfg(kind), "src", "chaos_app_32_9_ref1", "/tmp/w/r1", "available-now")
+    ref = chaos.runs.runner_argv(_cfg(kind), "src", "chaos_app_32_9_ref1", "/tmp/w/r1", "available-now")
     assert _flag(ref, "--out-topic") == "chaos_app_32_9_ref1_out"
 
 
 def test_other_sink_kinds_get_no_out_topic_and_a_dsn_without_its_password() -> None:
     cfg = _cfg("2pc", dsn="postgresql://eos:s3cret@127.0.0.1:5/db")
-    argv = chaos._runner_argv(cfg, "src", "t", "/tmp/w/checkpoint", "available-now")
+    argv = chaos.runs.runner_argv(cfg, "src", "t", "/tmp/w/checkpoint", "available-now")
     assert "--out-topic" not in argv and "--visibility" not in argv
     assert "s3cret" not in " ".join(argv) and "s3cret" not in chaos.reproduce_command(cfg, None)
     assert harness.password_apart(cfg.dsn) == ("user=eos dbname=db host=127.0.0.1 port=5", {"PGPASSWORD": "s3cret"})
@@ -135,7 +136,7 @@ def test_the_command_refuses_before_any_service_starts(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("EOS_POSTGRES_DSN", raising=False)
-    monkeypatch.setattr(chaos, "_services", lambda *a, **k: pytest.fail("a service was started"))
+    monkeypatch.setattr(chaos.cli, "_services", lambda *a, **k: pytest.fail("a service was started"))
     assert chaos.main(argv) == 64
     err = capsys.readouterr().err
     assert err.startswith("chaos: config error: ") and needle in err, err
@@ -152,10 +153,10 @@ def test_a_kafka_job_gets_no_postgres_unless_one_is_named(monkeypatch: pytest.Mo
         services, "postgres", lambda: started.append("postgres") or SimpleNamespace(dsn="pg", stop=None)
     )
     args = argparse.Namespace(bootstrap=None, dsn=None)
-    chaos._services(args, postgres=False)
+    chaos.cli._services(args, postgres=False)
     assert started == ["kafka"] and (args.bootstrap, args.dsn) == ("b:1", "")
     args = argparse.Namespace(bootstrap="b:2", dsn=None)
-    chaos._services(args)
+    chaos.cli._services(args)
     assert started == ["kafka", "postgres"] and args.dsn == "pg"
 
 
@@ -279,12 +280,12 @@ def test_a_kafka_sink_run_is_checked_by_the_topic_checker(monkeypatch: pytest.Mo
     calls: list[tuple[str, dict[str, Any]]] = []
     monkeypatch.setattr(topic_checker, "verify_topic", lambda **kw: calls.append(("topic", kw)) or checker.Report())
     monkeypatch.setattr(checker, "verify", lambda **kw: calls.append(("table", kw)) or checker.Report())
-    chaos._verify_output(
+    chaos.verdict.verify_output(
         _cfg("kafka-partition", payload_fields=("account",), dead_letters="{table}_dlq"), "src", "t", "/c"
     )
-    chaos._verify_output(_cfg("kafka", oracle="append"), "src", "t", "/c")
-    chaos._verify_output(_cfg("2pc", dsn="pg"), "src", "t", "/c")
-    chaos._verify_output(_cfg("kafka", app=None, pipeline="2pc", dsn="pg"), "src", "t", "/c")
+    chaos.verdict.verify_output(_cfg("kafka", oracle="append"), "src", "t", "/c")
+    chaos.verdict.verify_output(_cfg("2pc", dsn="pg"), "src", "t", "/c")
+    chaos.verdict.verify_output(_cfg("kafka", app=None, pipeline="2pc", dsn="pg"), "src", "t", "/c")
     assert [c[0] for c in calls] == ["topic", "topic", "table", "table"]
     first, second = calls[0][1], calls[1][1]
     assert (first["source_topic"], first["sink_topic"], first["sink_id"], first["checkpoint"]) == (
@@ -303,13 +304,13 @@ def test_the_oracle_reads_a_kafka_jobs_topic_and_the_run_makes_its_topics(monkey
     read: list[tuple[str, Any]] = []
     made: list[tuple[str, int]] = []
     monkeypatch.setattr(topic_checker, "topic_rows", lambda b, t, latest_by=None: read.append((t, latest_by)) or [])
-    monkeypatch.setattr(chaos, "create_topic", lambda b, t, n: made.append((t, n)))
-    chaos._output_rows(_cfg("kafka", oracle="upsert", oracle_key=("id",)), "t_ref1")
-    chaos._output_rows(_cfg("kafka-partition", oracle="append"), "t")
+    monkeypatch.setattr(chaos.workload, "create_topic", lambda b, t, n: made.append((t, n)))
+    chaos.verdict.output_rows(_cfg("kafka", oracle="upsert", oracle_key=("id",)), "t_ref1")
+    chaos.verdict.output_rows(_cfg("kafka-partition", oracle="append"), "t")
     assert read == [("t_ref1_out", ("id",)), ("t_out", None)]
-    assert chaos._written(_cfg("kafka"), "t") == "topic t_out" and chaos._written(_cfg("2pc"), "t") == "t"
-    chaos._make_out_topics(_cfg("kafka", partitions=3, dead_letters="{table}_dlq"), "t")
-    chaos._make_out_topics(_cfg("2pc"), "t")
+    assert chaos.verdict.written(_cfg("kafka"), "t") == "topic t_out" and chaos.verdict.written(_cfg("2pc"), "t") == "t"
+    chaos.workload.make_out_topics(_cfg("kafka", partitions=3, dead_letters="{table}_dlq"), "t")
+    chaos.workload.make_out_topics(_cfg("2pc"), "t")
     assert made == [("t_out", 3), ("t_dlq", 1)]
 
 

@@ -33,9 +33,9 @@ def _cfg(tmp_path: Path, **kw: object) -> chaos.ChaosConfig:
 def test_only_kills_keeps_the_seeds_kills_and_their_numbers(tmp_path: Path) -> None:
     full = chaos.plan_kills("foreachbatch", 4, 49)
     cfg = _cfg(tmp_path, only_kills=(1, 3))
-    assert chaos.schedule(cfg) == [full[1], full[3]] and cfg.planned == 2
+    assert chaos.schedule.planned_kills(cfg) == [full[1], full[3]] and cfg.planned == 2
     with pytest.raises(ConfigError, match=r"--only-kills 1,4: kill numbers from 0 to 3 \(--kills 4\)"):
-        chaos.schedule(_cfg(tmp_path, only_kills=(1, 4)))
+        chaos.schedule.planned_kills(_cfg(tmp_path, only_kills=(1, 4)))
 
 
 def test_minimise_drops_every_kill_the_failure_does_not_need(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,7 +47,7 @@ def test_minimise_drops_every_kill_the_failure_does_not_need(tmp_path: Path, mon
         culprit = 2 in cfg.only_kills  # this job fails whenever kill 2 strikes, and only then
         return checker.Report([checker.Check("oracle.table", not culprit, "")])
 
-    monkeypatch.setattr(chaos, "run", fake_run)
+    monkeypatch.setattr(chaos.experiment, "run", fake_run)
     cfg = _cfg(tmp_path)
     report = checker.Report([checker.Check("oracle.table", False, "")])
     found = chaos.minimise(cfg, report)
@@ -74,6 +74,6 @@ def test_a_cannot_judge_trial_is_not_a_failure(tmp_path: Path, monkeypatch: pyte
             [checker.Check("oracle.reference_deterministic", False, "")], {"verdict": oracle.CANNOT_JUDGE}
         )
 
-    monkeypatch.setattr(chaos, "run", undecided)
+    monkeypatch.setattr(chaos.experiment, "run", undecided)
     found = chaos.minimise(_cfg(tmp_path, kills=3), checker.Report([checker.Check("x", False, "")]))
     assert found["kills"] == [0, 1, 2] and all(not t["fails"] for t in found["trials"])

@@ -21,7 +21,7 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     def fake_produce(bootstrap, topic, recs, partitions):
         seen.append((int(recs[0]["id"][1:]), len(recs)))
 
-    monkeypatch.setattr(chaos, "produce_records", fake_produce)
+    monkeypatch.setattr(chaos.workload, "produce_records", fake_produce)
     return seen
 
 
@@ -38,13 +38,13 @@ class Query:
         (self.dir / str(self.n)).write_text("v1\n{}\n{}\n")
 
 
-def _producer(tmp_path: Path, records: int, kills: int) -> tuple[chaos._Producer, Query]:
+def _producer(tmp_path: Path, records: int, kills: int) -> tuple[chaos.workload.Producer, Query]:
     cfg = chaos.ChaosConfig("2pc", kills, 7, records, "127.0.0.1:1", "postgresql://x", str(tmp_path))
     query = Query(tmp_path / "ck")
-    return chaos._Producer(cfg, "t", kills + 1, str(tmp_path / "ck"), pieces=4), query
+    return chaos.workload.Producer(cfg, "t", kills + 1, str(tmp_path / "ck"), pieces=4), query
 
 
-def _settle(p: chaos._Producer, expect: int, timeout: float = 5.0) -> None:
+def _settle(p: chaos.workload.Producer, expect: int, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while p.written < expect and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -111,7 +111,7 @@ def test_several_topics_reach_the_job_and_partitions_are_checked_before_anything
         app="j:build",
         topics=topics,
     )
-    argv = chaos._runner_argv(cfg, "chaos_app_1_2", "t", "/c", "available-now")
+    argv = chaos.runs.runner_argv(cfg, "chaos_app_1_2", "t", "/c", "available-now")
     assert argv[argv.index("--topics") + 1] == "payments=chaos_app_1_2_payments"
     job = app_runner.Job("b:1", "chaos_app_1_2", "d", "t", topics={"payments": "chaos_app_1_2_payments"})
     assert job.topic_named("payments") == "chaos_app_1_2_payments" and job.topic_named("") == "chaos_app_1_2"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from connectors.toolkit import chaos, harness
-from connectors.toolkit.proxy import TcpProxy
+from connectors.toolkit.chaos.proxy import TcpProxy
 
 CHILD = """
 import os, subprocess, sys, time

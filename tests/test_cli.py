@@ -557,7 +557,7 @@ def test_chaos_app_runs_the_users_module_with_the_runs_topic_table_and_checkpoin
         app="orders_job:build",
         options={"region": "eu"},
     )
-    argv = chaos._runner_argv(cfg, "topic1", "table1", "/tmp/w/checkpoint", "available-now")
+    argv = chaos.runs.runner_argv(cfg, "topic1", "table1", "/tmp/w/checkpoint", "available-now")
     assert argv[1:3] == ["-m", "connectors.toolkit.app_runner"]
     for flag, value in [
         ("--app", "orders_job:build"),

@@ -189,6 +189,6 @@ def test_the_architecture_drawing_names_every_package_of_the_wheel() -> None:
 
 def test_chaos_finds_the_checkout_it_runs_from() -> None:
     # chaos --pipeline runs integration/harness/runner.py of the clone: a move of the module must not lose it
-    from connectors.toolkit.chaos import _repo_root
+    from connectors.toolkit.chaos.runs import repo_root as _repo_root
 
     assert Path(_repo_root()) == ROOT

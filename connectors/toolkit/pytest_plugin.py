@@ -26,7 +26,7 @@ Your own records and the reference-run oracle (any job: aggregations, joins, sta
         assert report.ok, report.table()
 
 Other faults than kills (``faults="kill:1,pg-restart:1,kafka-cut:1"``, the kinds of
-``connectors.toolkit.fault_kinds``) and a readable report (``report_dir=``: ``report.html`` with a
+``connectors.toolkit.chaos.kinds``) and a readable report (``report_dir=``: ``report.html`` with a
 timeline of runs, batches and faults, and ``junit.xml``)::
 
     def test_my_job_survives_postgres_and_broker_restarts(eos_chaos, tmp_path):
@@ -92,7 +92,8 @@ def eos_chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., A
     """``eos_chaos(app, *, kills=3, records=1000, ...)``: run a chaos experiment on ``app``; the report.
     Postgres (``eos_postgres``) is started for it unless the job writes with the kafka-eos sink
     (``sink_kind="kafka"`` / ``"kafka-partition"``; ``EOS_POSTGRES_DSN`` still names one for the job)."""
-    from connectors.toolkit import chaos, fault_kinds
+    from connectors.toolkit import chaos
+    from connectors.toolkit.chaos import kinds as fault_kinds
 
     runs = iter(range(1_000_000))
 
@@ -201,7 +202,8 @@ def _services_for(
     network faults: the run starts it); no Postgres for a job writing with the kafka-eos sink
     (``sink_kind="kafka"`` / ``"kafka-partition"``) unless ``EOS_POSTGRES_DSN`` names one."""
     from connectors import services
-    from connectors.toolkit import chaos, fault_kinds
+    from connectors.toolkit import chaos
+    from connectors.toolkit.chaos import kinds as fault_kinds
 
     kafka_only = sink_kind in chaos.KAFKA_SINK_KINDS and not os.environ.get("EOS_POSTGRES_DSN")
     postgres = None if kafka_only else request.getfixturevalue("eos_postgres")

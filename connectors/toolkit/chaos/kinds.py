@@ -1,0 +1,561 @@
+"""The fault kinds of a chaos run: what ``spark-eos chaos --faults kill:2,pg-restart:1,...`` draws from.
+
+Each step of a chaos run's schedule is one fault, its kind drawn by the seed with the weights of
+``--faults`` (default ``kill:1,fault-point:1``). Every fault leaves its proof in the run's fault log
+(``faults.jsonl``): the fault points log their own firing (``eos_core.faults``); the chaos loop
+appends one line per fault it injects from outside (``"point": "chaos.<kind>"``) with what it saw:
+the pids it killed and that they are gone, the server's start time before and after, the connections
+a proxy reset or held. A fault whose proof is missing (a cut that met no connection, a slow task of
+which Spark ran no copy) fails the report's ``chaos.faults`` check: a fault that did not happen
+proves nothing.
+
+How each kind is injected (``FaultKit``):
+
+- ``kill`` / ``fault-point``: as before (a SIGKILL of the job's process group from outside; the group
+  killing itself at a fault point of the sink or the source). Both end the job's run.
+- ``executor-loss``: the job runs on ``local-cluster[2,1,1024]`` (executors are JVMs of their own);
+  a task is held at a task-side fault point while the executor JVM running it and its Python
+  workers are SIGKILLed; Spark runs the task elsewhere and the query goes on.
+- ``slow-task``: the job runs on a standalone cluster of two one-core workers on 127.0.0.2 and
+  127.0.0.3 (``connectors.toolkit.chaos.cluster``) with ``spark.speculation`` on; one task is held
+  ``HOLD_SECONDS`` and Spark starts a speculative copy on the other worker; both attempts run the
+  sink's protocol and Spark accepts one.
+- ``pg-restart`` / ``pg-crash`` / ``pg-stop``: the Postgres spark-eos runs is restarted cleanly,
+  crashed (``immediate``: no shutdown checkpoint, WAL recovery) and started after a few seconds,
+  or stopped cleanly for longer, while the job writes.
+- ``pg-cut`` / ``pg-stall`` / ``kafka-cut`` / ``kafka-stall``: the job reaches Postgres (Kafka)
+  through a TCP proxy (``connectors.toolkit.chaos.proxy``) that resets every connection and refuses new
+  ones, or forwards no byte while keeping them open, for a few seconds. For Kafka the chaos run
+  starts an Apache Kafka broker of its own that advertises the proxy (clients connect where the
+  broker says, so a proxy in front of any other broker would be bypassed).
+- ``broker-crash`` / ``broker-restart``: that broker SIGKILLed and started again on the same log
+  directory after a few seconds, or restarted cleanly (controlled shutdown).
+
+A fault the setup cannot support is refused before anything runs, in one line naming the fault and
+why (``refuse_unsupported``): the broker faults on a broker the user named (``--bootstrap`` /
+``EOS_KAFKA_BOOTSTRAP``), the Postgres server faults on a server the user named, ``slow-task``
+where 127.0.0.2 cannot be bound or with one partition; and (``chaos.refuse_for_sink_kind``) the
+Postgres faults on a job writing with the ``kafka-eos`` sink (``--sink-kind kafka|kafka-partition``:
+the run has no Postgres; ``pg-cut``/``pg-stall`` only where ``--dsn`` names one the job reads). Every
+other kind applies to such a job as to any: its task-side hold point is the sink's ``sink.after_write``
+(rows staged, or sent in the task's open transaction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from eos_core.errors import ConfigError
+
+__all__ = [
+    "DEFAULT",
+    "ENDS_RUN",
+    "FRESH_RUN",
+    "HOLD_POINTS",
+    "KINDS",
+    "FaultKit",
+    "format_faults",
+    "parse_faults",
+    "plan_kind",
+    "refuse_unsupported",
+]
+
+KINDS: dict[str, str] = {
+    "kill": "SIGKILL of the job's whole process group (driver, JVM, Python workers) at a random moment",
+    "fault-point": "the job's process group kills itself at a named fault point of the sink or the source",
+    "executor-loss": "an executor JVM and its Python workers SIGKILLed while one of its tasks is held "
+    "(the job runs on local-cluster[2,1,1024])",
+    "slow-task": "a task held 40 s with spark.speculation on: Spark runs a copy on the other worker "
+    "(a standalone cluster of two one-core workers on 127.0.0.2/.3)",
+    "pg-restart": "Postgres restarted cleanly (fast shutdown: every session ends)",
+    "pg-crash": "Postgres crashed (immediate: no shutdown checkpoint), down 3 s, started (WAL recovery)",
+    "pg-stop": "Postgres stopped cleanly, down 6 s (connections refused), started",
+    "pg-cut": "every connection to Postgres reset and new ones refused for 4 s (TCP proxy)",
+    "pg-stall": "no byte to or from Postgres for 6 s, connections kept open (TCP proxy)",
+    "kafka-cut": "every connection to Kafka reset and new ones refused for 4 s (TCP proxy; a broker of the run's own)",
+    "kafka-stall": "no byte to or from Kafka for 6 s, connections kept open (TCP proxy; a broker of the run's own)",
+    "broker-crash": "the Kafka broker SIGKILLed, down 3 s, started on the same log dir (a broker of the run's own)",
+    "broker-restart": "the Kafka broker restarted cleanly: controlled shutdown, start (a broker of the run's own)",
+}
+DEFAULT: dict[str, int] = {"kill": 1, "fault-point": 1}
+ENDS_RUN = ("kill", "fault-point")  # the job's run ends with the fault
+FRESH_RUN = ("fault-point", "executor-loss", "slow-task")  # armed in the run's environment: a run of its own
+PG_SERVER = ("pg-restart", "pg-crash", "pg-stop")
+PG_NET = ("pg-cut", "pg-stall")
+KAFKA_NET = ("kafka-cut", "kafka-stall")
+BROKER = ("broker-crash", "broker-restart")
+DISTURBANCES = (*PG_SERVER, *PG_NET, *KAFKA_NET, *BROKER)  # from outside, while the run goes on
+
+CUT_SECONDS = 4.0
+STALL_SECONDS = 6.0
+PG_CRASH_DOWN = 3.0
+PG_STOP_DOWN = 6.0
+BROKER_DOWN = 3.0
+HOLD_SECONDS = 40.0  # slow-task: the other tasks must finish and Spark speculate (multiplier 1.5) meanwhile, also on a loaded machine
+EXECUTOR_HOLD = 30.0  # executor-loss: the task waits this long at most for its executor to be killed
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+
+SPECULATION_CONF = {
+    "spark.speculation": "true",
+    "spark.speculation.multiplier": "1.5",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.minTaskRuntime": "500ms",
+    "spark.speculation.interval": "200ms",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "768m",
+}
+
+# the task-side point a held task waits at, by the job's sink kind (FAULT_POINTS' keys): the 2PC sink's
+# after PREPARE (the lost or duplicated attempt holds a prepared transaction), the upsert sink's before
+# its write, the Kafka sink's after its rows are staged (batch) or sent in the task's open transaction
+# (partition), else the Kafka source's read task (every kafka-eos job has one)
+HOLD_POINTS = {
+    "2pc": "sink.after_prepare",
+    "upsert": "sink.before_write",
+    "kafka": "sink.after_write",
+    "kafka-partition": "sink.after_write",
+}
+SOURCE_HOLD = "source.read.start"
+
+_PLAN_KIND = {"kill": "sigkill", "fault-point": "fault"}  # the names a KillPlan has had since the first chaos run
+
+
+def plan_kind(fault: str) -> str:
+    """A fault kind's name in ``KillPlan.kind`` (``kill`` -> ``sigkill``, ``fault-point`` -> ``fault``)."""
+    return _PLAN_KIND.get(fault, fault)
+
+
+def fault_of(kind: str) -> str:
+    """The inverse of ``plan_kind``."""
+    return {v: k for k, v in _PLAN_KIND.items()}.get(kind, kind)
+
+
+def hold_point(points_kind: str) -> str:
+    return HOLD_POINTS.get(points_kind, SOURCE_HOLD)
+
+
+def parse_faults(spec: str | Mapping[str, int] | None, *, option: str = "--faults") -> dict[str, int]:
+    """``kill:2,pg-restart:1`` (a bare kind weighs 1) or a mapping -> {kind: weight}, in KINDS order
+    (so the same weights draw the same schedule however they are written). A bad entry names ``option``."""
+    if spec is None:
+        return dict(DEFAULT)
+    items: list[tuple[str, Any]]
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
+    else:
+        items = []
+        for part in (p.strip() for p in spec.split(",")):
+            if not part:
+                continue
+            name, sep, text = part.partition(":")
+            items.append((name.strip(), text.strip() if sep else 1))
+    weights: dict[str, int] = {}
+    for name, raw in items:
+        if name not in KINDS:
+            raise ConfigError(f"{option} {name!r}: unknown fault kind; kinds: {', '.join(KINDS)}")
+        weight = _weight(raw)
+        if weight is None:
+            raise ConfigError(f"{option} '{name}:{raw}': the weight is a whole number >= 0, e.g. {name}:2")
+        if name in weights:
+            raise ConfigError(f"{option}: {name} given twice; give each kind once with its weight")
+        weights[name] = weight
+    ordered = {k: weights[k] for k in KINDS if weights.get(k, 0) > 0}
+    if not ordered:
+        raise ConfigError(f"{option} {spec!r}: no fault kind with a weight above 0; e.g. kill:2,pg-restart:1")
+    return ordered
+
+
+def _weight(raw: object) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw if raw >= 0 else None
+    if isinstance(raw, str) and raw.isdigit():
+        return int(raw)
+    return None
+
+
+def format_faults(weights: Mapping[str, int]) -> str:
+    return ",".join(f"{k}:{w}" for k, w in weights.items())
+
+
+def _tcp_address(dsn: str) -> tuple[str, int] | None:
+    """The TCP host and port a DSN connects to, or None when it is a socket directory or several hosts."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(dsn)
+    host = str(parts.get("host") or parts.get("hostaddr") or "")
+    port = str(parts.get("port") or "5432")
+    if not host or host.startswith("/") or "," in host or "," in port:
+        return None
+    return host, int(port)
+
+
+def with_address(dsn: str, host: str, port: int) -> str:
+    """``dsn`` pointing at ``host:port`` instead (a proxy), everything else kept."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(dsn)
+    parts.pop("hostaddr", None)
+    parts.update(host=host, port=str(port))
+    return make_conninfo(**parts)  # type: ignore[arg-type]
+
+
+def refuse_unsupported(
+    weights: Mapping[str, int],
+    *,
+    kafka_named: str | None,
+    postgres_named: str | None,
+    dsn: str | None,
+    partitions: int,
+    option: str = "--faults",
+) -> None:
+    """Refuse (ConfigError, one line naming the fault and why) every listed fault this setup cannot
+    inject. ``kafka_named`` / ``postgres_named``: where the user named their own broker / server
+    (``"--bootstrap"``, ``"EOS_KAFKA_BOOTSTRAP"``...), None when spark-eos runs it."""
+    listed = [k for k, w in weights.items() if w > 0]
+    for kind in listed:
+        if kind in (*BROKER, *KAFKA_NET) and kafka_named:
+            raise ConfigError(
+                f"{option} {kind}: needs a Kafka broker the chaos run starts itself (it "
+                f"{'restarts' if kind in BROKER else 'advertises a proxy from'} it), but {kafka_named} names yours; "
+                f"unset {kafka_named} (an embedded Apache Kafka then runs the job's topics) or drop {kind}"
+            )
+        if kind in PG_SERVER and postgres_named:
+            raise ConfigError(
+                f"{option} {kind}: needs a Postgres spark-eos runs (it stops and starts the server), but "
+                f"{postgres_named} names yours; unset {postgres_named} (an embedded Postgres then serves the run) "
+                f"or drop {kind}"
+            )
+        if kind in PG_NET and dsn and _tcp_address(dsn) is None:
+            raise ConfigError(
+                f"{option} {kind}: the Postgres DSN names no single TCP host and port (a socket directory or "
+                "several hosts), so no proxy can stand between the job and the server"
+            )
+        if kind == "slow-task":
+            from connectors.toolkit.chaos.cluster import worker_hosts_usable
+
+            why = worker_hosts_usable()
+            if why:
+                raise ConfigError(f"{option} slow-task: needs a standalone cluster of two worker hosts here: {why}")
+            if partitions < 2:
+                raise ConfigError(
+                    f"{option} slow-task: needs --partitions >= 2 (Spark speculates once half a stage's tasks "
+                    f"finished; with {partitions} there is no other task)"
+                )
+
+
+def _pid_alive(pid: int) -> bool:
+    from connectors.services._proc import pid_alive
+
+    return pid_alive(pid)
+
+
+def _pg_started(dsn: str) -> str | None:
+    """The server's ``pg_postmaster_start_time()`` (a restart changes it), None when unreachable."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_postmaster_start_time()::text").fetchone()
+            return None if row is None else str(row[0])
+    except psycopg.Error:
+        return None
+
+
+def _pg_refuses(dsn: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=2):
+            return False
+    except psycopg.Error:
+        return True
+
+
+class FaultKit:
+    """What a chaos run needs to inject its faults, set up before its first run and torn down after
+    its last: a broker of its own (with a proxy in front when Kafka's connections are cut or stalled),
+    a proxy in front of Postgres, a standalone cluster for ``slow-task``; ``bootstrap``, ``job_dsn``,
+    ``master`` and ``conf`` are what the job's runs then use."""
+
+    def __init__(
+        self,
+        weights: Mapping[str, int],
+        *,
+        bootstrap: str,
+        dsn: str,
+        postgres: Any = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str = ".",
+    ) -> None:
+        self.weights = dict(weights)
+        self.bootstrap = bootstrap
+        self.dsn = dsn
+        self.job_dsn = dsn
+        self.postgres = postgres
+        self.env = dict(env or {})
+        self.workdir = workdir
+        self.broker: Any = None
+        self.kafka_proxy: Any = None
+        self.pg_proxy: Any = None
+        self.cluster: Any = None
+        self.master = "local[2,2]"
+        self.conf: dict[str, str] = {}
+        self.extra_env: dict[str, str] = {}
+        self._stops: list[Callable[[], None]] = []
+
+    def wants(self, *kinds: str) -> bool:
+        return any(self.weights.get(k, 0) > 0 for k in kinds)
+
+    def __enter__(self) -> FaultKit:
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        while self._stops:
+            with contextlib.suppress(Exception):
+                self._stops.pop()()
+
+    def _setup(self) -> None:
+        from connectors.toolkit.chaos.proxy import TcpProxy
+
+        if self.wants(*BROKER, *KAFKA_NET):
+            from connectors.services._proc import free_port
+            from connectors.services.apache_kafka import ApacheKafka
+
+            if self.wants(*KAFKA_NET):
+                port = free_port()
+                self.kafka_proxy = TcpProxy("127.0.0.1", port).start()
+                self._stops.append(self.kafka_proxy.close)
+                self.broker = ApacheKafka(port=port, advertised_port=self.kafka_proxy.port, heap="384m")
+            else:
+                self.broker = ApacheKafka(heap="384m")
+            self._stops.append(self.broker.stop)
+            self.bootstrap = self.broker.bootstrap
+        if self.wants(*PG_NET):
+            address = _tcp_address(self.dsn)
+            assert address is not None, "refuse_unsupported lets no such DSN through"
+            self.pg_proxy = TcpProxy(*address).start()
+            self._stops.append(self.pg_proxy.close)
+            self.job_dsn = with_address(self.dsn, "127.0.0.1", self.pg_proxy.port)
+        if self.wants("slow-task"):
+            from connectors.toolkit.chaos.cluster import StandaloneCluster
+
+            self.cluster = StandaloneCluster(os.path.join(self.workdir, "cluster"), env=self.env).start()
+            self._stops.append(self.cluster.stop)
+            self.master = self.cluster.url
+            self.conf = dict(SPECULATION_CONF)
+        elif self.wants("executor-loss"):
+            self.master = LOCAL_CLUSTER
+            self.conf = {"spark.executor.memory": "768m"}
+
+    # ---- faults from outside ------------------------------------------------------------------
+    def disturb(self, kind: str) -> dict[str, Any]:
+        """Inject one of DISTURBANCES now and wait until it has healed; what it saw (the proof)."""
+        began = time.time()
+        proof: dict[str, Any]
+        if kind in PG_SERVER:
+            proof = self._pg_server(kind)
+        elif kind in PG_NET:
+            proof = self._net(self.pg_proxy, kind)
+        elif kind in KAFKA_NET:
+            proof = self._net(self.kafka_proxy, kind)
+        elif kind in BROKER:
+            proof = self._broker(kind)
+        else:
+            raise ValueError(f"{kind} is not a fault injected from outside")
+        proof.update(began=round(began, 3), healed=round(time.time(), 3))
+        return proof
+
+    def _pg_server(self, kind: str) -> dict[str, Any]:
+        pg = self.postgres
+        before = _pg_started(self.dsn)
+        refused = False
+        if kind == "pg-restart":
+            pg.restart()
+        elif kind == "pg-stop":
+            refused = self._down(lambda: pg.restart(down=PG_STOP_DOWN), PG_STOP_DOWN)
+        else:
+            pg.crash()
+            refused = _pg_refuses(self.dsn)
+            time.sleep(PG_CRASH_DOWN)
+            pg.start()
+        after = _pg_started(self.dsn)
+        ok = before is not None and after is not None and before != after and (kind == "pg-restart" or refused)
+        return {
+            "started_before": before,
+            "started_after": after,
+            "refused_while_down": refused,
+            "ok": ok,
+            "proof": f"postmaster started {before} -> {after}"
+            + ("" if kind == "pg-restart" else f"; a connection while down {'was' if refused else 'was NOT'} refused"),
+        }
+
+    def _down(self, action: Callable[[], None], seconds: float) -> bool:
+        """Run ``action`` (stop, stay down ``seconds``, start) while probing that the server refuses."""
+        import threading
+
+        seen: list[bool] = []
+
+        def probe() -> None:
+            time.sleep(min(2.0, seconds / 2))
+            seen.append(_pg_refuses(self.dsn))
+
+        t = threading.Thread(target=probe, daemon=True)
+        t.start()
+        action()
+        t.join(10)
+        return bool(seen and seen[0])
+
+    def _net(self, proxy: Any, kind: str) -> dict[str, Any]:
+        stats = proxy.stats
+        if kind.endswith("-cut"):
+            before = stats.resets + stats.refused
+            open_now = proxy.open_connections
+            proxy.cut()
+            time.sleep(CUT_SECONDS)
+            proxy.heal()
+            hit = stats.resets + stats.refused - before
+            return {
+                "connections_open": open_now,
+                "reset_or_refused": hit,
+                "ok": hit > 0,
+                "proof": f"{hit} connections reset or refused in {CUT_SECONDS:.0f} s",
+            }
+        before = stats.stalled
+        proxy.stall()
+        time.sleep(STALL_SECONDS)
+        proxy.heal()
+        held = stats.stalled - before
+        return {
+            "connections_held": held,
+            "ok": held > 0,
+            "proof": f"{held} connections held without a byte for {STALL_SECONDS:.0f} s",
+        }
+
+    def _broker(self, kind: str) -> dict[str, Any]:
+        from connectors.services.embedded_kafka import kafka_reachable
+
+        broker = self.broker
+        old = broker.pid
+        if kind == "broker-crash":
+            broker.crash()
+            gone = not _pid_alive(old)
+            down_ok, _, _ = kafka_reachable(broker.bootstrap, 1.0)  # nobody answers while it is down
+            time.sleep(BROKER_DOWN)
+            broker.start()
+        else:
+            broker.restart()
+            gone = not _pid_alive(old)
+            down_ok = False
+        new = broker.pid
+        ok = gone and new != old and broker.running() and not down_ok
+        return {
+            "pid_before": old,
+            "pid_after": new,
+            "old_jvm_gone": gone,
+            "ok": ok,
+            "proof": f"broker JVM {old} {'SIGKILLed' if kind == 'broker-crash' else 'stopped'} "
+            f"({'gone' if gone else 'STILL ALIVE'}), started again as {new}",
+        }
+
+
+# ---- faults inside the job's processes ------------------------------------------------------------
+
+
+def hold_spec(point: str, batch: int | None, seconds: float, *, log_others: bool = False) -> str:
+    """A fault spec holding the first task at ``point`` (of ``batch``) ``seconds``; ``log_others`` also
+    logs every other task that passes the point in that batch (a speculative copy shows there)."""
+    cond = f":batch={batch}" if batch is not None else ""
+    spec = f"{point}{cond}:action=sleep:seconds={seconds:g}:once"
+    if log_others:
+        spec += f";{point}{cond}:action=sleep:seconds=0"
+    return spec
+
+
+def executor_of(pid: int) -> int | None:
+    """The executor JVM (CoarseGrainedExecutorBackend) that is an ancestor of process ``pid``."""
+    from connectors.toolkit.harness import _cmdline, _ppid
+
+    p = pid
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        while p > 1:
+            p = _ppid(p)
+            if "CoarseGrainedExecutorBackend" in _cmdline(p):
+                return p
+    return None
+
+
+def kill_executor(held_pid: int) -> dict[str, Any]:
+    """SIGKILL the executor JVM running the task in process ``held_pid``, with its Python workers
+    (found before any is killed, as a lost host loses them at once); the proof."""
+    from connectors.services._proc import descendants
+
+    executor = executor_of(held_pid)
+    if executor is None:
+        return {"ok": False, "proof": f"process {held_pid} (the held task) runs under no executor JVM"}
+    doomed = [executor, *descendants(executor)]
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in doomed):
+        time.sleep(0.1)
+    left = [p for p in doomed if _pid_alive(p)]
+    return {
+        "executor": executor,
+        "killed": doomed,
+        "left": left,
+        "ok": not left,
+        "proof": f"executor JVM {executor} and {len(doomed) - 1} processes under it SIGKILLed"
+        + (f"; STILL ALIVE: {left}" if left else ", all gone"),
+    }
+
+
+def firings(log: str, rule: str) -> list[dict[str, Any]]:
+    from eos_core import faults
+
+    return [e for e in faults.fired(log) if e.get("rule") == rule]
+
+
+def speculative_copy(log: str, held: Mapping[str, Any], others_rule: str) -> dict[str, Any] | None:
+    """Another attempt of the held task (same point, batch, partition, topic; another process) that
+    passed the point while it was held: Spark's speculative copy."""
+    t0 = float(held.get("time", 0))
+    same = ("batch", "partition", "topic")
+    for e in firings(log, others_rule):
+        if (
+            all(e.get(k) == held.get(k) for k in same)
+            and e.get("pid") != held.get("pid")
+            and t0 <= float(e.get("time", 0)) <= t0 + HOLD_SECONDS + 1
+        ):
+            return e
+    return None
+
+
+def iter_chaos_entries(log: str) -> Iterator[dict[str, Any]]:
+    from eos_core import faults
+
+    for e in faults.fired(log):
+        if str(e.get("point", "")).startswith("chaos."):
+            yield e
+
+
+def describe(weights: Mapping[str, int]) -> Sequence[str]:
+    total = sum(weights.values())
+    return [f"{k} ({w}/{total}): {KINDS[k]}" for k, w in weights.items()]

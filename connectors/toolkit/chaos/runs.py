@@ -1,0 +1,524 @@
+"""The fault loop: the job's runs, each fault of the schedule injected into them, and the log of every run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from connectors.toolkit import checker
+from connectors.toolkit.app_runner import out_topic_of
+from connectors.toolkit.chaos import kinds
+from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, PIPELINES, SINK_KINDS, ChaosConfig
+from connectors.toolkit.chaos.schedule import KillPlan, next_batch
+from connectors.toolkit.chaos.workload import Producer
+from connectors.toolkit.harness import PipelineProcess, describe_exit, password_apart, python_argv
+from eos_core import faults
+from eos_core.errors import ConfigError
+
+
+def repo_root() -> str:
+    """The checkout this package runs from (connectors/toolkit/chaos/ -> the checkout), for --pipeline."""
+    root = str(Path(__file__).resolve().parents[3])
+    if not os.path.exists(os.path.join(root, "integration", "harness", "runner.py")):
+        raise SystemExit(
+            "chaos pipelines run integration/harness/runner.py from a spark-eos source checkout; "
+            f"none found next to {root}. Run chaos from a clone (pip install -e .)."
+        )
+    return root
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.started = total, enabled and sys.stderr.isatty(), time.monotonic()
+        self.plain = enabled and not self.enabled
+        self.last_plain = 0.0
+
+    def show(self, done: int, text: str) -> None:
+        if not (self.enabled or self.plain):
+            return
+        width = 30
+        fill = int(width * done / max(1, self.total))
+        line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} faults  {text}  {time.monotonic() - self.started:.0f}s"
+        if self.enabled:
+            sys.stderr.write("\r" + line[:150].ljust(150))
+            sys.stderr.flush()
+        elif time.monotonic() - self.last_plain > 20 or done == self.total:
+            self.last_plain = time.monotonic()
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def runner_argv(
+    cfg: ChaosConfig,
+    topic: str,
+    table: str,
+    checkpoint: str,
+    trigger: str,
+    timeout: float | None = None,
+    *,
+    dsn: str | None = None,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The command line of one run of the job: ``dsn`` the job's (a proxy's when Postgres is cut),
+    ``master`` and ``conf`` what the faults need (default: ``cfg.master``, nothing)."""
+    confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
+    dsn_arg, master = password_apart(dsn or cfg.dsn)[0], master or cfg.master
+    if cfg.app:
+        options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+        options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
+        if cfg.kafka_sink:
+            options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
+        return python_argv(
+            "connectors.toolkit.app_runner",
+            "--app",
+            cfg.app,
+            "--bootstrap",
+            cfg.bootstrap,
+            "--topic",
+            topic,
+            "--dsn",
+            dsn_arg,
+            "--table",
+            table,
+            "--checkpoint",
+            checkpoint,
+            "--max-offsets",
+            str(cfg.max_offsets),
+            "--trigger",
+            trigger,
+            "--master",
+            master,
+            "--timeout",
+            str(timeout or cfg.timeout),
+            *options,
+            *confs,
+        )
+    return python_argv(
+        "integration.harness.runner",
+        "--sink",
+        cfg.pipeline,
+        "--bootstrap",
+        cfg.bootstrap,
+        "--topic",
+        topic,
+        "--dsn",
+        dsn_arg,
+        "--table",
+        table,
+        "--checkpoint",
+        checkpoint,
+        "--sink-id",
+        table,
+        "--max-offsets",
+        str(cfg.max_offsets),
+        "--trigger",
+        trigger,
+        "--master",
+        master,
+        "--timeout",
+        str(timeout or cfg.timeout),
+        *confs,
+    )
+
+
+def started(proc: PipelineProcess) -> bool:
+    return proc.logged("RUNNER STARTED")
+
+
+def run_root(cfg: ChaosConfig) -> str:
+    """Where the pipeline's runner is imported from: the user's project for --app, else the checkout."""
+    if cfg.app:
+        if cfg.sink_kind not in SINK_KINDS:
+            raise SystemExit(f"--sink-kind {cfg.sink_kind!r}: expected one of {', '.join(SINK_KINDS)}")
+        cfg.pipeline = "app"
+        return os.getcwd()  # the user's module is imported from here (and from PYTHONPATH)
+    if cfg.pipeline not in PIPELINES:
+        raise SystemExit(f"--pipeline {cfg.pipeline!r}: expected one of {', '.join(PIPELINES)}")
+    return repo_root()
+
+
+class RunLog:
+    """Every process of a chaos run, one JSON line each in ``runs.jsonl``: its role (``chaos``, ``drain``,
+    ``reference``), pid, start and end (epoch seconds), exit, checkpoint and log; the report's timeline."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+
+    def started(self, proc: PipelineProcess, role: str, checkpoint: str, **extra: Any) -> dict[str, Any]:
+        self.count += 1
+        return {
+            "run": self.count,
+            "role": role,
+            "pid": proc.pid,
+            "start": round(time.time(), 3),
+            "checkpoint": checkpoint,
+            "log": proc.log_path,
+            **extra,
+        }
+
+    def ended(self, entry: dict[str, Any], returncode: int | None, ended_by: str) -> None:
+        entry.update(end=round(time.time(), 3), exit=describe_exit(returncode), ended_by=ended_by)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_runs(workdir: str) -> list[dict[str, Any]]:
+    """The ``runs.jsonl`` of a chaos run's workdir (empty when there is none)."""
+    try:
+        with open(os.path.join(workdir, "runs.jsonl"), encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+@dataclass
+class Runs:
+    """What the fault loop saw: exits by kind, kill kinds, runs that ended by SIGKILL, each fault's proof."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)
+    sigkilled: int = 0
+    kill_steps: int = 0
+    unreached: list[str] = field(default_factory=list)  # fault points not reached in time: killed from outside
+    proofs: list[dict[str, Any]] = field(default_factory=list)  # one per fault that is not a kill
+    extra_kills: int = 0  # runs ended by SIGKILL for the next fault's own run, or at the schedule's end
+
+
+class FaultLoop:
+    """The fault loop: runs of the job, each fault of the schedule injected into the live run (a run
+    starts when none is live; ``kill`` and ``fault-point`` end it; ``fault-point``, ``executor-loss``
+    and ``slow-task`` are armed in a run's environment, so they get a run of their own)."""
+
+    def __init__(
+        self,
+        cfg: ChaosConfig,
+        kit: kinds.FaultKit,
+        env: dict[str, str],
+        topic: str,
+        table: str,
+        root: str,
+        producer: Producer,
+        runlog: RunLog,
+    ) -> None:
+        self.cfg, self.kit, self.env, self.root = cfg, kit, env, root
+        self.producer, self.runlog = producer, runlog
+        self.checkpoint = os.path.join(cfg.workdir, "checkpoint")
+        self.fault_log = os.path.join(cfg.workdir, "faults.jsonl")
+        self.log_path = os.path.join(cfg.workdir, "pipeline.log")
+        # a run may carry several faults: the runner's own timeout (a safety net) covers them all
+        self.argv = runner_argv(
+            cfg,
+            topic,
+            table,
+            self.checkpoint,
+            "processing:0.5",
+            cfg.timeout * (cfg.planned + 2),
+            dsn=kit.job_dsn,
+            master=kit.master,
+            conf=kit.conf,
+        )
+        self.live: PipelineProcess | None = None
+        self.entry: dict[str, Any] = {}
+        self.runs = Runs()
+
+    # ---- runs
+    def _start(self, faults_spec: str = "", index: int | None = None) -> PipelineProcess:
+        run_env = dict(self.env)
+        if faults_spec:
+            run_env["EOS_FAULTS"] = faults_spec
+            run_env["EOS_FAULTS_STATE"] = os.path.join(self.cfg.workdir, "state", str(index))
+        proc = PipelineProcess(self.argv, run_env, self.log_path, self.root)
+        proc.start()
+        self.live = proc
+        self.entry = self.runlog.started(
+            proc, "chaos", self.checkpoint, master=self.kit.master, faults=faults_spec or None
+        )
+        return proc
+
+    def _ended(self, proc: PipelineProcess, ended_by: str, timeout: float = 60) -> Any:
+        try:
+            out = proc.wait(timeout)
+        finally:
+            if proc.alive():
+                proc.stop()
+        self.runlog.ended(self.entry, out.returncode, ended_by)
+        self.live = None
+        raise_refusal(out)  # the job does not fit the run (app_runner said why): stop here, say why
+        return out
+
+    def _alive(self) -> PipelineProcess | None:
+        if self.live is not None and not self.live.alive():
+            self._ended(self.live, "exited by itself")
+        return self.live
+
+    def end_live(self, why: str) -> None:
+        """SIGKILL the live run's group (the next fault needs a run of its own, or the schedule is over)."""
+        proc = self._alive()
+        if proc is None:
+            return
+        proc.kill_group()
+        self._ended(proc, why)
+        self.runs.extra_kills += 1
+
+    def _commit_after(self, proc: PipelineProcess, before: int | None) -> bool:
+        wait_commit_after(proc, self.checkpoint, before, self.cfg.timeout)
+        return checker.committed_through(self.checkpoint) > (-1 if before is None else before)
+
+    # ---- one fault
+    def step(self, plan: KillPlan) -> dict[str, Any]:
+        fault = plan.fault
+        if fault in kinds.FRESH_RUN and self._alive() is not None:
+            self.end_live(f"SIGKILL: fault {plan.index} ({fault}) needs a run of its own")
+        if fault in ("kill", "fault-point"):
+            return self._kill(plan)
+        if fault in ("executor-loss", "slow-task"):
+            return self._held(plan)
+        return self._disturb(plan)
+
+    def _kill(self, plan: KillPlan) -> dict[str, Any]:
+        cfg, producer = self.cfg, self.producer
+        self.runs.kill_steps += 1
+        fresh = self._alive() is None
+        spec = plan.spec(checker.last_commit(self.checkpoint)) if plan.kind == "fault" else ""
+        proc = self._start(spec, plan.index) if fresh else self.live
+        assert proc is not None
+        how = plan.kind
+        if plan.kind == "sigkill":
+            if plan.early and fresh:
+                producer.release()
+            else:
+                # strike while batches flow: after the run's first new commit, so that every
+                # restart makes progress even on a slow machine (no livelock of replays)
+                before = checker.last_commit(self.checkpoint)
+                wait_started(proc, cfg.timeout)
+                producer.release()
+                wait_commit_after(proc, self.checkpoint, before, cfg.timeout)
+            time.sleep(plan.delay)
+            proc.kill_group()
+        else:
+            wait_started(proc, cfg.timeout)  # start-up on a loaded machine can take a minute
+            producer.release()  # trickled from now on: the batches up to the fault's batch come
+            try:
+                proc.wait(90)
+            except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
+                how = "fault->sigkill"
+                proc.kill_group()
+                self.runs.unreached.append(f"{plan.index}: {spec.split(':action')[0]}")
+        out = self._ended(proc, f"fault {plan.index}: {how}" + (f" {plan.point}" if plan.point else ""))
+        if out.killed:
+            self.runs.sigkilled += 1
+        fired = kinds.firings(self.fault_log, spec) if spec else []
+        ok = out.killed and (plan.kind == "sigkill" or bool(fired))
+        return {
+            "how": how,
+            "out": out,
+            "ok": ok,
+            "spec": spec or None,
+            "proof": describe_exit(out.returncode)
+            + (f"; {spec.split(':action')[0]} fired (pid {fired[0]['pid']})" if fired else ""),
+        }
+
+    def _held(self, plan: KillPlan) -> dict[str, Any]:
+        """executor-loss and slow-task: a run whose first task at the hold point waits; its executor
+        is killed, or Spark's speculation runs a copy of it elsewhere."""
+        cfg, fault = self.cfg, plan.fault
+        batch = next_batch(checker.last_commit(self.checkpoint))
+        point = kinds.hold_point(cfg.points)
+        slow = fault == "slow-task"
+        spec = kinds.hold_spec(point, batch, kinds.HOLD_SECONDS if slow else kinds.EXECUTOR_HOLD, log_others=slow)
+        held_rule = spec.split(";")[0]
+        proc = self._start(spec, plan.index)
+        wait_started(proc, cfg.timeout)
+        self.producer.release()
+        fired = wait_for(lambda: kinds.firings(self.fault_log, held_rule), cfg.timeout, proc.alive)
+        proof: dict[str, Any] = {"hold_point": point, "batch": batch, "spec": spec}
+        if not fired:
+            proof.update(ok=False, proof=f"no task was held at {point} in batch {batch} ({self._status(proc)})")
+            self._log(plan, fault, proof)
+            return {"how": fault, "ok": False, "proof": proof["proof"], "detail": proof}
+        held = fired[0]
+        if slow:
+            time.sleep(max(0.0, float(held["time"]) + kinds.HOLD_SECONDS + 1 - time.time()))
+            copy = kinds.speculative_copy(self.fault_log, held, spec.split(";")[1])
+            proof.update(
+                held={k: held.get(k) for k in ("pid", "partition", "attempt", "time")},
+                copy=None if copy is None else {k: copy.get(k) for k in ("pid", "partition", "attempt", "time")},
+                ok=copy is not None,
+            )
+            proof["proof"] = (
+                f"task {held.get('partition')} of batch {batch} held {kinds.HOLD_SECONDS:.0f} s at {point} "
+                f"(pid {held.get('pid')}); "
+                + (
+                    f"a copy ran meanwhile (pid {copy.get('pid')}, attempt {copy.get('attempt', '?')})"
+                    if copy
+                    else "Spark ran NO copy of it meanwhile (speculation did not start)"
+                )
+            )
+        else:
+            killed = kinds.kill_executor(int(held["pid"]))
+            proof.update(killed)
+            proof["proof"] = f"task of batch {batch} held at {point} (pid {held.get('pid')}); {killed['proof']}"
+        before = batch - 1
+        recovered = self._commit_after(proc, before)
+        proof["recovered"] = recovered or not proc.alive()
+        self._log(plan, fault, proof)
+        return {
+            "how": fault,
+            "ok": bool(proof["ok"]) and proof["recovered"],
+            "proof": proof["proof"] + self._after(proc, recovered),
+            "detail": proof,
+        }
+
+    def _disturb(self, plan: KillPlan) -> dict[str, Any]:
+        cfg, fault = self.cfg, plan.fault
+        proc = self._alive() or self._start()
+        wait_started(proc, cfg.timeout)
+        before = checker.last_commit(self.checkpoint)
+        self.producer.release()
+        self._commit_after(proc, before)  # batches flow: the fault meets the job at work
+        proof = self.kit.disturb(fault)
+        self.producer.release()  # new records after the heal: the run must get past the fault
+        healed_at = checker.last_commit(self.checkpoint)
+        recovered = self._commit_after(proc, healed_at) if proc.alive() else False
+        proof["recovered"] = recovered or not proc.alive()
+        self._log(plan, fault, proof)
+        ok = bool(proof["ok"]) and proof["recovered"]
+        return {"how": fault, "ok": ok, "proof": proof["proof"] + self._after(proc, recovered), "detail": proof}
+
+    def _after(self, proc: PipelineProcess, recovered: bool) -> str:
+        if recovered:
+            return "; the job committed a batch after it"
+        if not proc.alive():
+            return f"; the run then ended ({self._status(proc)}); the next run restarts from the checkpoint"
+        return f"; NO batch committed within {self.cfg.timeout:.0f} s after it (the job hangs)"
+
+    def _status(self, proc: PipelineProcess) -> str:
+        return describe_exit(proc.proc.poll() if proc.proc is not None else None)
+
+    def _log(self, plan: KillPlan, fault: str, proof: Mapping[str, Any]) -> None:
+        entry = {**proof, "point": f"chaos.{fault}", "action": fault, "fault": plan.index, "pid": os.getpid()}
+        faults.append_log(self.fault_log, {**entry, "time": time.time()})
+
+    def finish(self) -> None:
+        if self._alive() is not None:
+            self.end_live("SIGKILL: the schedule is over; a draining run follows")
+
+
+def wait_for(predicate: Any, timeout: float, alive: Any) -> Any:
+    """Poll ``predicate`` until truthy (its value), ``alive()`` is false or ``timeout`` passes (None)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if not alive():
+            return predicate() or None
+        time.sleep(0.2)
+    return None
+
+
+def wait_commit_after(proc: PipelineProcess, checkpoint: str, before: int | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while checker.committed_through(checkpoint) <= (-1 if before is None else before):
+        if not proc.alive() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def wait_started(proc: PipelineProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not started(proc):
+        if not proc.alive() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def steps(cfg: ChaosConfig, loop: FaultLoop, plans: list[KillPlan], producer: Producer) -> None:
+    """Inject each fault of the schedule into the job's runs; what each did goes to ``cfg.events``."""
+    runs, progress = loop.runs, Progress(cfg.planned, cfg.progress)
+    for plan in plans:
+        step = loop.step(plan)
+        how, out = step["how"], step.get("out")
+        exit_text = describe_exit(out.returncode) if out is not None else "still running"
+        runs.kinds[f"{how}:{plan.point}" if plan.point else how] += 1
+        if out is not None:
+            runs.outcomes[exit_text] += 1
+        else:
+            runs.proofs.append({"index": plan.index, "fault": plan.fault, "ok": step["ok"], "proof": step["proof"]})
+        cfg.events.append(
+            {
+                "kill": plan.index,
+                "kind": how,
+                "point": plan.point,
+                "delay": plan.delay,
+                "exit": exit_text,
+                "seconds": round(out.seconds, 1) if out is not None else None,
+                "fault": plan.fault,
+                "ok": step["ok"],
+                "proof": step["proof"],
+                "run": loop.runlog.count,
+            }
+        )
+        progress.show(
+            plan.index + 1,
+            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {exit_text}",
+        )
+        if producer.error:
+            raise producer.error
+    loop.finish()
+    progress.end()
+
+
+def drain(
+    cfg: ChaosConfig,
+    kit: kinds.FaultKit,
+    env: dict[str, str],
+    topic: str,
+    table: str,
+    root: str,
+    runlog: RunLog,
+) -> Any:
+    """The last run: availableNow from the checkpoint until the topic is drained; how it ended. It carries no
+    fault, so it runs on the job's own master (``cfg.master``), not on the local-cluster or standalone cluster
+    that ``executor-loss`` or ``slow-task`` ran the job's other runs on (executor JVMs of its own to start):
+    a restart from the checkpoint on another master with as many task slots, as an operator may do."""
+    checkpoint = os.path.join(cfg.workdir, "checkpoint")
+    drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
+    argv = runner_argv(cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=cfg.master)
+    final = PipelineProcess(argv, env, os.path.join(cfg.workdir, "pipeline.log"), root)
+    final.start()
+    entry = runlog.started(final, "drain", checkpoint, master=cfg.master)
+    try:
+        last = final.wait(drain + 60)
+    except Exception:
+        last = final.stop()
+    runlog.ended(entry, last.returncode, "drained" if last.returncode == 0 else "failed")
+    raise_refusal(last)
+    return last
+
+
+REFUSED_EXIT = 64  # app_runner's exit when the job does not fit the run (``RUNNER REFUSED: why``)
+
+
+def raise_refusal(out: Any) -> None:
+    """A run the job refused (``app_runner``: RUNNER REFUSED, exit 64; e.g. --sink-kind kafka on a job whose
+    sink is not kafka-eos) as a ConfigError with the runner's reason: no later run would fare better."""
+    if out is None or out.returncode != REFUSED_EXIT:
+        return
+    found = re.findall(r"RUNNER REFUSED: ([^\n]*)", out.log_tail or "")
+    if found:
+        raise ConfigError(found[-1])

@@ -1,0 +1,139 @@
+"""The kill schedule: the fault points each sink kind passes through, and the seeded plan of faults."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from connectors.toolkit.chaos import kinds
+from connectors.toolkit.chaos.config import ChaosConfig
+from eos_core.errors import ConfigError
+
+# The fault points each pipeline passes through; a chaos kill picks one at random.
+FAULT_POINTS: dict[str, tuple[str, ...]] = {
+    "2pc": (
+        "source.read.mid",
+        "sink.before_write",
+        "sink.after_write",
+        "sink.after_prepare",
+        "sink.commit.before_decision",
+        "sink.commit.after_decision",
+        "sink.commit.after_k",
+        "sink.after_commit",
+    ),
+    "upsert": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    "stateful": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
+    # a user's foreachBatch (any writer inside): before it runs, and after it returned but before
+    # Spark's commits/n (app_runner.foreach_batch_with_fault_points); a non-idempotent write is replayed
+    "foreachbatch": ("source.read.mid", "pipeline.batch", "sink.after_commit"),
+    "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
+    # the kafka-eos sink, visibility=batch: tasks stage (before/after), the driver publishes (before it,
+    # after the first staged records went into the open transaction, after its commit)
+    "kafka": (
+        "source.read.mid",
+        "sink.before_write",
+        "sink.after_write",
+        "sink.commit.before_decision",
+        "sink.publish.mid",
+        "sink.after_commit",
+    ),
+    # visibility=partition: each task writes and commits its own transaction; the driver only checks
+    # (commit.before_decision and publish.mid fire only in the replay of a partly written batch)
+    "kafka-partition": (
+        "source.read.mid",
+        "sink.before_write",
+        "sink.after_write",
+        "sink.task.after_commit",
+        "sink.after_commit",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class KillPlan:
+    """One fault of the schedule. ``kind``: ``sigkill`` (a SIGKILL of the group after ``delay`` seconds
+    from the query's start), ``fault`` (a fault ``point``), or another kind of
+    ``connectors.toolkit.kinds.KINDS`` (``executor-loss``, ``pg-restart``, ...).
+
+    A fault kill fires at the point in the ``skip``-th batch after the last committed one (sink
+    points carry the batch id; source points fire in the first batch that reaches them); on a fresh
+    checkpoint, from batch 1 (batch 0 runs on the empty topic).
+    """
+
+    index: int
+    kind: str  # "sigkill" | "fault" | another fault kind's name
+    delay: float
+    point: str | None = None
+    early: bool = False  # a sigkill during start-up (before the query runs)
+    skip: int = 0
+
+    @property
+    def fault(self) -> str:
+        """The kind as ``--faults`` names it (``kill``, ``fault-point``, ``pg-restart`` ...)."""
+        return kinds.fault_of(self.kind)
+
+    def spec(self, last_commit: int | None) -> str:
+        if not self.point:
+            return ""
+        # on a fresh checkpoint batch 0 is the empty first batch (the query starts before the producer
+        # writes): a kill there proves nothing, so the first target is batch 1
+        batch = next_batch(last_commit) + self.skip
+        cond = f":batch={batch}" if self.point.startswith(("sink.", "pipeline.")) else ""
+        return f"{self.point}{cond}:action=kill-group:once"
+
+    def describe(self) -> str:
+        return f"{self.index}: {self.kind}" + (f" {self.point}" if self.point else "")
+
+
+def next_batch(last_commit: int | None) -> int:
+    return 1 if last_commit is None else last_commit + 1
+
+
+def plan_kills(
+    pipeline: str, kills: int, seed: int, *, max_delay: float = 4.0, faults: Mapping[str, int] | None = None
+) -> list[KillPlan]:
+    """The seeded schedule of ``kills`` faults, each kind drawn with the weights of ``faults``
+    (``kinds.parse_faults``; default ``kill:1,fault-point:1``: about half SIGKILLs at random
+    moments, half random fault points, as every chaos run drew them before ``--faults``)."""
+    rng = random.Random(seed)
+    points = FAULT_POINTS[pipeline]
+    weights = kinds.parse_faults(faults)
+    total = sum(weights.values())
+    plans = []
+    for i in range(kills):
+        u, acc, chosen = rng.random(), 0.0, list(weights)[-1]
+        for name, weight in weights.items():
+            acc += weight / total
+            if u < acc:
+                chosen = name
+                break
+        if chosen == "kill":
+            early = rng.random() < 0.15
+            delay = rng.uniform(0.5, 10.0) if early else rng.uniform(0.0, max_delay)  # after the 1st new commit
+            plans.append(KillPlan(i, "sigkill", round(delay, 2), early=early))
+        elif chosen == "fault-point":
+            plans.append(KillPlan(i, "fault", 0.0, point=rng.choice(points), skip=rng.randrange(3)))
+        else:
+            plans.append(KillPlan(i, kinds.plan_kind(chosen), 0.0))
+    return plans
+
+
+def chunks(plans: Sequence[KillPlan]) -> int:
+    """Chunks of the records: one per fault (two for a fault from outside: before it and after its heal)
+    and one for the draining run."""
+    return sum(2 if p.fault in kinds.DISTURBANCES else 1 for p in plans) + 1
+
+
+def planned_kills(cfg: ChaosConfig) -> list[KillPlan]:
+    """The seed's kill schedule, or the kills ``cfg.only_kills`` keeps of it (indices stay the seed's)."""
+    plans = plan_kills(cfg.points, cfg.kills, cfg.seed, faults=cfg.faults)
+    if cfg.only_kills is None:
+        return plans
+    bad = [i for i in cfg.only_kills if not 0 <= i < cfg.kills]
+    if bad or not cfg.only_kills:
+        raise ConfigError(
+            f"--only-kills {','.join(map(str, cfg.only_kills))}: kill numbers from 0 to {cfg.kills - 1} "
+            f"(--kills {cfg.kills}), at least one"
+        )
+    return [p for p in plans if p.index in cfg.only_kills]
