@@ -28,7 +28,7 @@ FAULTS = "slow-task:1,pg-stop:1,kafka-stall:1,broker-crash:1,broker-restart:1"
 def test_slow_task_on_the_toolkit_cluster_and_broker_and_postgres_faults_are_proven(tmp_path: Path) -> None:
     # seed 1 draws each kind once, slow-task first: one run on the cluster carries all five
     plans = chaos.plan_kills("2pc", 5, 1, faults=FAULTS)
-    assert [p.fault for p in plans] == ["slow-task", "broker-restart", "broker-crash", "pg-stop", "kafka-stall"]
+    assert [p.kind for p in plans] == ["slow-task", "broker-restart", "broker-crash", "pg-stop", "kafka-stall"]
     work = tmp_path / "chaos"
     env = {k: v for k, v in os.environ.items() if k not in ("EOS_KAFKA_BOOTSTRAP", "EOS_POSTGRES_DSN")}
     env.update(EOS_SERVICES="embedded", PYSPARK_PYTHON=sys.executable)  # the command starts what it restarts

@@ -35,7 +35,7 @@ def test_non_idempotent_foreach_batch_insert_is_caught_and_minimised(
 ) -> None:
     _in(monkeypatch, "broken")
     plans = chaos.plan_kills("foreachbatch", 2, 49)
-    assert plans[1].point == "sink.after_commit" and plans[0].kind == "sigkill", plans
+    assert plans[1].point == "sink.after_commit" and plans[0].kind == "kill", plans
     report = eos_chaos(
         "insert_job:build",
         generator="insert_job:records",

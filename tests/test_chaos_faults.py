@@ -41,9 +41,9 @@ def test_parse_faults_orders_kinds_and_refuses_bad_entries() -> None:
 def test_default_schedule_is_the_one_chaos_runs_always_drew() -> None:
     # the seeds the oracle examples pin (integration/test_chaos_oracle.py) keep their schedules
     (plan,) = chaos.plan_kills("foreachbatch", 1, 19)
-    assert plan.kind == "fault" and plan.point == "sink.after_commit"
+    assert plan.kind == "fault-point" and plan.point == "sink.after_commit"
     plans = chaos.plan_kills("foreachbatch", 2, 49)
-    assert plans[0].kind == "sigkill" and plans[1].point == "sink.after_commit"
+    assert plans[0].kind == "kill" and plans[1].point == "sink.after_commit"
     assert chaos.plan_kills("2pc", 30, 7) == chaos.plan_kills("2pc", 30, 7, faults="fault-point:1,kill:1")
 
 
@@ -51,17 +51,17 @@ def test_weights_pick_the_kinds_and_the_seed_fixes_them() -> None:
     weights = {"kill": 1, "pg-restart": 2, "kafka-cut": 1, "executor-loss": 1}
     plans = chaos.plan_kills("2pc", 400, 3, faults=weights)
     assert plans == chaos.plan_kills("2pc", 400, 3, faults=weights)
-    counts = {k: sum(p.fault == k for p in plans) for k in weights}
+    counts = {k: sum(p.kind == k for p in plans) for k in weights}
     assert set(counts) == set(weights) and sum(counts.values()) == 400
     assert 130 < counts["pg-restart"] < 200 and all(50 < counts[k] < 120 for k in ("kill", "kafka-cut"))
-    assert {p.kind for p in plans} == {"sigkill", "pg-restart", "kafka-cut", "executor-loss"}
-    assert all(p.point is None for p in plans if p.fault != "fault-point")
+    assert {p.kind for p in plans} == {"kill", "pg-restart", "kafka-cut", "executor-loss"}
+    assert all(p.point is None for p in plans if p.kind != "fault-point")
     assert [p.describe() for p in plans[:1]] == [f"0: {plans[0].kind}"]
 
 
 def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
     plans = chaos.plan_kills("2pc", 6, 1, faults={"kill": 1, "pg-cut": 1})
-    outside = sum(p.fault == "pg-cut" for p in plans)
+    outside = sum(p.kind == "pg-cut" for p in plans)
     assert chaos.schedule.chunks(plans) == 6 + outside + 1
 
 
@@ -94,26 +94,37 @@ def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
     ],
 )
 def test_faults_the_setup_cannot_inject_are_refused_naming_the_fault(kinds: str, named: dict, needle: str) -> None:
-    args = {"kafka_named": None, "postgres_named": None, "dsn": "postgresql://u@127.0.0.1:5/db", "partitions": 2}
+    given = {"bootstrap": "127.0.0.1:9092", "dsn": "postgresql://u@127.0.0.1:5/db", "partitions": 2}
+    given.update({k: v for k, v in named.items() if k in ("dsn", "partitions")})
+    given.update(
+        kafka_named=named.get("kafka_named"), postgres_named=named.get("postgres_named"), workdir="/nonexistent"
+    )
     with pytest.raises(ConfigError) as exc:
-        fault_kinds.refuse_unsupported(fault_kinds.parse_faults(kinds), **{**args, **named})
+        chaos.prepare(_NoServices(), faults=kinds, **given)  # refused before any service is asked for
     assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
     # the same faults on services spark-eos runs: nothing refused
-    fault_kinds.refuse_unsupported(
-        fault_kinds.parse_faults("kill:1,pg-crash:1,broker-restart:1,kafka-cut:1,pg-cut:1"), **args
-    )
+    setup = fault_kinds.Setup(dsn="postgresql://u@127.0.0.1:5/db", partitions=2)
+    fault_kinds.refuse(fault_kinds.parse_faults("kill:1,pg-crash:1,broker-restart:1,kafka-cut:1,pg-cut:1"), setup)
 
 
-def test_a_chaos_config_without_the_postgres_service_refuses_server_faults(tmp_path: Path) -> None:
-    cfg = chaos.ChaosConfig(
-        "2pc", 2, 1, 10, "127.0.0.1:1", "postgresql://u@127.0.0.1:1/db", str(tmp_path), faults={"pg-restart": 1}
+class _NoServices:
+    def kafka(self) -> None:
+        pytest.fail("a broker was asked for")
+
+    def postgres(self) -> None:
+        pytest.fail("a Postgres was asked for")
+
+
+def test_the_fault_kit_refuses_server_faults_without_the_postgres_service(tmp_path: Path) -> None:
+    kit = fault_kinds.FaultKit(
+        {"pg-restart": 1}, bootstrap="127.0.0.1:1", dsn="postgresql://u@127.0.0.1:1/db", workdir=str(tmp_path)
     )
-    with pytest.raises(ConfigError, match="pg-restart: needs the Postgres service spark-eos runs"):
-        chaos.inputs.check_fault_setup(cfg)
+    with pytest.raises(ConfigError, match="pg-restart: needs the Postgres service spark-eos runs"), kit:
+        pass
 
 
 def test_hold_specs_parse_and_hold_the_first_task_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = fault_kinds.hold_spec("source.read.start", 3, 0.01, log_others=True)
+    spec = chaos.schedule.hold_spec("source.read.start", 3, 0.01, log_others=True)
     assert [r.text for r in faults.parse_spec(spec)] == [
         "source.read.start:batch=3:action=sleep:seconds=0.01:once",
         "source.read.start:batch=3:action=sleep:seconds=0",
@@ -196,14 +207,15 @@ def test_the_producer_waits_out_a_broker_that_is_down(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(chaos.workload, "produce_records", flaky)
     monkeypatch.setattr(chaos.workload.time, "sleep", lambda _s: None)
-    cfg = chaos.ChaosConfig("2pc", 1, 7, 10, "127.0.0.1:1", "postgresql://x", str(tmp_path))
-    producer = chaos.workload.Producer(cfg, "t", 2, str(tmp_path / "ck"))
-    producer._write(5)
+    producer = chaos.workload.Producer(
+        "127.0.0.1:1", "t", records=10, chunks=2, checkpoint=str(tmp_path / "ck"), seed=7
+    )
+    producer.write(5)
     assert calls == [5, 5, 5] and producer.written == 5
-    cfg.timeout = -1.0  # past the deadline: the error is the run's
+    producer.timeout = -1.0  # past the deadline: the error is the run's
     calls.clear()
     with pytest.raises(KafkaException):
-        producer._write(5)
+        producer.write(5)
     assert producer.written == 5
 
 
@@ -240,7 +252,8 @@ def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_ne
         kit = fault_kinds.FaultKit(kinds, bootstrap=cfg.bootstrap, dsn=cfg.dsn)
         kit.master, kit.conf = kit_master, {"spark.speculation": "true", "spark.executor.memory": "768m"}
         runlog = chaos.runs.RunLog(str(tmp_path / "runs.jsonl"))
-        assert chaos.runs.drain(cfg, kit, {}, "t", "t", str(tmp_path), runlog).returncode == 0
+        state = chaos.RunState(bootstrap=cfg.bootstrap, topic="t", table="t", records=cfg.records)
+        assert chaos.runs.drain(cfg, state, kit, {}, str(tmp_path), runlog).returncode == 0
         argv = started[-1]
         assert argv[argv.index("--master") + 1] == "local[3,2]" and "--conf" not in argv, argv
     assert [r["master"] for r in chaos.read_runs(str(tmp_path)) if r["role"] == "drain"] == ["local[3,2]"] * 2

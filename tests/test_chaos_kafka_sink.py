@@ -6,7 +6,6 @@ integration/test_chaos_kafka_sink.py."""
 
 from __future__ import annotations
 
-import argparse
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,8 +34,34 @@ def _cfg(sink_kind: str = "kafka", **kw: Any) -> chaos.ChaosConfig:
     return chaos.ChaosConfig(**{**base, **kw})
 
 
+def _state(topic: str = "src", table: str = "t", cfg: chaos.ChaosConfig | None = None) -> chaos.RunState:
+    return chaos.RunState(bootstrap=(cfg or _cfg()).bootstrap, topic=topic, table=table, records=120)
+
+
 def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
+
+
+class _Services:
+    """A chaos run's services as the front door asks for them: what was asked, in order."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def kafka(self) -> Any:
+        self.asked.append("kafka")
+        return SimpleNamespace(bootstrap="b:1")
+
+    def postgres(self) -> Any:
+        self.asked.append("postgres")
+        return SimpleNamespace(dsn="pg")
+
+
+def _prepare(sink_kind: str = "kafka", faults: Any = "kill:1", services: Any = None, **kw: Any) -> chaos.ChaosConfig:
+    given: dict[str, Any] = dict(bootstrap="127.0.0.1:9", kafka_named="--bootstrap", workdir="/tmp/w")
+    return chaos.prepare(
+        services or _Services(), app="rekey_job:build", sink_kind=sink_kind, faults=faults, **{**given, **kw}
+    )
 
 
 # ---- the runs' command lines ---------------------------------------------------------------------
@@ -44,20 +69,20 @@ def _flag(argv: list[str], flag: str) -> str:
 
 @pytest.mark.parametrize(("kind", "visibility"), [("kafka", "batch"), ("kafka-partition", "partition")])
 def test_a_kafka_sink_run_hands_the_job_its_topic_and_visibility_and_no_postgres(kind: str, visibility: str) -> None:
-    argv = chaos.runs.runner_argv(_cfg(kind), "src", "chaos_app_32_9", "/tmp/w/checkpoint", "available-now")
+    argv = chaos.runs.runner_argv(_cfg(kind), _state(), "chaos_app_32_9", "/tmp/w/checkpoint", "available-now")
     assert _flag(argv, "--out-topic") == "chaos_app_32_9_out" and _flag(argv, "--visibility") == visibility
     assert _flag(argv, "--dsn") == "" and _flag(argv, "--topic") == "src"
     # the runner takes them and hands them to the job
     args = app_runner.build_parser().parse_args(argv[argv.index("--app") :])
     assert (args.out_topic, args.visibility, args.dsn) == ("chaos_app_32_9_out", visibility, "")
     # a reference run writes a topic of its own
-    ref = chaos.runs.runner_argv(_cfg(kind), "src", "chaos_app_32_9_ref1", "/tmp/w/r1", "available-now")
+    ref = chaos.runs.runner_argv(_cfg(kind), _state(), "chaos_app_32_9_ref1", "/tmp/w/r1", "available-now")
     assert _flag(ref, "--out-topic") == "chaos_app_32_9_ref1_out"
 
 
 def test_other_sink_kinds_get_no_out_topic_and_a_dsn_without_its_password() -> None:
     cfg = _cfg("2pc", dsn="postgresql://eos:s3cret@127.0.0.1:5/db")
-    argv = chaos.runs.runner_argv(cfg, "src", "t", "/tmp/w/checkpoint", "available-now")
+    argv = chaos.runs.runner_argv(cfg, _state(cfg=cfg), "t", "/tmp/w/checkpoint", "available-now")
     assert "--out-topic" not in argv and "--visibility" not in argv
     assert "s3cret" not in " ".join(argv) and "s3cret" not in chaos.reproduce_command(cfg, None)
     assert harness.password_apart(cfg.dsn) == ("user=eos dbname=db host=127.0.0.1 port=5", {"PGPASSWORD": "s3cret"})
@@ -82,7 +107,7 @@ def test_each_mode_draws_the_points_its_sink_passes() -> None:
     assert "sink.task.after_commit" in partition and not {"sink.publish.mid", "sink.commit.before_decision"} & partition
     drawn = {p.point for p in chaos.plan_kills("kafka", 200, 3, faults="fault-point:1")}
     assert drawn == batch
-    assert fault_kinds.hold_point("kafka") == fault_kinds.hold_point("kafka-partition") == "sink.after_write"
+    assert chaos.schedule.hold_point("kafka") == chaos.schedule.hold_point("kafka-partition") == "sink.after_write"
     assert chaos.KAFKA_SINK_KINDS == {"kafka": "batch", "kafka-partition": "partition"}
     assert {"kafka", "kafka-partition"} <= set(chaos.SINK_KINDS)
 
@@ -90,30 +115,34 @@ def test_each_mode_draws_the_points_its_sink_passes() -> None:
 @pytest.mark.parametrize("fault", ["pg-restart", "pg-crash", "pg-stop", "pg-cut", "pg-stall"])
 def test_postgres_faults_are_refused_for_a_job_writing_to_kafka(fault: str) -> None:
     with pytest.raises(ConfigError) as exc:
-        chaos.refuse_for_sink_kind("kafka", {"kill": 1, fault: 1}, dsn="", dead_letters=None)
+        _prepare("kafka", {"kill": 1, fault: 1})
     msg = str(exc.value)
     assert msg.startswith(f"--faults {fault}: --sink-kind kafka: the run gives the job no Postgres"), msg
     assert f"drop {fault}" in msg
     # the plugin's names in the plugin's refusal
     with pytest.raises(ConfigError, match=f"^faults= {fault}: sink_kind= kafka-partition"):
-        chaos.refuse_for_sink_kind("kafka-partition", {fault: 1}, dsn=None, dead_letters=None, names=chaos.PLUGIN_NAMES)
+        _prepare("kafka-partition", {fault: 1}, names=chaos.PLUGIN_NAMES)
 
 
 def test_a_postgres_the_job_names_may_be_cut_not_restarted() -> None:
     dsn = "postgresql://u@127.0.0.1:5/db"
-    chaos.refuse_for_sink_kind("kafka", {"pg-cut": 1, "pg-stall": 1, "kill": 1}, dsn=dsn, dead_letters=None)
+    services = _Services()
+    cfg = _prepare("kafka", {"pg-cut": 1, "pg-stall": 1, "kill": 1}, services, dsn=dsn, postgres_named="--dsn")
+    assert cfg.dsn == dsn and cfg.postgres_service is None and services.asked == []
     with pytest.raises(ConfigError, match="--faults pg-restart: --sink-kind kafka: it would stop and start a Postgres"):
-        chaos.refuse_for_sink_kind("kafka", {"pg-restart": 1}, dsn=dsn, dead_letters=None)
-    # every other kind applies; other sink kinds are not this function's business
-    chaos.refuse_for_sink_kind(
-        "kafka", {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-")}, dsn="", dead_letters="{table}_dlq"
-    )
-    chaos.refuse_for_sink_kind("2pc", {"pg-restart": 1}, dsn="", dead_letters="public.x")
+        _prepare("kafka", {"pg-restart": 1}, dsn=dsn, postgres_named="--dsn")
+    # every other kind applies (the broker faults on a broker of the run's own: none named, none asked for)
+    others = {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-")}
+    cfg = _prepare("kafka", others, services, bootstrap=None, kafka_named=None, dead_letters="{table}_dlq")
+    assert cfg.bootstrap == "" and services.asked == []
+    # a job writing to Postgres gets the Postgres the run starts, whose server the faults restart
+    cfg = _prepare("2pc", {"pg-restart": 1}, services, dead_letters="public.x")
+    assert services.asked == ["postgres"] and cfg.dsn == "pg" and cfg.postgres_service is not None
 
 
 def test_dead_letters_of_a_kafka_job_must_be_a_topic_name() -> None:
     with pytest.raises(ConfigError, match=r"--dead-letters '\{table\} refused': with --sink-kind kafka .*errors.topic"):
-        chaos.refuse_for_sink_kind("kafka", {"kill": 1}, dsn="", dead_letters="{table} refused")
+        _prepare("kafka", dead_letters="{table} refused")
 
 
 def _chaos_argv(*extra: str) -> list[str]:
@@ -135,42 +164,33 @@ def _chaos_argv(*extra: str) -> list[str]:
 def test_the_command_refuses_before_any_service_starts(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from connectors import services
+
     monkeypatch.delenv("EOS_POSTGRES_DSN", raising=False)
-    monkeypatch.setattr(chaos.cli, "_services", lambda *a, **k: pytest.fail("a service was started"))
+    monkeypatch.setattr(services, "kafka", lambda: pytest.fail("a broker was started"))
+    monkeypatch.setattr(services, "postgres", lambda: pytest.fail("a Postgres was started"))
     assert chaos.main(argv) == 64
     err = capsys.readouterr().err
     assert err.startswith("chaos: config error: ") and needle in err, err
 
 
-def test_a_kafka_job_gets_no_postgres_unless_one_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from connectors import services
-
-    started: list[str] = []
-    monkeypatch.setattr(
-        services, "kafka", lambda: started.append("kafka") or SimpleNamespace(bootstrap="b:1", stop=None)
-    )
-    monkeypatch.setattr(
-        services, "postgres", lambda: started.append("postgres") or SimpleNamespace(dsn="pg", stop=None)
-    )
-    args = argparse.Namespace(bootstrap=None, dsn=None)
-    chaos.cli._services(args, postgres=False)
-    assert started == ["kafka"] and (args.bootstrap, args.dsn) == ("b:1", "")
-    args = argparse.Namespace(bootstrap="b:2", dsn=None)
-    chaos.cli._services(args)
-    assert started == ["kafka", "postgres"] and args.dsn == "pg"
+def test_a_kafka_job_gets_no_postgres_unless_one_is_named() -> None:
+    services = _Services()
+    cfg = _prepare("kafka", services=services, bootstrap=None, kafka_named=None)
+    assert services.asked == ["kafka"] and (cfg.bootstrap, cfg.dsn, cfg.postgres_service) == ("b:1", "", None)
+    cfg = _prepare("2pc", services=services)
+    assert services.asked == ["kafka", "postgres"] and cfg.dsn == "pg" and cfg.bootstrap == "127.0.0.1:9"
 
 
-def test_the_plugin_starts_no_postgres_for_a_kafka_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EOS_POSTGRES_DSN", raising=False)
-    monkeypatch.delenv("EOS_KAFKA_BOOTSTRAP", raising=False)
-    monkeypatch.setenv("EOS_SERVICES", "embedded")  # no probe of a Docker engine
+def test_the_plugin_asks_its_fixtures_for_no_postgres_for_a_kafka_job() -> None:
     asked: list[str] = []
-    services = {"eos_kafka": SimpleNamespace(bootstrap="b:1"), "eos_postgres": SimpleNamespace(dsn="pg", kind="x")}
-    request = SimpleNamespace(getfixturevalue=lambda name: asked.append(name) or services[name])
-    got = pytest_plugin._services_for(request, "kafka-partition", {"kill": 1})  # type: ignore[arg-type]
-    assert got == ("b:1", None, None, None) and asked == ["eos_kafka"]
-    got = pytest_plugin._services_for(request, "2pc", {"broker-restart": 1})  # type: ignore[arg-type]
-    assert got[0] == "" and got[1] is services["eos_postgres"] and asked[-1] == "eos_postgres"
+    fixtures = {"eos_kafka": SimpleNamespace(bootstrap="b:1"), "eos_postgres": SimpleNamespace(dsn="pg", kind="x")}
+    request = SimpleNamespace(getfixturevalue=lambda name: asked.append(name) or fixtures[name])
+    session = pytest_plugin.SessionServices(request)  # type: ignore[arg-type]
+    cfg = _prepare("kafka-partition", services=session, bootstrap=None, kafka_named=None, names=chaos.PLUGIN_NAMES)
+    assert (cfg.bootstrap, cfg.dsn) == ("b:1", "") and asked == ["eos_kafka"]
+    cfg = _prepare("2pc", {"broker-restart": 1}, session, bootstrap=None, kafka_named=None)
+    assert cfg.bootstrap == "" and cfg.postgres_service is fixtures["eos_postgres"] and asked[-1] == "eos_postgres"
 
 
 # ---- the job's wiring, checked by the runner -----------------------------------------------------
@@ -281,11 +301,11 @@ def test_a_kafka_sink_run_is_checked_by_the_topic_checker(monkeypatch: pytest.Mo
     monkeypatch.setattr(topic_checker, "verify_topic", lambda **kw: calls.append(("topic", kw)) or checker.Report())
     monkeypatch.setattr(checker, "verify", lambda **kw: calls.append(("table", kw)) or checker.Report())
     chaos.verdict.verify_output(
-        _cfg("kafka-partition", payload_fields=("account",), dead_letters="{table}_dlq"), "src", "t", "/c"
+        _cfg("kafka-partition", payload_fields=("account",), dead_letters="{table}_dlq"), _state(), "/c"
     )
-    chaos.verdict.verify_output(_cfg("kafka", oracle="append"), "src", "t", "/c")
-    chaos.verdict.verify_output(_cfg("2pc", dsn="pg"), "src", "t", "/c")
-    chaos.verdict.verify_output(_cfg("kafka", app=None, pipeline="2pc", dsn="pg"), "src", "t", "/c")
+    chaos.verdict.verify_output(_cfg("kafka", oracle="append"), _state(), "/c")
+    chaos.verdict.verify_output(_cfg("2pc", dsn="pg"), _state(), "/c")
+    chaos.verdict.verify_output(_cfg("kafka", app=None, pipeline="2pc", dsn="pg"), _state(), "/c")
     assert [c[0] for c in calls] == ["topic", "topic", "table", "table"]
     first, second = calls[0][1], calls[1][1]
     assert (first["source_topic"], first["sink_topic"], first["sink_id"], first["checkpoint"]) == (
@@ -305,12 +325,12 @@ def test_the_oracle_reads_a_kafka_jobs_topic_and_the_run_makes_its_topics(monkey
     made: list[tuple[str, int]] = []
     monkeypatch.setattr(topic_checker, "topic_rows", lambda b, t, latest_by=None: read.append((t, latest_by)) or [])
     monkeypatch.setattr(chaos.workload, "create_topic", lambda b, t, n: made.append((t, n)))
-    chaos.verdict.output_rows(_cfg("kafka", oracle="upsert", oracle_key=("id",)), "t_ref1")
-    chaos.verdict.output_rows(_cfg("kafka-partition", oracle="append"), "t")
+    chaos.verdict.output_rows(_cfg("kafka", oracle="upsert", oracle_key=("id",)), "b:1", "t_ref1")
+    chaos.verdict.output_rows(_cfg("kafka-partition", oracle="append"), "b:1", "t")
     assert read == [("t_ref1_out", ("id",)), ("t_out", None)]
     assert chaos.verdict.written(_cfg("kafka"), "t") == "topic t_out" and chaos.verdict.written(_cfg("2pc"), "t") == "t"
-    chaos.workload.make_out_topics(_cfg("kafka", partitions=3, dead_letters="{table}_dlq"), "t")
-    chaos.workload.make_out_topics(_cfg("2pc"), "t")
+    chaos.workload.make_out_topics(_cfg("kafka", partitions=3, dead_letters="{table}_dlq"), "b:1", "t")
+    chaos.workload.make_out_topics(_cfg("2pc"), "b:1", "t")
     assert made == [("t_out", 3), ("t_dlq", 1)]
 
 

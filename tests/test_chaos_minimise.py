@@ -35,19 +35,19 @@ def test_only_kills_keeps_the_seeds_kills_and_their_numbers(tmp_path: Path) -> N
     cfg = _cfg(tmp_path, only_kills=(1, 3))
     assert chaos.schedule.planned_kills(cfg) == [full[1], full[3]] and cfg.planned == 2
     with pytest.raises(ConfigError, match=r"--only-kills 1,4: kill numbers from 0 to 3 \(--kills 4\)"):
-        chaos.schedule.planned_kills(_cfg(tmp_path, only_kills=(1, 4)))
+        chaos.prepare(None, app="insert_job:build", kills=4, only_kills=(1, 4), workdir=str(tmp_path))  # type: ignore[arg-type]
 
 
 def test_minimise_drops_every_kill_the_failure_does_not_need(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[int, ...]] = []
 
-    def fake_run(cfg: chaos.ChaosConfig) -> checker.Report:
-        assert cfg.only_kills is not None
+    def fake_run(self: chaos.Experiment, cfg: chaos.ChaosConfig | None = None) -> checker.Report:
+        assert cfg is not None and cfg.only_kills is not None
         seen.append(cfg.only_kills)
         culprit = 2 in cfg.only_kills  # this job fails whenever kill 2 strikes, and only then
         return checker.Report([checker.Check("oracle.table", not culprit, "")])
 
-    monkeypatch.setattr(chaos.experiment, "run", fake_run)
+    monkeypatch.setattr(chaos.Experiment, "run", fake_run)
     cfg = _cfg(tmp_path)
     report = checker.Report([checker.Check("oracle.table", False, "")])
     found = chaos.minimise(cfg, report)
@@ -69,11 +69,11 @@ def test_minimise_drops_every_kill_the_failure_does_not_need(tmp_path: Path, mon
 
 
 def test_a_cannot_judge_trial_is_not_a_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def undecided(cfg: chaos.ChaosConfig) -> checker.Report:
+    def undecided(self: chaos.Experiment, cfg: chaos.ChaosConfig | None = None) -> checker.Report:
         return checker.Report(
             [checker.Check("oracle.reference_deterministic", False, "")], {"verdict": oracle.CANNOT_JUDGE}
         )
 
-    monkeypatch.setattr(chaos.experiment, "run", undecided)
+    monkeypatch.setattr(chaos.Experiment, "run", undecided)
     found = chaos.minimise(_cfg(tmp_path, kills=3), checker.Report([checker.Check("x", False, "")]))
     assert found["kills"] == [0, 1, 2] and all(not t["fails"] for t in found["trials"])

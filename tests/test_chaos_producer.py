@@ -39,9 +39,11 @@ class Query:
 
 
 def _producer(tmp_path: Path, records: int, kills: int) -> tuple[chaos.workload.Producer, Query]:
-    cfg = chaos.ChaosConfig("2pc", kills, 7, records, "127.0.0.1:1", "postgresql://x", str(tmp_path))
     query = Query(tmp_path / "ck")
-    return chaos.workload.Producer(cfg, "t", kills + 1, str(tmp_path / "ck"), pieces=4), query
+    producer = chaos.workload.Producer(
+        "127.0.0.1:1", "t", records=records, chunks=kills + 1, checkpoint=str(tmp_path / "ck"), seed=7, pieces=4
+    )
+    return producer, query
 
 
 def _settle(p: chaos.workload.Producer, expect: int, timeout: float = 5.0) -> None:

@@ -3,6 +3,7 @@ sample records, timestamps, partitions, several topics; each bad record refused 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -109,17 +110,15 @@ def test_several_topics_reach_the_job_and_partitions_are_checked_before_anything
         dsn="postgresql://h/d",
         workdir=str(tmp_path),
         app="j:build",
-        topics=topics,
     )
-    argv = chaos.runs.runner_argv(cfg, "chaos_app_1_2", "t", "/c", "available-now")
+    state = chaos.RunState(bootstrap="b:1", topic="chaos_app_1_2", table="t", records=10, topics=topics)
+    argv = chaos.runs.runner_argv(cfg, state, "t", "/c", "available-now")
     assert argv[argv.index("--topics") + 1] == "payments=chaos_app_1_2_payments"
     job = app_runner.Job("b:1", "chaos_app_1_2", "d", "t", topics={"payments": "chaos_app_1_2_payments"})
     assert job.topic_named("payments") == "chaos_app_1_2_payments" and job.topic_named("") == "chaos_app_1_2"
     with pytest.raises(KeyError, match="no topic named 'refunds'"):
         job.topic_named("refunds")
-    cfg.generator = lambda seed, n: [("k", "v", (), 5)]
     with pytest.raises(ConfigError, match=r"partition 5, but the run's topics have 2 \(--partitions 2\)"):
-        chaos.load_workload(cfg)
-    cfg.generator = lambda seed, n: [("k", "v")] * 3
-    chaos.load_workload(cfg)
-    assert cfg.records == 3 and cfg.workload is not None and len(cfg.workload) == 3
+        chaos.workload.load(dataclasses.replace(cfg, generator=lambda seed, n: [("k", "v", (), 5)]))
+    loaded = chaos.workload.load(dataclasses.replace(cfg, generator=lambda seed, n: [("k", "v")] * 3))
+    assert loaded is not None and len(loaded) == 3

@@ -173,7 +173,7 @@ def test_kill_plan_is_seeded_and_mixed():
     assert a == chaos.plan_kills("2pc", 40, seed=7)
     assert a != chaos.plan_kills("2pc", 40, seed=8)
     kinds = {p.kind for p in a}
-    assert kinds == {"sigkill", "fault"}
+    assert kinds == {"kill", "fault-point"}
     points = {p.point for p in a if p.point}
     assert points <= set(chaos.FAULT_POINTS["2pc"]) and len(points) >= 3
     fault = next(p for p in a if p.point and p.point.startswith("sink."))

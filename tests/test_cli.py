@@ -498,15 +498,21 @@ def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().out.strip() == f"spark-eos {metadata.version('spark-eos')}"
 
 
-def test_chaos_app_errors_name_the_option_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chaos_app_errors_name_the_option_and_the_fix(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from connectors.toolkit import app_runner, chaos
     from eos_core import faults
 
     monkeypatch.delenv(faults.ENV_PGID, raising=False)
-    with pytest.raises(SystemExit, match="pick one"):
-        chaos.main(["--app", "x:build", "--pipeline", "2pc", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
-    with pytest.raises(SystemExit, match="expected key=value"):
-        chaos.main(["--app", "x:build", "--option", "novalue", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"])
+    assert (
+        chaos.main(["--app", "x:build", "--pipeline", "2pc", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"]) == 64
+    )
+    assert "chaos: config error: --app and --pipeline: pick one" in capsys.readouterr().err
+    assert (
+        chaos.main(["--app", "x:build", "--option", "novalue", "--bootstrap", "b:1", "--dsn", "postgresql://h/d"]) == 64
+    )
+    assert "chaos: config error: --option 'novalue': expected key=value" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="expected key=value"):
         app_runner.main(
             [
@@ -557,7 +563,8 @@ def test_chaos_app_runs_the_users_module_with_the_runs_topic_table_and_checkpoin
         app="orders_job:build",
         options={"region": "eu"},
     )
-    argv = chaos.runs.runner_argv(cfg, "topic1", "table1", "/tmp/w/checkpoint", "available-now")
+    state = chaos.RunState(bootstrap="b:1", topic="topic1", table="table1", records=10)
+    argv = chaos.runs.runner_argv(cfg, state, "table1", "/tmp/w/checkpoint", "available-now")
     assert argv[1:3] == ["-m", "connectors.toolkit.app_runner"]
     for flag, value in [
         ("--app", "orders_job:build"),

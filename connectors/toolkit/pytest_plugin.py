@@ -54,13 +54,13 @@ topic, table name and workdir (under pytest's ``tmp_path``), so runs never see e
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["eos_chaos", "eos_kafka", "eos_postgres"]
+__all__ = ["SessionServices", "eos_chaos", "eos_kafka", "eos_postgres"]
 
 
 @pytest.fixture(scope="session")
@@ -90,125 +90,58 @@ def eos_postgres() -> Iterator[Any]:
 @pytest.fixture
 def eos_chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
     """``eos_chaos(app, *, kills=3, records=1000, ...)``: run a chaos experiment on ``app``; the report.
-    Postgres (``eos_postgres``) is started for it unless the job writes with the kafka-eos sink
+    The keywords are ``spark-eos chaos``'s flags (``connectors.toolkit.chaos.inputs.prepare`` checks both
+    alike). Postgres (``eos_postgres``) is started for it unless the job writes with the kafka-eos sink
     (``sink_kind="kafka"`` / ``"kafka-partition"``; ``EOS_POSTGRES_DSN`` still names one for the job)."""
-    from connectors.toolkit import chaos
-    from connectors.toolkit.chaos import kinds as fault_kinds
+    from connectors import services
+    from connectors.toolkit.chaos import experiment, inputs
 
     runs = iter(range(1_000_000))
+    fixtures = SessionServices(request)
 
     def run(
         app: str,
         *,
         kills: int = 3,
         records: int = 1000,
-        seed: int = 1,
-        sink_kind: str = "2pc",
-        id_field: str = "id",
-        payload: Sequence[str] = (),
         max_offsets: int = 200,
-        partitions: int = 2,
-        options: Mapping[str, str] | None = None,
-        timeout: float = 300.0,
-        dead_letters: str | None = None,
-        generator: Any = None,
-        records_file: str | None = None,
-        oracle: str | None = None,
-        tolerance: float = 0.0,
-        ignore_columns: Sequence[str] = (),
-        reference_runs: int = 2,
-        only_kills: Sequence[int] | None = None,
-        minimise: bool = False,
-        faults: str | Mapping[str, int] | None = None,
+        payload: Sequence[str] = (),
         report_dir: str | Path | None = None,
+        **keywords: Any,
     ) -> Any:
-        from connectors.toolkit import oracle as oracle_mod
-        from eos_core.errors import ConfigError
-
-        mode: str | None = None
-        key: tuple[str, ...] = ()
-        if oracle is not None:
-            try:
-                mode, key = oracle_mod.parse_mode(oracle, option="oracle=")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        if tolerance < 0:
-            raise ConfigError(f"tolerance={tolerance!r}: a number >= 0 (e.g. 1e-9)")
-        weights = fault_kinds.parse_faults(faults, option="faults=")
-        chaos.refuse_for_sink_kind(
-            sink_kind,
-            weights,
-            dsn=os.environ.get("EOS_POSTGRES_DSN"),
-            dead_letters=dead_letters,
-            names=chaos.PLUGIN_NAMES,
-        )
-        bootstrap, eos_postgres, named_kafka, named_pg = _services_for(request, sink_kind, weights)
-        dsn = "" if eos_postgres is None else eos_postgres.dsn
-        fault_kinds.refuse_unsupported(
-            weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=dsn, partitions=partitions, option="faults="
-        )
-        workdir = tmp_path / f"chaos-{next(runs)}"
-        cfg = chaos.ChaosConfig(
-            pipeline="app",
-            kills=kills,
-            seed=seed,
-            records=records,
-            bootstrap=bootstrap,
-            dsn=dsn,
-            workdir=str(workdir),
-            partitions=partitions,
-            max_offsets=max_offsets,
-            progress=False,
-            timeout=timeout,
+        bootstrap = os.environ.get("EOS_KAFKA_BOOTSTRAP") if services.choose("kafka") == "env" else None
+        dsn = os.environ.get("EOS_POSTGRES_DSN") if services.choose("postgres") == "env" else None
+        cfg = inputs.prepare(
+            fixtures,
+            names=inputs.PLUGIN_NAMES,
             app=app,
-            sink_kind=sink_kind,
-            id_field=id_field,
-            payload_fields=tuple(payload),
-            options=dict(options or {}),
-            dead_letters=dead_letters,
-            generator=generator,
-            records_file=records_file,
-            oracle=mode,
-            oracle_key=key,
-            tolerance=tolerance,
-            ignore_columns=tuple(ignore_columns),
-            reference_runs=reference_runs,
-            only_kills=tuple(only_kills) if only_kills is not None else None,
-            faults=weights,
-            postgres_service=None if named_pg else eos_postgres,
-            kafka_named=named_kafka,
-            postgres_named=named_pg,
+            kills=kills,
+            records=records,
+            max_offsets=max_offsets,
+            payload=payload,
+            report_dir=None if report_dir is None else str(report_dir),
+            bootstrap=bootstrap,
+            kafka_named="EOS_KAFKA_BOOTSTRAP" if bootstrap else None,
+            dsn=dsn,
+            postgres_named="EOS_POSTGRES_DSN" if dsn else None,
+            workdir=str(tmp_path / f"chaos-{next(runs)}"),
+            progress=False,
+            **keywords,
         )
-        report = chaos.run(cfg)
-        if minimise and not report.ok and report.info.get("verdict") != oracle_mod.CANNOT_JUDGE:
-            chaos.minimise(cfg, report)  # report.info["minimised"]: the smallest failing schedule, its command
-        chaos.write_results(report, cfg)
-        if report_dir is not None:
-            from connectors.toolkit import report as report_files
-
-            report_files.write(
-                report, cfg.workdir, str(report_dir), command=chaos.reproduce_command(cfg, cfg.only_kills)
-            )
-        return report
+        return experiment.conduct(cfg)
 
     return run
 
 
-def _services_for(
-    request: pytest.FixtureRequest, sink_kind: str, weights: Mapping[str, int]
-) -> tuple[str, Any, str | None, str | None]:
-    """The session's services a chaos run uses: (bootstrap, Postgres service or None, where the user named
-    Kafka, where Postgres). No broker when the faults need one of the run's own (the broker and Kafka
-    network faults: the run starts it); no Postgres for a job writing with the kafka-eos sink
-    (``sink_kind="kafka"`` / ``"kafka-partition"``) unless ``EOS_POSTGRES_DSN`` names one."""
-    from connectors import services
-    from connectors.toolkit import chaos
-    from connectors.toolkit.chaos import kinds as fault_kinds
+class SessionServices:
+    """A chaos run's services from the session's fixtures (``eos_kafka``, ``eos_postgres``), asked for only
+    when the run needs them (``inputs.prepare`` decides)."""
 
-    kafka_only = sink_kind in chaos.KAFKA_SINK_KINDS and not os.environ.get("EOS_POSTGRES_DSN")
-    postgres = None if kafka_only else request.getfixturevalue("eos_postgres")
-    named_kafka = "EOS_KAFKA_BOOTSTRAP" if services.choose("kafka") == "env" else None
-    named_pg = "EOS_POSTGRES_DSN" if postgres is not None and postgres.kind == "env" else None
-    own_broker = any(k in weights for k in (*fault_kinds.BROKER, *fault_kinds.KAFKA_NET))
-    bootstrap = "" if own_broker else request.getfixturevalue("eos_kafka").bootstrap
-    return bootstrap, postgres, named_kafka, named_pg
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self.request = request
+
+    def kafka(self) -> Any:
+        return self.request.getfixturevalue("eos_kafka")
+
+    def postgres(self) -> Any:
+        return self.request.getfixturevalue("eos_postgres")

@@ -6,14 +6,16 @@
 
 A package by phase, each module importing only those listed before it:
 
-- ``config``: what was asked (``ChaosConfig``), the pipelines and sink kinds;
-- ``kinds``: the fault kinds of ``--faults`` and the kit that injects them (``FaultKit``);
-- ``inputs``: what a run refuses before anything starts;
-- ``schedule``: the fault points each sink kind passes through, the seeded plan of faults;
+- ``config``: what was asked (``ChaosConfig``, frozen), the pipelines and sink kinds;
+- ``kinds``: one ``FaultKind`` record per ``--faults`` kind, what each needs of the setup, and the kit that
+  injects them (``FaultKit``);
+- ``schedule``: the fault points each sink kind passes through, the seeded plan of faults (``KillPlan``);
 - ``workload``: the records (the default ones, the user's generator or file) and the producer thread;
-- ``runs``: the fault loop, the job's runs and their log;
+- ``inputs``: the one front door (``prepare``): what the command line or the pytest plugin was given,
+  checked and refused once, its services found, as a ``ChaosConfig``;
+- ``runs``: the fault loop, the job's runs and their log, and a run's ``RunState``;
 - ``verdict``: the exact checker on what the run wrote, the run's own checks, the reference oracle;
-- ``experiment``: one run of it all (``run``), minimisation, the reproducing command, the results;
+- ``experiment``: one experiment (``run``), its minimisation, the reproducing command, the files it leaves;
 - ``cli``: ``spark-eos chaos`` and ``python -m connectors.toolkit.chaos``;
 - ``proxy``, ``cluster``, ``avro``: the TCP proxy of the network faults, the two-host cluster of
   ``slow-task``, Avro record files.
@@ -26,16 +28,16 @@ from __future__ import annotations
 
 from connectors.toolkit.chaos.cli import add_subparser, main
 from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, PIPELINES, SINK_KINDS, ChaosConfig
-from connectors.toolkit.chaos.experiment import minimise, reproduce_command, run, write_results
-from connectors.toolkit.chaos.inputs import CLI_NAMES, PLUGIN_NAMES, refuse_for_sink_kind
-from connectors.toolkit.chaos.runs import REFUSED_EXIT, raise_refusal, read_runs, wait_for
+from connectors.toolkit.chaos.experiment import Experiment, conduct, minimise, reproduce_command, run, write_results
+from connectors.toolkit.chaos.inputs import CLI_NAMES, PLUGIN_NAMES, prepare
+from connectors.toolkit.chaos.kinds import KINDS, FaultKind, parse_faults
+from connectors.toolkit.chaos.runs import REFUSED_EXIT, RunState, raise_refusal, read_runs, wait_for
 from connectors.toolkit.chaos.schedule import FAULT_POINTS, KillPlan, plan_kills
 from connectors.toolkit.chaos.workload import (
     Record,
     create_topic,
     generate_records,
     load_generator,
-    load_workload,
     make_records,
     produce_records,
     produce_user_records,
@@ -48,28 +50,33 @@ __all__ = [
     "CLI_NAMES",
     "FAULT_POINTS",
     "KAFKA_SINK_KINDS",
+    "KINDS",
     "PIPELINES",
     "PLUGIN_NAMES",
     "REFUSED_EXIT",
     "SINK_KINDS",
     "ChaosConfig",
+    "Experiment",
+    "FaultKind",
     "KillPlan",
     "Record",
+    "RunState",
     "add_subparser",
+    "conduct",
     "create_topic",
     "generate_records",
     "load_generator",
-    "load_workload",
     "main",
     "make_records",
     "minimise",
+    "parse_faults",
     "plan_kills",
+    "prepare",
     "produce_records",
     "produce_user_records",
     "raise_refusal",
     "read_records_file",
     "read_runs",
-    "refuse_for_sink_kind",
     "reproduce_command",
     "run",
     "to_record",

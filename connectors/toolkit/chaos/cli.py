@@ -22,15 +22,13 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from connectors.toolkit import oracle
 from connectors.toolkit.chaos import kinds
-from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, PIPELINES, SINK_KINDS, ChaosConfig
-from connectors.toolkit.chaos.experiment import minimise, reproduce_command, run, write_results
-from connectors.toolkit.chaos.inputs import refuse_for_sink_kind
-from connectors.toolkit.chaos.workload import load_generator
+from connectors.toolkit.chaos.config import PIPELINES, SINK_KINDS
+from connectors.toolkit.chaos.experiment import conduct
+from connectors.toolkit.chaos.inputs import named_by, prepare
 from eos_core.errors import ConfigError
 
 __all__ = ["add_subparser", "main"]
@@ -49,6 +47,12 @@ def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
+    _job_arguments(p)
+    _workload_arguments(p)
+    _run_arguments(p)
+
+
+def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", choices=PIPELINES, default=None, help="which reference pipeline to run (default 2pc)")
     p.add_argument(
         "--app", default=None, help="module:function building YOUR query instead (see connectors.toolkit.app_runner)"
@@ -72,6 +76,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         "or with --sink-kind kafka* its errors.topic (the run creates it); a record there counts as delivered "
         "(each record once in the table or topic, or in the dead letters)",
     )
+
+
+def _workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--generator",
         default=None,
@@ -107,6 +114,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         default=2,
         help="with --oracle: fault-free runs (default 2: they must agree, else the verdict is CANNOT JUDGE)",
     )
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only-kills",
         default=None,
@@ -157,174 +167,88 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _oracle_args(args: argparse.Namespace) -> tuple[str | None, tuple[str, ...]]:
-    """``--oracle`` parsed (mode, key), its tuning flags checked."""
-    mode: str | None = None
-    key: tuple[str, ...] = ()
-    if args.oracle:
-        try:
-            mode, key = oracle.parse_mode(args.oracle)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    if args.tolerance < 0 or args.tolerance != args.tolerance:
-        raise ConfigError(f"--tolerance {args.tolerance}: a number >= 0 (e.g. 1e-9)")
-    if args.reference_runs < 1:
-        raise ConfigError(
-            f"--reference-runs {args.reference_runs}: at least 1 (2, the default, also checks the job is deterministic)"
-        )
-    given = {
-        "--tolerance": args.tolerance != 0,
-        "--ignore-columns": bool(args.ignore_columns),
-        "--reference-runs": args.reference_runs != 2,
-    }
-    for flag, used in given.items():
-        if used and not args.oracle:
-            raise ConfigError(f"{flag} tunes the oracle's comparison: it needs --oracle append|upsert:KEY")
-    return mode, key
-
-
-def _only_kills(args: argparse.Namespace) -> tuple[int, ...] | None:
-    only = None
-    if args.only_kills is not None:
-        try:
-            only = tuple(sorted({int(x) for x in args.only_kills.split(",")}))
-        except ValueError:
-            raise ConfigError(f"--only-kills {args.only_kills!r}: comma-separated kill numbers, e.g. 0,3") from None
-        if any(not 0 <= i < args.kills for i in only):
-            raise ConfigError(
-                f"--only-kills {args.only_kills}: kill numbers from 0 to {args.kills - 1} (--kills {args.kills})"
-            )
-    if args.minimise and (len(only) if only is not None else args.kills) < 2:
-        raise ConfigError("--minimise drops kills one at a time: it needs at least 2 (--kills)")
-    return only
-
-
-def _workload_args(args: argparse.Namespace) -> None:
-    for name in ("generator", "records_file", "oracle"):
-        if getattr(args, name) and not args.app:
-            raise ConfigError(
-                f"--{name.replace('_', '-')} needs --app (the reference pipelines make their own records)"
-            )
-    if args.sink_kind != "2pc" and not args.app:
-        raise ConfigError(
-            f"--sink-kind {args.sink_kind} needs --app (your job, whose sink it names); the reference pipelines "
-            "(--pipeline) have their own sinks"
-        )
-    if args.generator and args.records_file:
-        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
-    if args.records_file and not os.path.isfile(args.records_file):
-        raise ConfigError(f"--records-file {args.records_file!r}: no such file")
-    if args.generator:
-        load_generator(args.generator)  # a bad module or function: refused before any service starts
-
-
 def _command(args: argparse.Namespace) -> int:
-    for name in ("kills", "records", "partitions", "max_offsets"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.app and args.pipeline:
-        raise SystemExit("--app and --pipeline: pick one (your job, or one of our reference pipelines)")
+    """``spark-eos chaos``: the flags' syntax read here, everything else checked by ``inputs.prepare``."""
     bad = [kv for kv in args.option if "=" not in kv]
     if bad:
-        raise SystemExit(f"--option {bad[0]!r}: expected key=value")
-    mode, key = _oracle_args(args)
-    _workload_args(args)
-    only = _only_kills(args)
-    weights = kinds.parse_faults(args.faults)
-    named_kafka = _named(args.bootstrap, "EOS_KAFKA_BOOTSTRAP", "--bootstrap")
-    named_pg = _named(args.dsn, "EOS_POSTGRES_DSN", "--dsn")
-    if args.app:  # before the general refusals: a Kafka sink job's say more
-        refuse_for_sink_kind(args.sink_kind, weights, dsn=args.dsn, dead_letters=args.dead_letters)
-    kinds.refuse_unsupported(
-        weights, kafka_named=named_kafka, postgres_named=named_pg, dsn=args.dsn, partitions=args.partitions
-    )
-    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
-        raise ConfigError(f"--report {args.report!r}: a file is there; name a directory (it is created if missing)")
-    # a broker of the run's own when the faults restart it or cut it (kinds.FaultKit starts it)
-    own_broker = any(k in weights for k in (*kinds.BROKER, *kinds.KAFKA_NET))
-    # a job writing with the kafka-eos sink gets no Postgres unless --dsn (or EOS_POSTGRES_DSN) names one
-    kafka_job = bool(args.app) and args.sink_kind in KAFKA_SINK_KINDS
-    stack, pg_service = _services(args, kafka=not own_broker, postgres=not kafka_job)
+        raise ConfigError(f"--option {bad[0]!r}: expected key=value")
+    services = _Started()
     try:
-        workdir = args.workdir or tempfile.mkdtemp(prefix="eos-chaos-")
-        cfg = ChaosConfig(
-            pipeline=args.pipeline or "2pc",
+        cfg = prepare(
+            services,
+            pipeline=args.pipeline,
+            app=args.app,
+            sink_kind=args.sink_kind,
             kills=args.kills,
             seed=args.seed,
             records=args.records,
-            bootstrap=args.bootstrap,
-            dsn=args.dsn,
-            workdir=workdir,
             partitions=args.partitions,
             max_offsets=args.max_offsets,
-            progress=not args.quiet,
-            app=args.app,
-            sink_kind=args.sink_kind,
-            id_field=args.id_field,
-            payload_fields=tuple(f for f in args.payload.split(",") if f),
+            faults=args.faults,
+            bootstrap=args.bootstrap,
+            kafka_named=named_by(args.bootstrap, "EOS_KAFKA_BOOTSTRAP", "--bootstrap"),
+            dsn=args.dsn,
+            postgres_named=named_by(args.dsn, "EOS_POSTGRES_DSN", "--dsn"),
+            workdir=args.workdir or tempfile.mkdtemp(prefix="eos-chaos-"),
             options=dict(kv.split("=", 1) for kv in args.option),
+            id_field=args.id_field,
+            payload=_names(args.payload),
             dead_letters=args.dead_letters,
             generator=args.generator,
             records_file=args.records_file,
-            oracle=mode,
-            oracle_key=key,
+            oracle=args.oracle,
             tolerance=args.tolerance,
-            ignore_columns=tuple(c.strip() for c in args.ignore_columns.split(",") if c.strip()),
+            ignore_columns=_names(args.ignore_columns),
             reference_runs=args.reference_runs,
-            only_kills=only,
-            faults=weights,
-            postgres_service=pg_service,
-            kafka_named=named_kafka,
-            postgres_named=named_pg,
+            only_kills=_kill_numbers(args.only_kills),
+            minimise=args.minimise,
+            report_dir=args.report,
+            progress=not args.quiet,
         )
-        report = run(cfg)
-        if args.minimise and not report.ok and report.info.get("verdict") != oracle.CANNOT_JUDGE:
-            if not args.quiet:
-                print(f"minimising: re-running seed {cfg.seed} dropping kills one at a time", file=sys.stderr)
-            minimise(cfg, report)
-        write_results(report, cfg)
-        if args.report:
-            from connectors.toolkit import report as report_files
-
-            written = report_files.write(
-                report, cfg.workdir, args.report, command=reproduce_command(cfg, cfg.only_kills)
-            )
-            if not args.quiet:
-                print(f"report: {' '.join(written)}", file=sys.stderr)
+        report = conduct(cfg)
         print(report.to_json() if args.json else report.table())
         return 0 if report.ok else 1
     finally:
-        for stop in reversed(stack):
-            stop()
+        services.stop()
 
 
-def _named(value: str | None, env: str, flag: str) -> str | None:
-    """Where the user named a service (``flag`` or ``env``), None when nothing names it."""
-    if not value:
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
+def _kill_numbers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
         return None
-    return env if value == os.environ.get(env) else flag
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--only-kills {text!r}: comma-separated kill numbers, e.g. 0,3") from None
 
 
-def _services(args: argparse.Namespace, *, kafka: bool = True, postgres: bool = True) -> tuple[list[Any], Any]:
-    """Use the named services, else start embedded ones (stopped when the run ends); the Postgres
-    service object when spark-eos runs it (the server faults stop and start it). ``kafka=False``:
-    no broker (the run starts one of its own, for the broker faults); ``postgres=False``: no Postgres
-    unless one is named (a job that writes only to Kafka)."""
-    stops: list[Any] = []
-    from connectors import services
+class _Started:
+    """The services the command starts when none is named (embedded processes, or containers where a Docker
+    engine answers: ``connectors.services``), stopped when the run ends."""
 
-    if not args.bootstrap and kafka:
+    def __init__(self) -> None:
+        self._stops: list[Callable[[], None]] = []
+
+    def kafka(self) -> Any:
+        from connectors import services
+
         broker = services.kafka()
-        stops.append(broker.stop)
-        args.bootstrap = broker.bootstrap
-    pg = None
-    if not args.dsn and postgres:
+        self._stops.append(broker.stop)
+        return broker
+
+    def postgres(self) -> Any:
+        from connectors import services
+
         pg = services.postgres()
-        stops.append(pg.stop)
-        args.dsn = pg.dsn
-    args.bootstrap = args.bootstrap or ""
-    args.dsn = args.dsn or ""
-    return stops, pg
+        self._stops.append(pg.stop)
+        return pg
+
+    def stop(self) -> None:
+        for stop in reversed(self._stops):
+            stop()
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -337,7 +261,3 @@ def main(argv: Iterable[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"chaos: config error: {exc}", file=sys.stderr)
         return 64
-
-
-if __name__ == "__main__":
-    sys.exit(main())

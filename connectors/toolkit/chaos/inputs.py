@@ -1,80 +1,265 @@
-"""What a chaos run refuses before anything starts: fault kinds that cannot apply to the job's sink or to the
-services it was given; the names of the inputs a refusal names (the command line's or the pytest plugin's)."""
+"""The one front door of a chaos run: what the command line or the pytest plugin was given, checked once,
+refused with the input's own name and the fix, its services found or started, as a frozen ``ChaosConfig``.
+
+``spark-eos chaos`` (``cli``) and ``eos_chaos`` (``connectors.toolkit.pytest_plugin``) both call
+``prepare``; they differ only in how they spell an input in a refusal (``CLI_NAMES``, ``PLUGIN_NAMES``) and
+in where a service comes from when none is named (``Services``: embedded processes the command stops at
+its end, or the plugin's session fixtures). Nothing is started before every refusal has had its say.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+from connectors.toolkit import oracle as oracle_mod
 from connectors.toolkit.chaos import kinds
-from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, ChaosConfig
+from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, PIPELINES, SINK_KINDS, ChaosConfig
+from connectors.toolkit.chaos.workload import load_generator
 from eos_core.errors import ConfigError
+
+__all__ = ["CLI_NAMES", "PLUGIN_NAMES", "Services", "named_by", "prepare"]
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # what Kafka accepts as a topic name
 
-
-# the names of the inputs a refusal names: the command line's, or the pytest plugin's (eos_chaos)
-CLI_NAMES = {"sink_kind": "--sink-kind", "faults": "--faults", "dsn": "--dsn", "dead_letters": "--dead-letters"}
-
-
-PLUGIN_NAMES = {
-    "sink_kind": "sink_kind=",
-    "faults": "faults=",
+# how a refusal names each input: the command line's flags, or the pytest plugin's (eos_chaos) keywords
+CLI_NAMES: dict[str, str] = {
+    "app": "--app",
+    "pipeline": "--pipeline",
+    "sink_kind": "--sink-kind",
+    "faults": "--faults",
+    "kills": "--kills",
+    "records": "--records",
+    "partitions": "--partitions",
+    "max_offsets": "--max-offsets",
+    "bootstrap": "--bootstrap",
+    "dsn": "--dsn",
+    "dead_letters": "--dead-letters",
+    "generator": "--generator",
+    "records_file": "--records-file",
+    "oracle": "--oracle",
+    "tolerance": "--tolerance",
+    "ignore_columns": "--ignore-columns",
+    "reference_runs": "--reference-runs",
+    "only_kills": "--only-kills",
+    "minimise": "--minimise",
+    "report_dir": "--report",
+}
+PLUGIN_NAMES: dict[str, str] = {
+    **{k: f"{k}=" for k in CLI_NAMES},
+    "app": "app",
+    "bootstrap": "EOS_KAFKA_BOOTSTRAP",
     "dsn": "EOS_POSTGRES_DSN",
-    "dead_letters": "dead_letters=",
 }
 
 
-def refuse_for_sink_kind(
-    sink_kind: str,
-    weights: Mapping[str, int],
+class Services(Protocol):
+    """Where a run's services come from when none is named: ``kafka()`` a broker (``.bootstrap``),
+    ``postgres()`` a Postgres with two-phase commit (``.dsn``; restartable when spark-eos runs it)."""
+
+    def kafka(self) -> Any: ...
+
+    def postgres(self) -> Any: ...
+
+
+def named_by(value: str | None, env: str, flag: str) -> str | None:
+    """Which input named a service (``flag``, or the variable ``env`` it defaults to); None when none did."""
+    if not value:
+        return None
+    return env if value == os.environ.get(env) else flag
+
+
+def prepare(
+    services: Services,
     *,
-    dsn: str | None,
-    dead_letters: str | None,
     names: Mapping[str, str] = CLI_NAMES,
-) -> None:
-    """Refuse (ConfigError naming the input and the fix) what cannot apply to a job writing with the
-    ``kafka-eos`` sink (``sink_kind`` kafka / kafka-partition): such a run gives the job no Postgres
-    unless ``dsn`` names one, so a Postgres fault has nothing to act on (``pg-restart``, ``pg-crash``,
-    ``pg-stop`` never: they need a server spark-eos runs); its dead letters are a Kafka topic."""
-    if sink_kind not in KAFKA_SINK_KINDS:
-        return
-    kind = f"{names['sink_kind']} {sink_kind}"
-    for fault in (k for k in (*kinds.PG_SERVER, *kinds.PG_NET) if weights.get(k, 0) > 0):
-        if fault in kinds.PG_NET and dsn:
-            continue  # a proxy in front of the Postgres the job names (job.dsn): the job may read it
-        why = (
-            "the run gives the job no Postgres (none is started for a job writing with the kafka-eos sink)"
-            if not dsn
-            else "it would stop and start a Postgres that the run does not use (the job writes to Kafka)"
-        )
-        fix = (
-            f" (or, to cut the connections of a Postgres your job reads, name it with {names['dsn']})"
-            if not dsn
-            else ""
-        )
-        raise ConfigError(
-            f"{names['faults']} {fault}: {kind}: {why}; drop {fault}{fix}; the Postgres faults are for jobs that "
-            "write to Postgres (2pc, upsert, foreachbatch, other)"
-        )
-    if dead_letters and not _TOPIC_NAME.fullmatch(dead_letters.replace("{table}", "t")):
-        raise ConfigError(
-            f"{names['dead_letters']} {dead_letters!r}: with {kind} the dead letters are the sink's errors.topic, "
-            "a Kafka topic the run creates: letters, digits, '.', '_' and '-' only (e.g. {table}_dlq)"
-        )
+    pipeline: str | None = None,
+    app: str | None = None,
+    sink_kind: str = "2pc",
+    kills: int = 10,
+    seed: int = 1,
+    records: int = 10_000,
+    partitions: int = 2,
+    max_offsets: int = 1000,
+    faults: str | Mapping[str, int] | None = None,
+    bootstrap: str | None = None,
+    kafka_named: str | None = None,
+    dsn: str | None = None,
+    postgres_named: str | None = None,
+    workdir: str,
+    options: Mapping[str, str] | None = None,
+    id_field: str = "id",
+    payload: Sequence[str] = (),
+    dead_letters: str | None = None,
+    generator: Any = None,
+    records_file: str | None = None,
+    oracle: str | None = None,
+    tolerance: float = 0.0,
+    ignore_columns: Sequence[str] = (),
+    reference_runs: int = 2,
+    only_kills: Sequence[int] | None = None,
+    minimise: bool = False,
+    report_dir: str | None = None,
+    timeout: float = 300.0,
+    progress: bool = True,
+) -> ChaosConfig:
+    """Check everything a chaos run was given, refuse what cannot run (``ConfigError`` naming the input as
+    ``names`` spells it, and the fix), then find or start its services and return its config.
 
-
-def check_fault_setup(cfg: ChaosConfig) -> dict[str, int]:
-    weights = cfg.weights
-    if cfg.app:  # first: a Kafka sink job's own refusals say more than the general ones
-        refuse_for_sink_kind(cfg.sink_kind, weights, dsn=cfg.dsn, dead_letters=cfg.dead_letters)
-    kinds.refuse_unsupported(
-        weights, kafka_named=cfg.kafka_named, postgres_named=cfg.postgres_named, dsn=cfg.dsn, partitions=cfg.partitions
+    ``bootstrap`` / ``dsn``: the broker and Postgres the user named (``kafka_named`` / ``postgres_named``:
+    which input named them, ``named_by``), else ``services`` gives them: no broker when the faults need
+    one of the run's own (``kinds.FaultKit`` starts it), no Postgres for a job writing with the kafka-eos
+    sink unless one is named."""
+    n = dict(CLI_NAMES, **names)
+    _check_numbers(n, kills=kills, records=records, partitions=partitions, max_offsets=max_offsets)
+    _check_job(n, pipeline, app, sink_kind)
+    _check_workload(n, app, generator, records_file, oracle)
+    mode, key = _check_oracle(n, oracle, tolerance, ignore_columns, reference_runs)
+    only = _check_kills(n, kills, only_kills, minimise)
+    weights = kinds.parse_faults(faults, option=n["faults"])
+    kafka_sink = bool(app) and sink_kind in KAFKA_SINK_KINDS
+    if kafka_sink and dead_letters and not _TOPIC_NAME.fullmatch(dead_letters.replace("{table}", "t")):
+        raise ConfigError(
+            f"{n['dead_letters']} {dead_letters!r}: with {n['sink_kind']} {sink_kind} the dead letters are the "
+            "sink's errors.topic, a Kafka topic the run creates: letters, digits, '.', '_' and '-' only "
+            "(e.g. {table}_dlq)"
+        )
+    setup = kinds.Setup(
+        kafka_named=kafka_named if bootstrap else None,
+        postgres_named=postgres_named if dsn else None,
+        dsn=dsn,
+        partitions=partitions,
+        sink_kind=sink_kind if app else None,
+        names=n,
     )
-    server = [k for k in kinds.PG_SERVER if k in weights]
-    if server and (cfg.postgres_service is None or getattr(cfg.postgres_service, "kind", "env") == "env"):
+    kinds.refuse(weights, setup)
+    if report_dir and os.path.exists(report_dir) and not os.path.isdir(report_dir):
         raise ConfigError(
-            f"--faults {server[0]}: needs the Postgres service spark-eos runs (ChaosConfig.postgres_service: an "
-            "embedded or container one), to stop and start it"
+            f"{n['report_dir']} {report_dir!r}: a file is there; name a directory (it is created if missing)"
         )
-    return weights
+    if "own-broker" in kinds.needed(weights):
+        bootstrap = ""  # the run starts a broker of its own (kinds.FaultKit)
+    elif not bootstrap:
+        bootstrap = services.kafka().bootstrap
+    pg_service = None
+    if not dsn and not kafka_sink:
+        pg_service = services.postgres()
+        dsn = pg_service.dsn
+    return ChaosConfig(
+        pipeline="app" if app else (pipeline or "2pc"),
+        kills=kills,
+        seed=seed,
+        records=records,
+        bootstrap=bootstrap or "",
+        dsn=dsn or "",
+        workdir=workdir,
+        partitions=partitions,
+        max_offsets=max_offsets,
+        progress=progress,
+        timeout=timeout,
+        app=app,
+        sink_kind=sink_kind,
+        id_field=id_field,
+        payload_fields=tuple(payload),
+        dead_letters=dead_letters,
+        options=dict(options or {}),
+        generator=generator,
+        records_file=records_file,
+        oracle=mode,
+        oracle_key=key,
+        tolerance=tolerance,
+        ignore_columns=tuple(ignore_columns),
+        reference_runs=reference_runs,
+        only_kills=only,
+        faults=weights,
+        postgres_service=pg_service,
+        minimise=minimise,
+        report_dir=report_dir,
+    )
+
+
+def _check_numbers(names: Mapping[str, str], **values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise ConfigError(f"{names[name]} {value}: at least 1")
+
+
+def _check_job(names: Mapping[str, str], pipeline: str | None, app: str | None, sink_kind: str) -> None:
+    if app and pipeline:
+        raise ConfigError(
+            f"{names['app']} and {names['pipeline']}: pick one (your job, or one of our reference pipelines)"
+        )
+    if pipeline is not None and pipeline not in PIPELINES:
+        raise ConfigError(f"{names['pipeline']} {pipeline!r}: expected one of {', '.join(PIPELINES)}")
+    if sink_kind not in SINK_KINDS:
+        raise ConfigError(f"{names['sink_kind']} {sink_kind!r}: expected one of {', '.join(SINK_KINDS)}")
+    if sink_kind != "2pc" and not app:
+        raise ConfigError(
+            f"{names['sink_kind']} {sink_kind} needs {names['app']} (your job, whose sink it names); the "
+            f"reference pipelines ({names['pipeline']}) have their own sinks"
+        )
+
+
+def _check_workload(
+    names: Mapping[str, str], app: str | None, generator: Any, records_file: str | None, oracle: str | None
+) -> None:
+    for name, given in (("generator", generator), ("records_file", records_file), ("oracle", oracle)):
+        if given and not app:
+            raise ConfigError(f"{names[name]} needs {names['app']} (the reference pipelines make their own records)")
+    if generator and records_file:
+        raise ConfigError(
+            f"{names['generator']} and {names['records_file']}: pick one (a function making records, or a file of them)"
+        )
+    if records_file and not os.path.isfile(records_file):
+        raise ConfigError(f"{names['records_file']} {records_file!r}: no such file")
+    if isinstance(generator, str):
+        load_generator(generator, option=names["generator"])  # a bad module or function: refused now
+
+
+def _check_oracle(
+    names: Mapping[str, str],
+    oracle: str | None,
+    tolerance: float,
+    ignore_columns: Sequence[str],
+    reference_runs: int,
+) -> tuple[str | None, tuple[str, ...]]:
+    """``oracle`` parsed (mode, key), its tuning inputs checked."""
+    mode: str | None = None
+    key: tuple[str, ...] = ()
+    if oracle:
+        try:
+            mode, key = oracle_mod.parse_mode(oracle, option=names["oracle"])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if tolerance < 0 or math.isnan(tolerance):
+        raise ConfigError(f"{names['tolerance']} {tolerance}: a number >= 0 (e.g. 1e-9)")
+    if reference_runs < 1:
+        raise ConfigError(
+            f"{names['reference_runs']} {reference_runs}: at least 1 (2, the default, also checks the job is "
+            "deterministic)"
+        )
+    tuned = {"tolerance": tolerance != 0, "ignore_columns": bool(ignore_columns), "reference_runs": reference_runs != 2}
+    for name, used in tuned.items():
+        if used and not oracle:
+            raise ConfigError(
+                f"{names[name]} tunes the oracle's comparison: it needs {names['oracle']} append|upsert:KEY"
+            )
+    return mode, key
+
+
+def _check_kills(
+    names: Mapping[str, str], kills: int, only_kills: Sequence[int] | None, minimise: bool
+) -> tuple[int, ...] | None:
+    only = None if only_kills is None else tuple(sorted(set(only_kills)))
+    if only is not None and (not only or any(not 0 <= i < kills for i in only)):
+        given = ",".join(map(str, only_kills or ()))
+        raise ConfigError(
+            f"{names['only_kills']} {given}: kill numbers from 0 to {kills - 1} ({names['kills']} {kills}), "
+            "at least one"
+        )
+    if minimise and (len(only) if only is not None else kills) < 2:
+        raise ConfigError(f"{names['minimise']} drops kills one at a time: it needs at least 2 ({names['kills']})")
+    return only

@@ -9,10 +9,17 @@ a proxy reset or held. A fault whose proof is missing (a cut that met no connect
 which Spark ran no copy) fails the report's ``chaos.faults`` check: a fault that did not happen
 proves nothing.
 
-How each kind is injected (``FaultKit``):
+Each kind is one ``FaultKind`` record in ``KINDS``: its summary (``--help``, the docs), how the fault
+loop injects it (``kill``: it ends the job's run; ``held``: a task of a run of its own is held at a
+task-side fault point while something happens to it; ``outside``: injected into the running job from
+outside, then healed), what it needs the run to set up (``NEEDS``: a broker of the run's own, a proxy,
+the Postgres server spark-eos runs, a cluster) and its injector. Every list the toolkit asks for (which
+kinds need a run of their own, which get records before and after them, which need a broker of the
+run's own) and every refusal is derived from the records. Adding a kind is one record, its injector,
+its line in docs/guarantees.md and its test.
 
-- ``kill`` / ``fault-point``: as before (a SIGKILL of the job's process group from outside; the group
-  killing itself at a fault point of the sink or the source). Both end the job's run.
+- ``kill`` / ``fault-point``: a SIGKILL of the job's process group from outside; the group killing
+  itself at a fault point of the sink or the source. Both end the job's run.
 - ``executor-loss``: the job runs on ``local-cluster[2,1,1024]`` (executors are JVMs of their own);
   a task is held at a task-side fault point while the executor JVM running it and its Python
   workers are SIGKILLed; Spark runs the task elsewhere and the query goes on.
@@ -31,14 +38,14 @@ How each kind is injected (``FaultKit``):
 - ``broker-crash`` / ``broker-restart``: that broker SIGKILLed and started again on the same log
   directory after a few seconds, or restarted cleanly (controlled shutdown).
 
-A fault the setup cannot support is refused before anything runs, in one line naming the fault and
-why (``refuse_unsupported``): the broker faults on a broker the user named (``--bootstrap`` /
+A fault the setup cannot support is refused before anything runs, in one line naming the fault, why
+and the fix (``refuse``): the broker faults on a broker the user named (``--bootstrap`` /
 ``EOS_KAFKA_BOOTSTRAP``), the Postgres server faults on a server the user named, ``slow-task``
-where 127.0.0.2 cannot be bound or with one partition; and (``chaos.refuse_for_sink_kind``) the
-Postgres faults on a job writing with the ``kafka-eos`` sink (``--sink-kind kafka|kafka-partition``:
-the run has no Postgres; ``pg-cut``/``pg-stall`` only where ``--dsn`` names one the job reads). Every
-other kind applies to such a job as to any: its task-side hold point is the sink's ``sink.after_write``
-(rows staged, or sent in the task's open transaction).
+where 127.0.0.2 cannot be bound or with one partition, and the Postgres faults on a job writing with
+the ``kafka-eos`` sink (``--sink-kind kafka|kafka-partition``: the run has no Postgres;
+``pg-cut``/``pg-stall`` only where ``--dsn`` names one the job reads). Every other kind applies to
+such a job as to any: its task-side hold point is the sink's ``sink.after_write`` (rows staged, or
+sent in the task's open transaction).
 """
 
 from __future__ import annotations
@@ -46,50 +53,31 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from connectors.toolkit.chaos.config import DEFAULT_FAULTS, KAFKA_SINK_KINDS
 from eos_core.errors import ConfigError
 
 __all__ = [
     "DEFAULT",
-    "ENDS_RUN",
-    "FRESH_RUN",
-    "HOLD_POINTS",
     "KINDS",
+    "NEEDS",
+    "FaultKind",
     "FaultKit",
+    "Hold",
+    "Need",
+    "Setup",
+    "describe",
     "format_faults",
     "parse_faults",
-    "plan_kind",
-    "refuse_unsupported",
+    "refuse",
 ]
 
-KINDS: dict[str, str] = {
-    "kill": "SIGKILL of the job's whole process group (driver, JVM, Python workers) at a random moment",
-    "fault-point": "the job's process group kills itself at a named fault point of the sink or the source",
-    "executor-loss": "an executor JVM and its Python workers SIGKILLed while one of its tasks is held "
-    "(the job runs on local-cluster[2,1,1024])",
-    "slow-task": "a task held 40 s with spark.speculation on: Spark runs a copy on the other worker "
-    "(a standalone cluster of two one-core workers on 127.0.0.2/.3)",
-    "pg-restart": "Postgres restarted cleanly (fast shutdown: every session ends)",
-    "pg-crash": "Postgres crashed (immediate: no shutdown checkpoint), down 3 s, started (WAL recovery)",
-    "pg-stop": "Postgres stopped cleanly, down 6 s (connections refused), started",
-    "pg-cut": "every connection to Postgres reset and new ones refused for 4 s (TCP proxy)",
-    "pg-stall": "no byte to or from Postgres for 6 s, connections kept open (TCP proxy)",
-    "kafka-cut": "every connection to Kafka reset and new ones refused for 4 s (TCP proxy; a broker of the run's own)",
-    "kafka-stall": "no byte to or from Kafka for 6 s, connections kept open (TCP proxy; a broker of the run's own)",
-    "broker-crash": "the Kafka broker SIGKILLed, down 3 s, started on the same log dir (a broker of the run's own)",
-    "broker-restart": "the Kafka broker restarted cleanly: controlled shutdown, start (a broker of the run's own)",
-}
-DEFAULT: dict[str, int] = {"kill": 1, "fault-point": 1}
-ENDS_RUN = ("kill", "fault-point")  # the job's run ends with the fault
-FRESH_RUN = ("fault-point", "executor-loss", "slow-task")  # armed in the run's environment: a run of its own
-PG_SERVER = ("pg-restart", "pg-crash", "pg-stop")
-PG_NET = ("pg-cut", "pg-stall")
-KAFKA_NET = ("kafka-cut", "kafka-stall")
-BROKER = ("broker-crash", "broker-restart")
-DISTURBANCES = (*PG_SERVER, *PG_NET, *KAFKA_NET, *BROKER)  # from outside, while the run goes on
+DEFAULT = DEFAULT_FAULTS
 
 CUT_SECONDS = 4.0
 STALL_SECONDS = 6.0
@@ -112,33 +100,273 @@ SPECULATION_CONF = {
     "spark.executor.memory": "768m",
 }
 
-# the task-side point a held task waits at, by the job's sink kind (FAULT_POINTS' keys): the 2PC sink's
-# after PREPARE (the lost or duplicated attempt holds a prepared transaction), the upsert sink's before
-# its write, the Kafka sink's after its rows are staged (batch) or sent in the task's open transaction
-# (partition), else the Kafka source's read task (every kafka-eos job has one)
-HOLD_POINTS = {
-    "2pc": "sink.after_prepare",
-    "upsert": "sink.before_write",
-    "kafka": "sink.after_write",
-    "kafka-partition": "sink.after_write",
+
+# ---- what a run was given, as the refusals see it ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the run was given: where the user named their broker / Postgres (``--bootstrap``,
+    ``EOS_KAFKA_BOOTSTRAP``, ...; None when spark-eos runs it), the job's DSN, partitions, sink kind
+    (None: a reference pipeline), and how a refusal names each input (``inputs.CLI_NAMES`` or the plugin's)."""
+
+    kafka_named: str | None = None
+    postgres_named: str | None = None
+    dsn: str | None = None
+    partitions: int = 2
+    sink_kind: str | None = None
+    names: Mapping[str, str] | None = None
+
+    def name(self, what: str) -> str:
+        """How the run's caller names input ``what`` (``faults`` -> ``--faults`` or ``faults=``)."""
+        return (self.names or {}).get(what, f"--{what.replace('_', '-')}")
+
+    @property
+    def kafka_sink(self) -> bool:
+        """The job writes with the kafka-eos sink: the run gives it no Postgres unless ``dsn`` names one."""
+        return self.sink_kind in KAFKA_SINK_KINDS
+
+
+@dataclass(frozen=True)
+class Need:
+    """Something a fault kind needs the run to set up, and when a setup cannot give it:
+    ``refuse(kind, setup)`` is the reason, naming the fault and the fix, or None."""
+
+    name: str
+    refuse: Callable[[FaultKind, Setup], str | None]
+
+
+def _own_broker(kind: FaultKind, setup: Setup) -> str | None:
+    if not setup.kafka_named:
+        return None
+    what = "advertises a proxy from" if "kafka-proxy" in kind.needs else "restarts"
+    named = setup.kafka_named
+    return (
+        f"{setup.name('faults')} {kind.name}: needs a Kafka broker the chaos run starts itself (it {what} it), but "
+        f"{named} names yours; unset {named} (an embedded Apache Kafka then runs the job's topics) or drop {kind.name}"
+    )
+
+
+def _pg_server(kind: FaultKind, setup: Setup) -> str | None:
+    if not setup.postgres_named:
+        return None
+    named = setup.postgres_named
+    return (
+        f"{setup.name('faults')} {kind.name}: needs a Postgres spark-eos runs (it stops and starts the server), but "
+        f"{named} names yours; unset {named} (an embedded Postgres then serves the run) or drop {kind.name}"
+    )
+
+
+def _pg_proxy(kind: FaultKind, setup: Setup) -> str | None:
+    if not setup.dsn or tcp_address(setup.dsn) is not None:
+        return None
+    return (
+        f"{setup.name('faults')} {kind.name}: the Postgres DSN names no single TCP host and port (a socket "
+        "directory or several hosts), so no proxy can stand between the job and the server"
+    )
+
+
+def _two_hosts(kind: FaultKind, setup: Setup) -> str | None:
+    from connectors.toolkit.chaos.cluster import worker_hosts_usable
+
+    why = worker_hosts_usable()
+    if why:
+        return f"{setup.name('faults')} {kind.name}: needs a standalone cluster of two worker hosts here: {why}"
+    if setup.partitions < 2:
+        return (
+            f"{setup.name('faults')} {kind.name}: needs --partitions >= 2 (Spark speculates once half a stage's "
+            f"tasks finished; with {setup.partitions} there is no other task)"
+        )
+    return None
+
+
+NEEDS: dict[str, Need] = {
+    need.name: need
+    for need in (
+        Need("own-broker", _own_broker),  # an Apache Kafka broker of the run's own
+        Need("kafka-proxy", lambda kind, setup: None),  # a proxy in front of it, which it advertises
+        Need("pg-server", _pg_server),  # the Postgres server spark-eos runs
+        Need("pg-proxy", _pg_proxy),  # a proxy in front of the job's Postgres
+        Need("two-hosts", _two_hosts),  # a standalone cluster of two worker hosts, speculation on
+        Need("local-cluster", lambda kind, setup: None),  # executors as JVMs of their own
+    )
 }
-SOURCE_HOLD = "source.read.start"
-
-_PLAN_KIND = {"kill": "sigkill", "fault-point": "fault"}  # the names a KillPlan has had since the first chaos run
 
 
-def plan_kind(fault: str) -> str:
-    """A fault kind's name in ``KillPlan.kind`` (``kill`` -> ``sigkill``, ``fault-point`` -> ``fault``)."""
-    return _PLAN_KIND.get(fault, fault)
+# ---- the kinds --------------------------------------------------------------------------------------
 
 
-def fault_of(kind: str) -> str:
-    """The inverse of ``plan_kind``."""
-    return {v: k for k, v in _PLAN_KIND.items()}.get(kind, kind)
+@dataclass(frozen=True)
+class Hold:
+    """How a ``held`` kind holds a task: ``seconds`` at the sink's hold point (``log_others``: every other
+    task passing it in that batch is logged too, a speculative copy among them), then ``act(kit, held,
+    others_rule)`` while it waits (``held``: the hold's firing in the fault log), which returns the proof."""
+
+    seconds: float
+    act: Callable[[FaultKit, Mapping[str, Any], str], dict[str, Any]]
+    log_others: bool = False
 
 
-def hold_point(points_kind: str) -> str:
-    return HOLD_POINTS.get(points_kind, SOURCE_HOLD)
+@dataclass(frozen=True)
+class FaultKind:
+    """One kind of fault: its ``--faults`` name, a summary, how the fault loop injects it (``kill``:
+    the run ends with it; ``held``: a task of a run of its own held while ``hold.act`` happens;
+    ``outside``: ``inject(kit)`` into the running job, waiting until it healed, returning the proof),
+    what it ``needs`` of the setup (``NEEDS``), and whether it acts on Postgres."""
+
+    name: str
+    summary: str
+    how: str
+    needs: tuple[str, ...] = ()
+    postgres: bool = False
+    fresh_run: bool = False  # armed in the run's environment: a run of its own
+    inject: Callable[[FaultKit], dict[str, Any]] | None = None
+    hold: Hold | None = None
+
+    @property
+    def from_outside(self) -> bool:
+        """Injected from outside while the run goes on: the producer writes before it and after its heal."""
+        return self.how == "outside"
+
+
+def _pg_server_fault(kind: str) -> Callable[[FaultKit], dict[str, Any]]:
+    return lambda kit: kit.pg_server(kind)
+
+
+def _net_fault(proxy: str, kind: str) -> Callable[[FaultKit], dict[str, Any]]:
+    return lambda kit: kit.net(getattr(kit, proxy), kind)
+
+
+def _broker_fault(kind: str) -> Callable[[FaultKit], dict[str, Any]]:
+    return lambda kit: kit.broker_fault(kind)
+
+
+def _lose_executor(kit: FaultKit, held: Mapping[str, Any], others_rule: str) -> dict[str, Any]:
+    return kill_executor(int(held["pid"]))
+
+
+def _speculate(kit: FaultKit, held: Mapping[str, Any], others_rule: str) -> dict[str, Any]:
+    """Wait out the hold, then find Spark's copy of the held task in the fault log."""
+    time.sleep(max(0.0, float(held["time"]) + HOLD_SECONDS + 1 - time.time()))
+    copy = speculative_copy(kit.fault_log, held, others_rule)
+    fields = ("pid", "partition", "attempt", "time")
+    return {
+        "held": {k: held.get(k) for k in fields},
+        "copy": None if copy is None else {k: copy.get(k) for k in fields},
+        "ok": copy is not None,
+        "proof": (
+            f"held {HOLD_SECONDS:.0f} s; a copy ran meanwhile (pid {copy.get('pid')}, attempt {copy.get('attempt', '?')})"
+            if copy
+            else f"held {HOLD_SECONDS:.0f} s; Spark ran NO copy of it meanwhile (speculation did not start)"
+        ),
+    }
+
+
+KINDS: dict[str, FaultKind] = {
+    kind.name: kind
+    for kind in (
+        FaultKind(
+            "kill", "SIGKILL of the job's whole process group (driver, JVM, Python workers) at a random moment", "kill"
+        ),
+        FaultKind(
+            "fault-point",
+            "the job's process group kills itself at a named fault point of the sink or the source",
+            "kill",
+            fresh_run=True,
+        ),
+        FaultKind(
+            "executor-loss",
+            "an executor JVM and its Python workers SIGKILLed while one of its tasks is held "
+            "(the job runs on local-cluster[2,1,1024])",
+            "held",
+            needs=("local-cluster",),
+            fresh_run=True,
+            hold=Hold(EXECUTOR_HOLD, _lose_executor),
+        ),
+        FaultKind(
+            "slow-task",
+            "a task held 40 s with spark.speculation on: Spark runs a copy on the other worker "
+            "(a standalone cluster of two one-core workers on 127.0.0.2/.3)",
+            "held",
+            needs=("two-hosts",),
+            fresh_run=True,
+            hold=Hold(HOLD_SECONDS, _speculate, log_others=True),
+        ),
+        FaultKind(
+            "pg-restart",
+            "Postgres restarted cleanly (fast shutdown: every session ends)",
+            "outside",
+            needs=("pg-server",),
+            postgres=True,
+            inject=_pg_server_fault("pg-restart"),
+        ),
+        FaultKind(
+            "pg-crash",
+            "Postgres crashed (immediate: no shutdown checkpoint), down 3 s, started (WAL recovery)",
+            "outside",
+            needs=("pg-server",),
+            postgres=True,
+            inject=_pg_server_fault("pg-crash"),
+        ),
+        FaultKind(
+            "pg-stop",
+            "Postgres stopped cleanly, down 6 s (connections refused), started",
+            "outside",
+            needs=("pg-server",),
+            postgres=True,
+            inject=_pg_server_fault("pg-stop"),
+        ),
+        FaultKind(
+            "pg-cut",
+            "every connection to Postgres reset and new ones refused for 4 s (TCP proxy)",
+            "outside",
+            needs=("pg-proxy",),
+            postgres=True,
+            inject=_net_fault("pg_proxy", "pg-cut"),
+        ),
+        FaultKind(
+            "pg-stall",
+            "no byte to or from Postgres for 6 s, connections kept open (TCP proxy)",
+            "outside",
+            needs=("pg-proxy",),
+            postgres=True,
+            inject=_net_fault("pg_proxy", "pg-stall"),
+        ),
+        FaultKind(
+            "kafka-cut",
+            "every connection to Kafka reset and new ones refused for 4 s (TCP proxy; a broker of the run's own)",
+            "outside",
+            needs=("own-broker", "kafka-proxy"),
+            inject=_net_fault("kafka_proxy", "kafka-cut"),
+        ),
+        FaultKind(
+            "kafka-stall",
+            "no byte to or from Kafka for 6 s, connections kept open (TCP proxy; a broker of the run's own)",
+            "outside",
+            needs=("own-broker", "kafka-proxy"),
+            inject=_net_fault("kafka_proxy", "kafka-stall"),
+        ),
+        FaultKind(
+            "broker-crash",
+            "the Kafka broker SIGKILLed, down 3 s, started on the same log dir (a broker of the run's own)",
+            "outside",
+            needs=("own-broker",),
+            inject=_broker_fault("broker-crash"),
+        ),
+        FaultKind(
+            "broker-restart",
+            "the Kafka broker restarted cleanly: controlled shutdown, start (a broker of the run's own)",
+            "outside",
+            needs=("own-broker",),
+            inject=_broker_fault("broker-restart"),
+        ),
+    )
+}
+
+
+def needed(weights: Mapping[str, int]) -> set[str]:
+    """What the kinds drawn with a weight above 0 need of the setup (``NEEDS``' names)."""
+    return {need for name, w in weights.items() if w > 0 for need in KINDS[name].needs}
 
 
 def parse_faults(spec: str | Mapping[str, int] | None, *, option: str = "--faults") -> dict[str, int]:
@@ -186,7 +414,49 @@ def format_faults(weights: Mapping[str, int]) -> str:
     return ",".join(f"{k}:{w}" for k, w in weights.items())
 
 
-def _tcp_address(dsn: str) -> tuple[str, int] | None:
+def describe(weights: Mapping[str, int]) -> Sequence[str]:
+    total = sum(weights.values())
+    return [f"{k} ({w}/{total}): {KINDS[k].summary}" for k, w in weights.items()]
+
+
+def refuse(weights: Mapping[str, int], setup: Setup) -> None:
+    """Refuse (ConfigError, one line naming the fault, why and the fix) every listed fault this setup
+    cannot inject: first what cannot apply to a job writing with the kafka-eos sink (its own refusals say
+    more than the general ones), then each kind's ``NEEDS`` in turn."""
+    listed = [KINDS[k] for k, w in weights.items() if w > 0]
+    if setup.kafka_sink:
+        for kind in (k for k in listed if k.postgres):
+            if "pg-proxy" in kind.needs and setup.dsn:
+                continue  # a proxy in front of the Postgres the job names (job.dsn): the job may read it
+            raise ConfigError(_postgres_on_a_kafka_job(kind, setup))
+    for kind in listed:
+        for need in kind.needs:
+            why = NEEDS[need].refuse(kind, setup)
+            if why:
+                raise ConfigError(why)
+
+
+def _postgres_on_a_kafka_job(kind: FaultKind, setup: Setup) -> str:
+    why = (
+        "the run gives the job no Postgres (none is started for a job writing with the kafka-eos sink)"
+        if not setup.dsn
+        else "it would stop and start a Postgres that the run does not use (the job writes to Kafka)"
+    )
+    fix = (
+        f" (or, to cut the connections of a Postgres your job reads, name it with {setup.name('dsn')})"
+        if not setup.dsn
+        else ""
+    )
+    return (
+        f"{setup.name('faults')} {kind.name}: {setup.name('sink_kind')} {setup.sink_kind}: {why}; drop {kind.name}"
+        f"{fix}; the Postgres faults are for jobs that write to Postgres (2pc, upsert, foreachbatch, other)"
+    )
+
+
+# ---- the kit: what the faults need, set up before the first run, and their injectors -----------------
+
+
+def tcp_address(dsn: str) -> tuple[str, int] | None:
     """The TCP host and port a DSN connects to, or None when it is a socket directory or several hosts."""
     from psycopg.conninfo import conninfo_to_dict
 
@@ -206,50 +476,6 @@ def with_address(dsn: str, host: str, port: int) -> str:
     parts.pop("hostaddr", None)
     parts.update(host=host, port=str(port))
     return make_conninfo(**parts)  # type: ignore[arg-type]
-
-
-def refuse_unsupported(
-    weights: Mapping[str, int],
-    *,
-    kafka_named: str | None,
-    postgres_named: str | None,
-    dsn: str | None,
-    partitions: int,
-    option: str = "--faults",
-) -> None:
-    """Refuse (ConfigError, one line naming the fault and why) every listed fault this setup cannot
-    inject. ``kafka_named`` / ``postgres_named``: where the user named their own broker / server
-    (``"--bootstrap"``, ``"EOS_KAFKA_BOOTSTRAP"``...), None when spark-eos runs it."""
-    listed = [k for k, w in weights.items() if w > 0]
-    for kind in listed:
-        if kind in (*BROKER, *KAFKA_NET) and kafka_named:
-            raise ConfigError(
-                f"{option} {kind}: needs a Kafka broker the chaos run starts itself (it "
-                f"{'restarts' if kind in BROKER else 'advertises a proxy from'} it), but {kafka_named} names yours; "
-                f"unset {kafka_named} (an embedded Apache Kafka then runs the job's topics) or drop {kind}"
-            )
-        if kind in PG_SERVER and postgres_named:
-            raise ConfigError(
-                f"{option} {kind}: needs a Postgres spark-eos runs (it stops and starts the server), but "
-                f"{postgres_named} names yours; unset {postgres_named} (an embedded Postgres then serves the run) "
-                f"or drop {kind}"
-            )
-        if kind in PG_NET and dsn and _tcp_address(dsn) is None:
-            raise ConfigError(
-                f"{option} {kind}: the Postgres DSN names no single TCP host and port (a socket directory or "
-                "several hosts), so no proxy can stand between the job and the server"
-            )
-        if kind == "slow-task":
-            from connectors.toolkit.chaos.cluster import worker_hosts_usable
-
-            why = worker_hosts_usable()
-            if why:
-                raise ConfigError(f"{option} slow-task: needs a standalone cluster of two worker hosts here: {why}")
-            if partitions < 2:
-                raise ConfigError(
-                    f"{option} slow-task: needs --partitions >= 2 (Spark speculates once half a stage's tasks "
-                    f"finished; with {partitions} there is no other task)"
-                )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -281,10 +507,10 @@ def _pg_refuses(dsn: str) -> bool:
 
 
 class FaultKit:
-    """What a chaos run needs to inject its faults, set up before its first run and torn down after
-    its last: a broker of its own (with a proxy in front when Kafka's connections are cut or stalled),
-    a proxy in front of Postgres, a standalone cluster for ``slow-task``; ``bootstrap``, ``job_dsn``,
-    ``master`` and ``conf`` are what the job's runs then use."""
+    """What a chaos run needs to inject its faults (each ``Need`` of the kinds drawn), set up before its
+    first run and torn down after its last: a broker of its own (with a proxy in front when Kafka's
+    connections are cut or stalled), a proxy in front of Postgres, a standalone cluster for ``slow-task``;
+    ``bootstrap``, ``job_dsn``, ``master`` and ``conf`` are what the job's runs then use."""
 
     def __init__(
         self,
@@ -295,25 +521,24 @@ class FaultKit:
         postgres: Any = None,
         env: Mapping[str, str] | None = None,
         workdir: str = ".",
+        master: str = "local[2,2]",
     ) -> None:
         self.weights = dict(weights)
+        self.needs = needed(self.weights)
         self.bootstrap = bootstrap
         self.dsn = dsn
         self.job_dsn = dsn
         self.postgres = postgres
         self.env = dict(env or {})
         self.workdir = workdir
+        self.fault_log = os.path.join(workdir, "faults.jsonl")
         self.broker: Any = None
         self.kafka_proxy: Any = None
         self.pg_proxy: Any = None
         self.cluster: Any = None
-        self.master = "local[2,2]"
+        self.master = master
         self.conf: dict[str, str] = {}
-        self.extra_env: dict[str, str] = {}
         self._stops: list[Callable[[], None]] = []
-
-    def wants(self, *kinds: str) -> bool:
-        return any(self.weights.get(k, 0) > 0 for k in kinds)
 
     def __enter__(self) -> FaultKit:
         try:
@@ -334,11 +559,11 @@ class FaultKit:
     def _setup(self) -> None:
         from connectors.toolkit.chaos.proxy import TcpProxy
 
-        if self.wants(*BROKER, *KAFKA_NET):
+        if "own-broker" in self.needs:
             from connectors.services._proc import free_port
             from connectors.services.apache_kafka import ApacheKafka
 
-            if self.wants(*KAFKA_NET):
+            if "kafka-proxy" in self.needs:
                 port = free_port()
                 self.kafka_proxy = TcpProxy("127.0.0.1", port).start()
                 self._stops.append(self.kafka_proxy.close)
@@ -347,42 +572,41 @@ class FaultKit:
                 self.broker = ApacheKafka(heap="384m")
             self._stops.append(self.broker.stop)
             self.bootstrap = self.broker.bootstrap
-        if self.wants(*PG_NET):
-            address = _tcp_address(self.dsn)
-            assert address is not None, "refuse_unsupported lets no such DSN through"
+        if "pg-server" in self.needs and (self.postgres is None or getattr(self.postgres, "kind", "env") == "env"):
+            server = next(k for k in self.weights if "pg-server" in KINDS[k].needs)
+            raise ConfigError(
+                f"--faults {server}: needs the Postgres service spark-eos runs (an embedded or container one), "
+                "to stop and start it"
+            )
+        if "pg-proxy" in self.needs:
+            address = tcp_address(self.dsn)
+            assert address is not None, "refuse() lets no such DSN through"
             self.pg_proxy = TcpProxy(*address).start()
             self._stops.append(self.pg_proxy.close)
             self.job_dsn = with_address(self.dsn, "127.0.0.1", self.pg_proxy.port)
-        if self.wants("slow-task"):
+        if "two-hosts" in self.needs:
             from connectors.toolkit.chaos.cluster import StandaloneCluster
 
             self.cluster = StandaloneCluster(os.path.join(self.workdir, "cluster"), env=self.env).start()
             self._stops.append(self.cluster.stop)
             self.master = self.cluster.url
             self.conf = dict(SPECULATION_CONF)
-        elif self.wants("executor-loss"):
+        elif "local-cluster" in self.needs:
             self.master = LOCAL_CLUSTER
             self.conf = {"spark.executor.memory": "768m"}
 
     # ---- faults from outside ------------------------------------------------------------------
-    def disturb(self, kind: str) -> dict[str, Any]:
-        """Inject one of DISTURBANCES now and wait until it has healed; what it saw (the proof)."""
+    def disturb(self, name: str) -> dict[str, Any]:
+        """Inject the ``outside`` kind ``name`` now and wait until it has healed; what it saw (the proof)."""
+        kind = KINDS[name]
+        if kind.inject is None:
+            raise ValueError(f"{name} is not a fault injected from outside")
         began = time.time()
-        proof: dict[str, Any]
-        if kind in PG_SERVER:
-            proof = self._pg_server(kind)
-        elif kind in PG_NET:
-            proof = self._net(self.pg_proxy, kind)
-        elif kind in KAFKA_NET:
-            proof = self._net(self.kafka_proxy, kind)
-        elif kind in BROKER:
-            proof = self._broker(kind)
-        else:
-            raise ValueError(f"{kind} is not a fault injected from outside")
+        proof = kind.inject(self)
         proof.update(began=round(began, 3), healed=round(time.time(), 3))
         return proof
 
-    def _pg_server(self, kind: str) -> dict[str, Any]:
+    def pg_server(self, kind: str) -> dict[str, Any]:
         pg = self.postgres
         before = _pg_started(self.dsn)
         refused = False
@@ -408,8 +632,6 @@ class FaultKit:
 
     def _down(self, action: Callable[[], None], seconds: float) -> bool:
         """Run ``action`` (stop, stay down ``seconds``, start) while probing that the server refuses."""
-        import threading
-
         seen: list[bool] = []
 
         def probe() -> None:
@@ -422,7 +644,7 @@ class FaultKit:
         t.join(10)
         return bool(seen and seen[0])
 
-    def _net(self, proxy: Any, kind: str) -> dict[str, Any]:
+    def net(self, proxy: Any, kind: str) -> dict[str, Any]:
         stats = proxy.stats
         if kind.endswith("-cut"):
             before = stats.resets + stats.refused
@@ -448,7 +670,7 @@ class FaultKit:
             "proof": f"{held} connections held without a byte for {STALL_SECONDS:.0f} s",
         }
 
-    def _broker(self, kind: str) -> dict[str, Any]:
+    def broker_fault(self, kind: str) -> dict[str, Any]:
         from connectors.services.embedded_kafka import kafka_reachable
 
         broker = self.broker
@@ -476,16 +698,6 @@ class FaultKit:
 
 
 # ---- faults inside the job's processes ------------------------------------------------------------
-
-
-def hold_spec(point: str, batch: int | None, seconds: float, *, log_others: bool = False) -> str:
-    """A fault spec holding the first task at ``point`` (of ``batch``) ``seconds``; ``log_others`` also
-    logs every other task that passes the point in that batch (a speculative copy shows there)."""
-    cond = f":batch={batch}" if batch is not None else ""
-    spec = f"{point}{cond}:action=sleep:seconds={seconds:g}:once"
-    if log_others:
-        spec += f";{point}{cond}:action=sleep:seconds=0"
-    return spec
 
 
 def executor_of(pid: int) -> int | None:
@@ -554,8 +766,3 @@ def iter_chaos_entries(log: str) -> Iterator[dict[str, Any]]:
     for e in faults.fired(log):
         if str(e.get("point", "")).startswith("chaos."):
             yield e
-
-
-def describe(weights: Mapping[str, int]) -> Sequence[str]:
-    total = sum(weights.values())
-    return [f"{k} ({w}/{total}): {KINDS[k]}" for k, w in weights.items()]

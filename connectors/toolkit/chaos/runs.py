@@ -16,12 +16,47 @@ from typing import Any
 from connectors.toolkit import checker
 from connectors.toolkit.app_runner import out_topic_of
 from connectors.toolkit.chaos import kinds
-from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, PIPELINES, SINK_KINDS, ChaosConfig
-from connectors.toolkit.chaos.schedule import KillPlan, next_batch
-from connectors.toolkit.chaos.workload import Producer
+from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, ChaosConfig
+from connectors.toolkit.chaos.schedule import KillPlan, hold_point, hold_spec, next_batch
+from connectors.toolkit.chaos.workload import Producer, Record
 from connectors.toolkit.harness import PipelineProcess, describe_exit, password_apart, python_argv
 from eos_core import faults
 from eos_core.errors import ConfigError
+
+__all__ = [
+    "REFUSED_EXIT",
+    "FaultLoop",
+    "Progress",
+    "RunLog",
+    "RunState",
+    "Runs",
+    "drain",
+    "raise_refusal",
+    "read_runs",
+    "repo_root",
+    "run_root",
+    "runner_argv",
+    "steps",
+    "wait_for",
+]
+
+
+@dataclass
+class RunState:
+    """What one chaos run finds and makes as it goes, owned by its experiment (``ChaosConfig`` is what was
+    asked): the broker the job's runs use (the one named, or the fault kit's own), the run's source topic and
+    table, the user's records (None: the producer makes them as it goes) and how many it writes, the run's
+    topics by name (``""`` the main one), what each fault did (``events``), and the reference runs' rows
+    (read once; a minimisation's trials reuse them: the same records, no faults)."""
+
+    bootstrap: str
+    topic: str
+    table: str
+    records: int
+    workload: list[Record] | None = None
+    topics: dict[str, str] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    reference_rows: list[list[dict[str, Any]]] | None = None
 
 
 def repo_root() -> str:
@@ -62,7 +97,7 @@ class Progress:
 
 def runner_argv(
     cfg: ChaosConfig,
-    topic: str,
+    state: RunState,
     table: str,
     checkpoint: str,
     trigger: str,
@@ -72,13 +107,15 @@ def runner_argv(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The command line of one run of the job: ``dsn`` the job's (a proxy's when Postgres is cut),
-    ``master`` and ``conf`` what the faults need (default: ``cfg.master``, nothing)."""
+    """The command line of one run of the job writing ``table`` from the run's topics: ``dsn`` the job's (a
+    proxy's when Postgres is cut), ``master`` and ``conf`` what the faults need (default: ``cfg.master``,
+    nothing)."""
+    topic = state.topic
     confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
     dsn_arg, master = password_apart(dsn or cfg.dsn)[0], master or cfg.master
     if cfg.app:
         options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
-        options += [a for k, v in cfg.topics.items() if k for a in ("--topics", f"{k}={v}")]
+        options += [a for k, v in state.topics.items() if k for a in ("--topics", f"{k}={v}")]
         if cfg.kafka_sink:
             options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
         return python_argv(
@@ -86,7 +123,7 @@ def runner_argv(
             "--app",
             cfg.app,
             "--bootstrap",
-            cfg.bootstrap,
+            state.bootstrap,
             "--topic",
             topic,
             "--dsn",
@@ -111,7 +148,7 @@ def runner_argv(
         "--sink",
         cfg.pipeline,
         "--bootstrap",
-        cfg.bootstrap,
+        state.bootstrap,
         "--topic",
         topic,
         "--dsn",
@@ -141,12 +178,7 @@ def started(proc: PipelineProcess) -> bool:
 def run_root(cfg: ChaosConfig) -> str:
     """Where the pipeline's runner is imported from: the user's project for --app, else the checkout."""
     if cfg.app:
-        if cfg.sink_kind not in SINK_KINDS:
-            raise SystemExit(f"--sink-kind {cfg.sink_kind!r}: expected one of {', '.join(SINK_KINDS)}")
-        cfg.pipeline = "app"
         return os.getcwd()  # the user's module is imported from here (and from PYTHONPATH)
-    if cfg.pipeline not in PIPELINES:
-        raise SystemExit(f"--pipeline {cfg.pipeline!r}: expected one of {', '.join(PIPELINES)}")
     return repo_root()
 
 
@@ -200,21 +232,20 @@ class Runs:
 
 class FaultLoop:
     """The fault loop: runs of the job, each fault of the schedule injected into the live run (a run
-    starts when none is live; ``kill`` and ``fault-point`` end it; ``fault-point``, ``executor-loss``
-    and ``slow-task`` are armed in a run's environment, so they get a run of their own)."""
+    starts when none is live; a ``kill`` kind ends it; a kind armed in a run's environment, ``fresh_run``,
+    gets a run of its own)."""
 
     def __init__(
         self,
         cfg: ChaosConfig,
+        state: RunState,
         kit: kinds.FaultKit,
         env: dict[str, str],
-        topic: str,
-        table: str,
         root: str,
         producer: Producer,
         runlog: RunLog,
     ) -> None:
-        self.cfg, self.kit, self.env, self.root = cfg, kit, env, root
+        self.cfg, self.state, self.kit, self.env, self.root = cfg, state, kit, env, root
         self.producer, self.runlog = producer, runlog
         self.checkpoint = os.path.join(cfg.workdir, "checkpoint")
         self.fault_log = os.path.join(cfg.workdir, "faults.jsonl")
@@ -222,8 +253,8 @@ class FaultLoop:
         # a run may carry several faults: the runner's own timeout (a safety net) covers them all
         self.argv = runner_argv(
             cfg,
-            topic,
-            table,
+            state,
+            state.table,
             self.checkpoint,
             "processing:0.5",
             cfg.timeout * (cfg.planned + 2),
@@ -280,24 +311,24 @@ class FaultLoop:
 
     # ---- one fault
     def step(self, plan: KillPlan) -> dict[str, Any]:
-        fault = plan.fault
-        if fault in kinds.FRESH_RUN and self._alive() is not None:
-            self.end_live(f"SIGKILL: fault {plan.index} ({fault}) needs a run of its own")
-        if fault in ("kill", "fault-point"):
+        kind = kinds.KINDS[plan.kind]
+        if kind.fresh_run and self._alive() is not None:
+            self.end_live(f"SIGKILL: fault {plan.index} ({kind.name}) needs a run of its own")
+        if kind.how == "kill":
             return self._kill(plan)
-        if fault in ("executor-loss", "slow-task"):
-            return self._held(plan)
-        return self._disturb(plan)
+        if kind.how == "held":
+            return self._held(plan, kind)
+        return self._disturb(plan, kind)
 
     def _kill(self, plan: KillPlan) -> dict[str, Any]:
         cfg, producer = self.cfg, self.producer
         self.runs.kill_steps += 1
         fresh = self._alive() is None
-        spec = plan.spec(checker.last_commit(self.checkpoint)) if plan.kind == "fault" else ""
+        spec = plan.spec(checker.last_commit(self.checkpoint)) if plan.point else ""
         proc = self._start(spec, plan.index) if fresh else self.live
         assert proc is not None
         how = plan.kind
-        if plan.kind == "sigkill":
+        if not plan.point:
             if plan.early and fresh:
                 producer.release()
             else:
@@ -315,14 +346,14 @@ class FaultLoop:
             try:
                 proc.wait(90)
             except Exception:  # the point was not reached in time (e.g. no new data): kill from outside
-                how = "fault->sigkill"
+                how = f"{plan.kind}->kill"  # not reached in time: killed from outside
                 proc.kill_group()
                 self.runs.unreached.append(f"{plan.index}: {spec.split(':action')[0]}")
         out = self._ended(proc, f"fault {plan.index}: {how}" + (f" {plan.point}" if plan.point else ""))
         if out.killed:
             self.runs.sigkilled += 1
         fired = kinds.firings(self.fault_log, spec) if spec else []
-        ok = out.killed and (plan.kind == "sigkill" or bool(fired))
+        ok = out.killed and (not plan.point or bool(fired))
         return {
             "how": how,
             "out": out,
@@ -332,15 +363,15 @@ class FaultLoop:
             + (f"; {spec.split(':action')[0]} fired (pid {fired[0]['pid']})" if fired else ""),
         }
 
-    def _held(self, plan: KillPlan) -> dict[str, Any]:
-        """executor-loss and slow-task: a run whose first task at the hold point waits; its executor
-        is killed, or Spark's speculation runs a copy of it elsewhere."""
-        cfg, fault = self.cfg, plan.fault
+    def _held(self, plan: KillPlan, kind: kinds.FaultKind) -> dict[str, Any]:
+        """A run whose first task at the sink's hold point waits (``kind.hold``) while ``hold.act`` happens
+        to it: its executor is killed, or Spark's speculation runs a copy of it elsewhere."""
+        assert kind.hold is not None
+        cfg, hold = self.cfg, kind.hold
         batch = next_batch(checker.last_commit(self.checkpoint))
-        point = kinds.hold_point(cfg.points)
-        slow = fault == "slow-task"
-        spec = kinds.hold_spec(point, batch, kinds.HOLD_SECONDS if slow else kinds.EXECUTOR_HOLD, log_others=slow)
-        held_rule = spec.split(";")[0]
+        point = hold_point(cfg.points)
+        spec = hold_spec(point, batch, hold.seconds, log_others=hold.log_others)
+        held_rule, _, others_rule = spec.partition(";")
         proc = self._start(spec, plan.index)
         wait_started(proc, cfg.timeout)
         self.producer.release()
@@ -348,56 +379,39 @@ class FaultLoop:
         proof: dict[str, Any] = {"hold_point": point, "batch": batch, "spec": spec}
         if not fired:
             proof.update(ok=False, proof=f"no task was held at {point} in batch {batch} ({self._status(proc)})")
-            self._log(plan, fault, proof)
-            return {"how": fault, "ok": False, "proof": proof["proof"], "detail": proof}
+            self._log(plan, proof)
+            return {"how": kind.name, "ok": False, "proof": proof["proof"], "detail": proof}
         held = fired[0]
-        if slow:
-            time.sleep(max(0.0, float(held["time"]) + kinds.HOLD_SECONDS + 1 - time.time()))
-            copy = kinds.speculative_copy(self.fault_log, held, spec.split(";")[1])
-            proof.update(
-                held={k: held.get(k) for k in ("pid", "partition", "attempt", "time")},
-                copy=None if copy is None else {k: copy.get(k) for k in ("pid", "partition", "attempt", "time")},
-                ok=copy is not None,
-            )
-            proof["proof"] = (
-                f"task {held.get('partition')} of batch {batch} held {kinds.HOLD_SECONDS:.0f} s at {point} "
-                f"(pid {held.get('pid')}); "
-                + (
-                    f"a copy ran meanwhile (pid {copy.get('pid')}, attempt {copy.get('attempt', '?')})"
-                    if copy
-                    else "Spark ran NO copy of it meanwhile (speculation did not start)"
-                )
-            )
-        else:
-            killed = kinds.kill_executor(int(held["pid"]))
-            proof.update(killed)
-            proof["proof"] = f"task of batch {batch} held at {point} (pid {held.get('pid')}); {killed['proof']}"
-        before = batch - 1
-        recovered = self._commit_after(proc, before)
+        acted = hold.act(self.kit, held, others_rule)
+        proof.update(acted)
+        proof["proof"] = (
+            f"task {held.get('partition')} of batch {batch} held at {point} (pid {held.get('pid')}); {acted['proof']}"
+        )
+        recovered = self._commit_after(proc, batch - 1)
         proof["recovered"] = recovered or not proc.alive()
-        self._log(plan, fault, proof)
+        self._log(plan, proof)
         return {
-            "how": fault,
+            "how": kind.name,
             "ok": bool(proof["ok"]) and proof["recovered"],
             "proof": proof["proof"] + self._after(proc, recovered),
             "detail": proof,
         }
 
-    def _disturb(self, plan: KillPlan) -> dict[str, Any]:
-        cfg, fault = self.cfg, plan.fault
+    def _disturb(self, plan: KillPlan, kind: kinds.FaultKind) -> dict[str, Any]:
+        cfg = self.cfg
         proc = self._alive() or self._start()
         wait_started(proc, cfg.timeout)
         before = checker.last_commit(self.checkpoint)
         self.producer.release()
         self._commit_after(proc, before)  # batches flow: the fault meets the job at work
-        proof = self.kit.disturb(fault)
+        proof = self.kit.disturb(kind.name)
         self.producer.release()  # new records after the heal: the run must get past the fault
         healed_at = checker.last_commit(self.checkpoint)
         recovered = self._commit_after(proc, healed_at) if proc.alive() else False
         proof["recovered"] = recovered or not proc.alive()
-        self._log(plan, fault, proof)
+        self._log(plan, proof)
         ok = bool(proof["ok"]) and proof["recovered"]
-        return {"how": fault, "ok": ok, "proof": proof["proof"] + self._after(proc, recovered), "detail": proof}
+        return {"how": kind.name, "ok": ok, "proof": proof["proof"] + self._after(proc, recovered), "detail": proof}
 
     def _after(self, proc: PipelineProcess, recovered: bool) -> str:
         if recovered:
@@ -409,8 +423,8 @@ class FaultLoop:
     def _status(self, proc: PipelineProcess) -> str:
         return describe_exit(proc.proc.poll() if proc.proc is not None else None)
 
-    def _log(self, plan: KillPlan, fault: str, proof: Mapping[str, Any]) -> None:
-        entry = {**proof, "point": f"chaos.{fault}", "action": fault, "fault": plan.index, "pid": os.getpid()}
+    def _log(self, plan: KillPlan, proof: Mapping[str, Any]) -> None:
+        entry = {**proof, "point": f"chaos.{plan.kind}", "action": plan.kind, "fault": plan.index, "pid": os.getpid()}
         faults.append_log(self.fault_log, {**entry, "time": time.time()})
 
     def finish(self) -> None:
@@ -447,8 +461,8 @@ def wait_started(proc: PipelineProcess, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def steps(cfg: ChaosConfig, loop: FaultLoop, plans: list[KillPlan], producer: Producer) -> None:
-    """Inject each fault of the schedule into the job's runs; what each did goes to ``cfg.events``."""
+def steps(cfg: ChaosConfig, state: RunState, loop: FaultLoop, plans: list[KillPlan], producer: Producer) -> None:
+    """Inject each fault of the schedule into the job's runs; what each did goes to ``state.events``."""
     runs, progress = loop.runs, Progress(cfg.planned, cfg.progress)
     for plan in plans:
         step = loop.step(plan)
@@ -458,8 +472,8 @@ def steps(cfg: ChaosConfig, loop: FaultLoop, plans: list[KillPlan], producer: Pr
         if out is not None:
             runs.outcomes[exit_text] += 1
         else:
-            runs.proofs.append({"index": plan.index, "fault": plan.fault, "ok": step["ok"], "proof": step["proof"]})
-        cfg.events.append(
+            runs.proofs.append({"index": plan.index, "fault": plan.kind, "ok": step["ok"], "proof": step["proof"]})
+        state.events.append(
             {
                 "kill": plan.index,
                 "kind": how,
@@ -467,7 +481,7 @@ def steps(cfg: ChaosConfig, loop: FaultLoop, plans: list[KillPlan], producer: Pr
                 "delay": plan.delay,
                 "exit": exit_text,
                 "seconds": round(out.seconds, 1) if out is not None else None,
-                "fault": plan.fault,
+                "fault": plan.kind,
                 "ok": step["ok"],
                 "proof": step["proof"],
                 "run": loop.runlog.count,
@@ -475,7 +489,7 @@ def steps(cfg: ChaosConfig, loop: FaultLoop, plans: list[KillPlan], producer: Pr
         )
         progress.show(
             plan.index + 1,
-            f"records {producer.written}/{cfg.records}  last: {how} {plan.point or ''} -> {exit_text}",
+            f"records {producer.written}/{state.records}  last: {how} {plan.point or ''} -> {exit_text}",
         )
         if producer.error:
             raise producer.error
@@ -484,21 +498,15 @@ def steps(cfg: ChaosConfig, loop: FaultLoop, plans: list[KillPlan], producer: Pr
 
 
 def drain(
-    cfg: ChaosConfig,
-    kit: kinds.FaultKit,
-    env: dict[str, str],
-    topic: str,
-    table: str,
-    root: str,
-    runlog: RunLog,
+    cfg: ChaosConfig, state: RunState, kit: kinds.FaultKit, env: dict[str, str], root: str, runlog: RunLog
 ) -> Any:
     """The last run: availableNow from the checkpoint until the topic is drained; how it ended. It carries no
     fault, so it runs on the job's own master (``cfg.master``), not on the local-cluster or standalone cluster
     that ``executor-loss`` or ``slow-task`` ran the job's other runs on (executor JVMs of its own to start):
     a restart from the checkpoint on another master with as many task slots, as an operator may do."""
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
-    drain = max(cfg.timeout * 3, cfg.records / 20)  # the backlog left may be large on a slow machine
-    argv = runner_argv(cfg, topic, table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=cfg.master)
+    drain = max(cfg.timeout * 3, state.records / 20)  # the backlog left may be large on a slow machine
+    argv = runner_argv(cfg, state, state.table, checkpoint, "available-now", drain, dsn=kit.job_dsn, master=cfg.master)
     final = PipelineProcess(argv, env, os.path.join(cfg.workdir, "pipeline.log"), root)
     final.start()
     entry = runlog.started(final, "drain", checkpoint, master=cfg.master)

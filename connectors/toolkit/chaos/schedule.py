@@ -8,7 +8,18 @@ from dataclasses import dataclass
 
 from connectors.toolkit.chaos import kinds
 from connectors.toolkit.chaos.config import ChaosConfig
-from eos_core.errors import ConfigError
+
+__all__ = [
+    "FAULT_POINTS",
+    "HOLD_POINTS",
+    "KillPlan",
+    "chunks",
+    "hold_point",
+    "hold_spec",
+    "next_batch",
+    "plan_kills",
+    "planned_kills",
+]
 
 # The fault points each pipeline passes through; a chaos kill picks one at random.
 FAULT_POINTS: dict[str, tuple[str, ...]] = {
@@ -52,9 +63,9 @@ FAULT_POINTS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class KillPlan:
-    """One fault of the schedule. ``kind``: ``sigkill`` (a SIGKILL of the group after ``delay`` seconds
-    from the query's start), ``fault`` (a fault ``point``), or another kind of
-    ``connectors.toolkit.kinds.KINDS`` (``executor-loss``, ``pg-restart``, ...).
+    """One fault of the schedule. ``kind``: a kind of ``kinds.KINDS`` as ``--faults`` names it: ``kill``
+    (a SIGKILL of the group after ``delay`` seconds from the query's start), ``fault-point`` (a fault
+    ``point``), ``executor-loss``, ``pg-restart``, ...
 
     A fault kill fires at the point in the ``skip``-th batch after the last committed one (sink
     points carry the batch id; source points fire in the first batch that reaches them); on a fresh
@@ -62,16 +73,11 @@ class KillPlan:
     """
 
     index: int
-    kind: str  # "sigkill" | "fault" | another fault kind's name
+    kind: str
     delay: float
     point: str | None = None
-    early: bool = False  # a sigkill during start-up (before the query runs)
+    early: bool = False  # a kill during start-up (before the query runs)
     skip: int = 0
-
-    @property
-    def fault(self) -> str:
-        """The kind as ``--faults`` names it (``kill``, ``fault-point``, ``pg-restart`` ...)."""
-        return kinds.fault_of(self.kind)
 
     def spec(self, last_commit: int | None) -> str:
         if not self.point:
@@ -111,29 +117,48 @@ def plan_kills(
         if chosen == "kill":
             early = rng.random() < 0.15
             delay = rng.uniform(0.5, 10.0) if early else rng.uniform(0.0, max_delay)  # after the 1st new commit
-            plans.append(KillPlan(i, "sigkill", round(delay, 2), early=early))
+            plans.append(KillPlan(i, chosen, round(delay, 2), early=early))
         elif chosen == "fault-point":
-            plans.append(KillPlan(i, "fault", 0.0, point=rng.choice(points), skip=rng.randrange(3)))
+            plans.append(KillPlan(i, chosen, 0.0, point=rng.choice(points), skip=rng.randrange(3)))
         else:
-            plans.append(KillPlan(i, kinds.plan_kind(chosen), 0.0))
+            plans.append(KillPlan(i, chosen, 0.0))
     return plans
 
 
 def chunks(plans: Sequence[KillPlan]) -> int:
     """Chunks of the records: one per fault (two for a fault from outside: before it and after its heal)
     and one for the draining run."""
-    return sum(2 if p.fault in kinds.DISTURBANCES else 1 for p in plans) + 1
+    return sum(2 if kinds.KINDS[p.kind].from_outside else 1 for p in plans) + 1
+
+
+# the task-side point a held task waits at, by the job's sink kind (FAULT_POINTS' keys): the 2PC sink's
+# after PREPARE (the lost or duplicated attempt holds a prepared transaction), the upsert sink's before
+# its write, the Kafka sink's after its rows are staged (batch) or sent in the task's open transaction
+# (partition), else the Kafka source's read task (every kafka-eos job has one)
+HOLD_POINTS = {
+    "2pc": "sink.after_prepare",
+    "upsert": "sink.before_write",
+    "kafka": "sink.after_write",
+    "kafka-partition": "sink.after_write",
+}
+SOURCE_HOLD = "source.read.start"
+
+
+def hold_point(points_kind: str) -> str:
+    return HOLD_POINTS.get(points_kind, SOURCE_HOLD)
+
+
+def hold_spec(point: str, batch: int | None, seconds: float, *, log_others: bool = False) -> str:
+    """A fault spec holding the first task at ``point`` (of ``batch``) ``seconds``; ``log_others`` also
+    logs every other task that passes the point in that batch (a speculative copy shows there)."""
+    cond = f":batch={batch}" if batch is not None else ""
+    spec = f"{point}{cond}:action=sleep:seconds={seconds:g}:once"
+    if log_others:
+        spec += f";{point}{cond}:action=sleep:seconds=0"
+    return spec
 
 
 def planned_kills(cfg: ChaosConfig) -> list[KillPlan]:
     """The seed's kill schedule, or the kills ``cfg.only_kills`` keeps of it (indices stay the seed's)."""
     plans = plan_kills(cfg.points, cfg.kills, cfg.seed, faults=cfg.faults)
-    if cfg.only_kills is None:
-        return plans
-    bad = [i for i in cfg.only_kills if not 0 <= i < cfg.kills]
-    if bad or not cfg.only_kills:
-        raise ConfigError(
-            f"--only-kills {','.join(map(str, cfg.only_kills))}: kill numbers from 0 to {cfg.kills - 1} "
-            f"(--kills {cfg.kills}), at least one"
-        )
-    return [p for p in plans if p.index in cfg.only_kills]
+    return plans if cfg.only_kills is None else [p for p in plans if p.index in cfg.only_kills]

@@ -14,10 +14,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.toolkit import checker, oracle
+from connectors.toolkit import checker
 from connectors.toolkit.app_runner import out_topic_of
-from connectors.toolkit.chaos.config import ChaosConfig, dead_letters_of
+from connectors.toolkit.chaos.config import ChaosConfig
 from eos_core.errors import ConfigError
+
+__all__ = [
+    "Producer",
+    "Record",
+    "create_topic",
+    "generate_records",
+    "load",
+    "load_generator",
+    "make_out_topics",
+    "make_records",
+    "partition_of",
+    "produce_records",
+    "produce_user_records",
+    "read_records_file",
+    "to_record",
+    "topics_of",
+    "user_partition",
+]
 
 
 def make_records(n: int, *, seed: int, start: int = 0, keys: int = 50, prefix: str = "r") -> list[dict[str, Any]]:
@@ -350,9 +368,27 @@ class Producer(threading.Thread):
     earlier chunk still owes is written at once when the next is released; ``release(every=True)``
     (the kills are over) writes everything left. The producer never runs ahead of the kills."""
 
-    def __init__(self, cfg: ChaosConfig, topic: str, chunks: int, checkpoint: str, pieces: int = 4) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        records: int,
+        chunks: int,
+        checkpoint: str,
+        workload: Sequence[Record] | None = None,
+        topics: Mapping[str, str] | None = None,
+        seed: int = 1,
+        partitions: int = 2,
+        timeout: float = 300.0,
+        pieces: int = 4,
+    ) -> None:
+        """``records`` of ``workload`` (the user's, to ``topics`` by name), else of ``make_records(seed)`` to
+        ``topic``, spread over ``partitions``; a broker that is down is retried for ``timeout`` seconds."""
         super().__init__(name="chaos-producer", daemon=True)
-        self.cfg, self.topic, self.chunks, self.checkpoint = cfg, topic, max(1, chunks), checkpoint
+        self.bootstrap, self.topic, self.chunks, self.checkpoint = bootstrap, topic, max(1, chunks), checkpoint
+        self.total, self.workload, self.topics = records, workload, dict(topics or {"": topic})
+        self.seed, self.partitions, self.timeout = seed, partitions, timeout
         self.pieces = max(1, pieces)
         self.tick = threading.Event()
         self.released = 0  # chunks the kill loop has released
@@ -373,20 +409,21 @@ class Producer(threading.Thread):
         self.released = self.chunks if every else min(self.chunks, self.released + 1)
         self.tick.set()
 
-    def _write(self, n: int) -> None:
+    def write(self, n: int) -> None:
+        """Write the next ``n`` records, waiting out a broker that is down for ``timeout`` seconds."""
         from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + self.cfg.timeout
+        deadline = time.monotonic() + self.timeout
         while True:
             try:
-                if self.cfg.workload is not None:
-                    part = self.cfg.workload[self.written : self.written + n]
+                if self.workload is not None:
+                    part = self.workload[self.written : self.written + n]
                     produce_user_records(
-                        self.cfg.bootstrap, self.cfg.topics, part, partitions=self.cfg.partitions, first=self.written
+                        self.bootstrap, self.topics, part, partitions=self.partitions, first=self.written
                     )
                 else:
-                    recs = make_records(n, seed=self.cfg.seed, start=self.written)
-                    produce_records(self.cfg.bootstrap, self.topic, recs, partitions=self.cfg.partitions)
+                    recs = make_records(n, seed=self.seed, start=self.written)
+                    produce_records(self.bootstrap, self.topic, recs, partitions=self.partitions)
                 break
             except KafkaException:
                 # the broker is down (a broker-crash or broker-restart fault): the metadata request that
@@ -402,7 +439,7 @@ class Producer(threading.Thread):
 
     def run(self) -> None:
         try:
-            total = self.cfg.records
+            total = self.total
             size = -(-total // self.chunks)
             piece = max(1, -(-size // self.pieces))
             while self.written < total and not self.stopped:
@@ -411,11 +448,11 @@ class Producer(threading.Thread):
                 # the chunks before the current one (all of them once the kills are over)
                 owed = total if self.rest else min(total, max(0, released - 1) * size)
                 if self.written < owed:
-                    self._write(owed - self.written)
+                    self.write(owed - self.written)
                 limit = min(total, released * size)
                 planned = self._planned()
                 if self.written < limit:
-                    self._write(min(piece, limit - self.written))
+                    self.write(min(piece, limit - self.written))
                 # the next slice once the query has planned a batch since this one was written (so
                 # each gets a batch of its own), or at once when another chunk is released
                 while self.written < total and not self.stopped and not self.tick.wait(0.2):
@@ -427,35 +464,25 @@ class Producer(threading.Thread):
             self.done.set()
 
 
-def load_workload(cfg: ChaosConfig) -> None:
-    """Load the user's records (``--generator`` / ``--records-file``) into ``cfg.workload``; ``cfg.records``
-    becomes their number. The default workload (``make_records``) stays None: it is made as it goes."""
-    if cfg.generator and cfg.records_file:
-        raise ConfigError("--generator and --records-file: pick one (a function making records, or a file of them)")
+def load(cfg: ChaosConfig) -> list[Record] | None:
+    """The user's records (``--generator`` / ``--records-file``), checked (a partition out of range is refused
+    before anything runs); None for the default workload (``make_records``), which is made as it goes."""
+    records: list[Record] | None = None
     if cfg.generator:
-        cfg.workload = generate_records(cfg.generator, cfg.seed, cfg.records)
+        records = generate_records(cfg.generator, cfg.seed, cfg.records)
     elif cfg.records_file:
-        cfg.workload = read_records_file(cfg.records_file, cfg.records)
-    if cfg.workload is not None:
-        for i, rec in enumerate(cfg.workload):
-            user_partition(rec, i, cfg.partitions)  # a partition out of range: refused before anything runs
-        cfg.records = len(cfg.workload)
-    if cfg.oracle and not cfg.app:
-        raise ConfigError("--oracle compares YOUR job's table with its fault-free runs: it needs --app")
-    if cfg.oracle not in (None, *oracle.MODES):
-        raise ConfigError(f"--oracle {cfg.oracle!r}: expected append or upsert:KEY[,KEY...]")
-    if cfg.reference_runs < 1:
-        raise ConfigError(
-            f"--reference-runs {cfg.reference_runs}: at least 1 (2, the default, also proves the job deterministic)"
-        )
+        records = read_records_file(cfg.records_file, cfg.records)
+    for i, rec in enumerate(records or ()):
+        user_partition(rec, i, cfg.partitions)
+    return records
 
 
-def make_out_topics(cfg: ChaosConfig, table: str) -> None:
+def make_out_topics(cfg: ChaosConfig, bootstrap: str, table: str) -> None:
     """A Kafka sink job's topics for the run writing ``table``: ``out_topic_of(table)`` (as many partitions
     as the source's) and its dead-letter topic (``--dead-letters``)."""
     if not cfg.kafka_sink:
         return
-    create_topic(cfg.bootstrap, out_topic_of(table), cfg.partitions)
-    letters = dead_letters_of(cfg, table)
+    create_topic(bootstrap, out_topic_of(table), cfg.partitions)
+    letters = cfg.dead_letters_for(table)
     if letters:
-        create_topic(cfg.bootstrap, letters, 1)
+        create_topic(bootstrap, letters, 1)
