@@ -29,31 +29,27 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FAULT_POINTS", "Kill", "main", "plan"]
+__all__ = ["Kill", "fault_points", "main", "plan"]
 
 TRACKS = ("ledger", "transfers", "balances")
 """The pipelines, in the order the kill schedule deals kills to them."""
 
-FAULT_POINTS = {
-    "ledger": (
-        "sink.after_prepare",
-        "sink.commit.after_decision",
-        "sink.commit.after_k",
-        "sink.after_commit",
-        "source.read.mid",
-    ),
-    "balances": ("pipeline.batch", "sink.after_commit", "source.read.mid"),
-    # the kafka-eos sink at its default visibility=batch: a task's rows staged, the driver before the
-    # publish, mid-publish (every 100 records: needs a batch of 100+), published before commits/n;
-    # sink.task.after_commit fires only with visibility=partition
-    "transfers": (
-        "sink.after_write",
-        "sink.commit.before_decision",
-        "sink.publish.mid",
-        "sink.after_commit",
-        "source.read.mid",
-    ),
-}
+SINK_KINDS = {"ledger": "2pc", "transfers": "kafka", "balances": "foreachbatch"}
+"""What each pipeline writes with, as the chaos toolkit names it: postgres-2pc, the kafka-eos sink at its default
+visibility=batch, and the upsert sink's adapter inside a foreachBatch between two driver-side points."""
+
+
+def fault_points(name: str) -> tuple[str, ...]:
+    """The points the demo's fault kills draw from for pipeline ``name``, from what its sink and the source
+    declare: the sink's from its hold point on (a task's rows written, the driver's decision and publish,
+    before Spark's commits/n: the moments whose recovery the demo shows), then mid-read in the source."""
+    from connectors.toolkit.chaos.schedule import declared
+
+    source, sink = declared(SINK_KINDS[name])
+    assert sink is not None
+    return sink.from_hold() + source.kills
+
+
 PUBLISH_MID_ROWS = 200
 """sink.publish.mid is drawn only when a batch may hold this many records (it fires at the 100th)."""
 
@@ -61,7 +57,7 @@ PUBLISH_MID_ROWS = 200
 @dataclass(frozen=True)
 class Kill:
     pipeline: str
-    kind: str  # "sigkill" | "fault"
+    kind: str  # "kill" | "fault-point", as the chaos toolkit's --faults names them
     point: str = ""
     skip: int = 0
     delay: float = 0.0
@@ -72,7 +68,7 @@ class Kill:
         return f"{self.point}{cond}:action=kill-group:once"
 
     def label(self) -> str:
-        return "SIGKILL (process group)" if self.kind == "sigkill" else f"fault {self.point}"
+        return "SIGKILL (process group)" if self.kind == "kill" else f"fault {self.point}"
 
 
 def kills_of(kills: int, name: str) -> int:
@@ -95,12 +91,12 @@ def plan(kills: int, seed: int, records: int = 6000) -> dict[str, list[Kill]]:
     for i in range(kills):
         name = TRACKS[i % len(TRACKS)]
         if i % 2 == 0:
-            out[name].append(Kill(name, "sigkill", delay=round(rng.uniform(0.0, 2.0), 2)))
+            out[name].append(Kill(name, "kill", delay=round(rng.uniform(0.0, 2.0), 2)))
         else:
-            points = FAULT_POINTS[name]
+            points = fault_points(name)
             if batch_rows(records, kills_of(kills, name)) < PUBLISH_MID_ROWS:
                 points = tuple(p for p in points if p != "sink.publish.mid")
-            out[name].append(Kill(name, "fault", point=rng.choice(points), skip=rng.randrange(2)))
+            out[name].append(Kill(name, "fault-point", point=rng.choice(points), skip=rng.randrange(2)))
     return out
 
 
@@ -201,13 +197,13 @@ def _drive(
         for i, kill in enumerate(kills):
             env = dict(base_env)
             before = checker.last_commit(checkpoint)
-            if kill.kind == "fault":
+            if kill.kind == "fault-point":
                 env["EOS_FAULTS"] = kill.spec(before)
                 env["EOS_FAULTS_STATE"] = os.path.join(workdir, "fault-state", f"{name}-{i}")
             proc = PipelineProcess(argv, env, log_path).start()
             how = kill.label()
             try:
-                if kill.kind == "sigkill":
+                if kill.kind == "kill":
                     # let it make progress first (a restart must really resume), then pull the plug
                     deadline = time.monotonic() + timeout
                     target = (-1 if before is None else before) + 2  # two new batches: real progress

@@ -27,7 +27,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -39,10 +39,13 @@ __all__ = [
     "ENV_PGID",
     "ENV_SPEC",
     "ENV_STATE",
+    "FOREACH_BATCH",
     "POINTS",
     "FaultInjected",
     "FaultRule",
+    "Points",
     "append_log",
+    "around_batch",
     "fired",
     "parse_spec",
     "point",
@@ -71,6 +74,61 @@ POINTS: dict[str, str] = {
     "pipeline.batch": "driver, in a foreachBatch pipeline before the batch is written",
 }
 ACTIONS = ("raise", "kill", "kill-group", "exit", "sleep")
+
+
+@dataclass(frozen=True)
+class Points:
+    """The fault points a connector fires, as the connector declares them beside its code (``FAULT_POINTS``
+    of each sink and of the source; a test checks that the code fires exactly these): ``fired``, in the
+    order one batch meets them; ``hold``, the task-side one a task waits at when a chaos run holds it (it
+    has done its work and not yet returned); ``drawn``, the ones a chaos run's kills draw from (default:
+    all). The chaos toolkit and the demo derive their lists from these."""
+
+    fired: tuple[str, ...]
+    hold: str | None = None
+    drawn: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [
+            p for p in (*self.fired, *(self.drawn or ()), *([self.hold] if self.hold else [])) if p not in POINTS
+        ]
+        if unknown:
+            raise ValueError(f"unknown fault points {unknown}")
+        if (self.hold and self.hold not in self.fired) or not set(self.drawn or ()) <= set(self.fired):
+            raise ValueError(f"hold {self.hold!r} and drawn {self.drawn} must be among fired {self.fired}")
+
+    @property
+    def kills(self) -> tuple[str, ...]:
+        """The points a chaos run's kills draw from."""
+        return self.fired if self.drawn is None else self.drawn
+
+    def from_hold(self) -> tuple[str, ...]:
+        """The drawn points from the hold point on (all of them without one): where a batch's work is done
+        and not yet committed."""
+        if self.hold is None:
+            return self.kills
+        after = self.fired[self.fired.index(self.hold) :]
+        return tuple(p for p in self.kills if p in after)
+
+
+FOREACH_BATCH = Points(("pipeline.batch", "sink.after_commit"))
+"""What ``around_batch`` fires: the points around a foreachBatch function, on the driver."""
+
+
+def around_batch(func: Callable[[Any, int], Any]) -> Callable[[Any, int], None]:
+    """``func`` (a foreachBatch function) between two fault points, on the driver: ``pipeline.batch`` before
+    it runs and ``sink.after_commit`` after it returned, before Spark writes ``commits/n`` (the moment a
+    non-idempotent foreachBatch write is replayed). Both carry ``batch=batch_id``."""
+
+    def run_batch(df: Any, batch_id: int) -> None:
+        point("pipeline.batch", batch=batch_id)
+        func(df, batch_id)
+        point("sink.after_commit", batch=batch_id)
+
+    run_batch.__name__ = getattr(func, "__name__", "foreach_batch")
+    return run_batch
+
+
 _RESERVED = {"action", "once", "times", "code", "seconds"}
 
 

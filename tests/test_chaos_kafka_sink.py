@@ -99,7 +99,7 @@ def test_the_reproduce_command_names_the_sink_kind_and_a_custom_id_field() -> No
 
 
 def test_each_mode_draws_the_points_its_sink_passes() -> None:
-    batch, partition = set(chaos.FAULT_POINTS["kafka"]), set(chaos.FAULT_POINTS["kafka-partition"])
+    batch, partition = set(chaos.fault_points("kafka")), set(chaos.fault_points("kafka-partition"))
     assert batch | partition <= set(faults.POINTS)
     # visibility=batch: the driver's publish (before it, in the middle, after its commit); no task commits
     assert {"sink.commit.before_decision", "sink.publish.mid"} <= batch and "sink.task.after_commit" not in batch

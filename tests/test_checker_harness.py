@@ -175,7 +175,7 @@ def test_kill_plan_is_seeded_and_mixed():
     kinds = {p.kind for p in a}
     assert kinds == {"kill", "fault-point"}
     points = {p.point for p in a if p.point}
-    assert points <= set(chaos.FAULT_POINTS["2pc"]) and len(points) >= 3
+    assert points <= set(chaos.fault_points("2pc")) and len(points) >= 3
     fault = next(p for p in a if p.point and p.point.startswith("sink."))
     spec = fault.spec(last_commit=4)
     assert spec.startswith(fault.point) and f":batch={5 + fault.skip}:" in spec and spec.endswith("kill-group:once")
@@ -184,7 +184,7 @@ def test_kill_plan_is_seeded_and_mixed():
 def test_fault_points_of_chaos_exist():
     from eos_core import faults
 
-    for points in chaos.FAULT_POINTS.values():
+    for points in map(chaos.fault_points, {*chaos.SINK_KINDS, *chaos.PIPELINES}):
         for p in points:
             assert p in faults.POINTS
             faults.parse_spec(f"{p}:batch=1:action=kill-group:once")

@@ -595,22 +595,24 @@ def test_pipelines_without_their_extra_name_the_pip_command(monkeypatch: pytest.
 # the demo's kill schedule
 
 
-def test_demo_deals_kills_round_robin_one_sigkill_and_one_fault_per_pipeline() -> None:
+def test_demo_deals_kills_round_robin_one_kill_and_one_fault_point_per_pipeline() -> None:
     from connectors import demo
 
     schedule = demo.plan(6, seed=7)
     assert {name: [k.kind for k in kills] for name, kills in schedule.items()} == {
-        "ledger": ["sigkill", "fault"],
-        "transfers": ["fault", "sigkill"],
-        "balances": ["sigkill", "fault"],
+        "ledger": ["kill", "fault-point"],
+        "transfers": ["fault-point", "kill"],
+        "balances": ["kill", "fault-point"],
     }
     assert sum(len(k) for k in demo.plan(4, seed=7).values()) == 4
-    assert [k.kind for k in demo.plan(3, seed=1)["transfers"]] == ["fault"]  # a small run still kills the Kafka sink
+    assert [k.kind for k in demo.plan(3, seed=1)["transfers"]] == [
+        "fault-point"
+    ]  # a small run still kills the Kafka sink
     # only fault points that fire for the Kafka sink's default visibility=batch; 100+ record batches for publish.mid
-    assert "sink.task.after_commit" not in demo.FAULT_POINTS["transfers"]
+    assert "sink.task.after_commit" not in demo.fault_points("transfers")
     points = {k.point for seed in range(60) for k in demo.plan(3, seed=seed, records=400)["transfers"]}
-    assert points == set(demo.FAULT_POINTS["transfers"]) - {"sink.publish.mid"}
+    assert points == set(demo.fault_points("transfers")) - {"sink.publish.mid"}
     points = {k.point for seed in range(60) for k in demo.plan(6, seed=seed, records=6000)["transfers"] if k.point}
-    assert points == set(demo.FAULT_POINTS["transfers"])
-    kill = demo.Kill("transfers", "fault", point="sink.publish.mid", skip=1)
+    assert points == set(demo.fault_points("transfers"))
+    kill = demo.Kill("transfers", "fault-point", point="sink.publish.mid", skip=1)
     assert kill.spec(4) == "sink.publish.mid:batch=6:action=kill-group:once"

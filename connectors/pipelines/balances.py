@@ -152,12 +152,11 @@ def write_batch(cfg: PipelineConfig) -> Any:
     upsert = connectors.upsert_batch(**connection, table=cfg.table, key="account", version="version", **options)
 
     def write(df: Any, batch_id: int) -> None:
-        faults.point("pipeline.batch", batch=batch_id)
         upsert(df, batch_id)
-        # rows upserted, Spark's commits/n not yet written: a replay must be a no-op
-        faults.point("sink.after_commit", batch=batch_id)
 
-    return write
+    # pipeline.batch before it, sink.after_commit after it (rows upserted, Spark's commits/n not yet
+    # written: a replay must be a no-op)
+    return faults.around_batch(write)
 
 
 def build(spark: Any, cfg: PipelineConfig) -> Any:

@@ -318,17 +318,8 @@ def _dumps_on_signal(pid: int) -> bool:
 
 
 def foreach_batch_with_fault_points(func: Callable[[Any, int], Any]) -> Callable[[Any, int], None]:
-    """The user's foreachBatch function between two fault points, on the driver: ``pipeline.batch``
-    before it runs and ``sink.after_commit`` after it returned, before Spark writes ``commits/n``
-    (the moment a non-idempotent foreachBatch write is replayed). Both carry ``batch=batch_id``."""
-
-    def run_batch(df: Any, batch_id: int) -> None:
-        faults.point("pipeline.batch", batch=batch_id)
-        func(df, batch_id)
-        faults.point("sink.after_commit", batch=batch_id)
-
-    run_batch.__name__ = getattr(func, "__name__", "foreach_batch")
-    return run_batch
+    """The user's foreachBatch function between two fault points (``eos_core.faults.around_batch``)."""
+    return faults.around_batch(func)
 
 
 def _wrap_foreach_batch() -> None:

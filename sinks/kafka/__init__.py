@@ -59,6 +59,7 @@ marker rules), ``client`` (producers and look-ups), ``writer`` (tasks), ``commit
 
 from __future__ import annotations
 
+from eos_core.faults import Points
 from sinks.kafka.options import CONTEXT, OPTIONS, KafkaSinkOptions, parse_options
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, LineageMismatch
 from sinks.kafka.screen import DataRefused
@@ -66,6 +67,7 @@ from sinks.kafka.spark import KafkaBatchWriter, KafkaStreamWriter, kafka_batch
 
 __all__ = [
     "CONTEXT",
+    "FAULT_POINTS",
     "OPTIONS",
     "DataRefused",
     "KafkaBatchWriter",
@@ -77,3 +79,30 @@ __all__ = [
     "kafka_batch",
     "parse_options",
 ]
+
+FAULT_POINTS = {
+    "batch": Points(
+        (
+            "sink.before_write",  # writer: a task before its first row
+            "sink.after_write",  # writer: rows staged
+            "sink.commit.before_decision",  # committer: before the publish
+            "sink.publish.mid",  # committer: k staged records in the open publish (condition k=)
+            "sink.after_commit",  # committer: the publish committed, before Spark's commits/n
+        ),
+        hold="sink.after_write",
+    ),
+    "partition": Points(
+        (
+            "sink.before_write",
+            "sink.after_write",  # writer: rows sent in the task's open transaction
+            "sink.task.after_commit",  # writer: the task's transaction (rows + marker) committed
+            "sink.commit.before_decision",  # committer: only in the replay of a partly written batch
+            "sink.publish.mid",  # committer: likewise
+            "sink.after_commit",
+        ),
+        hold="sink.after_write",
+        # the publish runs only to finish a partly written batch: a kill drawn there would rarely fire
+        drawn=("sink.before_write", "sink.after_write", "sink.task.after_commit", "sink.after_commit"),
+    ),
+}
+"""The fault points the ``kafka-eos`` sink fires, by visibility, in protocol order (``eos_core.faults``)."""

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
+    "FAULT_POINTS",
     "FORMAT",
     "PostgresUpsertDataSource",
     "UpsertBatchWriter",
@@ -66,6 +67,16 @@ __all__ = [
     "UpsertStreamWriter",
     "upsert_batch",
 ]
+
+FAULT_POINTS = faults.Points(
+    (
+        "sink.before_write",  # a task before its first row
+        "sink.after_write",  # a task's rows merged, before its commit
+        "sink.after_commit",  # the driver's commit of the batch, before Spark's commits/n
+    ),
+    hold="sink.before_write",
+)
+"""The fault points ``postgres-upsert`` fires, in the order one batch meets them (``eos_core.faults``)."""
 
 FORMAT = "postgres-upsert"
 log = logging.getLogger(__name__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from eos_core.faults import Points
 from sources.kafka.alias import install_kafka_alias, jvm_kafka_available
 from sources.kafka.datasource import FORMAT, KafkaBatchReader, KafkaEosDataSource, KafkaStreamReader, kafka_schema
 from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition
@@ -10,6 +11,7 @@ from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings
 
 __all__ = [
     "EARLIEST",
+    "FAULT_POINTS",
     "FORMAT",
     "LATEST",
     "OPTIONS",
@@ -26,3 +28,16 @@ __all__ = [
     "kafka_schema",
     "parse_options",
 ]
+
+FAULT_POINTS = Points(
+    (
+        "source.plan",  # driver: latestOffset computed a batch's end offsets (on every trigger)
+        "source.read.start",  # a read task, before its first record
+        "source.read.mid",  # a read task, half of its range yielded
+    ),
+    hold="source.read.start",
+    # a kill at source.plan lands on any trigger, an idle one too, and one at the start of a read has read
+    # nothing: a chaos run kills mid-read
+    drawn=("source.read.mid",),
+)
+"""The fault points ``kafka-eos`` fires when it reads (``eos_core.faults``)."""

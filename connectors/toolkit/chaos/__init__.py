@@ -32,7 +32,7 @@ from connectors.toolkit.chaos.experiment import Experiment, conduct, minimise, r
 from connectors.toolkit.chaos.inputs import CLI_NAMES, PLUGIN_NAMES, prepare
 from connectors.toolkit.chaos.kinds import KINDS, FaultKind, parse_faults
 from connectors.toolkit.chaos.runs import REFUSED_EXIT, RunState, raise_refusal, read_runs, wait_for
-from connectors.toolkit.chaos.schedule import FAULT_POINTS, KillPlan, plan_kills
+from connectors.toolkit.chaos.schedule import KillPlan, fault_points, plan_kills
 from connectors.toolkit.chaos.workload import (
     Record,
     create_topic,
@@ -48,7 +48,6 @@ from connectors.toolkit.chaos.workload import (
 
 __all__ = [
     "CLI_NAMES",
-    "FAULT_POINTS",
     "KAFKA_SINK_KINDS",
     "KINDS",
     "PIPELINES",
@@ -64,6 +63,7 @@ __all__ = [
     "add_subparser",
     "conduct",
     "create_topic",
+    "fault_points",
     "generate_records",
     "load_generator",
     "main",

@@ -69,7 +69,7 @@ class ChaosConfig:
 
     @property
     def points(self) -> str:
-        """Which ``schedule.FAULT_POINTS`` the kill schedule draws from."""
+        """Whose fault points the kill schedule draws from (``schedule.fault_points``)."""
         return self.sink_kind if self.app else self.pipeline
 
     @property

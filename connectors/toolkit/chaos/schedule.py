@@ -1,4 +1,5 @@
-"""The kill schedule: the fault points each sink kind passes through, and the seeded plan of faults."""
+"""The kill schedule: the fault points each sink kind passes through (derived from what the source and the
+sinks declare), and the seeded plan of faults."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from connectors.toolkit.chaos import kinds
-from connectors.toolkit.chaos.config import ChaosConfig
+from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, ChaosConfig
+from eos_core.faults import FOREACH_BATCH, Points
 
 __all__ = [
-    "FAULT_POINTS",
-    "HOLD_POINTS",
     "KillPlan",
     "chunks",
+    "declared",
+    "fault_points",
     "hold_point",
     "hold_spec",
     "next_batch",
@@ -21,44 +23,45 @@ __all__ = [
     "planned_kills",
 ]
 
-# The fault points each pipeline passes through; a chaos kill picks one at random.
-FAULT_POINTS: dict[str, tuple[str, ...]] = {
-    "2pc": (
-        "source.read.mid",
-        "sink.before_write",
-        "sink.after_write",
-        "sink.after_prepare",
-        "sink.commit.before_decision",
-        "sink.commit.after_decision",
-        "sink.commit.after_k",
-        "sink.after_commit",
-    ),
-    "upsert": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
-    "stateful": ("source.read.mid", "sink.before_write", "sink.after_write", "sink.after_commit"),
-    # a user's foreachBatch (any writer inside): before it runs, and after it returned but before
-    # Spark's commits/n (app_runner.foreach_batch_with_fault_points); a non-idempotent write is replayed
-    "foreachbatch": ("source.read.mid", "pipeline.batch", "sink.after_commit"),
-    "other": ("source.read.mid",),  # a user's job with a sink of its own: the source's points only
-    # the kafka-eos sink, visibility=batch: tasks stage (before/after), the driver publishes (before it,
-    # after the first staged records went into the open transaction, after its commit)
-    "kafka": (
-        "source.read.mid",
-        "sink.before_write",
-        "sink.after_write",
-        "sink.commit.before_decision",
-        "sink.publish.mid",
-        "sink.after_commit",
-    ),
-    # visibility=partition: each task writes and commits its own transaction; the driver only checks
-    # (commit.before_decision and publish.mid fire only in the replay of a partly written batch)
-    "kafka-partition": (
-        "source.read.mid",
-        "sink.before_write",
-        "sink.after_write",
-        "sink.task.after_commit",
-        "sink.after_commit",
-    ),
-}
+
+def declared(kind: str) -> tuple[Points, Points | None]:
+    """The fault points a job of sink kind (or reference pipeline) ``kind`` passes through, as its source and
+    its sink declare them (``FAULT_POINTS`` beside their code): the source's, and the sink's (None for a
+    job with a sink of its own, ``other``)."""
+    from sources.kafka import FAULT_POINTS as source
+
+    if kind == "2pc":
+        from sinks.postgres.twophase import FAULT_POINTS as twophase
+
+        return source, twophase
+    if kind in ("upsert", "stateful"):  # the stateful pipeline writes through the upsert sink's adapter
+        from sinks.postgres.upsert import FAULT_POINTS as upsert
+
+        return source, upsert
+    if kind in KAFKA_SINK_KINDS:
+        from sinks.kafka import FAULT_POINTS as kafka
+
+        return source, kafka[KAFKA_SINK_KINDS[kind]]
+    if kind == "foreachbatch":  # a user's foreachBatch (any writer inside), between app_runner's two points
+        return source, FOREACH_BATCH
+    if kind == "other":
+        return source, None
+    raise ValueError(f"{kind!r} is no sink kind or reference pipeline")
+
+
+def fault_points(kind: str) -> tuple[str, ...]:
+    """The points a chaos run's kills draw from for ``kind``: the source's, then the sink's."""
+    source, sink = declared(kind)
+    return source.kills + (sink.kills if sink else ())
+
+
+def hold_point(kind: str) -> str:
+    """Where a held task waits: the sink's task-side hold point, else the source's read task (every
+    kafka-eos job has one)."""
+    source, sink = declared(kind)
+    hold = (sink.hold if sink else None) or source.hold
+    assert hold is not None
+    return hold
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def plan_kills(
     (``kinds.parse_faults``; default ``kill:1,fault-point:1``: about half SIGKILLs at random
     moments, half random fault points, as every chaos run drew them before ``--faults``)."""
     rng = random.Random(seed)
-    points = FAULT_POINTS[pipeline]
+    points = fault_points(pipeline)
     weights = kinds.parse_faults(faults)
     total = sum(weights.values())
     plans = []
@@ -129,23 +132,6 @@ def chunks(plans: Sequence[KillPlan]) -> int:
     """Chunks of the records: one per fault (two for a fault from outside: before it and after its heal)
     and one for the draining run."""
     return sum(2 if kinds.KINDS[p.kind].from_outside else 1 for p in plans) + 1
-
-
-# the task-side point a held task waits at, by the job's sink kind (FAULT_POINTS' keys): the 2PC sink's
-# after PREPARE (the lost or duplicated attempt holds a prepared transaction), the upsert sink's before
-# its write, the Kafka sink's after its rows are staged (batch) or sent in the task's open transaction
-# (partition), else the Kafka source's read task (every kafka-eos job has one)
-HOLD_POINTS = {
-    "2pc": "sink.after_prepare",
-    "upsert": "sink.before_write",
-    "kafka": "sink.after_write",
-    "kafka-partition": "sink.after_write",
-}
-SOURCE_HOLD = "source.read.start"
-
-
-def hold_point(points_kind: str) -> str:
-    return HOLD_POINTS.get(points_kind, SOURCE_HOLD)
 
 
 def hold_spec(point: str, batch: int | None, seconds: float, *, log_others: bool = False) -> str:

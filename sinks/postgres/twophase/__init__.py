@@ -40,6 +40,7 @@ plan, staging names, the task's commit message), ``writer`` (task side), ``commi
 
 from __future__ import annotations
 
+from eos_core.faults import Points
 from sinks.postgres.refusal import DataRefused
 from sinks.postgres.twophase.committer import Committer
 from sinks.postgres.twophase.guards import LineageMismatch, Superseded
@@ -54,6 +55,7 @@ from sinks.postgres.twophase.spark import (
 
 __all__ = [
     "DIRECT",
+    "FAULT_POINTS",
     "FORMAT",
     "TWOPC_OPTIONS",
     "Committer",
@@ -68,3 +70,17 @@ __all__ = [
     "TwoPhaseStreamWriter",
     "twopc_batch",
 ]
+
+FAULT_POINTS = Points(
+    (
+        "sink.before_write",  # writer: a task before its first row
+        "sink.after_write",  # writer: rows and marker written, before PREPARE
+        "sink.after_prepare",  # writer: PREPARE TRANSACTION done, before the task returns
+        "sink.commit.before_decision",  # committer
+        "sink.commit.after_decision",  # committer: the decision durable, no COMMIT PREPARED yet
+        "sink.commit.after_k",  # committer: after k of the batch's COMMIT PREPAREDs
+        "sink.after_commit",  # committer: every gid committed (published), before Spark's commits/n
+    ),
+    hold="sink.after_prepare",  # a task held here keeps a prepared transaction open
+)
+"""The fault points ``postgres-2pc`` fires, in protocol order (``eos_core.faults``)."""
