@@ -35,10 +35,10 @@ def commit_batch(plan: KafkaSinkPlan, messages: Sequence[object], batch: int) ->
             batch_id=batch,
         )
     mine = sorted((m for m in messages if isinstance(m, KafkaSinkMessage)), key=lambda m: m.slot)
-    if not plan.opts.staged and any(m.tag is not None for m in mine):
+    if plan.opts.direct and any(m.tag is not None for m in mine):
         _Publish(plan, batch).run(mine)  # a partly written batch's other slots staged (K2)
         return
-    if not plan.opts.staged:
+    if plan.opts.direct:
         rows = sum(m.rows for m in mine)
         log.info(
             "%s: batch %d written by %d tasks (%d rows, %d written before, %d to errors.topic)",

@@ -157,7 +157,13 @@ class KafkaSinkOptions:
 
     @property
     def staged(self) -> bool:
+        """``visibility=batch``: tasks stage their rows, the driver publishes the batch in one transaction."""
         return self.visibility == "batch"
+
+    @property
+    def direct(self) -> bool:
+        """``visibility=partition``: each task commits its rows with its slot's marker."""
+        return self.visibility == "partition"
 
     @property
     def markers_on(self) -> str | None:

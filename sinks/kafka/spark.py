@@ -136,7 +136,7 @@ class _Roles:
         self.plan = dataclasses.replace(plan, overrides=check_services(opts))
 
     def __getstate__(self) -> dict[str, object]:
-        if not self.plan.opts.staged and self.plan.batch is not None and self.plan.written is None:
+        if self.plan.opts.direct and self.plan.batch is not None and self.plan.written is None:
             self.plan = _survey(self.plan)  # pickled for the tasks: on the driver, before any task runs (K1, K2)
         return dict(self.__dict__)
 

@@ -140,6 +140,16 @@ class TwoPhaseOptions:
         return TWOPC_OPTIONS.build(dict(raw))
 
     @property
+    def staged(self) -> bool:
+        """``visibility=batch``: tasks stage their rows, the driver publishes the batch in one transaction."""
+        return self.visibility == "batch"
+
+    @property
+    def direct(self) -> bool:
+        """``visibility=partition``: each task writes into the table in its prepared transaction."""
+        return self.visibility == "partition"
+
+    @property
     def lock_timeout(self) -> float:
         """``lock.timeout``, a connection option of both sinks (it bounds every lock wait of a session)."""
         return self.connection.lock_timeout

@@ -173,7 +173,7 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
         check_max_prepared(conn, where=f" (sink {opts.sink_id!r})")
         tables.ensure(conn)
         _check_protocol_schema_off_path(conn, opts)
-        if opts.visibility == "partition" and opts.schema_evolution == "add-columns":
+        if opts.direct and opts.schema_evolution == "add-columns":
             # a decided batch's prepared transactions hold the table (their rows are in it) until they
             # commit, and ALTER TABLE waits for them: roll decided batches forward first (a decision is
             # final, so this is always right); undecided ones are left to the batch that owns them
@@ -205,7 +205,7 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
         if opts.errors.divert:  # a value Postgres cannot take as sent is staged with its refusal (refusal.Screen)
             stage_columns += ((WHY, "text"),)
         stage = _stage_name(opts.eos_schema, opts.sink_id, stage_columns)
-        direct = opts.visibility == "partition"  # tasks create their own staging tables
+        direct = opts.direct  # tasks create their own staging tables
         if merge is not None:
             ensure_tombstones(conn, merge)
         divert = None
