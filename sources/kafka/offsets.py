@@ -14,7 +14,7 @@ EARLIEST = -2
 """Sentinel offset: the earliest offset still in the log (Spark's JSON uses -2)."""
 LATEST = -1
 """Sentinel offset: the offset after the last record (Spark's JSON uses -1)."""
-INT64_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1  # Kafka's offsets and timestamps are signed 64-bit longs
 """The largest offset Kafka (and Spark's JSON, a Long) can hold."""
 
 

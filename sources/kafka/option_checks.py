@@ -11,11 +11,11 @@ import json
 import re
 from typing import Any
 
+from sources.kafka.offsets import INT64_MAX
 from sources.kafka.option_specs import KafkaSourceOptions, fail
 
-__all__ = ["INT32_MAX", "INT64_MAX", "REJECTED_KAFKA_OPTIONS", "validate"]
+__all__ = ["INT32_MAX", "REJECTED_KAFKA_OPTIONS", "validate"]
 
-INT64_MAX = 2**63 - 1
 """The largest Kafka offset or timestamp (a signed 64-bit long on the broker and in Spark)."""
 INT32_MAX = 2**31 - 1
 """The largest Kafka partition number (a signed 32-bit int)."""

@@ -15,6 +15,7 @@ from typing import Any
 from eos_core.errors import ConfigError
 from eos_core.kafka_config import is_secret_option, redact_options
 from eos_core.options import OptionSet, option
+from sources.kafka.offsets import INT64_MAX
 
 __all__ = [
     "CONTEXT",
@@ -27,7 +28,6 @@ __all__ = [
 ]
 
 CONTEXT = "kafka-eos"
-INT64_MAX = 2**63 - 1  # Kafka's offsets and timestamps are signed 64-bit longs
 DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's default: spark.network.timeout (120 s)
 
 
