@@ -368,21 +368,6 @@ def _add_verify(sub: Any) -> None:
     p.set_defaults(func=_verify_cmd)
 
 
-def _wire(sub: Any, module: str, command: str, helptext: str) -> None:
-    """Add another module's ``add_subparser``; while it is missing, a stub that says so."""
-    import importlib
-
-    try:
-        add: Callable[[Any], Any] = importlib.import_module(module).add_subparser
-    except (ImportError, AttributeError) as exc:
-        p = sub.add_parser(command, help=f"{helptext} (unavailable: {exc})")
-        p.set_defaults(
-            func=lambda _a, e=exc: (_ for _ in ()).throw(SystemExit(f"spark-eos {command}: unavailable: {e}"))
-        )
-        return
-    add(sub)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="spark-eos",
@@ -405,11 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--config ledger.yaml (docs/deployment.md).",
     )
     p.set_defaults(func=_submit_file_cmd)
-    # other engineers' commands; their modules import only light dependencies at module level
-    _wire(sub, "connectors.services.manage", "services", "run embedded Kafka and Postgres")
-    _wire(sub, "sinks.postgres.status", "sinks", "operate the Postgres sinks")
-    _wire(sub, "sinks.kafka.status", "kafka-sink", "the kafka-eos sink's markers")
-    _wire(sub, "connectors.toolkit.chaos", "chaos", "kill a pipeline N times and check exactly-once")
+    # the command groups of their own modules (each imports only light dependencies at module level)
+    from connectors.commands import kafka_sink, sinks
+    from connectors.services import manage
+    from connectors.toolkit.chaos import cli as chaos
+
+    for module in (manage, sinks, kafka_sink, chaos):
+        module.add_subparser(sub)
     return parser
 
 

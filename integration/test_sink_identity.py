@@ -21,6 +21,7 @@ import pytest
 from psycopg import sql
 
 from connectors import inspect as eos_inspect
+from connectors.commands import sinks as sinks_command
 from connectors.toolkit import checker
 from integration import test_twophase_support as support
 from integration.test_twophase_protocol import SCHEMA, plan
@@ -199,7 +200,9 @@ def test_sink_ids_that_are_prefixes_of_each_other_run_concurrently_and_exactly(s
     # 5. the operator's recover of one sink rolls back that sink's transactions, nobody else's
     for n, sink_id in enumerate(IDS):
         assert (
-            status.main(["recover", "--dsn", sinks.dsn, "--sink-id", sink_id, "--eos-schema", sinks.schema, "--apply"])
+            sinks_command.main(
+                ["recover", "--dsn", sinks.dsn, "--sink-id", sink_id, "--eos-schema", sinks.schema, "--apply"]
+            )
             == 0
         )
         assert sinks.prepared(sink_id) == []

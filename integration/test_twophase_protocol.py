@@ -403,6 +403,7 @@ def test_setups_starting_at_once_create_every_table_without_racing(twophase_pg: 
 
 
 def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from connectors.commands import sinks as sinks_command
     from sinks.postgres import status
 
     w = TwoPhaseStreamWriter(sink["opts"], SCHEMA)
@@ -412,21 +413,21 @@ def test_status_and_recover_commands(sink: dict[str, Any], capsys: pytest.Captur
     with pytest.raises(Exception, match="fault injected"):
         failing.commit([decided], 0)
     base = ["--dsn", sink["dsn"], "--sink-id", sink["sink_id"]]
-    assert status.main(["status", *base]) == 0
+    assert sinks_command.main(["status", *base]) == 0
     out = capsys.readouterr().out
     assert "last decided batch 0" in out and "owner query:q1" in out
     assert f"commit  {decided.gid}" in out and f"rollback  {undecided.gid}" in out
-    assert status.main(["recover", *base]) == 0  # dry run
+    assert sinks_command.main(["recover", *base]) == 0  # dry run
     assert "would do" in capsys.readouterr().out and len(_prepared(sink)) == 2
-    assert status.main(["recover", *base, "--apply"]) == 0
+    assert sinks_command.main(["recover", *base, "--apply"]) == 0
     assert _prepared(sink) == []
     info = status.sink_status(sink["dsn"], sink["sink_id"])
     assert info["in_doubt"] == [] and info["decisions"][0]["published"] is False  # the replay publishes it
     w.commit([decided], 0)  # Spark's replay of batch 0 after the restart
     assert _rows(sink) == [0, 1, 2]
-    assert status.main(["release", *base]) == 2  # needs --yes
-    assert status.main(["release", *base, "--yes"]) == 0
+    assert sinks_command.main(["release", *base]) == 2  # needs --yes
+    assert sinks_command.main(["release", *base, "--yes"]) == 0
     # released: nothing of the sink is left (owner, decisions, markers), so its id is unknown, as a misspelled one
     with pytest.raises(ConfigError, match=f"no sink '{sink['sink_id']}' in this database"):
         status.sink_status(sink["dsn"], sink["sink_id"])
-    assert status.main(["status", *base]) == 64
+    assert sinks_command.main(["status", *base]) == 64

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from connectors.commands import group, standalone
 from connectors.services import _proc
 from connectors.services.base import redact_dsn
 from eos_core.errors import ServiceError
@@ -365,19 +366,18 @@ def _add_commands(sub: Any) -> None:
 
 def add_subparser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``services {up,down,status,env}`` to a CLI; each leaf sets ``func(args) -> exit code``."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "services", help="run embedded Kafka and Postgres for manual use (up, down, status, env)"
+    return group(
+        subparsers,
+        "services",
+        "run embedded Kafka and Postgres for manual use (up, down, status, env)",
+        "services_command",
+        _add_commands,
     )
-    _add_commands(p.add_subparsers(dest="services_command", required=True))
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m connectors.services", description=__doc__.split("\n")[0])
-    _add_commands(parser.add_subparsers(dest="services_command", required=True))
-    args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        return standalone("python -m connectors.services", __doc__, "services_command", _add_commands, argv)
     except ServiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
