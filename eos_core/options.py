@@ -426,6 +426,18 @@ class OptionSet(Generic[T]):
             raise TypeError(f"{context}: duplicate option names")
         self.ignored = {k.lower() for k in ignored}
 
+    def keywords(self) -> dict[str, str]:
+        """Each option's Python keyword (its name, or an alias, in snake case: ``sink.id`` -> ``sink_id``,
+        ``checkpointLocation`` -> ``checkpoint_location``) -> the option's name, for the foreachBatch helpers
+        that take the options as keyword arguments."""
+        return {_snake(name): o.name for o in self.options for name in (o.name, *o.aliases)}
+
+    def from_keywords(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """``given`` keyword arguments as the options they name (a keyword of ``keywords``), anything else
+        (a dotted name passed as ``**{"sink.id": ...}``, a passthrough key) kept as it is."""
+        names = self.keywords()
+        return {names.get(key, key): value for key, value in given.items()}
+
     def build(self, raw: Mapping[str, Any]) -> T:
         """Parse ``raw`` into the options class: each option's value (``convert``ed), each group built
         the same way, then the class's ``validate(context)`` if it has one (checks across options)."""

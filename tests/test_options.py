@@ -305,3 +305,51 @@ def test_groups_converters_and_validate() -> None:
     assert spec_of(Outer2, "count").name == "count" and option_specs(Inner)[0].attr == "size"
     with pytest.raises(TypeError, match="has no option field 'nope'"):
         spec_of(Inner, "nope")
+
+
+# ---- the foreachBatch helpers take every option as a keyword ------------------------------------------
+
+
+def _helpers() -> list[tuple[str, Any, Any, dict[str, Any]]]:
+    """(name, helper, its option set, the options it needs) for twopc_batch, upsert_batch, kafka_batch."""
+    from sinks.kafka.options import OPTIONS as KAFKA_SINK
+    from sinks.kafka.spark import kafka_batch
+    from sinks.postgres.options import UPSERT_OPTIONS
+    from sinks.postgres.twophase.options import TWOPC_OPTIONS
+    from sinks.postgres.twophase.spark import twopc_batch
+    from sinks.postgres.upsert import upsert_batch
+    from sources.kafka.datasource import KafkaEosDataSource
+
+    pg = {"dsn": "postgresql://u@h/d", "table": "t"}
+    return [
+        ("twopc_batch", twopc_batch, TWOPC_OPTIONS, {**pg, "sink_id": "s", "checkpoint_location": "/c"}),
+        ("upsert_batch", upsert_batch, UPSERT_OPTIONS, {**pg, "key": "id"}),
+        (
+            "kafka_batch",
+            lambda **kw: kafka_batch(KafkaEosDataSource, **kw),
+            KAFKA_SINK,
+            {"topic": "t", "sink_id": "s", "checkpoint_location": "/c", "kafka.bootstrap.servers": "b:1"},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_every_option_of_a_foreach_batch_helper_is_one_of_its_keywords(index: int) -> None:
+    name, _, options, _ = _helpers()[index]
+    keywords = options.keywords()
+    for o in options.options:
+        mine = [k for k, v in keywords.items() if v == o.name]
+        assert mine and all(k.isidentifier() for k in mine), f"{name}: option {o.name} has no keyword"
+        for k in mine:
+            assert options.from_keywords({k: 1}) == {o.name: 1}
+    assert options.from_keywords({"sink.id": 1, "kafka.acks": 2}) == {"sink.id": 1, "kafka.acks": 2}
+
+
+def test_the_helpers_take_the_keywords_they_refused() -> None:
+    # found on issue 43: twopc_batch(lock_timeout=...) and upsert_batch(delete_column=...) were refused
+    (_, twopc, _, twopc_needs), (_, upsert, _, upsert_needs), (_, kafka, _, kafka_needs) = _helpers()
+    assert twopc(**twopc_needs, lock_timeout="7s").__name__ == "twopc_batch[s]"
+    assert upsert(**upsert_needs, delete_column="op").__name__ == "upsert_batch[t]"
+    assert kafka(**kafka_needs, errors_topic="dlq", errors_tolerance="all", kafka_producer_timeout_ms=30000).__name__ == "kafka_batch[s]"
+    with pytest.raises(ConfigError, match="lock_timeot"):
+        twopc(**twopc_needs, lock_timeot="7s")  # a misspelt keyword is still an unknown option

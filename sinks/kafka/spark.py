@@ -17,7 +17,7 @@ from eos_core.errors import ConfigError
 from sinks.kafka.client import KafkaLookups, TxnProducer
 from sinks.kafka.committer import commit_batch
 from sinks.kafka.markers import publish_name, read_slot_markers
-from sinks.kafka.options import CONTEXT, KafkaSinkOptions, parse_options
+from sinks.kafka.options import CONTEXT, OPTIONS, KafkaSinkOptions, parse_options
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan, partly_written
 from sinks.kafka.writer import write_task
 
@@ -181,11 +181,12 @@ def kafka_batch(data_source: Any, **options: Any) -> Callable[[Any, int], None]:
     of ``data_source`` (the ``kafka-eos`` format, which it registers with the batch's session; its
     ``write_options`` drops a read's options from a shared options map).
 
-    ``sink.id`` and ``checkpointLocation`` (the query's own) are required; pass dotted names as
-    ``**{"sink.id": "orders"}`` or ``sink_id=``. The micro-batch id becomes ``batch.id``.
+    ``sink.id`` and ``checkpointLocation`` (the query's own) are required; every option is a keyword (its
+    name in snake case: ``sink_id=``, ``checkpoint_location=``, ``errors_topic=``) or a dotted name
+    (``**{"sink.id": "orders"}``). The micro-batch id becomes ``batch.id``.
     """
     # the format's own rule for a read's options in a write's map (dropped, with a log line), as writer() applies it
-    raw = data_source.write_options({_DOTTED.get(k, k): str(v) for k, v in options.items()})
+    raw = data_source.write_options({k: str(v) for k, v in OPTIONS.from_keywords(options).items()})
     if "batch.id" in {k.lower() for k in raw}:
         raise ConfigError(
             f"{CONTEXT}: kafka_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"
@@ -204,14 +205,3 @@ def kafka_batch(data_source: Any, **options: Any) -> Callable[[Any, int], None]:
 
     write_batch.__name__ = f"kafka_batch[{raw.get('sink.id')}]"
     return write_batch
-
-
-_DOTTED = {
-    "sink_id": "sink.id",
-    "checkpoint_location": "checkpointLocation",
-    "batch_id": "batch.id",
-    "marker_topic": "marker.topic",
-    "staging_topic": "staging.topic",
-    "errors_topic": "errors.topic",
-    "errors_tolerance": "errors.tolerance",
-}

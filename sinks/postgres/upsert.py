@@ -355,11 +355,11 @@ def _refuse_overwrite(overwrite: bool, *, streaming: bool) -> None:
 def upsert_batch(**options: Any) -> Callable[[Any, int], None]:
     """A ``foreachBatch`` function upserting each micro-batch (use it for update mode).
 
-    Options are those of ``postgres-upsert`` (as keyword arguments; dots allowed via
-    ``**{"delete.column": "op"}``). They are checked here, at once; the table is checked when
-    the first batch is written.
+    Options are those of ``postgres-upsert``, each a keyword (its name in snake case: ``delete_column="op"``)
+    or a dotted name (``**{"delete.column": "op"}``). They are checked here, at once; the table is checked
+    when the first batch is written.
     """
-    raw = {k: option_text(v) for k, v in options.items()}
+    raw = {k: option_text(v) for k, v in UPSERT_OPTIONS.from_keywords(options).items()}
     UPSERT_OPTIONS.parse(raw)  # unknown or malformed options fail when the query is built
 
     def write_batch(df: Any, batch_id: int) -> None:

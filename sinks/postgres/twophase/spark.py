@@ -21,7 +21,7 @@ from sinks.postgres.twophase.committer import Committer
 from sinks.postgres.twophase.decisions import (
     check_max_prepared,
 )
-from sinks.postgres.twophase.options import FORMAT, TwoPhaseOptions
+from sinks.postgres.twophase.options import FORMAT, TWOPC_OPTIONS, TwoPhaseOptions
 from sinks.postgres.twophase.plan import (
     TwoPhaseMessage,
 )
@@ -95,10 +95,11 @@ class Postgres2pcDataSource(DataSource):
 def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
     """A ``foreachBatch(df, batch_id)`` function writing each micro-batch through the two-phase sink.
 
-    ``sink.id`` is required (pass dotted names as ``**{"sink.id": "orders"}`` or ``sink_id=``); the
+    ``sink.id`` is required; every option is a keyword (its name in snake case: ``sink_id=``,
+    ``lock_timeout=``, ``checkpoint_location=``) or a dotted name (``**{"sink.id": "orders"}``); the
     micro-batch id becomes ``batch.id``, so a batch replayed after a crash is written exactly once.
     """
-    raw = {_dotted(k): option_text(v) for k, v in options.items()}
+    raw = {k: option_text(v) for k, v in TWOPC_OPTIONS.from_keywords(options).items()}
     if "batch.id" in {k.lower() for k in raw}:
         raise ConfigError(
             f"{FORMAT}: twopc_batch sets 'batch.id' from the micro-batch id; do not pass it", option="batch.id"
@@ -126,21 +127,3 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
 
     write_batch.__name__ = f"twopc_batch[{opts.sink_id}]"
     return write_batch
-
-
-_DOTTED = {
-    "sink_id": "sink.id",
-    "table_create": "table.create",
-    "eos_schema": "eos.schema",
-    "delete_column": "delete.column",
-    "delete_tombstones": "delete.tombstones",
-    "prepared_warn_age": "prepared.warn.age",
-    "commit_attempts": "commit.attempts",
-    "checkpoint_location": "checkpointLocation",
-    "decisions_retain": "decisions.retain",
-    "prepared_timeout": "prepared.timeout",
-}
-
-
-def _dotted(key: str) -> str:
-    return _DOTTED.get(key, key)
