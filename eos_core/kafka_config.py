@@ -16,7 +16,7 @@ from typing import Any, Literal
 from eos_core.errors import ConfigError
 from eos_core.options import redact
 
-__all__ = ["Role", "client_config", "is_secret_option", "redact_options"]
+__all__ = ["Role", "admin_config", "client_config", "is_secret_option", "redact_options"]
 
 Role = Literal["consumer", "producer"]
 
@@ -91,9 +91,20 @@ _JAVA_ONLY = {
     "metrics.sample.window.ms": "a Java metrics setting",
     "auto.include.jmx.reporter": "a Java metrics setting",
 }
-# Producer (sink) settings users keep in an options map shared with Spark's Kafka sink: no meaning on a read.
+# The settings only one kind of client takes, by the names users give them (Java's, or librdkafka's own), in
+# one place: a read drops a producer's (users keep one options map for Spark's Kafka source and sink), a write
+# a consumer's, each with a log line, and an admin client gets neither (``admin_config``).
 _PRODUCER_ONLY = frozenset(
     {
+        # librdkafka's own names of producer settings
+        "sticky.partitioning.linger.ms",
+        "enable.gapless.guarantee",
+        "delivery.report.only.error",
+        "queuing.strategy",
+        "message.send.max.retries",
+        "partitioner",
+        "produce.offset.report",
+        # Java's (many are librdkafka's too)
         "acks",
         "linger.ms",
         "batch.size",
@@ -151,9 +162,17 @@ _JAVA_ONLY_PRODUCER = {
     "default.api.timeout.ms": "the sink bounds each of its waits with kafka.transaction.timeout.ms",
     "allow.auto.create.topics": "the sink never creates the topics it writes; they must exist",
 }
-# Consumer (source) settings users keep in an options map shared with the source: no meaning on a write.
+# Consumer (source) settings: no meaning on a write (see _PRODUCER_ONLY).
 _CONSUMER_ONLY = frozenset(
     {
+        # librdkafka's own names of consumer settings
+        "coordinator.query.interval.ms",
+        "fetch.message.max.bytes",
+        "fetch.error.backoff.ms",
+        "offset.store.method",
+        "consume.callback.max.messages",
+        "group.protocol.type",
+        # Java's (many are librdkafka's too)
         "group.id",
         "group.instance.id",
         "group.protocol",
@@ -212,6 +231,13 @@ def client_config(kafka: Mapping[str, str], *, role: Role, context: str) -> dict
         return _translate(kafka, role=role, context=context)
     except _Refused as exc:
         raise ConfigError(f"{context}: {exc}", option=exc.option) from None
+
+
+def admin_config(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A consumer's or a producer's librdkafka configuration as an admin client (or a consumer made from a
+    producer's settings) takes it: the connection and security settings, without any only one kind of
+    client knows (librdkafka warns of those, or refuses them)."""
+    return {k: v for k, v in conf.items() if k not in _CONSUMER_ONLY and k not in _PRODUCER_ONLY}
 
 
 def _dropped(role: Role, name: str) -> str | None:

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 
 from eos_core.errors import ConfigError
-from eos_core.kafka_config import client_config, redact_options
+from eos_core.kafka_config import admin_config, client_config, redact_options
 
 
 def producer(**kafka: str) -> dict[str, str]:
@@ -64,3 +64,37 @@ def test_secrets_are_mapped_but_never_shown() -> None:
     conf = producer(**{"sasl.jaas.config": jaas, "sasl.mechanism": "PLAIN"})
     assert conf["sasl.username"] == "u" and conf["sasl.password"] == "s3cret" and conf["sasl.mechanisms"] == "PLAIN"
     assert "s3cret" not in repr(redact_options({"kafka.sasl.jaas.config": jaas}))
+
+
+def test_an_admin_client_gets_the_connection_and_security_settings_of_either_role(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+
+    common = {
+        "bootstrap.servers": "127.0.0.1:9",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "app",
+        "sasl.password": "pw",
+    }
+    consumer = {**common, "group.id": "g", "isolation.level": "read_committed", "fetch.wait.max.ms": "500"}
+    producer = {
+        **common,
+        "acks": "all",
+        "linger.ms": "5",
+        "transactional.id": "t",
+        "sticky.partitioning.linger.ms": "0",
+    }
+    assert admin_config(consumer) == common == admin_config(producer)
+    # the sink's marker reads make a consumer from its producer settings: nothing librdkafka warns of is left
+    Consumer({**admin_config({**producer, "log_level": 0}), "group.id": "m", "log_level": 0}).close()
+    AdminClient({**admin_config(consumer), "log_level": 0})
+    assert "ignored" not in capsys.readouterr().err
+
+
+def test_a_read_drops_a_producers_librdkafka_names_and_a_write_a_consumers() -> None:
+    read = client_config({"kafka.sticky.partitioning.linger.ms": "0"}, role="consumer", context="kafka-eos")
+    write = client_config({"kafka.fetch.message.max.bytes": "1048576"}, role="producer", context="kafka-eos sink")
+    assert read == {} and write == {}

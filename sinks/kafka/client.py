@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
 
 from eos_core.errors import ConfigError, FatalError, RetriableError
+from eos_core.kafka_config import admin_config
 from eos_core.waits import StillRunning, within
 from sinks.kafka.records import TopicLimits
 
@@ -183,7 +184,7 @@ class TxnProducer:
         for offsets, group in markers:
             metadata = self._group_metadata.get(group)
             if metadata is None:  # a consumer that never joins the group: only its metadata (the group id) is used
-                consumer = Consumer({**_admin_conf(self.conf), "group.id": group, "enable.auto.commit": "false"})
+                consumer = Consumer({**admin_config(self.conf), "group.id": group, "enable.auto.commit": "false"})
                 try:
                     metadata = self._group_metadata[group] = consumer.consumer_group_metadata()
                 finally:
@@ -343,7 +344,7 @@ class KafkaLookups:
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(_admin_conf(self.conf))
+            self._admin = AdminClient(admin_config(self.conf))
         return self._admin
 
     def limits(self, topics: list[str]) -> dict[str, TopicLimits | None]:
@@ -454,26 +455,3 @@ class KafkaLookups:
 def _left(deadline: float) -> float:
     """The seconds left until ``deadline`` (``time.monotonic()``), at least 0.1: a last try, never none."""
     return max(0.1, deadline - time.monotonic())
-
-
-def _admin_conf(conf: dict[str, str]) -> dict[str, str | int | float | bool]:
-    """The producer settings an admin client takes (connection and security ones)."""
-    producer_only = (
-        "acks",
-        "linger",
-        "batch.",
-        "compression",
-        "queue.",
-        "message.",
-        "retries",
-        "retry.",
-        "delivery.",
-        "enable.idempotence",
-        "max.in.flight",
-        "request.timeout",
-        "sticky",
-        "enable.gapless",
-        "partitioner",
-        "transaction",
-    )
-    return {k: v for k, v in conf.items() if not k.startswith(producer_only)}

@@ -13,6 +13,7 @@ from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from eos_core.errors import ConfigError, FatalError, ServiceError
+from eos_core.kafka_config import admin_config
 from eos_core.waits import StillRunning, within
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
 
@@ -125,7 +126,7 @@ class KafkaMetadataClient:
 
     def admin(self) -> AdminClient:
         if self._admin is None:
-            conf = {k: v for k, v in self._conf().items() if not _consumer_only(k)}
+            conf = admin_config(self._conf())
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
@@ -336,33 +337,6 @@ _METADATA_HINT = (
     "A topic with a metadata error (e.g. no leader) is not taken for a deleted one; check the brokers' health, "
     "or raise fetchOffset.numRetries / fetchOffset.retryIntervalMs to wait longer."
 )
-
-
-def _consumer_only(key: str) -> bool:
-    return key in {
-        "group.id",
-        "isolation.level",
-        "enable.auto.commit",
-        "auto.offset.reset",
-        "fetch.wait.max.ms",
-        "fetch.min.bytes",
-        "max.partition.fetch.bytes",
-        "fetch.max.bytes",
-        "session.timeout.ms",
-        "max.poll.interval.ms",
-        "heartbeat.interval.ms",
-        "auto.commit.interval.ms",
-        "enable.partition.eof",
-        "check.crcs",
-        "queued.min.messages",
-        "queued.max.messages.kbytes",
-        "fetch.queue.backoff.ms",
-        "partition.assignment.strategy",
-        "group.instance.id",
-        "enable.auto.offset.store",
-        "group.protocol",
-        "group.remote.assignor",
-    }
 
 
 # The partition leader is unknown or has just changed (a broker restarting, an election): worth waiting for.

@@ -2,8 +2,8 @@
 
 ``parse_options(raw, streaming=...)`` parses a raw option map into ``KafkaSourceOptions`` (declared in
 ``option_specs``), checks it as Spark does (``option_checks``) and logs the options that have no
-meaning for this read; ``consumer_config`` (``librdkafka``) turns its ``kafka.*`` options into
-librdkafka's consumer configuration.
+meaning for this read; ``consumer_config`` turns its ``kafka.*`` options into librdkafka's consumer
+configuration (``eos_core.kafka_config``, which maps the Kafka sink's producer settings the same way).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from sources.kafka.librdkafka import consumer_config
+from eos_core.kafka_config import client_config
 from sources.kafka.option_checks import REJECTED_KAFKA_OPTIONS, validate
 from sources.kafka.option_specs import CONTEXT, OPTIONS, KafkaSourceOptions
 
@@ -63,3 +63,13 @@ def _log_ignored(raw: Mapping[str, Any], opts: KafkaSourceOptions, *, streaming:
         for name in _STREAM_ONLY:
             if name.lower() in given:
                 log.info("%s: ignoring option '%s': it has no meaning in a batch read", CONTEXT, name)
+
+
+def consumer_config(opts: KafkaSourceOptions) -> dict[str, str]:
+    """librdkafka consumer configuration from the ``kafka.*`` options, Java names mapped.
+
+    A Java setting with a librdkafka equivalent is renamed; one that changes nothing a read relies on
+    is dropped with a log line saying why; one librdkafka cannot honour (JKS stores, Java classes) is an
+    error naming the librdkafka setting that replaces it. Values are never logged (they may be secrets).
+    """
+    return client_config(opts.kafka, role="consumer", context=CONTEXT)
