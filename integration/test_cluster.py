@@ -179,7 +179,7 @@ def test_f17_f18_f19_worker_lost_master_restarted_driver_killed_on_a_standalone_
                     proof["old_master"] = cluster.kill_master()
                     proof["master_down_after"] = time.time() - float(event["time"])  # type: ignore[arg-type]
                     cluster.start_master()
-                    wait_for_text(cluster.log(f"master-{cluster.master_starts}"), "Recovery complete", 1, 120)
+                    wait_for_text(cluster.master_log, "Recovery complete", 1, 120)
                 elif str(event["batch"]) == "5":  # F19: the driver is lost with the batch's tasks mid-write
                     _kill_group(driver)
                     proof["driver_exit"] = driver.wait(60)
@@ -198,7 +198,7 @@ def test_f17_f18_f19_worker_lost_master_restarted_driver_killed_on_a_standalone_
     entries = [p for p in pythonpath.split(os.pathsep) if p]
     assert entries and all(p.startswith(spark_home()) and p.endswith((".zip", ".jar")) for p in entries), entries
     assert int(seen[0]["pid"]) in proof["killed"] and len(proof["killed"]) >= 3, proof  # worker, executor, task
-    restarted = cluster.log(f"master-{cluster.master_starts}").read_text()
+    restarted = cluster.master_log.read_text()
     assert "Application has been re-registered" in restarted, "the running application never reached the new master"
     assert proof["master_down_after"] < 25, proof  # the master went down while batch 3's task slept (25 s)
     assert proof["driver_exit"] == -9, proof
