@@ -257,3 +257,53 @@ def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_ne
         argv = started[-1]
         assert argv[argv.index("--master") + 1] == "local[3,2]" and "--conf" not in argv, argv
     assert [r["master"] for r in chaos.read_runs(str(tmp_path)) if r["role"] == "drain"] == ["local[3,2]"] * 2
+
+
+# ---- disk-full: the checkpoint's filesystem full while the job runs --------------------------------------
+
+
+def _mounted(path: Path) -> bool:
+    return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
+
+
+def test_disk_full_fills_the_checkpoints_own_filesystem_and_leaves_the_checkpoint_on_disk(tmp_path: Path) -> None:
+    kit = fault_kinds.FaultKit({"disk-full": 1}, bootstrap="127.0.0.1:1", dsn="", workdir=str(tmp_path))
+    checkpoint = tmp_path / "checkpoint"
+    log = tmp_path / "pipeline.log"
+    fed: list[bool] = []
+
+    def feed() -> None:  # the job, fed records, meets the full disk and says so
+        fed.append(True)
+        (checkpoint / "offsets").mkdir(exist_ok=True)
+        try:
+            (checkpoint / "offsets" / "7").write_bytes(b"x" * 8192)
+        except OSError as exc:
+            log.write_text(f"java.io.IOException: {exc.strerror}\n")
+
+    with kit:
+        assert _mounted(checkpoint)
+        (checkpoint / "commits").mkdir()
+        (checkpoint / "commits" / "6").write_text("v1\n{}\n")
+        proof = kit.disturb("disk-full", feed)
+        assert fed == [True] and proof["ok"], proof
+        assert proof["write_refused"] and proof["job_met_it"] and proof["free_while_full"] < 4096, proof
+        assert 3 <= proof["full_seconds"] < 30
+        (checkpoint / "offsets" / "8").write_text("the disk is free again\n")
+    assert not _mounted(checkpoint)
+    assert (checkpoint / "commits" / "6").read_text() == "v1\n{}\n" and (checkpoint / "offsets" / "8").exists()
+    assert not list(checkpoint.glob(".eos-disk-*"))
+
+
+def test_disk_full_says_when_the_job_never_met_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fault_kinds, "DISK_FULL_SECONDS", (0.2, 1.0))
+    with fault_kinds.FaultKit({"disk-full": 1}, bootstrap="b:1", dsn="", workdir=str(tmp_path)) as kit:
+        proof = kit.disturb("disk-full")
+    assert not proof["ok"] and proof["write_refused"] and "the job did NOT meet it" in proof["proof"], proof
+
+
+def test_disk_full_is_refused_where_no_filesystem_can_be_mounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="disk-full: mounts a 64 MB tmpfs for the job's checkpoint, which only root"):
+        fault_kinds.refuse({"disk-full": 1}, fault_kinds.Setup())
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    fault_kinds.refuse({"disk-full": 1}, fault_kinds.Setup())

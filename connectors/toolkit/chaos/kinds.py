@@ -86,6 +86,9 @@ PG_STOP_DOWN = 6.0
 BROKER_DOWN = 3.0
 HOLD_SECONDS = 40.0  # slow-task: the other tasks must finish and Spark speculate (multiplier 1.5) meanwhile, also on a loaded machine
 EXECUTOR_HOLD = 30.0  # executor-loss: the task waits this long at most for its executor to be killed
+DISK_MB = 64  # disk-full: the size of the filesystem the run mounts for the job's checkpoint
+DISK_FULL_SECONDS = (3.0, 30.0)  # disk-full: full at least this long, and until the job meets it, at most that
+NO_SPACE = "No space left on device"  # what the JVM and Python say of ENOSPC
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 SPECULATION_CONF = {
@@ -180,6 +183,19 @@ def _two_hosts(kind: FaultKind, setup: Setup) -> str | None:
     return None
 
 
+def _small_disk(kind: FaultKind, setup: Setup) -> str | None:
+    import shutil
+
+    if not hasattr(os, "geteuid") or not os.path.exists("/proc/mounts"):
+        return f"{setup.name('faults')} {kind.name}: mounts a small filesystem for the job's checkpoint (Linux only)"
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return (
+            f"{setup.name('faults')} {kind.name}: mounts a {DISK_MB} MB tmpfs for the job's checkpoint, which only root "
+            "may (mount -t tmpfs); run the chaos run as root, or drop disk-full"
+        )
+    return None
+
+
 NEEDS: dict[str, Need] = {
     need.name: need
     for need in (
@@ -189,6 +205,7 @@ NEEDS: dict[str, Need] = {
         Need("pg-proxy", _pg_proxy),  # a proxy in front of the job's Postgres
         Need("two-hosts", _two_hosts),  # a standalone cluster of two worker hosts, speculation on
         Need("local-cluster", lambda kind, setup: None),  # executors as JVMs of their own
+        Need("small-disk", _small_disk),  # the job's checkpoint on a small filesystem of the run's own
     )
 }
 
@@ -207,12 +224,19 @@ class Hold:
     log_others: bool = False
 
 
+Injector = Callable[["FaultKit", Callable[[], None]], dict[str, Any]]
+"""An ``outside`` kind's injector: ``inject(kit, feed)`` injects the fault now, calls ``feed()`` once it is on
+(the producer's next records: the kinds with ``feed`` set want the job writing into the fault), waits until it
+healed and returns the proof."""
+
+
 @dataclass(frozen=True)
 class FaultKind:
     """One kind of fault: its ``--faults`` name, a summary, how the fault loop injects it (``kill``:
     the run ends with it; ``held``: a task of a run of its own held while ``hold.act`` happens;
     ``outside``: ``inject(kit)`` into the running job, waiting until it healed, returning the proof),
-    what it ``needs`` of the setup (``NEEDS``), and whether it acts on Postgres."""
+    what it ``needs`` of the setup (``NEEDS``), whether it acts on Postgres, and whether the job is fed
+    records while it is on (``feed``)."""
 
     name: str
     summary: str
@@ -220,8 +244,9 @@ class FaultKind:
     needs: tuple[str, ...] = ()
     postgres: bool = False
     fresh_run: bool = False  # armed in the run's environment: a run of its own
-    inject: Callable[[FaultKit], dict[str, Any]] | None = None
+    inject: Injector | None = None
     hold: Hold | None = None
+    feed: bool = False  # records are released while the fault is on, so that the job writes into it
 
     @property
     def from_outside(self) -> bool:
@@ -229,16 +254,16 @@ class FaultKind:
         return self.how == "outside"
 
 
-def _pg_server_fault(kind: str) -> Callable[[FaultKit], dict[str, Any]]:
-    return lambda kit: kit.pg_server(kind)
+def _pg_server_fault(kind: str) -> Injector:
+    return lambda kit, feed: kit.pg_server(kind)
 
 
-def _net_fault(proxy: str, kind: str) -> Callable[[FaultKit], dict[str, Any]]:
-    return lambda kit: kit.net(getattr(kit, proxy), kind)
+def _net_fault(proxy: str, kind: str) -> Injector:
+    return lambda kit, feed: kit.net(getattr(kit, proxy), kind)
 
 
-def _broker_fault(kind: str) -> Callable[[FaultKit], dict[str, Any]]:
-    return lambda kit: kit.broker_fault(kind)
+def _broker_fault(kind: str) -> Injector:
+    return lambda kit, feed: kit.broker_fault(kind)
 
 
 def _lose_executor(kit: FaultKit, held: Mapping[str, Any], others_rule: str) -> dict[str, Any]:
@@ -359,6 +384,15 @@ KINDS: dict[str, FaultKind] = {
             "outside",
             needs=("own-broker",),
             inject=_broker_fault("broker-restart"),
+        ),
+        FaultKind(
+            "disk-full",
+            f"the checkpoint's filesystem full (a {DISK_MB} MB tmpfs the run mounts for it, filled to its last byte) "
+            "while records arrive, until the job meets it (3 to 30 s), then freed",
+            "outside",
+            needs=("small-disk",),
+            inject=lambda kit, feed: kit.fill_disk(feed),
+            feed=True,
         ),
     )
 }
@@ -496,6 +530,34 @@ def _pg_started(dsn: str) -> str | None:
         return None
 
 
+def _free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _logged_since(log: str, offset: int, text: str) -> bool:
+    """Whether ``text`` is in ``log`` after its first ``offset`` bytes."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            return text.encode() in fh.read()
+    except FileNotFoundError:
+        return False
+
+
+def _unmount_keeping(path: str) -> None:
+    """Unmount the tmpfs at ``path``, its files copied back onto the disk below it first."""
+    import shutil
+    import subprocess
+
+    saved = path + ".saved"
+    shutil.copytree(path, saved, dirs_exist_ok=True)
+    if subprocess.run(["umount", path], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", path], capture_output=True)  # still busy: detach it now
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(saved, path)
+
+
 def _pg_refuses(dsn: str) -> bool:
     import psycopg
 
@@ -594,15 +656,44 @@ class FaultKit:
         elif "local-cluster" in self.needs:
             self.master = LOCAL_CLUSTER
             self.conf = {"spark.executor.memory": "768m"}
+        if "small-disk" in self.needs:
+            self._mount_small_disk()
+
+    @property
+    def checkpoint(self) -> str:
+        """The job's checkpoint (the fault loop's ``workdir/checkpoint``)."""
+        return os.path.join(self.workdir, "checkpoint")
+
+    def _mount_small_disk(self) -> None:
+        """The job's checkpoint on a tmpfs of ``DISK_MB`` (disk-full); at the end its files are copied back
+        onto the workdir's disk, so the run leaves its checkpoint as every run does."""
+        import subprocess
+
+        path = self.checkpoint
+        os.makedirs(path, exist_ok=True)
+        if os.listdir(path):
+            raise ConfigError(f"--faults disk-full: {path} is not empty; give the chaos run a fresh --workdir")
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0755", "eos-disk-full", path],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise ConfigError(
+                f"--faults disk-full: cannot mount a tmpfs on {path} ({done.stderr.strip()}); run where root may "
+                "mount (CAP_SYS_ADMIN), or drop disk-full"
+            )
+        self._stops.append(lambda: _unmount_keeping(path))
 
     # ---- faults from outside ------------------------------------------------------------------
-    def disturb(self, name: str) -> dict[str, Any]:
-        """Inject the ``outside`` kind ``name`` now and wait until it has healed; what it saw (the proof)."""
+    def disturb(self, name: str, feed: Callable[[], None] = lambda: None) -> dict[str, Any]:
+        """Inject the ``outside`` kind ``name`` now (``feed``: what gives the job records while it is on) and
+        wait until it has healed; what it saw (the proof)."""
         kind = KINDS[name]
         if kind.inject is None:
             raise ValueError(f"{name} is not a fault injected from outside")
         began = time.time()
-        proof = kind.inject(self)
+        proof = kind.inject(self, feed)
         proof.update(began=round(began, 3), healed=round(time.time(), 3))
         return proof
 
@@ -668,6 +759,55 @@ class FaultKit:
             "connections_held": held,
             "ok": held > 0,
             "proof": f"{held} connections held without a byte for {STALL_SECONDS:.0f} s",
+        }
+
+    def fill_disk(self, feed: Callable[[], None]) -> dict[str, Any]:
+        """Fill the checkpoint's filesystem to its last byte, feed the job records, keep it full until the job
+        meets it (its log says so) for ``DISK_FULL_SECONDS``, then free it; a write while full must fail."""
+        import errno
+
+        path = self.checkpoint
+        filler, probe = os.path.join(path, ".eos-disk-full"), os.path.join(path, ".eos-disk-probe")
+        log = os.path.join(self.workdir, "pipeline.log")
+        seen_from = os.path.getsize(log) if os.path.exists(log) else 0
+        free_before = _free_bytes(path)
+        with open(filler, "wb", buffering=0) as fh:
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(fh.fileno(), 0, max(1, free_before))
+            with contextlib.suppress(OSError):  # the last pages fallocate may have left
+                while fh.write(b"\0" * 4096):
+                    pass
+        free_full = _free_bytes(path)
+        refused = False
+        try:
+            with open(probe, "wb", buffering=0) as fh:
+                fh.write(b"x" * 4096)
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            refused = exc.errno == errno.ENOSPC
+        feed()
+        shortest, longest = DISK_FULL_SECONDS
+        started = time.monotonic()
+        met = False
+        while time.monotonic() - started < longest:
+            met = met or _logged_since(log, seen_from, NO_SPACE)
+            if met and time.monotonic() - started >= shortest:
+                break
+            time.sleep(0.2)
+        full_for = time.monotonic() - started
+        for f in (filler, probe):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f)
+        return {
+            "free_before": free_before,
+            "free_while_full": free_full,
+            "write_refused": refused,
+            "job_met_it": met,
+            "full_seconds": round(full_for, 1),
+            "ok": refused and met,
+            "proof": f"{free_before} bytes filled ({free_full} left); a write {'was' if refused else 'was NOT'} "
+            f"refused (ENOSPC) for {full_for:.0f} s; the job {'met' if met else 'did NOT meet'} it ({NO_SPACE!r} "
+            "in its log)",
         }
 
     def broker_fault(self, kind: str) -> dict[str, Any]:
