@@ -35,6 +35,7 @@ from connectors.toolkit.harness import (
     executor_pids,
     latest_file,
     make_unwritable,
+    process_state,
     restore_writable,
     truncate_file,
     wait_until,
@@ -153,14 +154,11 @@ def _assert_ok(report: checker.Report, pipe: Pipeline) -> None:
 
 def _executor_of(pid: int) -> int:
     """The executor JVM (CoarseGrainedExecutorBackend) that is an ancestor of a Python worker."""
-    from connectors.toolkit.harness import _cmdline, _ppid
+    from connectors.toolkit.chaos.kinds import executor_of
 
-    p = pid
-    while p > 1:
-        p = _ppid(p)
-        if "CoarseGrainedExecutorBackend" in _cmdline(p):
-            return p
-    raise AssertionError(f"python worker {pid} has no executor JVM ancestor")
+    executor = executor_of(pid)
+    assert executor is not None, f"python worker {pid} has no executor JVM ancestor"
+    return executor
 
 
 def _prepared(dsn: str, sink_id: str) -> list[str]:
@@ -230,7 +228,7 @@ def test_f1_to_f8(variant, make_pipeline, postgres_service):
         assert pipe.run().returncode == 0, pipe.describe()
 
     assert pipe.fired("sink.before_write", batch=5, action="kill"), "F5: the worker kill never fired"
-    assert not os.path.exists(f"/proc/{executor}") or _state(executor) == "Z", "F6: executor survived"
+    assert not os.path.exists(f"/proc/{executor}") or process_state(executor) == "Z", "F6: executor survived"
     assert proxy.stats.pattern_hits >= 1 and proxy.stats.resets >= 1, f"F8: no reset ({proxy.stats})"
     report = pipe.report(min_faults=7)
     _assert_ok(report, pipe)
@@ -284,12 +282,6 @@ def _assert_attempts_won(pipe: Pipeline, killed: dict[str, Any]) -> None:
 def _visibility(mode: str) -> tuple[str, ...]:
     """postgres-2pc's options for ``mode``: batch is the default, partition writes the table from the tasks."""
     return ("visibility=partition",) if mode == "partition" else ()
-
-
-def _state(pid: int) -> str:
-    from connectors.toolkit.harness import _state as state
-
-    return state(pid)
 
 
 # ---------------------------------------------------------------------------------------------

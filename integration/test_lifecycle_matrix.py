@@ -1,4 +1,5 @@
-"""The operator lifecycle matrix through real streaming queries (Spark in-process, DESIGN §6, I1-I3).
+"""The operator lifecycle matrix through real streaming queries (Spark in-process; postgres-2pc's invariants
+I1-I3, sinks/postgres/twophase).
 
 Each test runs JSON-file streaming queries (``maxFilesPerTrigger=1``: batch n reads file n) into
 ``postgres-2pc`` and/or ``postgres-upsert``, performs one operator action between runs (restore a

@@ -1,4 +1,5 @@
-"""postgres-2pc under operator actions, step by step against a real Postgres (DESIGN §6, I1-I4).
+"""postgres-2pc under operator actions, step by step against a real Postgres (its invariants I1-I4,
+sinks/postgres/twophase).
 
 Each test drives writers and committers directly, as Spark would across the action: a restored
 savepoint, a bad value then a fixed query, a schema change with a batch in flight, speculation,

@@ -202,7 +202,7 @@ def _job(visibility: str = "partition", out: str = "t_out") -> app_runner.Job:
 
 def _writer(fmt: str, **options: str) -> Any:
     w = SimpleNamespace()
-    app_runner._sink_of(w).update(format=fmt, options=options)
+    app_runner.sink_of(w).update(format=fmt, options=options)
     return w
 
 
@@ -265,11 +265,11 @@ def test_the_writer_remembers_what_build_gave_it(monkeypatch: pytest.MonkeyPatch
     jvm.option = lambda k, v: jvm.calls.append((k, v)) or jvm
     writer = DataStreamWriter.__new__(DataStreamWriter)
     writer._jwrite = jvm
-    app_runner._record_sink()
-    app_runner._record_sink()  # once only
+    app_runner.record_sink()
+    app_runner.record_sink()  # once only
     out = writer.format("kafka-eos").option("Topic", "t_out").option("skipped", None)
     out.options(**{"sink.id": "t", "visibility": "partition"})
-    assert app_runner._sink_of(writer) == {
+    assert app_runner.sink_of(writer) == {
         "format": "kafka-eos",
         "options": {"topic": "t_out", "sink.id": "t", "visibility": "partition"},
     }

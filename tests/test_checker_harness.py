@@ -33,7 +33,7 @@ def test_kill_group_takes_children_too(tmp_path):
     assert out.killed and out.signal == signal.SIGKILL
     assert "SIGKILL" in str(out)
     harness.wait_until(
-        lambda: not any(os.path.exists(f"/proc/{k}") and harness._state(k) != "Z" for k in kids),
+        lambda: not any(os.path.exists(f"/proc/{k}") and harness.process_state(k) != "Z" for k in kids),
         timeout=10,
         what="grandchild gone",
     )
@@ -59,7 +59,7 @@ def test_a_killed_run_takes_its_processes_outside_the_group_too(tmp_path):
     proc.kill_group()
     assert proc.wait(10).killed
     assert harness.marked_processes(proc.pid) == []
-    assert not os.path.exists(f"/proc/{stray[0]}") or harness._state(stray[0]) == "Z"
+    assert not os.path.exists(f"/proc/{stray[0]}") or harness.process_state(stray[0]) == "Z"
 
 
 def test_exit_code_reported(tmp_path):

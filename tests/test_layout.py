@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -192,3 +193,81 @@ def test_chaos_finds_the_checkout_it_runs_from() -> None:
     from connectors.toolkit.chaos.runs import repo_root as _repo_root
 
     assert Path(_repo_root()) == ROOT
+
+
+# ---- sizes, private names, and the layout CONTRIBUTING describes --------------------------------------------
+
+MAX_MODULE_LINES = 1000
+MAX_FUNCTION_LINES = 80
+
+
+def _wheel_files() -> list[Path]:
+    return [p for top in WHEEL for p in sorted((ROOT / top).rglob("*.py"))]
+
+
+def test_no_module_of_the_wheel_is_over_a_thousand_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in _wheel_files() if (n := len(p.read_text().splitlines())) > 1000}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (a package by phase reads better): {long}"
+
+
+def test_no_function_of_the_wheel_is_over_eighty_lines() -> None:
+    long = {
+        f"{p.relative_to(ROOT)}:{node.lineno} {node.name}": n
+        for p in _wheel_files()
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (n := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    }
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _toolkit_aliases(tree: ast.AST) -> dict[str, str]:
+    """Names bound to modules of connectors.toolkit by the imports of ``tree``."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("connectors.toolkit"):
+            for a in node.names:
+                if _known(f"{node.module}.{a.name}") == f"{node.module}.{a.name}":
+                    names[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("connectors.toolkit") and a.asname:
+                    names[a.asname] = a.name
+    return names
+
+
+def test_tests_reach_no_private_name_of_the_toolkit() -> None:
+    """The toolkit is what users run on their own jobs: what the tests need of it is public."""
+    found = []
+    for top in ("tests", "integration", "examples"):
+        for p in sorted((ROOT / top).rglob("*.py")):
+            tree = ast.parse(p.read_text(), str(p))
+            aliases = _toolkit_aliases(tree)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("connectors.toolkit"):
+                    found += [
+                        f"{p.relative_to(ROOT)}: {node.module}.{a.name}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                    ]
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                    root = node.value
+                    while isinstance(root, ast.Attribute):
+                        root = root.value
+                    if isinstance(root, ast.Name) and root.id in aliases:
+                        found.append(f"{p.relative_to(ROOT)}:{node.lineno}: {root.id}...{node.attr}")
+    assert not found, "tests reach private names of the toolkit:\n" + "\n".join(found)
+
+
+def test_contributing_names_every_package_of_the_wheel() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    section = text[text.index("## Layout") : text.index("## Containers")]
+    packages = sorted({p.parent.relative_to(ROOT) for top in WHEEL for p in (ROOT / top).rglob("__init__.py")})
+    missing = [str(p) for p in packages if len(p.parts) > 1 and f"{p.name}/" not in section]
+    assert not missing, f"CONTRIBUTING.md's layout misses the packages {missing}"
+    gone = [
+        m
+        for m in re.findall(r"`((?:connectors|sinks|sources|eos_core)/[\w/]+\.py)`", section)
+        if not (ROOT / m).exists()
+    ]
+    assert not gone, f"CONTRIBUTING.md's layout names files that do not exist: {gone}"

@@ -350,6 +350,9 @@ def test_the_helpers_take_the_keywords_they_refused() -> None:
     (_, twopc, _, twopc_needs), (_, upsert, _, upsert_needs), (_, kafka, _, kafka_needs) = _helpers()
     assert twopc(**twopc_needs, lock_timeout="7s").__name__ == "twopc_batch[s]"
     assert upsert(**upsert_needs, delete_column="op").__name__ == "upsert_batch[t]"
-    assert kafka(**kafka_needs, errors_topic="dlq", errors_tolerance="all", kafka_producer_timeout_ms=30000).__name__ == "kafka_batch[s]"
+    assert (
+        kafka(**kafka_needs, errors_topic="dlq", errors_tolerance="all", kafka_producer_timeout_ms=30000).__name__
+        == "kafka_batch[s]"
+    )
     with pytest.raises(ConfigError, match="lock_timeot"):
         twopc(**twopc_needs, lock_timeot="7s")  # a misspelt keyword is still an unknown option

@@ -331,19 +331,19 @@ def _wrap_foreach_batch() -> None:
         return
 
     def foreachBatch(self: Any, func: Callable[[Any, int], Any]) -> Any:  # Spark's name
-        _sink_of(self)["format"] = "foreachBatch"
+        sink_of(self)["format"] = "foreachBatch"
         return original(self, foreach_batch_with_fault_points(func))
 
     foreachBatch._eos_wrapped = True  # type: ignore[attr-defined]
     DataStreamWriter.foreachBatch = foreachBatch  # type: ignore[method-assign]
 
 
-def _sink_of(writer: Any) -> dict[str, Any]:
+def sink_of(writer: Any) -> dict[str, Any]:
     """What the user's ``build`` gave ``writer``: ``{"format": ..., "options": {lower-case key: str}}``."""
     return writer.__dict__.setdefault("_eos_sink", {"format": "", "options": {}})  # type: ignore[no-any-return]
 
 
-def _record_sink() -> None:
+def record_sink() -> None:
     """Every DataStreamWriter remembers its format and options (this process only; Spark keeps them in
     the JVM, out of Python's reach), for ``sink_refusal``. Spark's own methods still do the work."""
     from pyspark.sql.streaming.readwriter import DataStreamWriter
@@ -353,16 +353,16 @@ def _record_sink() -> None:
     fmt, opt, opts = DataStreamWriter.format, DataStreamWriter.option, DataStreamWriter.options
 
     def format(self: Any, source: str) -> Any:  # Spark's names
-        _sink_of(self)["format"] = source
+        sink_of(self)["format"] = source
         return fmt(self, source)
 
     def option(self: Any, key: str, value: Any) -> Any:
         if value is not None:
-            _sink_of(self)["options"][key.lower()] = str(value)
+            sink_of(self)["options"][key.lower()] = str(value)
         return opt(self, key, value)
 
     def options(self: Any, **given: Any) -> Any:
-        _sink_of(self)["options"].update({k.lower(): str(v) for k, v in given.items() if v is not None})
+        sink_of(self)["options"].update({k.lower(): str(v) for k, v in given.items() if v is not None})
         return opts(self, **given)
 
     wrapper: Any
@@ -384,7 +384,7 @@ def sink_refusal(writer: Any, job: Job) -> str | None:
     (``--sink-kind kafka|kafka-partition``) needs ``format("kafka-eos")`` writing ``job.out_topic`` with
     ``job.sink_id`` and ``job.visibility``, markers on that topic; a run without it, another sink. A
     foreachBatch writer is not looked into (a ``connectors.kafka_batch`` inside it: the checker judges)."""
-    sink = _sink_of(writer)
+    sink = sink_of(writer)
     fmt, opts = str(sink["format"]), sink["options"]
     kafka = fmt.lower() == "kafka-eos"
     if not job.out_topic_name:
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             setup(job)
         spark = _spark(args.master, conf)
         _wrap_foreach_batch()
-        _record_sink()
+        record_sink()
         writer = build(spark, job)
         if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
             raise TypeError(

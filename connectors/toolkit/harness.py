@@ -19,6 +19,7 @@ __all__ = [
     "Outcome",
     "PipelineProcess",
     "Unwritable",
+    "cmdline",
     "corrupt_file",
     "descendants",
     "describe_exit",
@@ -27,7 +28,9 @@ __all__ = [
     "latest_file",
     "make_unwritable",
     "marked_processes",
+    "parent_pid",
     "password_apart",
+    "process_state",
     "python_argv",
     "restore_writable",
     "truncate_file",
@@ -207,7 +210,7 @@ def marked_processes(pgid: int) -> list[int]:
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as fh:
-                if mark in fh.read().split(b"\0") and _state(pid) != "Z":
+                if mark in fh.read().split(b"\0") and process_state(pid) != "Z":
                     found.append(pid)
         except OSError:
             continue
@@ -217,7 +220,7 @@ def marked_processes(pgid: int) -> list[int]:
 def _group_alive(pgid: int) -> bool:
     for pid in _pids():
         try:
-            if os.getpgid(pid) == pgid and _state(pid) != "Z":
+            if os.getpgid(pid) == pgid and process_state(pid) != "Z":
                 return True
         except (ProcessLookupError, PermissionError):
             continue
@@ -228,7 +231,8 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _state(pid: int) -> str:
+def process_state(pid: int) -> str:
+    """The state letter of process ``pid`` (``Z``: a zombie), ``?`` when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0]
@@ -236,12 +240,14 @@ def _state(pid: int) -> str:
         return "?"
 
 
-def _ppid(pid: int) -> int:
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` (OSError when it is gone)."""
     with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[1])
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The command line of process ``pid``, its arguments joined by spaces ("" when it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
@@ -254,7 +260,7 @@ def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid in _pids():
         try:
-            children.setdefault(_ppid(pid), []).append(pid)
+            children.setdefault(parent_pid(pid), []).append(pid)
         except (OSError, ValueError, IndexError):
             continue
     out, todo = [], [root]
@@ -267,7 +273,7 @@ def descendants(root: int) -> list[int]:
 
 def executor_pids(root: int) -> list[int]:
     """The executor JVMs (CoarseGrainedExecutorBackend) under ``root`` in ``local-cluster`` mode."""
-    return sorted(p for p in descendants(root) if "CoarseGrainedExecutorBackend" in _cmdline(p))
+    return sorted(p for p in descendants(root) if "CoarseGrainedExecutorBackend" in cmdline(p))
 
 
 def kill_executor(root: int, *, timeout: float = 120.0, index: int = 0) -> int:

@@ -9,10 +9,12 @@ its end, or the plugin's session fixtures). Nothing is started before every refu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from connectors.toolkit import oracle as oracle_mod
@@ -21,7 +23,7 @@ from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, PIPELINES, SINK_KI
 from connectors.toolkit.chaos.workload import load_generator
 from eos_core.errors import ConfigError
 
-__all__ = ["CLI_NAMES", "PLUGIN_NAMES", "Services", "named_by", "prepare"]
+__all__ = ["CLI_NAMES", "PLUGIN_NAMES", "Asked", "Services", "named_by", "prepare"]
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")  # what Kafka accepts as a topic name
 
@@ -72,113 +74,117 @@ def named_by(value: str | None, env: str, flag: str) -> str | None:
     return env if value == os.environ.get(env) else flag
 
 
-def prepare(
-    services: Services,
-    *,
-    names: Mapping[str, str] = CLI_NAMES,
-    pipeline: str | None = None,
-    app: str | None = None,
-    sink_kind: str = "2pc",
-    kills: int = 10,
-    seed: int = 1,
-    records: int = 10_000,
-    partitions: int = 2,
-    max_offsets: int = 1000,
-    faults: str | Mapping[str, int] | None = None,
-    bootstrap: str | None = None,
-    kafka_named: str | None = None,
-    dsn: str | None = None,
-    postgres_named: str | None = None,
-    workdir: str,
-    options: Mapping[str, str] | None = None,
-    id_field: str = "id",
-    payload: Sequence[str] = (),
-    dead_letters: str | None = None,
-    generator: Any = None,
-    records_file: str | None = None,
-    oracle: str | None = None,
-    tolerance: float = 0.0,
-    ignore_columns: Sequence[str] = (),
-    reference_runs: int = 2,
-    only_kills: Sequence[int] | None = None,
-    minimise: bool = False,
-    report_dir: str | None = None,
-    timeout: float = 300.0,
-    progress: bool = True,
-) -> ChaosConfig:
-    """Check everything a chaos run was given, refuse what cannot run (``ConfigError`` naming the input as
-    ``names`` spells it, and the fix), then find or start its services and return its config.
+@dataclass(frozen=True)
+class Asked:
+    """What a chaos run was given, unchecked, as the command line's flags or the plugin's keywords say it:
+    ``prepare``'s keyword arguments. ``bootstrap`` / ``dsn``: the broker and Postgres the user named
+    (``kafka_named`` / ``postgres_named``: which input named them, ``named_by``)."""
 
-    ``bootstrap`` / ``dsn``: the broker and Postgres the user named (``kafka_named`` / ``postgres_named``:
-    which input named them, ``named_by``), else ``services`` gives them: no broker when the faults need
-    one of the run's own (``kinds.FaultKit`` starts it), no Postgres for a job writing with the kafka-eos
-    sink unless one is named."""
+    workdir: str
+    pipeline: str | None = None
+    app: str | None = None
+    sink_kind: str = "2pc"
+    kills: int = 10
+    seed: int = 1
+    records: int = 10_000
+    partitions: int = 2
+    max_offsets: int = 1000
+    faults: str | Mapping[str, int] | None = None
+    bootstrap: str | None = None
+    kafka_named: str | None = None
+    dsn: str | None = None
+    postgres_named: str | None = None
+    options: Mapping[str, str] | None = None
+    id_field: str = "id"
+    payload: Sequence[str] = ()
+    dead_letters: str | None = None
+    generator: Any = None
+    records_file: str | None = None
+    oracle: str | None = None
+    tolerance: float = 0.0
+    ignore_columns: Sequence[str] = ()
+    reference_runs: int = 2
+    only_kills: Sequence[int] | None = None
+    minimise: bool = False
+    report_dir: str | None = None
+    timeout: float = 300.0
+    progress: bool = True
+
+
+# what ChaosConfig takes of Asked as it is (prepare makes the rest: the job, the services, parsed values)
+_MADE = {"pipeline", "bootstrap", "dsn", "options", "oracle", "ignore_columns", "only_kills", "faults"}
+_AS_GIVEN = tuple(
+    f.name for f in dataclasses.fields(Asked) if f.name in {g.name for g in dataclasses.fields(ChaosConfig)} - _MADE
+)
+
+
+def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given: Any) -> ChaosConfig:
+    """Check everything a chaos run was given (``given``: the fields of ``Asked``), refuse what cannot run
+    (``ConfigError`` naming the input as ``names`` spells it, and the fix), then find or start its services
+    and return its config. ``services`` gives the broker and the Postgres nobody named: no broker when the
+    faults need one of the run's own (``kinds.FaultKit`` starts it), no Postgres for a job writing with the
+    kafka-eos sink unless one is named."""
     n = dict(CLI_NAMES, **names)
-    _check_numbers(n, kills=kills, records=records, partitions=partitions, max_offsets=max_offsets)
-    _check_job(n, pipeline, app, sink_kind)
-    _check_workload(n, app, generator, records_file, oracle)
-    mode, key = _check_oracle(n, oracle, tolerance, ignore_columns, reference_runs)
-    only = _check_kills(n, kills, only_kills, minimise)
-    weights = kinds.parse_faults(faults, option=n["faults"])
-    kafka_sink = bool(app) and sink_kind in KAFKA_SINK_KINDS
-    if kafka_sink and dead_letters and not _TOPIC_NAME.fullmatch(dead_letters.replace("{table}", "t")):
+    try:
+        a = Asked(**given)
+    except TypeError as exc:
         raise ConfigError(
-            f"{n['dead_letters']} {dead_letters!r}: with {n['sink_kind']} {sink_kind} the dead letters are the "
-            "sink's errors.topic, a Kafka topic the run creates: letters, digits, '.', '_' and '-' only "
-            "(e.g. {table}_dlq)"
-        )
-    setup = kinds.Setup(
-        kafka_named=kafka_named if bootstrap else None,
-        postgres_named=postgres_named if dsn else None,
-        dsn=dsn,
-        partitions=partitions,
-        sink_kind=sink_kind if app else None,
-        names=n,
-    )
-    kinds.refuse(weights, setup)
-    if report_dir and os.path.exists(report_dir) and not os.path.isdir(report_dir):
+            f"chaos: {exc} (the inputs are {', '.join(f.name for f in dataclasses.fields(Asked))})"
+        ) from None
+    _check_numbers(n, kills=a.kills, records=a.records, partitions=a.partitions, max_offsets=a.max_offsets)
+    _check_job(n, a.pipeline, a.app, a.sink_kind)
+    _check_workload(n, a.app, a.generator, a.records_file, a.oracle)
+    mode, key = _check_oracle(n, a.oracle, a.tolerance, a.ignore_columns, a.reference_runs)
+    only = _check_kills(n, a.kills, a.only_kills, a.minimise)
+    weights = _check_faults(n, a)
+    if a.report_dir and os.path.exists(a.report_dir) and not os.path.isdir(a.report_dir):
         raise ConfigError(
-            f"{n['report_dir']} {report_dir!r}: a file is there; name a directory (it is created if missing)"
+            f"{n['report_dir']} {a.report_dir!r}: a file is there; name a directory (it is created if missing)"
         )
+    bootstrap, dsn, pg_service = a.bootstrap, a.dsn, None
     if "own-broker" in kinds.needed(weights):
         bootstrap = ""  # the run starts a broker of its own (kinds.FaultKit)
     elif not bootstrap:
         bootstrap = services.kafka().bootstrap
-    pg_service = None
-    if not dsn and not kafka_sink:
+    if not dsn and not (a.app and a.sink_kind in KAFKA_SINK_KINDS):
         pg_service = services.postgres()
         dsn = pg_service.dsn
     return ChaosConfig(
-        pipeline="app" if app else (pipeline or "2pc"),
-        kills=kills,
-        seed=seed,
-        records=records,
+        **{name: getattr(a, name) for name in _AS_GIVEN},
+        pipeline="app" if a.app else (a.pipeline or "2pc"),
         bootstrap=bootstrap or "",
         dsn=dsn or "",
-        workdir=workdir,
-        partitions=partitions,
-        max_offsets=max_offsets,
-        progress=progress,
-        timeout=timeout,
-        app=app,
-        sink_kind=sink_kind,
-        id_field=id_field,
-        payload_fields=tuple(payload),
-        dead_letters=dead_letters,
-        options=dict(options or {}),
-        generator=generator,
-        records_file=records_file,
+        payload_fields=tuple(a.payload),
+        options=dict(a.options or {}),
         oracle=mode,
         oracle_key=key,
-        tolerance=tolerance,
-        ignore_columns=tuple(ignore_columns),
-        reference_runs=reference_runs,
+        ignore_columns=tuple(a.ignore_columns),
         only_kills=only,
         faults=weights,
         postgres_service=pg_service,
-        minimise=minimise,
-        report_dir=report_dir,
     )
+
+
+def _check_faults(n: Mapping[str, str], a: Asked) -> dict[str, int]:
+    """The fault kinds' weights, parsed; what the setup cannot inject refused (``kinds.refuse``)."""
+    weights = kinds.parse_faults(a.faults, option=n["faults"])
+    kafka_sink = bool(a.app) and a.sink_kind in KAFKA_SINK_KINDS
+    if kafka_sink and a.dead_letters and not _TOPIC_NAME.fullmatch(a.dead_letters.replace("{table}", "t")):
+        raise ConfigError(
+            f"{n['dead_letters']} {a.dead_letters!r}: with {n['sink_kind']} {a.sink_kind} the dead letters are the "
+            "sink's errors.topic, a Kafka topic the run creates: letters, digits, '.', '_' and '-' only "
+            "(e.g. {table}_dlq)"
+        )
+    setup = kinds.Setup(
+        kafka_named=a.kafka_named if a.bootstrap else None,
+        postgres_named=a.postgres_named if a.dsn else None,
+        dsn=a.dsn,
+        partitions=a.partitions,
+        sink_kind=a.sink_kind if a.app else None,
+        names=n,
+    )
+    kinds.refuse(weights, setup)
+    return weights
 
 
 def _check_numbers(names: Mapping[str, str], **values: int) -> None:

@@ -842,13 +842,13 @@ class FaultKit:
 
 def executor_of(pid: int) -> int | None:
     """The executor JVM (CoarseGrainedExecutorBackend) that is an ancestor of process ``pid``."""
-    from connectors.toolkit.harness import _cmdline, _ppid
+    from connectors.toolkit.harness import cmdline, parent_pid
 
     p = pid
     with contextlib.suppress(OSError, ValueError, IndexError):
         while p > 1:
-            p = _ppid(p)
-            if "CoarseGrainedExecutorBackend" in _cmdline(p):
+            p = parent_pid(p)
+            if "CoarseGrainedExecutorBackend" in cmdline(p):
                 return p
     return None
 

@@ -18,7 +18,7 @@ Protocol (docs/postgres-2pc.md and docs/lifecycle.md have the diagram and the op
   marks the decision published. Then roll back stray gids. Every step is idempotent.
 - driver ``abort(messages, n)``: roll back the batch's prepared gids unless a decision names them.
 
-Invariants (DESIGN §6; the code and tests that keep each one cite its number):
+Invariants (the code and tests that keep each one cite its number):
 
 - I1 A decision binds a batch number to the batch's lineage in its checkpoint (a digest of what
   Spark planned in ``offsets/n``): a decided number met with another lineage, or an undecided one
