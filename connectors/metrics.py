@@ -219,13 +219,13 @@ class EosMetrics:
         if http_port is not None:
             self.server = _serve(self, http_port)
 
-    def sink_of(self, progress: Mapping[str, Any]) -> str | None:
+    def _sink_of(self, progress: Mapping[str, Any]) -> str | None:
         if isinstance(self.sink_id, Mapping):
             return self.sink_id.get(str(progress.get("name"))) or self.sink_id.get(str(progress.get("id")))
         return self.sink_id
 
     def record(self, progress: Mapping[str, Any]) -> BatchMetrics:
-        metrics = from_progress(progress, self.sink_of(progress))
+        metrics = from_progress(progress, self._sink_of(progress))
         if self.dsn and metrics.sink_id:
             try:
                 _sink_side(metrics, self.dsn, eos_schema=self.eos_schema, errors_table=self.errors_table)
