@@ -346,20 +346,9 @@ def _run_pipelines(
     return tracks, schedule
 
 
-def _verdict(
-    args: argparse.Namespace,
-    workdir: str,
-    wall: float,
-    events: list[dict[str, Any]],
-    poison: list[Any],
-    tracks: list[tuple[Track, str]],
-    schedule: dict[str, list[Any]],
-    rep_l: Any,
-    rep_b: Any,
-    rep_t: Any,
-) -> bool:
-    """The checkers' reports and the runs as one verdict, printed (a table, or JSON with --json)."""
-    report, held, proc_time = _summary(workdir, wall, events, poison, tracks, schedule, rep_l, rep_b, rep_t)
+def _verdict(args: argparse.Namespace, summary: tuple[dict[str, Any], dict[str, bool], float]) -> bool:
+    """The verdict (``_summary``'s), printed: a table, or JSON with --json; whether exactly-once held."""
+    report, held, proc_time = summary
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -378,8 +367,8 @@ def _summary(
     rep_b: Any,
     rep_t: Any,
 ) -> tuple[dict[str, Any], dict[str, bool], float]:
-    """The verdict's figures (what --json prints), each table line's own check, and the longest
-    pipeline's process time."""
+    """The checkers' reports and the runs as one verdict: its figures (what --json prints), each table line's
+    own check, and the longest pipeline's process time."""
     from eos_core import faults
 
     fired = [e for tr, _ in tracks for e in faults.fired(os.path.join(workdir, f"faults-{tr.name}.jsonl"))]
@@ -576,7 +565,7 @@ def main(args: argparse.Namespace) -> int:
                 checkpoint=ckpt["transfers"],
             )
         )
-        ok = _verdict(args, workdir, wall, events, poison, tracks, schedule, rep_l, rep_b, rep_t)
+        ok = _verdict(args, _summary(workdir, wall, events, poison, tracks, schedule, rep_l, rep_b, rep_t))
         for track, _ in tracks:
             if track.error:
                 say(f"\n{track.name} did not finish cleanly:\n{track.error}")
