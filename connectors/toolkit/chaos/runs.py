@@ -113,62 +113,16 @@ def runner_argv(
     topic = state.topic
     confs = [a for k, v in (conf or {}).items() for a in ("--conf", f"{k}={v}")]
     dsn_arg, master = password_apart(dsn or cfg.dsn)[0], master or cfg.master
-    if cfg.app:
-        options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
-        options += [a for k, v in state.topics.items() if k for a in ("--topics", f"{k}={v}")]
-        if cfg.kafka_sink:
-            options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
-        return python_argv(
-            "connectors.toolkit.app_runner",
-            "--app",
-            cfg.app,
-            "--bootstrap",
-            state.bootstrap,
-            "--topic",
-            topic,
-            "--dsn",
-            dsn_arg,
-            "--table",
-            table,
-            "--checkpoint",
-            checkpoint,
-            "--max-offsets",
-            str(cfg.max_offsets),
-            "--trigger",
-            trigger,
-            "--master",
-            master,
-            "--timeout",
-            str(timeout or cfg.timeout),
-            *options,
-            *confs,
-        )
-    return python_argv(
-        "integration.harness.runner",
-        "--sink",
-        cfg.pipeline,
-        "--bootstrap",
-        state.bootstrap,
-        "--topic",
-        topic,
-        "--dsn",
-        dsn_arg,
-        "--table",
-        table,
-        "--checkpoint",
-        checkpoint,
-        "--sink-id",
-        table,
-        "--max-offsets",
-        str(cfg.max_offsets),
-        "--trigger",
-        trigger,
-        "--master",
-        master,
-        "--timeout",
-        str(timeout or cfg.timeout),
-        *confs,
-    )
+    common = ["--bootstrap", state.bootstrap, "--topic", topic, "--dsn", dsn_arg, "--table", table]
+    common += ["--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger]
+    common += ["--master", master, "--timeout", str(timeout or cfg.timeout)]
+    if not cfg.app:
+        return python_argv("integration.harness.runner", "--sink", cfg.pipeline, *common, "--sink-id", table, *confs)
+    options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
+    options += [a for k, v in state.topics.items() if k for a in ("--topics", f"{k}={v}")]
+    if cfg.kafka_sink:
+        options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
+    return python_argv("connectors.toolkit.app_runner", "--app", cfg.app, *common, *options, *confs)
 
 
 def started(proc: PipelineProcess) -> bool:
