@@ -154,7 +154,7 @@ def _assert_ok(report: checker.Report, pipe: Pipeline) -> None:
 
 def _executor_of(pid: int) -> int:
     """The executor JVM (CoarseGrainedExecutorBackend) that is an ancestor of a Python worker."""
-    from connectors.toolkit.chaos.kinds import executor_of
+    from connectors.toolkit.chaos.kit import executor_of
 
     executor = executor_of(pid)
     assert executor is not None, f"python worker {pid} has no executor JVM ancestor"

@@ -15,6 +15,7 @@ import pytest
 
 from connectors.toolkit import chaos
 from connectors.toolkit.chaos import kinds as fault_kinds
+from connectors.toolkit.chaos import kit as fault_kit
 from connectors.toolkit.harness import PipelineProcess
 from eos_core import faults
 from eos_core.errors import ConfigError
@@ -116,7 +117,7 @@ class _NoServices:
 
 
 def test_the_fault_kit_refuses_server_faults_without_the_postgres_service(tmp_path: Path) -> None:
-    kit = fault_kinds.FaultKit(
+    kit = fault_kit.FaultKit(
         {"pg-restart": 1}, bootstrap="127.0.0.1:1", dsn="postgresql://u@127.0.0.1:1/db", workdir=str(tmp_path)
     )
     with pytest.raises(ConfigError, match="pg-restart: needs the Postgres service spark-eos runs"), kit:
@@ -135,21 +136,21 @@ def test_hold_specs_parse_and_hold_the_first_task_only(tmp_path: Path, monkeypat
     for partition in (0, 1, 0):  # the first task is held, the others (a copy of it among them) are logged
         faults.point("source.read.start", spec=spec, batch=3, partition=partition, topic="t")
     faults.point("source.read.start", spec=spec, batch=4, partition=0, topic="t")  # another batch: nothing
-    held = fault_kinds.firings(str(log), spec.split(";")[0])
+    held = fault_kit.firings(str(log), spec.split(";")[0])
     assert len(held) == 1 and held[0]["partition"] == 0
-    others = fault_kinds.firings(str(log), spec.split(";")[1])
+    others = fault_kit.firings(str(log), spec.split(";")[1])
     assert [e["partition"] for e in others] == [1, 0]
     # a copy: the same task, another process, while the first was held
     copy = dict(others[1], pid=held[0]["pid"] + 1)
     (tmp_path / "f2.jsonl").write_text(json.dumps(held[0]) + "\n" + json.dumps(copy) + "\n")
-    assert fault_kinds.speculative_copy(str(tmp_path / "f2.jsonl"), held[0], spec.split(";")[1]) == copy
+    assert fault_kit.speculative_copy(str(tmp_path / "f2.jsonl"), held[0], spec.split(";")[1]) == copy
     late = dict(copy, time=held[0]["time"] + fault_kinds.HOLD_SECONDS + 5)
     (tmp_path / "f3.jsonl").write_text(json.dumps(held[0]) + "\n" + json.dumps(late) + "\n")
-    assert fault_kinds.speculative_copy(str(tmp_path / "f3.jsonl"), held[0], spec.split(";")[1]) is None
+    assert fault_kit.speculative_copy(str(tmp_path / "f3.jsonl"), held[0], spec.split(";")[1]) is None
 
 
 def test_executor_loss_refuses_a_process_under_no_executor() -> None:
-    proof = fault_kinds.kill_executor(os.getpid())
+    proof = fault_kit.kill_executor(os.getpid())
     assert proof["ok"] is False and "runs under no executor JVM" in proof["proof"]
 
 
@@ -157,7 +158,7 @@ def test_with_address_points_a_dsn_at_the_proxy_and_keeps_the_rest() -> None:
     from psycopg.conninfo import conninfo_to_dict
 
     moved = conninfo_to_dict(
-        fault_kinds.with_address("postgresql://u:pw@db.example:5432/app?sslmode=disable", "127.0.0.1", 6000)
+        fault_kit.with_address("postgresql://u:pw@db.example:5432/app?sslmode=disable", "127.0.0.1", 6000)
     )
     assert moved["host"] == "127.0.0.1" and moved["port"] == "6000"
     assert moved["dbname"] == "app" and moved["user"] == "u" and moved["sslmode"] == "disable"
@@ -180,7 +181,7 @@ def test_fault_log_lines_are_appended_whole(tmp_path: Path) -> None:
     log = str(tmp_path / "faults.jsonl")
     faults.append_log(log, {"point": "chaos.pg-cut", "action": "pg-cut", "time": time.time(), "ok": True})
     faults.append_log(log, {"point": "chaos.pg-stall", "action": "pg-stall", "time": time.time(), "ok": False})
-    assert [e["action"] for e in fault_kinds.iter_chaos_entries(log)] == ["pg-cut", "pg-stall"]
+    assert [e["action"] for e in fault_kit.iter_chaos_entries(log)] == ["pg-cut", "pg-stall"]
 
 
 def test_cli_help_lists_every_fault_kind() -> None:
@@ -248,8 +249,8 @@ def test_the_draining_run_runs_on_the_jobs_own_master_not_the_cluster_a_fault_ne
         workdir=str(tmp_path),
         master="local[3,2]",
     )
-    for kinds, kit_master in (({"executor-loss": 1}, fault_kinds.LOCAL_CLUSTER), ({"slow-task": 1}, "spark://h:7077")):
-        kit = fault_kinds.FaultKit(kinds, bootstrap=cfg.bootstrap, dsn=cfg.dsn)
+    for kinds, kit_master in (({"executor-loss": 1}, fault_kit.LOCAL_CLUSTER), ({"slow-task": 1}, "spark://h:7077")):
+        kit = fault_kit.FaultKit(kinds, bootstrap=cfg.bootstrap, dsn=cfg.dsn)
         kit.master, kit.conf = kit_master, {"spark.speculation": "true", "spark.executor.memory": "768m"}
         runlog = chaos.runs.RunLog(str(tmp_path / "runs.jsonl"))
         state = chaos.RunState(bootstrap=cfg.bootstrap, topic="t", table="t", records=cfg.records)
@@ -267,7 +268,7 @@ def _mounted(path: Path) -> bool:
 
 
 def test_disk_full_fills_the_checkpoints_own_filesystem_and_leaves_the_checkpoint_on_disk(tmp_path: Path) -> None:
-    kit = fault_kinds.FaultKit({"disk-full": 1}, bootstrap="127.0.0.1:1", dsn="", workdir=str(tmp_path))
+    kit = fault_kit.FaultKit({"disk-full": 1}, bootstrap="127.0.0.1:1", dsn="", workdir=str(tmp_path))
     checkpoint = tmp_path / "checkpoint"
     log = tmp_path / "pipeline.log"
     fed: list[bool] = []
@@ -295,8 +296,8 @@ def test_disk_full_fills_the_checkpoints_own_filesystem_and_leaves_the_checkpoin
 
 
 def test_disk_full_says_when_the_job_never_met_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fault_kinds, "DISK_FULL_SECONDS", (0.2, 1.0))
-    with fault_kinds.FaultKit({"disk-full": 1}, bootstrap="b:1", dsn="", workdir=str(tmp_path)) as kit:
+    monkeypatch.setattr(fault_kit, "DISK_FULL_SECONDS", (0.2, 1.0))
+    with fault_kit.FaultKit({"disk-full": 1}, bootstrap="b:1", dsn="", workdir=str(tmp_path)) as kit:
         proof = kit.disturb("disk-full")
     assert not proof["ok"] and proof["write_refused"] and "the job did NOT meet it" in proof["proof"], proof
 

@@ -7,8 +7,8 @@
 A package by phase, each module importing only those listed before it:
 
 - ``config``: what was asked (``ChaosConfig``, frozen), the pipelines and sink kinds;
-- ``kinds``: one ``FaultKind`` record per ``--faults`` kind, what each needs of the setup, and the kit that
-  injects them (``FaultKit``);
+- ``kinds``: one ``FaultKind`` record per ``--faults`` kind, what each needs of the setup, the refusals;
+- ``kit``: the ``FaultKit`` that sets up what the kinds drawn need and injects them;
 - ``schedule``: the fault points each sink kind passes through, the seeded plan of faults (``KillPlan``);
 - ``workload``: the records (the default ones, the user's generator or file) and the producer thread;
 - ``inputs``: the one front door (``prepare``): what the command line or the pytest plugin was given,

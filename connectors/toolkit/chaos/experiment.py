@@ -16,6 +16,7 @@ from connectors.toolkit import checker, oracle
 from connectors.toolkit.app_runner import out_topic_of
 from connectors.toolkit.chaos import kinds
 from connectors.toolkit.chaos.config import ChaosConfig
+from connectors.toolkit.chaos.kit import FaultKit
 from connectors.toolkit.chaos.runs import FaultLoop, RunLog, Runs, RunState, drain, run_root, steps
 from connectors.toolkit.chaos.schedule import chunks, plan_kills, planned_kills
 from connectors.toolkit.chaos.verdict import checked, reference_verdict
@@ -56,7 +57,7 @@ class Experiment:
         )
         env.update(password_apart(cfg.dsn)[1])  # the runs' --dsn carries no password (runner_argv)
         env.pop("EOS_FAULTS", None)
-        kit = kinds.FaultKit(
+        kit = FaultKit(
             cfg.faults,
             bootstrap=cfg.bootstrap,
             dsn=cfg.dsn,
@@ -146,7 +147,7 @@ def conduct(cfg: ChaosConfig) -> checker.Report:
     return report
 
 
-def _run_with(cfg: ChaosConfig, state: RunState, kit: kinds.FaultKit, env: dict[str, str], root: str) -> checker.Report:
+def _run_with(cfg: ChaosConfig, state: RunState, kit: FaultKit, env: dict[str, str], root: str) -> checker.Report:
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
     fault_log = os.path.join(cfg.workdir, "faults.jsonl")
     plans = planned_kills(cfg)

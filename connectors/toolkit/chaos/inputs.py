@@ -122,7 +122,7 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
     """Check everything a chaos run was given (``given``: the fields of ``Asked``), refuse what cannot run
     (``ConfigError`` naming the input as ``names`` spells it, and the fix), then find or start its services
     and return its config. ``services`` gives the broker and the Postgres nobody named: no broker when the
-    faults need one of the run's own (``kinds.FaultKit`` starts it), no Postgres for a job writing with the
+    faults need one of the run's own (``kit.FaultKit`` starts it), no Postgres for a job writing with the
     kafka-eos sink unless one is named."""
     n = dict(CLI_NAMES, **names)
     try:
@@ -143,7 +143,7 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
         )
     bootstrap, dsn, pg_service = a.bootstrap, a.dsn, None
     if "own-broker" in kinds.needed(weights):
-        bootstrap = ""  # the run starts a broker of its own (kinds.FaultKit)
+        bootstrap = ""  # the run starts a broker of its own (kit.FaultKit)
     elif not bootstrap:
         bootstrap = services.kafka().bootstrap
     if not dsn and not (a.app and a.sink_kind in KAFKA_SINK_KINDS):

@@ -17,6 +17,7 @@ from connectors.toolkit import checker
 from connectors.toolkit.app_runner import out_topic_of
 from connectors.toolkit.chaos import kinds
 from connectors.toolkit.chaos.config import KAFKA_SINK_KINDS, ChaosConfig
+from connectors.toolkit.chaos.kit import FaultKit, firings
 from connectors.toolkit.chaos.schedule import KillPlan, hold_point, hold_spec, next_batch
 from connectors.toolkit.chaos.workload import Producer, Record
 from connectors.toolkit.harness import PipelineProcess, describe_exit, password_apart, python_argv
@@ -193,7 +194,7 @@ class FaultLoop:
         self,
         cfg: ChaosConfig,
         state: RunState,
-        kit: kinds.FaultKit,
+        kit: FaultKit,
         env: dict[str, str],
         root: str,
         producer: Producer,
@@ -306,7 +307,7 @@ class FaultLoop:
         out = self._ended(proc, f"fault {plan.index}: {how}" + (f" {plan.point}" if plan.point else ""))
         if out.killed:
             self.runs.sigkilled += 1
-        fired = kinds.firings(self.fault_log, spec) if spec else []
+        fired = firings(self.fault_log, spec) if spec else []
         ok = out.killed and (not plan.point or bool(fired))
         return {
             "how": how,
@@ -329,7 +330,7 @@ class FaultLoop:
         proc = self._start(spec, plan.index)
         wait_started(proc, cfg.timeout)
         self.producer.release()
-        fired = wait_for(lambda: kinds.firings(self.fault_log, held_rule), cfg.timeout, proc.alive)
+        fired = wait_for(lambda: firings(self.fault_log, held_rule), cfg.timeout, proc.alive)
         proof: dict[str, Any] = {"hold_point": point, "batch": batch, "spec": spec}
         if not fired:
             proof.update(ok=False, proof=f"no task was held at {point} in batch {batch} ({self._status(proc)})")
@@ -454,9 +455,7 @@ def steps(cfg: ChaosConfig, state: RunState, loop: FaultLoop, plans: list[KillPl
     progress.end()
 
 
-def drain(
-    cfg: ChaosConfig, state: RunState, kit: kinds.FaultKit, env: dict[str, str], root: str, runlog: RunLog
-) -> Any:
+def drain(cfg: ChaosConfig, state: RunState, kit: FaultKit, env: dict[str, str], root: str, runlog: RunLog) -> Any:
     """The last run: availableNow from the checkpoint until the topic is drained; how it ended. It carries no
     fault, so it runs on the job's own master (``cfg.master``), not on the local-cluster or standalone cluster
     that ``executor-loss`` or ``slow-task`` ran the job's other runs on (executor JVMs of its own to start):
