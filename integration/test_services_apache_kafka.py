@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from connectors import services
-from connectors.services import _proc
+from connectors.services import _proc, maven
 from connectors.services import apache_kafka as ak
 from connectors.services.apache_kafka import ApacheKafka
 from eos_core.errors import ServiceError
@@ -206,7 +206,7 @@ def test_the_jar_cache_is_reused_without_ivy(monkeypatch: pytest.MonkeyPatch, br
     def no_ivy(*args: object, **kwargs: object) -> None:
         raise AssertionError("Ivy ran although the cache is complete")
 
-    monkeypatch.setattr(ak, "_run_ivy", no_ivy)
+    monkeypatch.setattr(maven, "_run_ivy", no_ivy)
     assert ak.resolve_jars() == jars
     assert (marker.stat().st_mtime_ns, marker.read_text()) == before
     assert sorted(p.name for p in jars.glob("*.jar")) == recorded["jars"]

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
+from eos_core import kafka_clients
 from eos_core.errors import ConfigError, DataLossError
 from sources.kafka import KafkaEosDataSource, kafka_schema, parse_options
 from sources.kafka.datasource import KafkaBatchReader, KafkaStreamReader
@@ -724,6 +725,9 @@ class _MetaConsumer:
     def __init__(self, states: list[dict[str, _Topic]]) -> None:
         self.states, self.calls = states, []  # type: list[dict[str, _Topic]], list[str | None]
 
+    def poll(self, timeout: float = -1) -> None:  # serves callbacks: a fake has none
+        return None
+
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
         state = self.states[min(len(self.calls), len(self.states) - 1)]
         self.calls.append(topic)
@@ -740,6 +744,7 @@ def _meta_planner(states: list[dict[str, _Topic]], **kw: str):  # type: ignore[n
     planner = KafkaPlanner(opts(**{"fetchOffset.retryIntervalMs": "0", **kw}), streaming=True)
     fake = _MetaConsumer(states)
     planner.client._consumer = fake  # type: ignore[assignment]
+    planner.client._connected = True  # no login to wait for: the fake answers metadata
     return planner, fake
 
 
@@ -1072,7 +1077,6 @@ def test_workers_without_confluent_kafka_fail_at_registration_naming_interpreter
 
 
 def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sources.kafka import client as client_mod
 
     made: list[dict] = []
     commits: list[list] = []
@@ -1088,7 +1092,7 @@ def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyP
         def close(self) -> None:
             self.closed = True
 
-    monkeypatch.setattr(client_mod, "Consumer", _Committer)
+    monkeypatch.setattr(kafka_clients, "Consumer", _Committer)
     reader = KafkaStreamReader(opts(subscribe="t", commitOffsetsToGroup="true", **{"kafka.group.id": "g"}))
     for end in ({"t": {"0": 5}}, {"t": {"0": 9}}, {"t": {"0": 12}}):
         reader.commit(end)

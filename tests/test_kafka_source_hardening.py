@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from eos_core import kafka_clients
 from eos_core.errors import ConfigError
 from sources.kafka import parse_options
 from sources.kafka.offsets import from_json
@@ -147,10 +148,9 @@ class _FakeConsumer:
 
 
 def test_batch_reader_closes_its_client_when_planning_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sources.kafka.client as client_mod
     from sources.kafka.datasource import KafkaBatchReader
 
-    monkeypatch.setattr(client_mod, "Consumer", _FakeConsumer)
+    monkeypatch.setattr(kafka_clients, "Consumer", _FakeConsumer)
     monkeypatch.setattr(_FakeConsumer, "opened", 0)
     monkeypatch.setattr(_FakeConsumer, "closed", 0)
     reader = KafkaBatchReader(parse_options({**BS, "subscribe": "no_such_topic"}, streaming=False))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.services import _proc, embedded_kafka_kind, manage
+from connectors.services import _proc, embedded_kafka_kind, manage, maven
 from connectors.services import apache_kafka as ak
 from eos_core.errors import ServiceError
 
@@ -167,32 +167,32 @@ def test_kafka_version() -> None:
 
 
 def test_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert ak.cache_root({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "spark-eos"
+    assert maven.cache_root({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "spark-eos"
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert ak.cache_root({}) == tmp_path / ".cache" / "spark-eos"
+    assert maven.cache_root({}) == tmp_path / ".cache" / "spark-eos"
 
 
 def test_proxy_options() -> None:
-    assert ak.proxy_options({}) == []
-    opts = ak.proxy_options({"https_proxy": "http://proxy.corp:3128", "NO_PROXY": "localhost,.corp.example"})
+    assert maven.proxy_options({}) == []
+    opts = maven.proxy_options({"https_proxy": "http://proxy.corp:3128", "NO_PROXY": "localhost,.corp.example"})
     assert "-Dhttps.proxyHost=proxy.corp" in opts and "-Dhttps.proxyPort=3128" in opts
     assert "-Dhttp.nonProxyHosts=*localhost|localhost|*corp.example|corp.example" in opts
-    assert ak.proxy_options({"HTTP_PROXY": "proxy:8080"}) == ["-Dhttp.proxyHost=proxy", "-Dhttp.proxyPort=8080"]
+    assert maven.proxy_options({"HTTP_PROXY": "proxy:8080"}) == ["-Dhttp.proxyHost=proxy", "-Dhttp.proxyPort=8080"]
 
 
 def test_java_and_ivy_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(ServiceError, match="is not an executable file"):
-        ak.java_binary(str(tmp_path / "java"))
+        maven.java_binary(str(tmp_path / "java"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ServiceError, match=r"needs Java 17.*apt-get install.*EOS_KAFKA_BOOTSTRAP"):
-        ak.java_binary(environ={})
+        maven.java_binary(environ={})
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(
         ServiceError, match=r"no Apache Ivy jar.*pip install pyspark.*EOS_KAFKA_JARS.*EOS_KAFKA_BOOTSTRAP"
     ):
-        ak.ivy_jar()
+        maven.ivy_jar()
 
 
 def test_ivy_files_are_xml(tmp_path: Path) -> None:
@@ -200,10 +200,10 @@ def test_ivy_files_are_xml(tmp_path: Path) -> None:
     deps = {(d.get("org"), d.get("name"), d.get("rev")) for d in module.iter("dependency")}
     assert ("org.apache.kafka", "kafka_2.13", "4.1.1") in deps
     assert any(name == "log4j-slf4j-impl" for _, name, _ in deps)  # the broker logs through SLF4J
-    settings = ET.fromstring(ak.ivy_settings(tmp_path / 'a"b', "https://mirror.example/m2"))
+    settings = ET.fromstring(maven.ivy_settings(tmp_path / 'a"b', "https://mirror.example/m2"))
     assert settings.find("caches").get("defaultCacheDir") == str(tmp_path / 'a"b')  # type: ignore[union-attr]
     assert settings.find("resolvers/ibiblio").get("root") == "https://mirror.example/m2/"  # type: ignore[union-attr]
-    argv = ak.ivy_command("java", Path("ivy.jar"), Path("s.xml"), Path("i.xml"), tmp_path)
+    argv = maven.ivy_command("java", Path("ivy.jar"), Path("s.xml"), Path("i.xml"), tmp_path)
     assert argv[argv.index("-retrieve") + 1] == f"{tmp_path}/[artifact]-[revision](-[classifier]).[ext]"
     assert argv[argv.index("-confs") + 1] == "default"
 
@@ -219,7 +219,7 @@ class FakeIvy:
         self.jars = jars
         self._lock = threading.Lock()
 
-    def __call__(self, argv: Sequence[str], *, log_path: Path, timeout: float) -> None:
+    def __call__(self, argv: Sequence[str], *, log_path: Path, timeout: float, **_: str) -> None:
         with self._lock:
             self.calls += 1
         time.sleep(self.delay)
@@ -240,7 +240,7 @@ class FakeIvy:
 
 def test_resolve_once_then_from_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = FakeIvy()
-    monkeypatch.setattr(ak, "_run_ivy", fake)
+    monkeypatch.setattr(maven, "_run_ivy", fake)
     jars = ak.resolve_jars("4.1.1", cache=tmp_path)
     assert jars == tmp_path / "kafka-4.1.1" and fake.calls == 1
     marker = json.loads((jars / ak.MARKER).read_text())
@@ -252,7 +252,7 @@ def test_resolve_once_then_from_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def test_concurrent_resolvers_fetch_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = FakeIvy(delay=0.5)
-    monkeypatch.setattr(ak, "_run_ivy", fake)
+    monkeypatch.setattr(maven, "_run_ivy", fake)
     results: list[Path | BaseException] = []
 
     def resolve() -> None:
@@ -270,30 +270,33 @@ def test_concurrent_resolvers_fetch_once(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_a_failed_resolution_leaves_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(ak, "_run_ivy", FakeIvy(fail=True))
+    monkeypatch.setattr(maven, "_run_ivy", FakeIvy(fail=True))
     with pytest.raises(ServiceError, match="Ivy failed"):
         ak.resolve_jars("4.1.1", cache=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["kafka-4.1.1.lock"]
-    monkeypatch.setattr(ak, "_run_ivy", FakeIvy(jars=["kafka_2.13-4.1.1.jar", "kafka-clients-4.1.1.jar"]))
+    monkeypatch.setattr(maven, "_run_ivy", FakeIvy(jars=["kafka_2.13-4.1.1.jar", "kafka-clients-4.1.1.jar"]))
     with pytest.raises(ServiceError, match=r"lacks log4j-core-, log4j-slf4j-impl-\*\.jar"):
         ak.resolve_jars("4.1.1", cache=tmp_path)
     fake = FakeIvy()
-    monkeypatch.setattr(ak, "_run_ivy", fake)
+    monkeypatch.setattr(maven, "_run_ivy", fake)
     assert (ak.resolve_jars("4.1.1", cache=tmp_path) / ak.MARKER).is_file() and fake.calls == 1
 
 
 def test_a_stale_temp_dir_of_a_dead_resolver_is_removed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / ".kafka-4.1.1-dead").mkdir()
     (tmp_path / "kafka-4.1.1").mkdir()  # no marker: not a finished resolution
-    monkeypatch.setattr(ak, "_run_ivy", FakeIvy())
+    monkeypatch.setattr(maven, "_run_ivy", FakeIvy())
     jars = ak.resolve_jars("4.1.1", cache=tmp_path)
     assert (jars / ak.MARKER).is_file() and not (tmp_path / ".kafka-4.1.1-dead").exists()
 
 
 def test_the_real_ivy_runner_reports_failures(tmp_path: Path) -> None:
-    java = ak.java_binary()
+    java = maven.java_binary()
     with pytest.raises(ServiceError, match=r"(?s)Ivy failed \(exit code 1\).*EOS_MAVEN_REPO.*EOS_KAFKA_JARS"):
-        ak._run_ivy([java, "-cp", str(tmp_path), "NoSuchClass"], log_path=tmp_path / "ivy.log", timeout=60)
+        hint = "Alternatively set EOS_KAFKA_JARS"
+        maven._run_ivy(
+            [java, "-cp", str(tmp_path), "NoSuchClass"], log_path=tmp_path / "ivy.log", timeout=60, hint=hint
+        )
 
 
 def test_named_jar_directory(tmp_path: Path) -> None:

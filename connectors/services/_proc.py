@@ -9,6 +9,7 @@ import errno
 import fcntl
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -257,7 +258,9 @@ def spawn(
 def run(
     argv: Sequence[str], *, run_as: RunAs | None = None, timeout: float = 120.0, env: dict[str, str] | None = None
 ) -> str:
-    """Run a helper command (initdb, pg_ctl) to completion; ServiceError with its output when it fails."""
+    """Run a helper command (initdb, pg_ctl) to completion; ServiceError with its output when it fails (a
+    ``password=`` in its arguments shown as ``password=***``)."""
+    shown = " ".join(_PASSWORD_ARG.sub(r"\1***", a) for a in argv)
     child_env = dict(os.environ if env is None else env)
     if run_as is not None:
         child_env.update(HOME=run_as.home, USER=run_as.user, LOGNAME=run_as.user)
@@ -272,17 +275,18 @@ def run(
             **_creds(run_as),
         )
     except subprocess.TimeoutExpired as e:
-        raise ServiceError(
-            f"{argv[0]} did not finish within {timeout:.0f}s: {' '.join(argv)}", command=list(argv)
-        ) from e
+        raise ServiceError(f"{argv[0]} did not finish within {timeout:.0f}s: {shown}", command=shown.split()) from e
     output: str = (done.stdout + done.stderr).decode(errors="replace")
     if done.returncode != 0:
         raise ServiceError(
-            f"{Path(argv[0]).name} failed with exit code {done.returncode}: {' '.join(argv)}\n{output.strip()}",
-            command=list(argv),
+            f"{Path(argv[0]).name} failed with exit code {done.returncode}: {shown}\n{output.strip()}",
+            command=shown.split(),
             returncode=done.returncode,
         )
     return output
+
+
+_PASSWORD_ARG = re.compile(r"(password=)[^,\]\s]+", re.IGNORECASE)
 
 
 def descendants(pid: int) -> list[int]:

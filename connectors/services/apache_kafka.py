@@ -15,8 +15,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import importlib.util
-import json
 import os
 import re
 import shutil
@@ -25,15 +23,25 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from connectors.services import _proc
 from connectors.services.base import KafkaService
 from connectors.services.embedded_kafka import _silent_logger, kafka_reachable
+from connectors.services.kafka_security import SECURITY, Principal, Secured, binding
+from connectors.services.maven import (
+    CACHE_ENV,
+    MARKER,
+    REPO_ENV,
+    RESOLVE_TIMEOUT,
+    cache_root,
+    java_binary,
+    resolve_module,
+)
 from eos_core.errors import ServiceError
+from eos_core.privileges import KafkaAcl
 
 __all__ = [
     "CACHE_ENV",
@@ -44,12 +52,11 @@ __all__ = [
     "REPO_ENV",
     "VERSION_ENV",
     "ApacheKafka",
+    "Principal",
     "broker_properties",
     "cache_root",
     "coordinators_ready",
-    "ivy_command",
     "ivy_module",
-    "ivy_settings",
     "java_binary",
     "jvm_options",
     "kafka_jars",
@@ -67,15 +74,10 @@ SCALA_VERSION = "2.13"
 LOG4J_VERSION = "2.25.5"
 VERSION_ENV = "EOS_KAFKA_VERSION"
 JARS_ENV = "EOS_KAFKA_JARS"
-REPO_ENV = "EOS_MAVEN_REPO"
-CACHE_ENV = "XDG_CACHE_HOME"
 CDS_ENV = "EOS_KAFKA_CDS"
-DEFAULT_REPO = "https://repo1.maven.org/maven2/"
-MARKER = ".complete"
 
 START_TIMEOUT = 90.0
 STOP_GRACE = 20.0
-RESOLVE_TIMEOUT = 600.0
 _PORT_ATTEMPTS = 3
 _TMP_PREFIX = "eos-apache-kafka-"
 _HEALTH_PREFIX = "spark-eos-health-"
@@ -96,6 +98,17 @@ MANAGED_KEYS = frozenset(
         "log.dirs",
         "log.dir",
         "metadata.log.dir",
+        # with security="sasl_ssl": the listeners' security, the principals and the authorizer
+        "sasl.enabled.mechanisms",
+        "sasl.mechanism.inter.broker.protocol",
+        "sasl.mechanism.controller.protocol",
+        "ssl.keystore.type",
+        "ssl.keystore.location",
+        "ssl.truststore.type",
+        "ssl.truststore.location",
+        "authorizer.class.name",
+        "allow.everyone.if.no.acl.found",
+        "super.users",
     }
 )
 
@@ -126,7 +139,6 @@ _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)([.-][A-Za-z0-9]+)*$")
 _LEVELS = ("TRACE", "DEBUG", "INFO", "WARN", "ERROR")
 _HEAP_RE = re.compile(r"^\d+[kmgKMG]?$")
-_IVY_PROBLEM = re.compile(r"not found|unresolved|unknown ?host|connect|refused|timed out|error|failed", re.IGNORECASE)
 
 
 # ---- versions, places, programs -----------------------------------------------------------------
@@ -147,13 +159,6 @@ def kafka_version(explicit: str | None = None, environ: Mapping[str, str] | None
     return version
 
 
-def cache_root(environ: Mapping[str, str] | None = None) -> Path:
-    """``${XDG_CACHE_HOME:-~/.cache}/spark-eos``: where resolved jars (and class-data archives) are kept."""
-    env = os.environ if environ is None else environ
-    base = env.get(CACHE_ENV) or ""
-    return (Path(base) if base.strip() else Path.home() / ".cache") / "spark-eos"
-
-
 def without_class_archives(options: str) -> str:
     """JVM ``options`` (``JDK_JAVA_OPTIONS``) without a class-data archive named or recorded, and without the
     flags that silence an archive's messages: for a JVM that maps or records an archive of its own."""
@@ -172,41 +177,6 @@ def _broker_env() -> dict[str, str]:
     return env
 
 
-def java_binary(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """The ``java`` to run: ``explicit``, ``$JAVA_HOME/bin/java``, else the one on PATH."""
-    env = os.environ if environ is None else environ
-    candidates = [explicit] if explicit else []
-    if not explicit and env.get("JAVA_HOME"):
-        candidates.append(str(Path(env["JAVA_HOME"]) / "bin" / "java"))
-    for c in candidates:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    if explicit:
-        raise ServiceError(f"java={explicit!r} is not an executable file", java=explicit)
-    found = shutil.which("java")
-    if found:
-        return found
-    raise ServiceError(
-        "the embedded Apache Kafka needs Java 17 or later and found no 'java' (JAVA_HOME unset or wrong, none on "
-        "PATH). Install one (e.g. 'apt-get install openjdk-17-jre-headless'), set JAVA_HOME, or set "
-        "EOS_KAFKA_BOOTSTRAP to a running broker (or EOS_KAFKA_EMBEDDED=tansu for the tansu broker)."
-    )
-
-
-def ivy_jar() -> Path:
-    """The Apache Ivy jar PySpark ships (``pyspark/jars/ivy-*.jar``)."""
-    spec = importlib.util.find_spec("pyspark")
-    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
-    found = sorted(p for root in roots for p in (root / "jars").glob("ivy-*.jar"))
-    if not found:
-        raise ServiceError(
-            "cannot fetch the Apache Kafka jars: no Apache Ivy jar found (it comes with PySpark as "
-            "pyspark/jars/ivy-*.jar; pip install pyspark). Alternatively set EOS_KAFKA_JARS to a directory of "
-            "Kafka jars (a Kafka distribution's libs/), or EOS_KAFKA_BOOTSTRAP to a running broker."
-        )
-    return found[-1]
-
-
 # ---- jar resolution -----------------------------------------------------------------------------
 def ivy_module(version: str) -> str:
     """The ivy.xml of the resolution: Kafka's broker and an SLF4J binding for its log4j2."""
@@ -219,91 +189,6 @@ def ivy_module(version: str) -> str:
   </dependencies>
 </ivy-module>
 """
-
-
-def ivy_settings(cache: Path, repo: str = DEFAULT_REPO) -> str:
-    """ivysettings.xml: Maven Central (or ``repo``), with Ivy's cache in ``cache`` (private to one resolution)."""
-    from xml.sax.saxutils import quoteattr
-
-    root = repo if repo.endswith("/") else repo + "/"
-    return f"""<ivysettings>
-  <settings defaultResolver="central"/>
-  <caches defaultCacheDir={quoteattr(str(cache))} useOrigin="false"/>
-  <resolvers>
-    <ibiblio name="central" m2compatible="true" root={quoteattr(root)}/>
-  </resolvers>
-</ivysettings>
-"""
-
-
-def proxy_options(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Java system properties for the ``https_proxy``/``http_proxy``/``no_proxy`` of the environment."""
-    env = os.environ if environ is None else environ
-    out: list[str] = []
-    for scheme in ("https", "http"):
-        raw = env.get(f"{scheme}_proxy") or env.get(f"{scheme.upper()}_PROXY") or ""
-        if not raw.strip():
-            continue
-        url = urlsplit(raw.strip() if "://" in raw else "http://" + raw.strip())
-        if not url.hostname:
-            continue
-        port = url.port or (443 if url.scheme == "https" else 80)
-        out += [f"-D{scheme}.proxyHost={url.hostname}", f"-D{scheme}.proxyPort={port}"]
-    no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-    hosts = [h.strip().lstrip(".") for h in no_proxy.split(",") if h.strip()]
-    if out and hosts:
-        out.append("-Dhttp.nonProxyHosts=" + "|".join(h if h == "*" else f"*{h}|{h}" for h in hosts))
-    return out
-
-
-def ivy_command(java: str, ivy: Path, settings: Path, module: Path, retrieve_dir: Path) -> list[str]:
-    """The Ivy run that downloads the jars and copies them flat into ``retrieve_dir``."""
-    return [
-        java,
-        "-Xmx256m",
-        "-XX:+UseSerialGC",
-        "-XX:TieredStopAtLevel=1",
-        *proxy_options(),
-        "-jar",
-        str(ivy),
-        "-settings",
-        str(settings),
-        "-ivy",
-        str(module),
-        "-confs",
-        "default",
-        "-retrieve",
-        f"{retrieve_dir}/[artifact]-[revision](-[classifier]).[ext]",
-    ]
-
-
-def _run_ivy(argv: Sequence[str], *, log_path: Path, timeout: float) -> None:
-    """Run Ivy in its own process group (killed with us); ServiceError with its last lines when it fails."""
-    with open(log_path, "ab") as log:
-        proc = _proc.spawn(argv, log=log, cwd=str(log_path.parent))
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _proc.stop_group(proc, proc.pid, grace=2.0)
-        raise ServiceError(
-            f"fetching the Apache Kafka jars with Ivy took longer than {timeout:.0f}s: {' '.join(argv)}",
-            command=list(argv),
-        ) from None
-    except BaseException:
-        _proc.stop_group(proc, proc.pid, grace=2.0)
-        raise
-    if code != 0:
-        text = log_path.read_text(errors="replace")
-        problems = [ln.strip() for ln in text.splitlines() if _IVY_PROBLEM.search(ln)]
-        raise ServiceError(
-            f"fetching the Apache Kafka jars with Ivy failed (exit code {code}): {' '.join(argv)}\n"
-            + "\n".join(problems[-15:] or text.splitlines()[-15:])
-            + f"\nIs {os.environ.get(REPO_ENV) or DEFAULT_REPO} reachable (a proxy: https_proxy; a mirror: "
-            f"{REPO_ENV})? Alternatively set {JARS_ENV} to a directory of Kafka jars (a Kafka distribution's "
-            "libs/), or EOS_KAFKA_BOOTSTRAP to a running broker.",
-            command=list(argv),
-            returncode=code,
-        )
 
 
 def _check_jars(jars: Path, version: str | None, source: str) -> str:
@@ -350,60 +235,13 @@ def resolve_jars(
         if missing:
             raise ServiceError(f"the Ivy resolution of Kafka {version} lacks {', '.join(missing)}*.jar")
 
-    return resolve_module(ivy_module(version), root, f"kafka-{version}", version, timeout, java=java, check=check)
-
-
-def resolve_module(
-    module: str,
-    root: Path,
-    stem: str,
-    version: str,
-    timeout: float,
-    *,
-    java: str | None = None,
-    check: Callable[[Path], None] | None = None,
-) -> Path:
-    """``root/stem``: the jars of the Ivy ``module``, resolved once (then cached) under a lock.
-
-    The entry is built in a temp dir (``.stem-*``, removed when a resolver died), checked by ``check``,
-    marked complete by its marker file and renamed into place, so concurrent callers (pytest workers)
-    fetch once and never see half a directory. Used for the broker's jars and for other Maven jars
-    (Spark's Kafka connector, the benchmarks' JDBC driver).
-    """
-    target = root / stem
-    with _proc.locked(root / f"{stem}.lock", timeout + 60, f"fetching the jars of {stem}"):
-        if (target / MARKER).is_file():
-            return target  # another process finished while we waited
-        for stale in root.glob(f".{stem}-*"):  # left by a resolver that died; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{stem}-", dir=root))
-        try:
-            (work / "ivy.xml").write_text(module)
-            (work / "ivysettings.xml").write_text(
-                ivy_settings(work / "ivy-cache", os.environ.get(REPO_ENV) or DEFAULT_REPO)
-            )
-            jars = work / "jars"
-            argv = ivy_command(java_binary(java), ivy_jar(), work / "ivysettings.xml", work / "ivy.xml", jars)
-            started = time.monotonic()
-            _run_ivy(argv, log_path=work / "ivy.log", timeout=timeout)
-            seconds = time.monotonic() - started
-            if check is not None:
-                check(jars)
-            names = sorted(p.name for p in jars.glob("*.jar"))
-            marker = {
-                "version": version,
-                "command": argv,
-                "seconds": round(seconds, 1),
-                "jars": names,
-                "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-            (jars / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            if target.exists():  # not ours (no marker): an interrupted copy by hand; replaced
-                shutil.rmtree(target)
-            os.rename(jars, target)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return target
+    hint = (
+        f"Alternatively set {JARS_ENV} to a directory of Kafka jars (a Kafka distribution's libs/), or "
+        "EOS_KAFKA_BOOTSTRAP to a running broker."
+    )
+    return resolve_module(
+        ivy_module(version), root, f"kafka-{version}", version, timeout, java=java, check=check, hint=hint
+    )
 
 
 def kafka_jars(version: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
@@ -495,28 +333,40 @@ def broker_properties(
     data_dir: Path,
     config: Mapping[str, object] | None = None,
     advertised_port: int | None = None,
+    security: str = "plaintext",
+    secured: Secured | None = None,
 ) -> dict[str, str]:
     """server.properties of a combined broker+controller (node 1) on 127.0.0.1 with ``config`` on top.
 
     ``advertised_port``: the port clients are told to connect to (default ``port``), e.g. a proxy in front of it.
+    ``security="sasl_ssl"`` (with ``secured``: the certificate and the principals' passwords): the client
+    listener is SASL_SSL with SCRAM-SHA-512, the broker talks to itself there as the super user ``broker``, the
+    controller listener (loopback) takes SASL/PLAIN from the super user ``controller``, and ACLs are enforced.
     """
+    if security not in SECURITY:
+        raise ServiceError(f"security={security!r}: one of {', '.join(SECURITY)}")
     for name, value in (("port", port), ("controller_port", controller_port)):
         if not 0 < value < 65536:
             raise ServiceError(f"{name}={value} is not a TCP port")
     if port == controller_port:
         raise ServiceError(f"port and controller_port are both {port}; the broker needs two ports")
     _check_advertised(advertised_port, controller_port)
+    client = "SASL_SSL" if security == "sasl_ssl" else "PLAINTEXT"
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{advertised_port or port}",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listeners": f"{client}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"{client}://127.0.0.1:{advertised_port or port}",
+        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
+        "inter.broker.listener.name": client,
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
         "log.dirs": str(data_dir),
     }
+    if security == "sasl_ssl":
+        if secured is None:
+            raise ServiceError("security='sasl_ssl' needs the broker's certificate and principals (secured=)")
+        props.update(secured.properties())
     props.update(DEFAULT_CONFIG)
     props.update(validate_config(config))
     return props
@@ -579,7 +429,7 @@ def cluster_id() -> str:
 
 
 # ---- readiness ----------------------------------------------------------------------------------
-def coordinators_ready(bootstrap: str, timeout: float) -> tuple[bool, str]:
+def coordinators_ready(bootstrap: str, timeout: float, settings: Mapping[str, Any] | None = None) -> tuple[bool, str]:
     """(ready, last error): a transactional producer initialises and a group commits an offset.
 
     Metadata alone answers before the transaction and group coordinators have created and loaded
@@ -589,7 +439,12 @@ def coordinators_ready(bootstrap: str, timeout: float) -> tuple[bool, str]:
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout
-    quiet: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0, "logger": _silent_logger()}
+    quiet: dict[str, Any] = {
+        **(settings or {}),
+        "bootstrap.servers": bootstrap,
+        "log_level": 0,
+        "logger": _silent_logger(),
+    }
     name = f"{_HEALTH_PREFIX}{uuid.uuid4().hex[:12]}"
     last = ""
     producer = Producer({**quiet, "transactional.id": name})
@@ -661,19 +516,12 @@ class ApacheKafka(KafkaService):
         detached: bool = False,
         keep: bool = False,
         advertised_port: int | None = None,
+        security: str = "plaintext",
     ) -> None:
+        _check_arguments(port, controller_port, advertised_port, security)
+        self.security = security
         self.config = validate_config(config)
-        _check_advertised(advertised_port, controller_port)
         self.advertised_port = advertised_port
-        for name, value in (("port", port), ("controller_port", controller_port)):
-            if value is not None and _proc.port_in_use(value):
-                raise ServiceError(
-                    f"cannot start the embedded Kafka on 127.0.0.1:{value}: the port is in use. "
-                    f"Stop what holds it, pick another {name}, or leave it unset to get a free one.",
-                    port=value,
-                )
-        if port is not None and port == controller_port:
-            raise ServiceError(f"port and controller_port are both {port}; the broker needs two ports")
         self.java = java_binary(java)
         if jars_dir:
             self.jars_dir = Path(jars_dir)
@@ -704,6 +552,7 @@ class ApacheKafka(KafkaService):
         self.properties_path = self.base / "server.properties"
         self.log4j_path = self.base / "log4j2.properties"
         self.log_dir = self.base / "data"
+        self.secured = Secured(self.base) if security == "sasl_ssl" else None
         # a detached broker is stopped by another process (services down): it uses an archive, records none
         self._cds = _CdsArchive.for_broker(self.java, self._classpath(), record=not detached)
         if not detached:
@@ -744,9 +593,12 @@ class ApacheKafka(KafkaService):
             data_dir=self.log_dir,
             config=self.config,
             advertised_port=self.advertised_port,
+            security=self.security,
+            secured=self.secured,
         )
         header = f"spark-eos embedded Apache Kafka {self.version}\nstarted by pid {os.getpid()}"
         self.properties_path.write_text(render_properties(props, header))
+        os.chmod(self.properties_path, 0o600)  # with security: the principals' JAAS lines
         if retry:
             shutil.rmtree(self.log_dir, ignore_errors=True)
         elif self.log_dir.exists() and any(self.log_dir.iterdir()):
@@ -755,7 +607,10 @@ class ApacheKafka(KafkaService):
                 "overwrite it: name an empty base_dir",
                 log_dir=str(self.log_dir),
             )
-        argv = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.properties_path))
+        scram = self.secured.scram_arguments() if self.secured is not None else []
+        argv = self._java(
+            "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.properties_path), *scram
+        )
         try:
             _proc.run(argv, timeout=120)
         except ServiceError as e:
@@ -812,7 +667,8 @@ class ApacheKafka(KafkaService):
         while time.monotonic() < deadline:
             if not alive():
                 return False, last
-            ok, last, _cluster = kafka_reachable(self.bootstrap, min(2.0, max(0.1, deadline - time.monotonic())))
+            wait = min(2.0, max(0.1, deadline - time.monotonic()))
+            ok, last, _cluster = kafka_reachable(self.bootstrap, wait, self.client_config())
             if ok:
                 self.start_phases["metadata"] = round(time.monotonic() - begun, 2)
                 break
@@ -821,7 +677,8 @@ class ApacheKafka(KafkaService):
         while time.monotonic() < deadline:
             if not alive():
                 return False, last
-            ok, last = coordinators_ready(self.bootstrap, min(10.0, max(1.0, deadline - time.monotonic())))
+            wait = min(10.0, max(1.0, deadline - time.monotonic()))
+            ok, last = coordinators_ready(self.bootstrap, wait, self.client_config())
             if ok:
                 self.start_phases["coordinators"] = round(time.monotonic() - begun, 2)
                 return True, ""
@@ -829,6 +686,65 @@ class ApacheKafka(KafkaService):
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    # ---- clients ---------------------------------------------------------------------------------
+    def client_config(self) -> dict[str, str]:
+        """librdkafka's settings of a client of this broker beside ``bootstrap.servers``: the super user's
+        login with ``security="sasl_ssl"`` (setting up and checking; apps get principals of their own,
+        ``add_principal``), none without."""
+        return {} if self.secured is None else self.secured.client_config()
+
+    def java_config(self) -> dict[str, str]:
+        """The Java client's settings of ``client_config`` (a ``kafka.*`` option each, prefix left out)."""
+        return {} if self.secured is None else self.secured.java_config()
+
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        if self.secured is None:
+            raise ServiceError("principals and ACLs need security='sasl_ssl' (this broker runs without them)")
+        return AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config(), "log_level": 0})
+
+    def add_principal(self, name: str, acls: Iterable[KafkaAcl] = (), password: str | None = None) -> Principal:
+        """A SCRAM principal ``User:<name>`` (a random password unless given) holding exactly ``acls``."""
+        import secrets
+
+        principal = Principal(name, password or secrets.token_urlsafe(18), self)
+        self.set_password(name, principal.password)
+        self.grant(name, acls)
+        return principal
+
+    def set_password(self, name: str, password: str) -> None:
+        """Create principal ``name``'s SCRAM credential, or replace it (a rotation: open sessions go on)."""
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        admin = self._admin()  # kept alive until the futures are done
+        done = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(name, info, password.encode())])
+        for future in done.values():
+            future.result(30)
+
+    def grant(self, name: str, acls: Iterable[KafkaAcl]) -> None:
+        """Add ``acls`` (allow) for ``User:<name>``."""
+        bindings = [binding(name, acl) for acl in acls]
+        if bindings:
+            admin = self._admin()
+            for future in admin.create_acls(bindings, request_timeout=30).values():
+                future.result(30)
+
+    def revoke(self, name: str, acls: Iterable[KafkaAcl]) -> None:
+        """Remove ``acls`` of ``User:<name>`` (a revocation under a running client)."""
+        from confluent_kafka.admin import AclBindingFilter  # type: ignore[attr-defined]
+
+        filters = [binding(name, acl, AclBindingFilter) for acl in acls]
+        if filters:
+            admin = self._admin()
+            for future in admin.delete_acls(filters, request_timeout=30).values():
+                future.result(30)
 
     def _kill(self) -> None:
         if self.proc is not None:
@@ -880,6 +796,21 @@ class ApacheKafka(KafkaService):
 
     def __repr__(self) -> str:
         return f"ApacheKafka(bootstrap={self.bootstrap!r}, version={self.version!r}, log_dir={str(self.log_dir)!r})"
+
+
+def _check_arguments(port: int | None, controller_port: int | None, advertised_port: int | None, security: str) -> None:
+    if security not in SECURITY:
+        raise ServiceError(f"security={security!r}: one of {', '.join(SECURITY)}")
+    _check_advertised(advertised_port, controller_port)
+    for name, value in (("port", port), ("controller_port", controller_port)):
+        if value is not None and _proc.port_in_use(value):
+            raise ServiceError(
+                f"cannot start the embedded Kafka on 127.0.0.1:{value}: the port is in use. "
+                f"Stop what holds it, pick another {name}, or leave it unset to get a free one.",
+                port=value,
+            )
+    if port is not None and port == controller_port:
+        raise ServiceError(f"port and controller_port are both {port}; the broker needs two ports")
 
 
 def _free_port(avoid: int | None) -> int:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,15 @@ def tansu_args(listen: str, advertised: str | None = None) -> list[str]:
     ]
 
 
-def kafka_reachable(bootstrap: str, timeout: float) -> tuple[bool, str, str | None]:
-    """(reachable, last error, cluster id) after trying metadata requests for up to ``timeout`` seconds."""
+def kafka_reachable(
+    bootstrap: str, timeout: float, settings: Mapping[str, Any] | None = None
+) -> tuple[bool, str, str | None]:
+    """(reachable, last error, cluster id) after trying metadata requests for up to ``timeout`` seconds, with
+    the client ``settings`` (security) given."""
     from confluent_kafka.admin import AdminClient
 
     conf: dict[str, Any] = {
+        **(settings or {}),
         "bootstrap.servers": bootstrap,
         "socket.connection.setup.timeout.ms": 2000,
         "log_level": 0,

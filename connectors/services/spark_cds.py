@@ -29,7 +29,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from connectors.services import _proc
-from connectors.services.apache_kafka import cache_root
+from connectors.services.maven import cache_root
 from eos_core.errors import ServiceError
 
 __all__ = ["CDS_ENV", "archive_options", "build_archive", "enable", "spark_home"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connectors.services import apache_kafka
+from connectors.services import maven
 from eos_core.errors import ServiceError
 
 __all__ = ["ARTIFACTS", "SPARK_KAFKA_VERSION", "connector_jars", "ivy_module", "session_conf"]
@@ -58,7 +58,7 @@ def ivy_module(version: str = SPARK_KAFKA_VERSION) -> str:
 
 
 def connector_jars(
-    version: str = SPARK_KAFKA_VERSION, *, cache: Path | None = None, timeout: float = apache_kafka.RESOLVE_TIMEOUT
+    version: str = SPARK_KAFKA_VERSION, *, cache: Path | None = None, timeout: float = maven.RESOLVE_TIMEOUT
 ) -> list[Path]:
     """The jars of Spark's Kafka connector ``version``, fetched with Ivy the first time (then cached).
 
@@ -66,11 +66,11 @@ def connector_jars(
     lock, and is complete when its marker exists.
     """
     module = ivy_module(version)
-    root = cache or apache_kafka.cache_root()
+    root = cache or maven.cache_root()
     target = root / f"spark-sql-kafka-{version}"
-    if not (target / apache_kafka.MARKER).is_file():
+    if not (target / maven.MARKER).is_file():
         root.mkdir(parents=True, exist_ok=True)
-        apache_kafka.resolve_module(module, root, target.name, version, timeout)
+        maven.resolve_module(module, root, target.name, version, timeout)
     jars = sorted(target.glob("*.jar"))
     wanted = [name for _, name, _ in ARTIFACTS[version]]
     missing = [n for n in wanted if not any(j.name.startswith(n + "-") for j in jars)]

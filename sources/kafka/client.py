@@ -12,7 +12,8 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from eos_core.errors import ConfigError, FatalError, ServiceError
+from eos_core import kafka_clients
+from eos_core.errors import FatalError, ServiceError
 from eos_core.kafka_config import admin_config
 from eos_core.waits import StillRunning, within
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
@@ -93,6 +94,8 @@ class KafkaMetadataClient:
         self.retries = retries
         self.retry_interval = retry_interval_ms / 1000.0
         self.read_committed = read_committed
+        self.watch = kafka_clients.Watch(self.config, "kafka-eos")
+        self._connected = False
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._committer: tuple[str, Consumer] | None = None  # (group, consumer) reused by every commit
@@ -102,6 +105,8 @@ class KafkaMetadataClient:
         state["_consumer"] = None
         state["_admin"] = None
         state["_committer"] = None
+        state["watch"] = kafka_clients.Watch(self.config, "kafka-eos")
+        state["_connected"] = False
         return state
 
     @property
@@ -116,23 +121,15 @@ class KafkaMetadataClient:
 
     def consumer(self) -> Consumer:
         if self._consumer is None:
-            try:
-                self._consumer = Consumer(self._conf())
-            except KafkaException as exc:
-                raise ConfigError(
-                    f"kafka-eos: the kafka.* options are not a valid consumer configuration: {exc}"
-                ) from None
+            self._consumer = kafka_clients.consumer(self._conf(), self.watch)
+        if not self._connected:  # a refused login fails now, not after fetchOffset.numRetries timeouts
+            kafka_clients.connect(self._consumer, self.watch, self.timeout)
+            self._connected = True
         return self._consumer
 
     def admin(self) -> AdminClient:
         if self._admin is None:
-            conf = admin_config(self._conf())
-            try:
-                self._admin = AdminClient(conf)
-            except KafkaException as exc:
-                raise ConfigError(
-                    f"kafka-eos: the kafka.* options are not a valid client configuration: {exc}"
-                ) from None
+            self._admin = kafka_clients.admin(admin_config(self._conf()), self.watch)
         return self._admin
 
     def close_committer(self) -> None:
@@ -153,6 +150,7 @@ class KafkaMetadataClient:
             try:
                 return fn()
             except (KafkaException, ServiceError) as exc:
+                self.watch.check(self._consumer)  # a refused login or handshake: no retry helps
                 if isinstance(exc, KafkaException) and _fatal(exc):
                     raise ServiceError(f"kafka-eos: {what} failed at {self.bootstrap}: {exc}") from None
                 attempt += 1
@@ -307,7 +305,7 @@ class KafkaMetadataClient:
             return {}
 
         def fetch() -> dict[TopicPartition, int | None]:
-            c = Consumer({**self._conf(), "group.id": group})
+            c = kafka_clients.consumer({**self._conf(), "group.id": group}, self.watch)
             try:
                 got = c.committed([CkTopicPartition(tp.topic, tp.partition) for tp in tps], timeout=self.timeout)
             finally:
@@ -323,7 +321,7 @@ class KafkaMetadataClient:
         try:
             if self._committer is None or self._committer[0] != group:
                 self.close_committer()
-                self._committer = (group, Consumer({**self._conf(), "group.id": group}))
+                self._committer = (group, kafka_clients.consumer({**self._conf(), "group.id": group}, self.watch))
             self._committer[1].commit(
                 offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
                 asynchronous=False,

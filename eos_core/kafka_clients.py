@@ -1,0 +1,157 @@
+"""The librdkafka clients of spark-eos, made in one place: a refused login or TLS handshake fails within
+seconds, naming the principal, the mechanism or the certificate and the option that fixes it; librdkafka's
+own log lines go to the Python logger ``eos.librdkafka``, each kind of line once a minute, not to stderr.
+
+librdkafka reports a refused authentication only to an ``error_cb`` (the call waiting for metadata or a
+coordinator just times out, as if the broker were down), and only while the client is polled: ``Watch``
+records it, ``connect`` polls while it waits for the cluster's metadata, and every retry loop of the
+connectors asks ``Watch.check`` before it tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from eos_core.errors import ConfigError, FatalError
+
+__all__ = ["Watch", "admin", "connect", "consumer", "producer", "refused_login"]
+
+LOG = "eos.librdkafka"
+_REPEAT_SECONDS = 60.0
+# a login or a handshake the broker refused: no retry helps until the configuration changes
+REFUSED = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED})
+
+
+_SUPPRESSED = re.compile(r", \d+ identical error\(s\) suppressed")  # librdkafka's own count of repeats
+
+
+class _OncePerMinute(logging.Filter):
+    """Lets a kind of line through once a minute (lines alike but for their numbers are one kind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = re.sub(r"\d+", "#", _SUPPRESSED.sub("", record.getMessage()))
+        now = time.monotonic()
+        with self.lock:
+            last = self.seen.get(kind)
+            if last is not None and now - last < _REPEAT_SECONDS:
+                return False
+            self.seen[kind] = now
+            return True
+
+
+_logger = logging.getLogger(LOG)
+_logger.addFilter(_OncePerMinute())
+
+
+class Watch:
+    """What librdkafka reported of one client (``context`` names its connector in the errors): the first
+    refused login or TLS handshake (``refused``); ``configure`` hands a client's settings its callbacks."""
+
+    def __init__(self, conf: Mapping[str, Any], context: str) -> None:
+        self.conf = dict(conf)
+        self.context = context
+        self.refused: KafkaError | None = None
+
+    def configure(self, conf: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(conf)
+        out["error_cb"] = self.on_error
+        out.setdefault("logger", _logger)
+        return out
+
+    def on_error(self, err: KafkaError) -> None:
+        if err.code() in REFUSED and self.refused is None:
+            self.refused = err
+        elif err.code() not in REFUSED:
+            _logger.info("%s: %s (%s)", self.context, err.name(), err.str())
+
+    def check(self, client: Any = None) -> None:
+        """Serve ``client``'s callbacks, then raise a FatalError for a refused login or handshake."""
+        if client is not None:
+            client.poll(0)
+        if self.refused is not None:
+            raise FatalError(refused_login(self.conf, self.refused, self.context), code=self.refused.name())
+
+
+def refused_login(conf: Mapping[str, Any], err: KafkaError, context: str) -> str:
+    """What a refused login or TLS handshake means for these client settings, and the option that fixes it
+    (spelled as the ``kafka.*`` options of the connectors; never a secret)."""
+    text = err.str()
+    where = conf.get("bootstrap.servers", "?")
+    if err.code() == KafkaError._SSL:
+        ca = conf.get("ssl.ca.location") or "the system's CA certificates"
+        low = text.lower()
+        if "expired" in low:
+            why = "the broker's certificate has expired: the broker must be given a valid one"
+        elif "hostname" in low or "host name" in low or "mismatch" in low:
+            why = (
+                f"the broker's certificate is not for the host in kafka.bootstrap.servers ({where}): connect to a "
+                "name the certificate holds, or have the broker's certificate issued for it"
+            )
+        else:
+            why = (
+                f"the broker's certificate was not issued by a CA the client trusts ({ca}): set "
+                "kafka.ssl.truststore.location (type PEM) or kafka.ssl.ca.location to the CA that signed it"
+            )
+        return f"{context}: the TLS handshake with {where} failed: {why} (librdkafka: {text})"
+    user = conf.get("sasl.username") or "(none: kafka.sasl.jaas.config has no username)"
+    mechanism = conf.get("sasl.mechanism", "GSSAPI")
+    if "mechanism" in text.lower() and ("unsupported" in text.lower() or "not enabled" in text.lower()):
+        fix = "set kafka.sasl.mechanism to one the broker enables"
+    else:
+        fix = "fix the password or user in kafka.sasl.jaas.config (or kafka.sasl.username / kafka.sasl.password)"
+    return (
+        f"{context}: {where} refused the login of principal {user!r} with {mechanism}: {fix}. The credentials "
+        f"are wrong or not (yet) known to the broker; no retry can help (librdkafka: {text})"
+    )
+
+
+def _made(kind: Any, conf: Mapping[str, Any], watch: Watch, what: str) -> Any:
+    try:
+        return kind(watch.configure(conf))
+    except KafkaException as exc:
+        raise ConfigError(f"{watch.context}: the kafka.* options are not a valid {what} configuration: {exc}") from None
+
+
+def consumer(conf: Mapping[str, Any], watch: Watch) -> Consumer:
+    made: Consumer = _made(Consumer, conf, watch, "consumer")
+    return made
+
+
+def producer(conf: Mapping[str, Any], watch: Watch) -> Producer:
+    made: Producer = _made(Producer, conf, watch, "producer")
+    return made
+
+
+def admin(conf: Mapping[str, Any], watch: Watch) -> AdminClient:
+    made: AdminClient = _made(AdminClient, conf, watch, "client")
+    return made
+
+
+def connect(client: Any, watch: Watch, timeout: float) -> Any:
+    """The cluster's metadata, waited for up to ``timeout`` seconds in slices of a second while ``client``'s
+    callbacks are served: a refused login or TLS handshake is a FatalError within about a second. Any other
+    failure is the caller's to retry, as it was before the slices: one that comes back at once (no broker
+    listens) is raised at once, and a wait that used the whole timeout raises the last one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        began = time.monotonic()
+        step = max(0.1, min(1.0, deadline - began))
+        try:
+            return client.list_topics(timeout=step)
+        except KafkaException:
+            watch.check(client)
+            if time.monotonic() - began < step * 0.8 or time.monotonic() >= deadline:
+                raise
