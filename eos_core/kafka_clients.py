@@ -14,7 +14,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -60,9 +60,10 @@ class Watch:
     """What librdkafka reported of one client (``context`` names its connector in the errors): the first
     refused login or TLS handshake (``refused``); ``configure`` hands a client's settings its callbacks."""
 
-    def __init__(self, conf: Mapping[str, Any], context: str) -> None:
+    def __init__(self, conf: Mapping[str, Any], context: str, also: Callable[[KafkaError], None] | None = None) -> None:
         self.conf = dict(conf)
         self.context = context
+        self.also = also  # the client's own error_cb, called with every error too
         self.refused: KafkaError | None = None
 
     def configure(self, conf: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,6 +73,8 @@ class Watch:
         return out
 
     def on_error(self, err: KafkaError) -> None:
+        if self.also is not None:
+            self.also(err)
         if err.code() in REFUSED and self.refused is None:
             self.refused = err
         elif err.code() not in REFUSED:
@@ -107,7 +110,7 @@ def refused_login(conf: Mapping[str, Any], err: KafkaError, context: str) -> str
             )
         return f"{context}: the TLS handshake with {where} failed: {why} (librdkafka: {text})"
     user = conf.get("sasl.username") or "(none: kafka.sasl.jaas.config has no username)"
-    mechanism = conf.get("sasl.mechanism", "GSSAPI")
+    mechanism = conf.get("sasl.mechanism") or conf.get("sasl.mechanisms") or "GSSAPI"
     if "mechanism" in text.lower() and ("unsupported" in text.lower() or "not enabled" in text.lower()):
         fix = "set kafka.sasl.mechanism to one the broker enables"
     else:

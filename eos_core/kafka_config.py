@@ -9,6 +9,7 @@ never logged (they may be secrets): ``is_secret_option`` and ``redact_options`` 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -16,7 +17,16 @@ from typing import Any, Literal
 from eos_core.errors import ConfigError
 from eos_core.options import redact
 
-__all__ = ["Role", "admin_config", "client_config", "is_secret_option", "redact_options"]
+__all__ = [
+    "CONFIG_ENV",
+    "Role",
+    "admin_config",
+    "client_config",
+    "client_settings",
+    "is_secret_option",
+    "read_properties",
+    "redact_options",
+]
 
 Role = Literal["consumer", "producer"]
 
@@ -231,6 +241,56 @@ def client_config(kafka: Mapping[str, str], *, role: Role, context: str) -> dict
         return _translate(kafka, role=role, context=context)
     except _Refused as exc:
         raise ConfigError(f"{context}: {exc}", option=exc.option) from None
+
+
+CONFIG_ENV = "EOS_KAFKA_CONFIG"
+"""A Java client properties file (``security.protocol``, ``sasl.*``, ``ssl.*`` ...) for spark-eos's own
+clients: the CLI (``--kafka-config``), the chaos toolkit's producer and checkers, the services' probes."""
+
+
+def read_properties(path: str) -> dict[str, str]:
+    r"""A ``java.util.Properties`` file: ``key=value`` or ``key: value`` lines, ``#``/``!`` comments, a ``\``
+    at a line's end continuing it, ``\`` escapes. A missing file is a ConfigError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(
+            f"Kafka client properties {path!r}: cannot read it ({exc.strerror})", option=CONFIG_ENV
+        ) from None
+    out: dict[str, str] = {}
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.lstrip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:  # an odd number of backslashes at the end: the line goes on
+            logical += line[:-1]
+            continue
+        logical += line
+        m = re.match(r"((?:\\.|[^\\=:\s])+)\s*[=:\s]\s*(.*)$", logical) or re.match(r"((?:\\.|[^\\=:\s])+)()$", logical)
+        if m:
+            out[_unescape(m.group(1))] = _unescape(m.group(2))
+        logical = ""
+    return out
+
+
+def _unescape(text: str) -> str:
+    escapes = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(1)), text)
+
+
+def client_settings(path: str | None = None, *, context: str = "spark-eos") -> dict[str, str]:
+    """librdkafka's settings (security and connection ones) from a Java client properties file: ``path``,
+    else the file ``EOS_KAFKA_CONFIG`` names, else none ({}). Java names are mapped as the connectors map
+    their ``kafka.*`` options; a setting only one kind of client takes is left out."""
+    named = path or os.environ.get(CONFIG_ENV)
+    if not named:
+        return {}
+    java = read_properties(named)
+    mapped = client_config({f"kafka.{k}": v for k, v in java.items()}, role="consumer", context=context)
+    return {k: v for k, v in admin_config(mapped).items() if k != "bootstrap.servers"}
 
 
 def admin_config(conf: Mapping[str, Any]) -> dict[str, Any]:

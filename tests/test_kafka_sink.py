@@ -410,6 +410,9 @@ def test_a_transactional_step_ends_within_kafka_producer_timeout_ms_even_when_ea
     given: list[float] = []
 
     class Coordinator:  # stands in for librdkafka: every try waits 90 % of its time, then says "retriable"
+        def poll(self, timeout: float) -> int:
+            return 0
+
         def init_transactions(self, timeout: float) -> None:
             given.append(timeout)
             time.sleep(timeout * 0.9)

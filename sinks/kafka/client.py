@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
 
+from eos_core import kafka_clients
 from eos_core.errors import ConfigError, FatalError, RetriableError
 from eos_core.kafka_config import admin_config
 from eos_core.waits import StillRunning, within
@@ -90,15 +91,16 @@ class TxnProducer:
         self._group_metadata: dict[str, Any] = {}  # by marker group: made once, by a consumer that never joins it
         self.errors: list[str] = []
         self.stuck: str | None = None  # the call this producer was given up in (_bounded): it takes no other
-        self.producer = Producer(
+        self.watch = kafka_clients.Watch(conf, context, also=self._error)
+        self.producer = kafka_clients.producer(
             {
                 **conf,
                 "transactional.id": name,
                 "enable.idempotence": "true",
                 "delivery.report.only.error": True,
-                "error_cb": self._error,
                 "on_delivery": self._delivered,
-            }
+            },
+            self.watch,
         )
 
     def _error(self, err: KafkaError) -> None:
@@ -117,11 +119,16 @@ class TxnProducer:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return fn(_left(deadline))
+                # tries of at most _SLICE seconds (a timed-out transactional call may be made again: it goes
+                # on where it was), so that a refused login, which librdkafka reports only to the error_cb
+                # while the call just waits, fails the step within seconds
+                return fn(min(_left(deadline), _SLICE))
             except KafkaException as exc:
                 err = kafka_error(exc)
                 if err is None:
                     raise
+                self.producer.poll(0)
+                self.watch.check()
                 if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
                     raise Fenced(
                         f"{self.context}: the producer {self.name!r} was fenced during {what}: a newer one with the "
@@ -296,7 +303,11 @@ class StagingProducer:
         self.context = context
         self.errors: list[str] = []
         self.ranges: dict[int, list[int]] = {}  # partition -> [first, last, count]
-        self.producer = Producer({**conf, "enable.idempotence": "true", "on_delivery": self._delivered})
+        watch = kafka_clients.Watch(conf, context)
+        self.producer = kafka_clients.producer(
+            {**conf, "enable.idempotence": "true", "on_delivery": self._delivered}, watch
+        )
+        kafka_clients.connect(self.producer, watch, timeout)  # a refused login fails now, within seconds
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
@@ -344,7 +355,9 @@ class KafkaLookups:
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(admin_config(self.conf))
+            watch = kafka_clients.Watch(self.conf, self.context)
+            self._admin = kafka_clients.admin(admin_config(self.conf), watch)
+            kafka_clients.connect(self._admin, watch, self.timeout)  # a refused login fails now, within seconds
         return self._admin
 
     def limits(self, topics: list[str]) -> dict[str, TopicLimits | None]:
@@ -450,6 +463,9 @@ class KafkaLookups:
 
     def close(self) -> None:
         self._admin = None
+
+
+_SLICE = 2.0  # seconds: the longest try of a transactional call (TxnProducer._call)
 
 
 def _left(deadline: float) -> float:

@@ -47,11 +47,14 @@ def make_records(n: int, *, seed: int, start: int = 0, keys: int = 50, prefix: s
     ]
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0) -> None:
-    """Create ``topic`` and wait until its metadata shows every partition."""
+def create_topic(
+    bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0, settings: Mapping[str, Any] | None = None
+) -> None:
+    """Create ``topic`` and wait until its metadata shows every partition. ``settings``: the client's security
+    settings (default: those of ``EOS_KAFKA_CONFIG``)."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({**_settings(settings), "bootstrap.servers": bootstrap})
     fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
     fut.result(timeout)
     deadline = time.monotonic() + timeout
@@ -67,6 +70,13 @@ def partition_of(record: Mapping[str, Any], partitions: int) -> int:
     return zlib.crc32(str(record["id"]).encode()) % partitions
 
 
+def _settings(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The security settings of the toolkit's own clients: ``given``, else ``EOS_KAFKA_CONFIG``'s."""
+    from eos_core.kafka_config import client_settings
+
+    return dict(given) if given is not None else client_settings()
+
+
 def produce_records(
     bootstrap: str,
     topic: str,
@@ -76,8 +86,10 @@ def produce_records(
     raw: Sequence[tuple[int, bytes]] = (),
     transactional_id: str | None = None,
     aborted: Sequence[Mapping[str, Any]] = (),
+    settings: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write ``records`` as JSON values (key = record key), spread over ``partitions`` by id.
+    """Write ``records`` as JSON values (key = record key), spread over ``partitions`` by id (``settings``: the
+    client's security settings, default those of ``EOS_KAFKA_CONFIG``).
 
     On tansu (whose high watermark is the base offset of the last batch + 1) each touched partition
     ends with a one-record batch; Apache Kafka needs none. ``raw`` adds ``(partition, bytes)`` values as they are (poison
@@ -89,7 +101,13 @@ def produce_records(
     from connectors.services.env import broker_is_tansu
 
     # log_level 2: librdkafka's connection notices stay quiet while a chaos run cuts its connections
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "log_level": 2}
+    conf: dict[str, Any] = {
+        **_settings(settings),
+        "bootstrap.servers": bootstrap,
+        "linger.ms": 5,
+        "enable.idempotence": True,
+        "log_level": 2,
+    }
     if transactional_id:
         conf["transactional.id"] = transactional_id
     producer = Producer(conf)
@@ -315,7 +333,13 @@ def user_partition(rec: Record, index: int, partitions: int) -> int:
 
 
 def produce_user_records(
-    bootstrap: str, topics: Mapping[str, str], records: Sequence[Record], *, partitions: int, first: int = 0
+    bootstrap: str,
+    topics: Mapping[str, str],
+    records: Sequence[Record],
+    *,
+    partitions: int,
+    first: int = 0,
+    settings: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the user's records (``first``: the index of ``records[0]`` in the whole workload, which
     spreads keyless records). On tansu each touched partition ends with a one-record batch (see
@@ -324,7 +348,15 @@ def produce_user_records(
 
     from connectors.services.env import broker_is_tansu
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, "log_level": 2})
+    producer = Producer(
+        {
+            **_settings(settings),
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            "log_level": 2,
+        }
+    )
     tansu = broker_is_tansu(producer)
     last: dict[tuple[str, int], int] = {}
     placed = []
