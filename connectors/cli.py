@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from eos_core.kafka_config import client_settings
+
 __all__ = ["build_parser", "main"]
 
 EXIT_CONFIG = 64  # EX_USAGE: a bad command line or config file
@@ -118,7 +120,9 @@ def _check_topic(bootstrap: str, topic: str) -> None:
 
     from eos_core.errors import ConfigError, EosError
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "spark-eos-verify-check", "log_level": 0})
+    consumer = Consumer(
+        {**client_settings(), "bootstrap.servers": bootstrap, "group.id": "spark-eos-verify-check", "log_level": 0}
+    )
     try:
         try:
             meta = consumer.list_topics(topic, timeout=KAFKA_CHECK_TIMEOUT_S)
@@ -376,6 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
     from connectors import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        default=None,
+        help="a Java client properties file (security.protocol, sasl.*, ssl.*) for every Kafka client of the "
+        "command: verify, kafka-sink, run's lag probe, chaos, services (default: $EOS_KAFKA_CONFIG)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(sub)
     _add_run(sub)
@@ -425,6 +436,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" ".join(scrub(text, *secrets).split()), file=sys.stderr)
 
     try:
+        if args.kafka_config:  # every client of the command, the processes it starts too, read it from there
+            from eos_core.kafka_config import CONFIG_ENV, read_properties
+
+            read_properties(args.kafka_config)  # a file that cannot be read is refused before anything runs
+            os.environ[CONFIG_ENV] = os.path.abspath(args.kafka_config)
         return int(args.func(args) or 0)
     except ConfigError as exc:
         fail(f"spark-eos: config error: {exc}")

@@ -46,7 +46,7 @@ def _topic(broker: ApacheKafka, n: int = 20) -> str:
 
 def _failure(run: Any) -> tuple[str, float]:
     began = time.monotonic()
-    with pytest.raises(Exception) as info:  # noqa: PT011: Spark wraps the connector's error in its own
+    with pytest.raises(Exception) as info:  # Spark wraps the connector's error in its own
         run()
     return str(info.value), time.monotonic() - began
 
@@ -92,3 +92,26 @@ def test_a_broker_certificate_from_another_ca_fails_within_seconds_naming_the_tr
     text, seconds = _failure(lambda: spark.read.format("kafka-eos").options(**options, subscribe=topic).load().count())
     assert seconds < FAIL_FAST, seconds
     assert "TLS handshake" in text and "kafka.ssl.truststore.location" in text, text[-3000:]
+
+
+def test_the_cli_and_the_toolkit_reach_a_secured_cluster_with_a_client_properties_file(
+    secured: ApacheKafka, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finding 2: verify, kafka-sink status|reset, run's lag probe and the toolkit's clients built their clients
+    from bootstrap.servers alone, and a secured cluster looked down. --kafka-config (or EOS_KAFKA_CONFIG) gives
+    them the Java client's security settings."""
+    from connectors import cli
+    from connectors.pipelines.supervisor import kafka_lag
+    from eos_core.kafka_config import CONFIG_ENV
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    status = ["kafka-sink", "status", "--bootstrap", secured.bootstrap, "--sink-id", "nosuch", "--marker-topic", "t"]
+    assert cli.main(status) == 2 and "did not answer" in capsys.readouterr().err  # plaintext against TLS: no answer
+    properties = secured.client_properties()
+    assert properties is not None
+    assert cli.main(["--kafka-config", str(properties), *status]) == 64  # it answers: the sink id is unknown
+    assert "no consumer group of sink 'nosuch'" in capsys.readouterr().err
+    topic = _topic(secured, 5)
+    assert kafka_lag(secured.bootstrap, {topic: {"0": 2}}) == 3
+    monkeypatch.delenv(CONFIG_ENV)
+    assert kafka_lag(secured.bootstrap, {topic: {"0": 2}}) is None  # unknown, not a number made up

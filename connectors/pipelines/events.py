@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from eos_core.kafka_config import client_settings
+
 __all__ = [
     "EVENT_SCHEMA",
     "generate",
@@ -140,7 +142,9 @@ def produce(
 
     from connectors.services.env import broker_is_tansu
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    producer = Producer(
+        {**client_settings(), "bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    )
     tansu = broker_is_tansu(producer)
     by_part: dict[int, list[tuple[bytes | None, bytes]]] = {}
     for ev in events:

@@ -20,6 +20,7 @@ from connectors.pipelines.restart import parse_strategy
 from eos_core import faults
 from eos_core.conninfo import scrub
 from eos_core.errors import error_cause
+from eos_core.kafka_config import client_settings
 
 __all__ = ["Log", "kafka_lag", "prepared_pending", "run"]
 
@@ -73,7 +74,9 @@ def kafka_lag(bootstrap: str, end_offsets: str | dict[str, Any] | None) -> int |
     ends = json.loads(end_offsets) if isinstance(end_offsets, str) else end_offsets
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "spark-eos-lag", "enable.auto.commit": False})
+    consumer = Consumer(
+        {**client_settings(), "bootstrap.servers": bootstrap, "group.id": "spark-eos-lag", "enable.auto.commit": False}
+    )
     try:
         lag = 0
         for topic, parts in ends.items():

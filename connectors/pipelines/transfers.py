@@ -28,6 +28,7 @@ from typing import Any
 from connectors.pipelines.config import PipelineConfig
 from connectors.pipelines.events import parse_events
 from connectors.pipelines.source import kafka_stream
+from eos_core.kafka_config import client_settings
 
 __all__ = [
     "HEADERS",
@@ -141,6 +142,7 @@ def read_dead_letters(bootstrap: str, topic: str, *, timeout: float = 30.0) -> l
 
     consumer = Consumer(
         {
+            **client_settings(),
             "bootstrap.servers": bootstrap,
             "group.id": f"spark-eos-dead-letters-{os.getpid()}",
             "enable.auto.commit": False,

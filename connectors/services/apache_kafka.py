@@ -698,6 +698,17 @@ class ApacheKafka(KafkaService):
         """The Java client's settings of ``client_config`` (a ``kafka.*`` option each, prefix left out)."""
         return {} if self.secured is None else self.secured.java_config()
 
+    def client_properties(self) -> Path | None:
+        """A Java client properties file (mode 0600) of ``java_config`` for tools and ``EOS_KAFKA_CONFIG``
+        (``spark-eos --kafka-config``); None without security."""
+        if self.secured is None:
+            return None
+        path = self.base / "client.properties"
+        if not path.exists():
+            path.write_text(render_properties(self.java_config(), "spark-eos embedded Apache Kafka: its admin"))
+            os.chmod(path, 0o600)
+        return path
+
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 

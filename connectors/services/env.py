@@ -8,6 +8,7 @@ from typing import Any
 from connectors.services.base import KafkaService, PostgresService, redact_dsn
 from eos_core.conninfo import conninfo_error
 from eos_core.errors import ServiceError
+from eos_core.kafka_config import client_settings
 
 __all__ = [
     "KAFKA_ENV",
@@ -51,7 +52,7 @@ class EnvKafka(KafkaService):
             raise ServiceError(f"{source} is set but empty; give host:port of a Kafka broker or unset it")
         self.bootstrap = bootstrap.strip()
         wait = env_timeout() if timeout is None else timeout
-        ok, last, cluster = kafka_reachable(self.bootstrap, wait)
+        ok, last, cluster = kafka_reachable(self.bootstrap, wait, client_settings())  # EOS_KAFKA_CONFIG's security
         if not ok:
             raise ServiceError(
                 f"{source}={self.bootstrap!r}: no Kafka broker answered within {wait:.0f}s ({last}). Start the broker, "

@@ -15,6 +15,7 @@ from connectors.commands import group, standalone
 from connectors.services import _proc
 from connectors.services.base import redact_dsn
 from eos_core.errors import ServiceError
+from eos_core.kafka_config import client_settings
 
 __all__ = [
     "STATE_ENV",
@@ -96,7 +97,7 @@ def _healthy(name: str, entry: dict[str, Any], timeout: float = 3.0) -> bool:
     if name == "kafka":
         from connectors.services.embedded_kafka import kafka_reachable
 
-        return kafka_reachable(entry["bootstrap"], timeout)[0]
+        return kafka_reachable(entry["bootstrap"], timeout, client_settings(entry.get("client_config")))[0]
     from connectors.services.embedded_postgres import postgres_ready
 
     return postgres_ready(entry["dsn"], timeout)[0]

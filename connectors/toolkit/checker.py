@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from eos_core.checkpoint import numbered
+from eos_core.kafka_config import client_settings
 
 __all__ = [
     "POSITION_FIELDS",
@@ -482,6 +483,7 @@ def read_topic(
 
     consumer = Consumer(
         {
+            **client_settings(),
             "bootstrap.servers": bootstrap,
             "group.id": f"eos-checker-{os.getpid()}-{id(topic)}",
             "enable.auto.commit": False,

@@ -21,6 +21,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicP
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.toolkit.checker import Check, Report, check_faults, compare_records, last_commit, read_topic
+from eos_core.kafka_config import client_settings
 from sinks.kafka.markers import Marker, publish_name, sink_names
 
 __all__ = ["marker_batches", "open_transactions", "read_sink_topic", "topic_rows", "verify_topic"]
@@ -77,7 +78,7 @@ def topic_rows(bootstrap: str, topic: str, *, latest_by: Sequence[str] | None = 
 def open_transactions(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0) -> dict[str, int]:
     """``topic-partition`` -> offsets between its last stable offset and its high watermark (an open
     transaction holds read_committed readers there); empty when every transaction ended."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({**client_settings(), "bootstrap.servers": bootstrap})
     meta = admin.list_topics(timeout=timeout)
     tps = [TopicPartition(t, p) for t in topics for p in sorted(meta.topics[t].partitions)]
     ends = {}
@@ -92,7 +93,7 @@ def open_transactions(bootstrap: str, topics: Sequence[str], *, timeout: float =
 
 def marker_batches(bootstrap: str, sink_id: str, marker_topic: str, *, timeout: float = 30.0) -> dict[str, Marker]:
     """Every marker of the sink: its publish's and each task slot's, by group."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({**client_settings(), "bootstrap.servers": bootstrap})
     prefix = sink_names(sink_id)
     listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
     groups = sorted({g.group_id for g in listed.valid if g.group_id.startswith(prefix)} | {publish_name(sink_id)})

@@ -8,6 +8,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 
 from eos_core.errors import ConfigError, ServiceError
+from eos_core.kafka_config import client_settings
 from sinks.kafka.markers import Marker, sink_names
 
 __all__ = ["admin", "marker_groups", "reset_markers", "sink_markers", "unknown_sink"]
@@ -17,7 +18,7 @@ _TIMEOUT = 15.0
 
 def admin(bootstrap: str) -> AdminClient:
     """An admin client of the cluster at ``bootstrap``, once it answered (ServiceError when it does not)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({**client_settings(), "bootstrap.servers": bootstrap, "log_level": 0})
     try:
         admin.list_topics(timeout=_TIMEOUT)
     except KafkaException as exc:
