@@ -6,6 +6,7 @@ from importlib import metadata
 from typing import Any
 
 from eos_core.errors import CommitUnknown, ConfigError, EosError, FatalError, RetriableError, error_cause
+from eos_core.kafka_config import SECRET_NAME_PATTERN
 
 __all__ = [
     "FORMATS",
@@ -36,13 +37,18 @@ query_error = error_cause
 FORMATS = ("kafka-eos", "postgres-upsert", "postgres-2pc")
 
 
-REDACTED_OPTIONS = r"(?i)^(?:dsn|url|password|sslpassword)$"
-"""Sink option keys whose values Spark hides in plans (``spark.sql.redaction.options.regex``); ``url`` is the
-sinks' alias of ``dsn`` (Spark's default hides it too, but a regex the user sets replaces that default)."""
+REDACTED_OPTIONS = r"(?i)^(?:dsn|url|password|sslpassword)$|" + SECRET_NAME_PATTERN
+"""Option keys whose values Spark hides in plans (``spark.sql.redaction.options.regex``): the sinks' ``dsn``,
+``url`` (its alias; Spark's default hides it too, but a regex the user sets replaces that default) and
+``password``, and every name ``eos_core.kafka_config`` takes for a secret (``kafka.sasl.jaas.config``, inline
+PEM keys ``kafka.ssl.key.pem`` and ``kafka.ssl.keystore.key``, passwords, tokens)."""
 
-REDACTED_STRINGS = r"(?i)postgres(?:ql)?://[^:/@\s]*:[^@\s]*@|password\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)"
+REDACTED_STRINGS = (
+    r"(?i)postgres(?:ql)?://[^:/@\s]*:[^@\s]*@|password\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
+)
 """What Spark hides in any plan text it prints (``spark.sql.redaction.string.regex``): the
-``user:password@`` of a Postgres URL and a keyword ``password=...``."""
+``user:password@`` of a Postgres URL, a keyword ``password=...`` and a PEM private key."""
 
 _OPTIONS_REGEX = "spark.sql.redaction.options.regex"
 _STRING_REGEX = "spark.sql.redaction.string.regex"

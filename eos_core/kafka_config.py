@@ -19,6 +19,7 @@ from eos_core.options import redact
 
 __all__ = [
     "CONFIG_ENV",
+    "SECRET_NAME_PATTERN",
     "Role",
     "admin_config",
     "client_config",
@@ -32,10 +33,11 @@ Role = Literal["consumer", "producer"]
 
 # Option names whose values are secrets (Kafka's, librdkafka's, Spark's, Hadoop's, libpq's): passwords,
 # JAAS configs (they embed the password), keys, tokens, PEM contents. Matching more than the truth is fine.
-_SECRET_NAME = re.compile(
-    r"pass(word|wd|phrase)?($|[._])|secret|jaas|token|credential|private|(^|[._])key$|[._]pem$|keystore\.key|dsn$",
-    re.I,
+SECRET_NAME_PATTERN = (
+    r"pass(?:word|wd|phrase)?(?:$|[._])|secret|jaas|token|credential|private|(?:^|[._])key$|[._]pem$|keystore\.key|dsn$"
 )
+"""The pattern (Python's and Java's regex alike) of the names of options whose values are secrets."""
+_SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.I)
 
 
 def is_secret_option(name: str) -> bool:

@@ -115,3 +115,28 @@ def test_the_cli_and_the_toolkit_reach_a_secured_cluster_with_a_client_propertie
     assert kafka_lag(secured.bootstrap, {topic: {"0": 2}}) == 3
     monkeypatch.delenv(CONFIG_ENV)
     assert kafka_lag(secured.bootstrap, {topic: {"0": 2}}) is None  # unknown, not a number made up
+
+
+def test_inline_pem_keys_and_jaas_configs_are_hidden_in_plans(spark: Any, tmp_path: Path) -> None:
+    """Finding 6: inline PEM keys (kafka.ssl.key.pem, kafka.ssl.keystore.key) matched no redaction pattern and
+    would have been printed in Spark's plans (a write's options) and the event log; connectors.register hides
+    them by key and as text. Asked of the session's own redaction (the JVM's regexes, as Spark applies them)."""
+    import connectors
+    from connectors.services.tls import CertificateAuthority
+
+    connectors.register(spark)
+    key = CertificateAuthority(tmp_path / "ca").issue(tmp_path / "client").key.read_text()
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="s3cr3t-pw";'
+    options = {
+        "kafka.bootstrap.servers": "127.0.0.1:9",
+        "topic": "t",
+        "kafka.ssl.key.pem": key,
+        "kafka.ssl.keystore.key": key,
+        "kafka.sasl.jaas.config": jaas,
+    }
+    jvm, conf = spark._jvm, spark._jsparkSession.sessionState().conf()
+    shown = conf.redactOptions(jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(options)).toString()
+    assert "127.0.0.1:9" in shown and "topic" in shown, shown  # the other options are shown ...
+    assert key.splitlines()[1] not in shown and "s3cr3t-pw" not in shown, shown  # ... the secrets are not
+    text = jvm.org.apache.spark.util.Utils.redact(conf.stringRedactionPattern(), f"a plan printing {key} as text")
+    assert key.splitlines()[1] not in text and "a plan printing" in text, text
