@@ -53,6 +53,6 @@ def test_non_idempotent_foreach_batch_insert_is_caught_and_minimised(
     assert not table.ok and table.counts["extra"] > 0 and table.counts["missing"] == 0, report.table()
     assert "EXACTLY-ONCE VIOLATED" in report.table()
     found = report.info["minimised"]
-    assert found["kills"] == [1] and found["schedule"] == ["1: fault sink.after_commit"], found
+    assert found["kills"] == [1] and found["schedule"] == ["1: fault-point sink.after_commit"], found
     argv = shlex.split(found["command"])
     assert argv[argv.index("--only-kills") + 1] == "1" and argv[argv.index("--seed") + 1] == "49", argv
