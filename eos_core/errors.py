@@ -120,8 +120,39 @@ def error_cause(exc: BaseException | str) -> str:
         if found:
             return found
     for text in texts:
+        raised = _raised(text)
+        if raised:
+            return raised
+    for text in texts:
         for line in text.splitlines():
-            line = _SPARK_CLASS.sub("", line, count=1).strip()
+            line = _SPARK_CLASS.sub("", line, count=1).strip().removesuffix(_TRACEBACK).rstrip(": ")
             if line:
                 return f"{type(exc).__name__}: {line}" if isinstance(exc, BaseException) else line
     return type(exc).__name__ if isinstance(exc, BaseException) else ""
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (\S.*)")  # a traceback's last line: "module.Class: message"
+_CAUSED_BY = re.compile(r"^\s*Caused by: ([\w.$]+): (\S.*)")
+
+
+def _raised(text: str) -> str:
+    """The exception a Python traceback in ``text`` ends with (the last one: the worker's), as
+    ``"module.Class: message"``; else the root of a Java trace (its last ``Caused by:``); else ""."""
+    found, in_traceback = "", False
+    for line in text.splitlines():
+        if line.rstrip().endswith(_TRACEBACK):
+            in_traceback = True
+            continue
+        if in_traceback and line and not line[0].isspace():
+            m = _EXCEPTION_LINE.match(line)
+            if m:
+                found = f"{m.group(1)}: {m.group(2).strip()}"
+            in_traceback = False
+    if found:
+        return found
+    for line in text.splitlines():
+        m = _CAUSED_BY.match(line)
+        if m:
+            found = f"{m.group(1)}: {m.group(2).strip()}"
+    return found

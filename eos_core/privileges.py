@@ -18,7 +18,8 @@ __all__ = ["KafkaAcl", "PgGrant", "acl_command", "describe_missing", "grant_comm
 KAFKA_RESOURCES = ("topic", "group", "transactional_id", "cluster")
 KAFKA_OPERATIONS = ("READ", "WRITE", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "IDEMPOTENT_WRITE", "ALTER")
 PG_OBJECTS = ("database", "schema", "table", "sequence")
-PG_PRIVILEGES = ("CONNECT", "TEMPORARY", "CREATE", "USAGE", "SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE")
+PG_PRIVILEGES = ("CONNECT", "TEMPORARY", "CREATE", "USAGE", "SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "OWNER")
+"""``OWNER``: not a privilege but what ALTER TABLE needs: to own the table (or be a member of its owner)."""
 
 
 @dataclass(frozen=True)
@@ -44,19 +45,29 @@ class KafkaAcl:
 @dataclass(frozen=True)
 class PgGrant:
     """A privilege a connector's role needs: ``privilege`` on the ``object`` named ``name`` (a table:
-    ``schema.table``; ``name`` None: the database the DSN names); ``why``: what of the connector needs it."""
+    ``schema.table``; ``name`` None: the database the DSN names); ``why``: what of the connector needs it.
+
+    ``unless``: (object, name) of what makes the grant unneeded once it exists (CREATE on a schema, to create
+    a table an admin may create beforehand instead); ``create``: the statement that creates it then."""
 
     object: str
     name: str | None
     privilege: str
     why: str = ""
+    unless: tuple[str, str] | None = None
+    create: str = ""
 
     def __post_init__(self) -> None:
         if self.object not in PG_OBJECTS or self.privilege not in PG_PRIVILEGES:
             raise ValueError(f"not a privilege spark-eos knows: {self}")
 
     def describe(self) -> str:
-        return f"{self.privilege} on {self.object} {self.name or '(the database of the dsn)'}"
+        where = f"{self.object} {self.name or '(the database of the dsn)'}"
+        if self.privilege == "OWNER":
+            return f"ownership of {where}"
+        return f"{self.privilege} on {where}" + (
+            f", while {self.unless[0]} {self.unless[1]} does not exist" if self.unless else ""
+        )
 
 
 def acl_command(acl: KafkaAcl, principal: str, bootstrap: str = "<bootstrap>") -> str:
@@ -73,10 +84,13 @@ def acl_command(acl: KafkaAcl, principal: str, bootstrap: str = "<bootstrap>") -
     )
 
 
-def grant_command(grant: PgGrant, role: str, database: str = "<database>") -> str:
-    """The SQL that grants ``grant`` to ``role``, identifiers quoted."""
+def grant_command(grant: PgGrant, role: str, database: str = "<database>", *, revoke: bool = False) -> str:
+    """The SQL that grants ``grant`` to ``role`` (``revoke``: takes it back), identifiers quoted."""
     ident = sql.Identifier
     name = grant.name
+    if grant.privilege == "OWNER":
+        parts = (name or "").split(".")
+        return sql.SQL("ALTER TABLE {} OWNER TO {};").format(ident(*parts), ident(role)).as_string(None)
     if grant.object == "database":
         target = sql.SQL("DATABASE {}").format(ident(name or database))
     elif grant.object == "schema":
@@ -84,19 +98,17 @@ def grant_command(grant: PgGrant, role: str, database: str = "<database>") -> st
     else:
         parts = (name or "").split(".")
         target = sql.SQL("TABLE {}" if grant.object == "table" else "SEQUENCE {}").format(ident(*parts))
-    stmt = sql.SQL("GRANT {} ON {} TO {};").format(sql.SQL(grant.privilege), target, ident(role))
+    form = "REVOKE {} ON {} FROM {};" if revoke else "GRANT {} ON {} TO {};"
+    stmt = sql.SQL(form).format(sql.SQL(grant.privilege), target, ident(role))
     return stmt.as_string(None)
 
 
 def describe_missing(
     who: str, acls: Sequence[KafkaAcl] = (), grants: Sequence[PgGrant] = (), *, context: str, fix: Iterable[str] = ()
 ) -> str:
-    """One refusal naming every missing ACL or privilege of ``who``, why each is needed, and the commands."""
-    lines = [f"{context}: {who} lacks what it needs:"]
-    lines += [f"  - {a.describe()} ({a.why})" for a in acls]
-    lines += [f"  - {g.describe()} ({g.why})" for g in grants]
-    commands = list(fix)
-    if commands:
-        lines.append("grant it with:")
-        lines += [f"  {c}" for c in commands]
-    return "\n".join(lines)
+    """One refusal, on one line (an error's cause is found by its line), naming every missing ACL or privilege
+    of ``who``, why each is needed, and the commands that grant them."""
+    listed: list[KafkaAcl | PgGrant] = [*acls, *grants]
+    needs = "; ".join(f"{n.describe()} ({n.why})" for n in listed)
+    commands = " ".join(fix)
+    return f"{context}: {who} lacks {needs}" + (f". Grant it: {commands}" if commands else "")

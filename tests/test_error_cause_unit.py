@@ -83,3 +83,37 @@ def test_a_subclass_of_ours_is_found_by_its_module_path() -> None:
     )
     assert error_cause(text) == "LineageMismatch: kafka-eos sink 's': task slot 0 already wrote batch 4"
     assert error_cause("pyspark.errors.exceptions.base.PySparkValueError: [X] not ours") == "not ours"
+
+
+PRIVILEGE = """[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback (most recent call last):
+  File "/x/sinks/postgres/twophase/spark.py", line 88, in writer
+    return TwoPhaseBatchWriter(self.options, schema)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/x/sinks/postgres/twophase/decisions.py", line 247, in ensure
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+  File "/x/.venv/lib/python3.11/site-packages/psycopg/connection.py", line 304, in execute
+    raise ex.with_traceback(None)
+psycopg.errors.InsufficientPrivilege: permission denied for database postgres
+ SQLSTATE: 38000
+\tat org.apache.spark.sql.errors.QueryCompilationErrors$.pythonDataSourceError(QueryCompilationErrors.scala:1)
+"""
+
+
+def test_a_driver_error_not_ours_is_the_line_its_traceback_ends_with() -> None:
+    """Issue 44, finding 3: a Postgres refusal in a data source's writer gave 'Traceback (most recent call
+    last):', the line Spark's wrapping ends with, instead of the cause (the text as Spark 4 wrapped it)."""
+    assert error_cause(CapturedLike(PRIVILEGE)) == (
+        "psycopg.errors.InsufficientPrivilege: permission denied for database postgres"
+    )
+    java = (
+        "org.apache.spark.SparkException: Job aborted.\n\tat x.y(Z.scala:1)\n"
+        "Caused by: org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access topics: [t]\n"
+        "\tat a.b(C.java:2)"
+    )
+    assert error_cause(java) == (
+        "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access topics: [t]"
+    )
+    bare = (
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback (most recent call last):"
+    )
+    assert "Traceback" not in error_cause(CapturedLike(bare))

@@ -48,3 +48,52 @@ def test_setup_fails_at_once_on_a_bad_login(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError):
         connection.setup_connect(opts, "spark-eos test setup")
     assert len(calls) == 1
+
+
+FAILED = 'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('FATAL:  password authentication failed for user "app"', "check the dsn/user/password/dbname"),
+        (
+            'FATAL:  permission denied for database "postgres"\nDETAIL:  User does not have CONNECT privilege.',
+            'GRANT CONNECT ON DATABASE "postgres" TO "app";',
+        ),
+        (
+            'FATAL:  pg_hba.conf rejects connection for host "127.0.0.1", user "app", database "postgres", no encryption',
+            "add sslmode=verify-full and sslrootcert",
+        ),
+        ("SSL error: certificate verify failed", "point sslrootcert"),
+        ("SSL error: provider signature failure", "point sslrootcert"),
+        ('server certificate for "db" does not match host name "127.0.0.1"', "connect by the name the certificate"),
+        ('FATAL:  role "app" does not exist', "check the dsn/user/password/dbname"),
+    ],
+)
+def test_a_refused_login_or_tls_handshake_is_a_config_error_at_once(
+    monkeypatch: pytest.MonkeyPatch, text: str, named: str
+) -> None:
+    """Issue 44: libpq gives no sqlstate for a failure during the login, and every one of these was a
+    RetriableError ('check that the server runs'), retried by the sink and by a restart strategy."""
+    import psycopg
+
+    def refuse(*a: Any, **kw: Any) -> None:
+        raise psycopg.OperationalError(FAILED + text)
+
+    monkeypatch.setattr(psycopg, "connect", refuse)
+    opts = ConnectionOptions.from_options({"dsn": "host=127.0.0.1 user=app dbname=postgres password=s3cret-pw"})
+    with pytest.raises(ConfigError) as info:
+        connection.connect(opts)
+    assert named in str(info.value) and "s3cret-pw" not in str(info.value), str(info.value)
+
+
+def test_a_server_that_is_not_there_stays_retriable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    def refuse(*a: Any, **kw: Any) -> None:
+        raise psycopg.OperationalError(FAILED + "Connection refused\n\tIs the server running on that host?")
+
+    monkeypatch.setattr(psycopg, "connect", refuse)
+    with pytest.raises(RetriableError):
+        connection.connect(ConnectionOptions.from_options({"dsn": "host=127.0.0.1 user=app"}))

@@ -12,12 +12,23 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from connectors.services import _proc
 from connectors.services.base import PostgresService
 from eos_core.errors import ServiceError
 
-__all__ = ["PG_BIN_GLOBS", "EmbeddedPostgres", "pg_bin_dir", "postgres_ready"]
+__all__ = ["PG_BIN_GLOBS", "SECURITY", "EmbeddedPostgres", "pg_bin_dir", "postgres_ready"]
+
+SECURITY = ("tls", "plaintext")
+"""``tls``: ``ssl=on`` with a certificate of a CA made at start, hostssl-only scram-sha-256 (a plaintext
+connection is refused), a DSN with ``sslmode=verify-full``; ``plaintext``: scram-sha-256 without TLS."""
+_HBA_TLS = """# spark-eos embedded cluster: TLS only, SCRAM passwords
+local     all all                scram-sha-256
+hostssl   all all 127.0.0.1/32   scram-sha-256
+hostssl   all all ::1/128        scram-sha-256
+hostnossl all all all            reject
+"""
 
 START_TIMEOUT = 60.0
 _TOOLS = ("initdb", "pg_ctl", "postgres")
@@ -93,7 +104,9 @@ class EmbeddedPostgres(PostgresService):
     """A PostgreSQL cluster in a temp dir on 127.0.0.1, run as an unprivileged user when we are root.
 
     fsync stays on (crash tests rely on the WAL), ``max_prepared_transactions`` defaults to 64. The
-    superuser ``eos_admin`` logs in with a random password (scram-sha-256). ``crash()`` is
+    superuser ``eos_admin`` logs in with a random password (scram-sha-256), over TLS only with
+    ``security="tls"`` (the CA's certificate: ``ca_path``; ``reissue_certificate()`` gives the server a new
+    one of the same CA while it runs). ``add_role`` makes a least-privileged app role. ``crash()`` is
     ``pg_ctl stop -m immediate``; ``start()`` recovers on the same directory and port; ``stop()``
     stops cleanly and deletes the temp directory unless ``keep=True`` (a named ``base_dir`` is kept).
     """
@@ -114,7 +127,11 @@ class EmbeddedPostgres(PostgresService):
         # not "eos": a role named like the 2PC sink's protocol schema would put that schema on its
         # search path ("$user"), and the sink refuses unqualified tables then
         user: str = "eos_admin",
+        security: str = "plaintext",
     ) -> None:
+        if security not in SECURITY:
+            raise ServiceError(f"EmbeddedPostgres(security={security!r}): use one of {', '.join(SECURITY)}")
+        self.security = security
         self.bin_dir = pg_bin_dir(bin_dir)
         if port is not None and _proc.port_in_use(port):
             raise ServiceError(
@@ -159,7 +176,38 @@ class EmbeddedPostgres(PostgresService):
     # ---- the DSN -------------------------------------------------------------------------------
     @property
     def dsn(self) -> str:  # type: ignore[override]
-        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
+        tls = f"?sslmode=verify-full&sslrootcert={self.ca_path}" if self.security == "tls" else ""
+        return f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres{tls}"
+
+    @property
+    def ca_path(self) -> Path:
+        """The certificate of the CA that issued the server's (what ``sslrootcert`` names)."""
+        return self.base / "ca" / "ca.pem"
+
+    def _issue(self) -> None:
+        from connectors.services.tls import CertificateAuthority
+
+        CertificateAuthority(self.base / "ca").issue(self.base / "tls", owner=self.run_as)
+
+    def reissue_certificate(self) -> None:
+        """A new server certificate of the same CA, taken up by a reload while the server runs: open
+        sessions go on, new ones see the new certificate (a rotation clients that trust the CA survive)."""
+        if self.security != "tls":
+            raise ServiceError("reissue_certificate(): this embedded Postgres runs without TLS (security='plaintext')")
+        self._issue()
+        _proc.run([self._tool("pg_ctl"), "reload", "-D", str(self.data_dir)], run_as=self.run_as, timeout=30)
+
+    def certificate_serial(self) -> int:
+        """The serial number of the certificate the server presents now (a new one after a reissue)."""
+        from cryptography import x509
+
+        return int(x509.load_pem_x509_certificate((self.base / "tls" / "server.pem").read_bytes()).serial_number)
+
+    def add_role(self, name: str, grants: Any = (), password: str | None = None) -> Any:
+        """A least-privileged login role holding exactly ``grants`` (``connectors.services.pg_security``)."""
+        from connectors.services.pg_security import add_role
+
+        return add_role(self.dsn, name, grants, password)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def _tool(self, name: str) -> str:
@@ -211,6 +259,14 @@ class EmbeddedPostgres(PostgresService):
             "log_min_messages": "warning",
             "log_line_prefix": "'%m [%p] '",
         }
+        if self.security == "tls":
+            self._issue()
+            settings.update(
+                ssl="on",
+                ssl_cert_file=f"'{self.base / 'tls' / 'server.pem'}'",
+                ssl_key_file=f"'{self.base / 'tls' / 'server.key'}'",
+            )
+            (self.data_dir / "pg_hba.conf").write_text(_HBA_TLS)  # initdb's file: its owner and mode stay
         with open(self.data_dir / "postgresql.conf", "a") as conf:
             conf.write("\n# spark-eos embedded cluster\n")
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())

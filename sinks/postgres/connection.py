@@ -123,12 +123,44 @@ def connect(
     if opts.dsn:
         message = scrub(message, conninfo=opts.dsn)
     state = failure.sqlstate
-    if state in ("28P01", "28000", "3D000") or isinstance(failure, psycopg.ProgrammingError):
+    tls = _tls_refusal(message)
+    if tls:
+        raise ConfigError(f"postgres: cannot connect to {opts.describe()}: {message}; {tls}", option="dsn")
+    low = message.lower()
+    if state == "42501" or "permission denied for database" in low:
+        # no CONNECT on the database (a hardened one grants it per role); libpq gives no sqlstate at login
+        from psycopg.conninfo import conninfo_to_dict
+
+        from eos_core.privileges import PgGrant, describe_missing, grant_command
+
+        params = conninfo_to_dict(conninfo)
+        role, database = str(params.get("user") or "?"), str(params.get("dbname") or "?")
+        need = PgGrant("database", None, "CONNECT", "log in")
+        raise ConfigError(
+            describe_missing(
+                f"role {role!r}",
+                grants=[need],
+                context=f"postgres: cannot connect to {opts.describe()}",
+                fix=[grant_command(need, role, database)],
+            ),
+            option="dsn",
+            sqlstate=state,
+        )
+    if (
+        state in ("28P01", "28000", "3D000")
+        or isinstance(failure, psycopg.ProgrammingError)
+        or any(m in low for m in _LOGIN_REFUSALS)
+    ):
         # bad password, no such role/database; or libpq refused the connection options
         raise ConfigError(
             f"postgres: cannot connect to {opts.describe()}: {message}"
             + (f" (sqlstate {state})" if state else "")
-            + "; check the dsn/user/password/dbname options",
+            + (
+                "; the server takes TLS connections only: add sslmode=verify-full and sslrootcert=<the CA's "
+                "certificate> to the dsn"
+                if "no encryption" in low
+                else "; check the dsn/user/password/dbname options"
+            ),
             option="dsn",
             sqlstate=state,
         )
@@ -138,6 +170,39 @@ def connect(
         + "; check that the server runs and the dsn/host/port options",
         sqlstate=state,
     )
+
+
+# A refused login, as libpq words it (it gives no sqlstate for a failure during the login): never retried
+_LOGIN_REFUSALS = (
+    "password authentication failed",
+    "pg_hba.conf rejects connection",
+    "no pg_hba.conf entry",
+    "does not exist",  # the role or the database
+    "server does not support ssl",
+    "password is missing",
+    "no password supplied",
+)
+_TLS_REFUSALS = (
+    ("certificate verify failed", "the server's certificate is not signed by a CA the client trusts"),
+    ("signature failure", "the server's certificate is not signed by the CA the client trusts (one of that name)"),
+    ("unable to get local issuer", "the server's certificate is not signed by a CA the client trusts"),
+    ("self-signed certificate", "the server's certificate is self-signed, not of a CA the client trusts"),
+    ("does not match host name", "the server's certificate is not for the host the client connects to"),
+    ("root certificate file", "the CA certificate file the client is to trust cannot be read"),
+    ("certificate has expired", "the server's certificate has expired"),
+)
+
+
+def _tls_refusal(message: str) -> str:
+    """The fix for a TLS handshake the client refused (never retried: it fails the same way each time)."""
+    low = message.lower()
+    for marker, what in _TLS_REFUSALS:
+        if marker in low:
+            return (
+                f"{what}: point sslrootcert (in the dsn, or PGSSLROOTCERT) at the CA that issued the server's "
+                "certificate, connect by the name the certificate holds, or have the server's certificate renewed"
+            )
+    return ""
 
 
 def postgres_options(dsn: str, option: str = "dsn") -> dict[str, str]:

@@ -117,7 +117,10 @@ def table_sql(table: TableName) -> str:
 def ensure_table(conn: psycopg.Connection, table: TableName) -> None:
     """Create the dead-letter table when missing (under the sink's DDL lock: writers may start at once)."""
     with ddl_lock(conn), conn.cursor() as cur:
-        cur.execute(table_sql(table).encode())
+        # only when missing: CREATE TABLE IF NOT EXISTS asks for CREATE on the schema even when it exists
+        row = cur.execute("SELECT to_regclass(%s) IS NULL", (table.sql,)).fetchone()
+        if row is not None and row[0]:
+            cur.execute(table_sql(table).encode())
         # a table of 0.1 has no sink_id: added once (ALTER TABLE takes an exclusive lock even when the
         # column exists, which would wait for prepared transactions holding the table)
         cur.execute(

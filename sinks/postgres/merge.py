@@ -317,7 +317,12 @@ def ensure_tombstones(conn: psycopg.Connection, plan: MergePlan) -> None:
     sql = tombstone_sql(plan)
     if sql is None:
         return
+    tomb = plan.tombstones
+    assert tomb is not None
     with ddl_lock(conn), conn.cursor() as cur:
-        cur.execute(sql)
+        # only when missing: CREATE TABLE IF NOT EXISTS asks for CREATE on the schema even when it exists
+        row = cur.execute("SELECT to_regclass(%s) IS NULL", (tomb.sql,)).fetchone()
+        if row is not None and row[0]:
+            cur.execute(sql)
     if not conn.autocommit:
         conn.commit()

@@ -20,6 +20,7 @@ from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, KeyTracker, MergePlan, ensure_tombstones
 from sinks.postgres.options import UpsertOptions
+from sinks.postgres.privileges import refuse_missing, upsert_grants
 from sinks.postgres.types import check_table
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class UpsertPlanner:
         opts = self.opts
         conn = setup_connect(opts.connection, "spark-eos check")
         try:
+            if self.temporary_staging:  # postgres-upsert itself (postgres-2pc checks its own, a superset)
+                refuse_missing(conn, upsert_grants(opts), context=f"{FORMAT} into {opts.table}")
             columns = check_table(
                 conn,
                 opts.table,

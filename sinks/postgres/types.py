@@ -371,8 +371,12 @@ def _table_or_created(
                 table=str(table),
             )
         with ddl_lock(conn), conn.cursor() as cur:
-            if table.schema:
-                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(table.schema)}")
+            # only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when it exists
+            if (
+                table.schema
+                and not cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (table.schema,)).fetchone()
+            ):
+                cur.execute(f"CREATE SCHEMA {quote_ident(table.schema)}")
             cur.execute(create_table_sql(table, columns, key))
         if not conn.autocommit:
             conn.commit()

@@ -244,7 +244,10 @@ class ProtocolTables:
                 conn.commit()
             return
         with ddl_lock(conn):
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+            # only when missing: Postgres asks for CREATE on the database before it sees the schema exists, and
+            # a role an admin made the schema for has none
+            if not conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)).fetchone():
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
             conn.execute(
                 sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} ("

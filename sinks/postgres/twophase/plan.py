@@ -25,6 +25,7 @@ from sinks.postgres.merge import ORDINAL, MergePlan, ensure_tombstones
 from sinks.postgres.options import (
     TableName,
 )
+from sinks.postgres.privileges import refuse_missing, twophase_grants
 from sinks.postgres.refusal import WHY
 from sinks.postgres.staging import UpsertPlanner
 from sinks.postgres.twophase.decisions import (
@@ -170,6 +171,7 @@ def build_plan(opts: TwoPhaseOptions, schema: StructType, *, replace: bool) -> T
     tables = ProtocolTables(opts.eos_schema)
     conn = setup_connect(opts.connection, f"spark-eos {FORMAT} setup")
     try:
+        refuse_missing(conn, twophase_grants(opts, complete=replace), context=f"{FORMAT} {opts.sink_id}")
         check_max_prepared(conn, where=f" (sink {opts.sink_id!r})")
         tables.ensure(conn)
         _check_protocol_schema_off_path(conn, opts)

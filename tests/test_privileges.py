@@ -1,0 +1,76 @@
+"""The privileges each Postgres sink declares for its options (issue 44), and the commands that grant them."""
+
+from __future__ import annotations
+
+from eos_core.privileges import KafkaAcl, PgGrant, acl_command, describe_missing, grant_command
+from sinks.postgres.options import UpsertOptions
+from sinks.postgres.privileges import twophase_grants, upsert_grants
+from sinks.postgres.twophase.options import TwoPhaseOptions
+
+
+def _held(grants: list[PgGrant]) -> set[tuple[str, str | None, str]]:
+    return {(g.object, g.name, g.privilege) for g in grants if g.unless is None}
+
+
+def test_upsert_needs_select_and_temporary_which_were_undocumented() -> None:
+    plain = _held(upsert_grants(UpsertOptions.from_options({"table": "t", "key": "id"})))
+    assert plain == {
+        ("database", None, "CONNECT"),
+        ("database", None, "TEMPORARY"),
+        ("schema", "public", "USAGE"),
+        ("table", "public.t", "INSERT"),
+        ("table", "public.t", "SELECT"),
+        ("table", "public.t", "UPDATE"),
+    }
+    deletes = upsert_grants(
+        UpsertOptions.from_options({"table": "s.t", "key": "id", "version": "v", "delete.column": "gone"})
+    )
+    assert ("table", "s.t", "DELETE") in _held(deletes)
+    assert {p for o, n, p in _held(deletes) if n == "s.t__eos_tombstones"} == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    create = [g for g in deletes if g.privilege == "CREATE"]
+    assert [(g.name, g.unless) for g in create] == [("s", ("table", "s.t__eos_tombstones"))]
+
+
+def test_2pc_needs_create_on_the_database_only_while_its_schema_is_missing() -> None:
+    staged = twophase_grants(TwoPhaseOptions.from_options({"table": "t", "sink.id": "s"}))
+    on_db = [g for g in staged if g.object == "database" and g.privilege == "CREATE"]
+    assert len(on_db) == 1 and on_db[0].unless == ("schema", "eos") and "CREATE SCHEMA eos" in on_db[0].create
+    assert ("schema", "eos", "CREATE") in _held(staged)  # visibility=batch: each task's staging table
+    assert ("database", None, "TEMPORARY") in _held(staged)
+    direct = twophase_grants(TwoPhaseOptions.from_options({"table": "t", "sink.id": "s", "visibility": "partition"}))
+    assert ("schema", "eos", "CREATE") not in _held(direct) and ("database", None, "TEMPORARY") not in _held(direct)
+    assert {p for o, n, p in _held(direct) if n == "eos.sink_batches"} == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    assert ("table", "public.t", "DELETE") in _held(
+        twophase_grants(TwoPhaseOptions.from_options({"table": "t", "sink.id": "s"}), complete=True)
+    )
+    assert ("table", "public.t", "DELETE") not in _held(staged)
+
+
+def test_options_that_need_more_declare_it() -> None:
+    opts = {"table": "t", "key": "id", "table.create": "true", "schema.evolution": "add-columns"}
+    grants = upsert_grants(UpsertOptions.from_options({**opts, "errors.tolerance": "all", "errors.table": "x.bad"}))
+    assert ("table", "public.t", "OWNER") in _held(grants)
+    assert ("table", "x.bad", "INSERT") in _held(grants) and ("schema", "x", "USAGE") in _held(grants)
+    assert {(g.name, g.unless) for g in grants if g.privilege == "CREATE"} == {
+        ("public", ("table", "public.t")),
+        ("x", ("table", "x.bad")),
+    }
+
+
+def test_the_commands_grant_revoke_and_quote() -> None:
+    g = PgGrant("table", "s.Odd Name", "INSERT")
+    assert grant_command(g, "app") == 'GRANT INSERT ON TABLE "s"."Odd Name" TO "app";'
+    assert grant_command(g, "app", revoke=True) == 'REVOKE INSERT ON TABLE "s"."Odd Name" FROM "app";'
+    assert grant_command(PgGrant("database", None, "TEMPORARY"), "app", "db") == (
+        'GRANT TEMPORARY ON DATABASE "db" TO "app";'
+    )
+    assert grant_command(PgGrant("table", "public.t", "OWNER"), "app") == 'ALTER TABLE "public"."t" OWNER TO "app";'
+    acl = KafkaAcl("transactional_id", "orders-", "WRITE", prefixed=True)
+    assert acl_command(acl, "app", "b:9093").endswith(
+        "--allow-principal User:app --operation Write --transactional-id 'orders-' --resource-pattern-type prefixed"
+    )
+    text = describe_missing(
+        "role 'app'", grants=[PgGrant("database", None, "TEMPORARY", "stage")], context="c", fix=["X;"]
+    )
+    assert text == "c: role 'app' lacks TEMPORARY on database (the database of the dsn) (stage). Grant it: X;"
+    assert "\n" not in text
