@@ -21,8 +21,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from eos_core.errors import ConfigError, FatalError
+from eos_core.privileges import KafkaAcl, acl_command, describe_missing
 
-__all__ = ["Watch", "admin", "connect", "consumer", "producer", "refused_login"]
+__all__ = ["Watch", "admin", "connect", "consumer", "principal", "producer", "refused_access", "refused_login"]
 
 LOG = "eos.librdkafka"
 _REPEAT_SECONDS = 60.0
@@ -118,6 +119,28 @@ def refused_login(conf: Mapping[str, Any], err: KafkaError, context: str) -> str
     return (
         f"{context}: {where} refused the login of principal {user!r} with {mechanism}: {fix}. The credentials "
         f"are wrong or not (yet) known to the broker; no retry can help (librdkafka: {text})"
+    )
+
+
+def principal(conf: Mapping[str, Any]) -> str:
+    """The principal these client settings log in as (``sasl.username``; ``ANONYMOUS`` without SASL)."""
+    return str(
+        conf.get("sasl.username")
+        or ("ANONYMOUS" if "SASL" not in str(conf.get("security.protocol", "")).upper() else "?")
+    )
+
+
+def refused_access(conf: Mapping[str, Any], err: Any, acls: list[KafkaAcl], context: str) -> str:
+    """What an authorization failure means: the principal, each ACL it lacks and why, and the commands that
+    grant them (``kafka-acls.sh``, as ``eos_core.privileges.acl_command`` writes it)."""
+    where = str(conf.get("bootstrap.servers", "?"))
+    code = f"{err.name()}: {err.str()}" if isinstance(err, KafkaError) else str(err)
+    who = principal(conf)
+    return describe_missing(
+        f"principal User:{who}",
+        acls,
+        context=f"{context}: {where} refused access ({code})",
+        fix=[acl_command(a, who, where) for a in acls],
     )
 
 

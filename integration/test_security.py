@@ -140,3 +140,66 @@ def test_inline_pem_keys_and_jaas_configs_are_hidden_in_plans(spark: Any, tmp_pa
     assert key.splitlines()[1] not in shown and "s3cr3t-pw" not in shown, shown  # ... the secrets are not
     text = jvm.org.apache.spark.util.Utils.redact(conf.stringRedactionPattern(), f"a plan printing {key} as text")
     assert key.splitlines()[1] not in text and "a plan printing" in text, text
+
+
+def _declared(options: dict[str, str], **more: str) -> list[KafkaAcl]:
+    from sources.kafka.options import parse_options
+    from sources.kafka.privileges import source_acls
+
+    return source_acls(parse_options({"kafka.bootstrap.servers": "b:9", **options, **more}, streaming=True))
+
+
+def test_the_source_reads_with_exactly_its_declared_acls_and_names_each_missing_one(
+    secured: ApacheKafka, spark: Any, tmp_path: Path
+) -> None:
+    """Finding 4 (source): a batch read failed on the generated consumer group's coordinator look-up
+    (GROUP_AUTHORIZATION_FAILED) and said to grant READ on the topic; startingOffsets=group without an ACL on
+    the group timed out for 8 minutes as 'check kafka.bootstrap.servers'. Now READ on the topic is all a read
+    needs (it implies DESCRIBE; the generated group is never used), and a missing ACL is named with its command."""
+    from connectors import error_cause
+
+    topic = _topic(secured, 20)
+    needs = _declared({"subscribe": topic})
+    assert [(a.resource, a.name, a.operation) for a in needs] == [("topic", topic, "READ")]  # no group, no DESCRIBE
+    app = secured.add_principal(f"src-{uuid.uuid4().hex[:6]}", needs)
+    options = {**app.kafka_options(), "subscribe": topic}
+    assert spark.read.format("kafka-eos").options(**options).load().count() == 20  # batch
+    query = (
+        spark.readStream.format("kafka-eos")
+        .options(**options, startingOffsets="earliest")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        assert query.lastProgress["numInputRows"] == 20
+    finally:
+        query.stop()
+    for acl in needs:  # each one missing in turn
+        secured.revoke(app.name, [acl])
+        try:
+            text, seconds = _failure(lambda: spark.read.format("kafka-eos").options(**options).load().count())
+        finally:
+            secured.grant(app.name, [acl])
+        cause = error_cause(text)
+        assert seconds < FAIL_FAST, (acl, seconds)
+        assert f"principal User:{app.name} lacks " in cause and f"{acl.operation} on topic '{topic}'" in cause, cause
+        assert f"--operation {acl.operation.title()} --topic '{topic}'" in cause, cause
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    by_group = _declared({"subscribe": topic}, **{"kafka.group.id": group, "startingOffsets": "group"})
+    assert KafkaAcl("group", group, "DESCRIBE", why="start from the group's committed offsets") in by_group
+    text, seconds = _failure(
+        lambda: (
+            spark.read.format("kafka-eos")
+            .options(**options, **{"kafka.group.id": group, "startingOffsets": "group"})
+            .load()
+            .count()
+        )
+    )
+    cause = error_cause(text)
+    assert seconds < FAIL_FAST and f"lacks DESCRIBE on group '{group}'" in cause, (seconds, cause)
+    secured.grant(app.name, [KafkaAcl("group", group, "DESCRIBE")])
+    reading = spark.read.format("kafka-eos").options(**options, **{"kafka.group.id": group, "startingOffsets": "group"})
+    assert reading.load().count() == 20  # no committed offsets: from the start

@@ -767,7 +767,10 @@ def test_authorization_error_fails_at_once_naming_the_topic(option: str) -> None
     value = {"subscribe": "t", "assign": '{"t":[0]}', "subscribePattern": "^t$"}[option]
     denied = _Topic(0, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
     planner, fake = _meta_planner([{"t": denied}], **{option: value})
-    with pytest.raises(FatalError, match=r"access to topic 't' .*TOPIC_AUTHORIZATION_FAILED.*Grant the principal"):
+    with pytest.raises(
+        FatalError,
+        match=r"refused access \(TOPIC_AUTHORIZATION_FAILED.*lacks READ on topic 't'.*--operation Read --topic 't'",
+    ):
         planner.discover()
     assert len(fake.calls) == 1  # not retried for fetchOffset.numRetries x pollTimeoutMs
 
@@ -853,7 +856,7 @@ def test_reader_fails_at_once_on_authorization_errors(monkeypatch: pytest.Monkey
     from eos_core.errors import FatalError
 
     consumer = _ErrConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED)
-    with pytest.raises(FatalError, match=r"access to topic 't' .*refused by b:9: TOPIC_AUTHORIZATION_FAILED"):
+    with pytest.raises(FatalError, match=r"b:9 refused access \(TOPIC_AUTHORIZATION_FAILED.*lacks READ on topic 't'"):
         _read_with(consumer, monkeypatch)
     assert consumer.consumes == 1  # it used to poll until kafkaConsumer.pollTimeoutMs: "no record arrived"
 
@@ -1271,7 +1274,7 @@ def test_read_consumer_settings_bound_the_prefetch_and_never_idle(monkeypatch: p
 
     made: list[dict] = []
     monkeypatch.setattr(reader_mod, "_CONSUMERS", {})
-    monkeypatch.setattr(reader_mod, "Consumer", lambda conf: made.append(conf) or object())
+    monkeypatch.setattr(reader_mod.kafka_clients, "consumer", lambda conf, watch: made.append(conf) or object())
     reader_mod._consumer(ReadSettings({"bootstrap.servers": "b:9"}))
     reader_mod._consumer(
         ReadSettings({"bootstrap.servers": "b:9", "fetch.queue.backoff.ms": "500", "auto.offset.reset": "earliest"})

@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from eos_core import kafka_clients
 from eos_core.errors import FatalError, ServiceError
 from eos_core.kafka_config import admin_config
+from eos_core.privileges import KafkaAcl
 from eos_core.waits import StillRunning, within
 from sources.kafka.offsets import PartitionOffsets, TopicPartition
 
@@ -38,15 +39,23 @@ DENIED = frozenset(
 )
 
 
-def access_denied(topic: str, err: Any, *, option: str, bootstrap: str) -> FatalError:
-    """The error for a topic the configured principal may not use (no retry helps)."""
-    return FatalError(
-        f"kafka-eos: access to topic {topic!r} (option '{option}') was refused by {bootstrap}: "
-        f"{_code_name(err)}. Grant the principal of the kafka.sasl.* / kafka.ssl.* options DESCRIBE and READ "
-        "on the topic (kafka-acls --add --operation Describe --operation Read --topic ...), or fix the credentials.",
-        topic=topic,
-        option=option,
-    )
+def access_denied(topic: str, err: Any, *, option: str, conf: dict[str, Any]) -> FatalError:
+    """The error for a topic the configured principal may not use (no retry helps): the ACLs it lacks and the
+    commands that grant them; a refused login is said as such."""
+    code = err.code() if isinstance(err, KafkaError) else None
+    if code in kafka_clients.REFUSED:
+        return FatalError(kafka_clients.refused_login(conf, err, "kafka-eos"), topic=topic, option=option)
+    if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        group = str(conf.get("group.id", "?"))
+        return group_denied(group, err, conf, "DESCRIBE", "read the group's committed offsets")
+    acls = [KafkaAcl("topic", topic, "READ", why=f"look up its partitions and offsets, read its records ({option})")]
+    return FatalError(kafka_clients.refused_access(conf, err, acls, "kafka-eos"), topic=topic, option=option)
+
+
+def group_denied(group: str, err: Any, conf: dict[str, Any], operation: str, why: str) -> FatalError:
+    """The error for a consumer group the principal may not use (startingOffsets=group, commitOffsetsToGroup)."""
+    acls = [KafkaAcl("group", group, operation, why=f"{why} (option 'kafka.group.id')")]
+    return FatalError(kafka_clients.refused_access(conf, err, acls, "kafka-eos"), group=group)
 
 
 def _code_name(err: Any) -> str:
@@ -214,7 +223,7 @@ class KafkaMetadataClient:
 
     def _topic_error(self, name: str, err: Any, option: str) -> None:
         if err.code() in DENIED:
-            raise access_denied(name, err, option=option, bootstrap=self.bootstrap)
+            raise access_denied(name, err, option=option, conf=self.config)
         raise TopicMetadataError(
             f"topic {name!r} has a metadata error: {_code_name(err)} (not a deleted topic: nothing is dropped)",
             topic=name,
@@ -304,15 +313,34 @@ class KafkaMetadataClient:
         if not tps:
             return {}
 
+        conf = {**self._conf(), "group.id": group}
+
         def fetch() -> dict[TopicPartition, int | None]:
-            c = kafka_clients.consumer({**self._conf(), "group.id": group}, self.watch)
+            c = kafka_clients.consumer(conf, self.watch)
             try:
-                got = c.committed([CkTopicPartition(tp.topic, tp.partition) for tp in tps], timeout=self.timeout)
+                got = self._committed_in_slices(c, conf, [CkTopicPartition(tp.topic, tp.partition) for tp in tps])
             finally:
                 c.close()
             return {TopicPartition(x.topic, x.partition): (x.offset if x.offset >= 0 else None) for x in got}
 
         return self._retry(f"reading committed offsets of group {group!r}", fetch)
+
+    def _committed_in_slices(self, c: Consumer, conf: dict[str, Any], tps: list[CkTopicPartition]) -> Any:
+        """``committed()`` asked a second at a time, up to the timeout: librdkafka reports a refused group (no
+        DESCRIBE on it) only as an event of the consumer, and the call itself just times out, so the events
+        are looked at between the slices."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            step = max(0.1, min(1.0, deadline - time.monotonic()))
+            try:
+                return c.committed(tps, timeout=step)
+            except KafkaException as exc:
+                if _code(exc) != KafkaError._TIMED_OUT or time.monotonic() >= deadline:
+                    raise
+            event = c.poll(0)
+            err = event.error() if event is not None else None
+            if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise group_denied(conf["group.id"], err, conf, "DESCRIBE", "read the group's committed offsets")
 
     def commit(self, group: str, offsets: PartitionOffsets) -> None:
         """Commit offsets to a group (monitoring only); a failure is logged, never raised."""
@@ -328,7 +356,11 @@ class KafkaMetadataClient:
             )
         except KafkaException as exc:
             self.close_committer()  # the next commit starts from a fresh consumer
-            log.warning("kafka-eos: committing offsets to group %r failed (monitoring only, ignored): %s", group, exc)
+            said: Exception = exc
+            if _code(exc) == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                why = "commit each batch's end offsets for lag monitoring (commitOffsetsToGroup)"
+                said = group_denied(group, exc.args[0], {**self._conf(), "group.id": group}, "READ", why)
+            log.warning("kafka-eos: committing offsets to group %r failed (monitoring only, ignored): %s", group, said)
 
 
 _METADATA_HINT = (

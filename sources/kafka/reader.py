@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as CkTopicPartition
 
-from eos_core import faults
-from eos_core.errors import ConfigError, DataLossError, RetriableError
+from eos_core import faults, kafka_clients
+from eos_core.errors import DataLossError, RetriableError
 from eos_core.spark_task import task_identity
 from sources.kafka.client import DENIED, UNKNOWN_TOPIC, access_denied
 from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings
@@ -82,12 +82,22 @@ def _consumer(settings: ReadSettings) -> Consumer:
                 "enable.partition.eof": True,  # tells us we are past the end when the range ends in a gap
             }
         )
-        try:
-            c = Consumer(conf)
-        except KafkaException as exc:
-            raise ConfigError(f"kafka-eos: the kafka.* options are not a valid consumer configuration: {exc}") from None
+        watch = kafka_clients.Watch(conf, "kafka-eos")
+        c = kafka_clients.consumer(conf, watch)  # its log lines to eos.librdkafka, a refused login to the watch
+        _WATCHES[id(c)] = watch
         _CONSUMERS[key] = c
     return c
+
+
+_WATCHES: dict[int, kafka_clients.Watch] = {}
+
+
+def _check_login(consumer: Consumer) -> None:
+    """A FatalError when the broker refused the consumer's login or TLS handshake (e.g. its credentials
+    were deleted), instead of a poll timeout that reads as an unreachable broker."""
+    watch = _WATCHES.get(id(consumer))
+    if watch is not None:
+        watch.check()
 
 
 class _Columns:
@@ -335,8 +345,15 @@ class KafkaPartitionReader:
             position = self._out_of_range(consumer, ctp, position, timeout, err)
             consumer.assign([CkTopicPartition(r.topic, r.partition, position)])
             return position
+        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            # librdkafka looks up the coordinator of the group every consumer must name; a reader never uses
+            # the group (it reads by offset and commits nothing), so no group ACL is needed to read
+            log.debug("kafka-eos: the coordinator look-up of group %s was refused (unused by a reader)", ctp)
+            return None
         if err.code() in DENIED:
-            raise access_denied(r.topic, err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap)
+            raise access_denied(
+                r.topic, err, option="subscribe/subscribePattern/assign", conf=self.settings.consumer_config
+            )
         if err.code() in _GONE and self._gone(consumer, ctp, timeout):
             self._loss(
                 f"{r.topic}-{r.partition} is gone (topic or partition deleted) while reading "
@@ -349,10 +366,6 @@ class KafkaPartitionReader:
             log.warning("kafka-eos: reading %s-%d: %s (retrying)", r.topic, r.partition, err)
             return None
         raise KafkaException(err)
-
-    @property
-    def _bootstrap(self) -> str:
-        return str(self.settings.consumer_config.get("bootstrap.servers", ""))
 
     def _gone(self, consumer: Consumer, ctp: CkTopicPartition, timeout: float) -> bool:
         """Whether the topic-partition really does not exist (a fresh metadata look-up of this topic only);
@@ -377,7 +390,7 @@ class KafkaPartitionReader:
             exc_err = exc.args[0] if exc.args else None
             if isinstance(exc_err, KafkaError) and exc_err.code() in DENIED:
                 raise access_denied(
-                    ctp.topic, exc_err, option="subscribe/subscribePattern/assign", bootstrap=self._bootstrap
+                    ctp.topic, exc_err, option="subscribe/subscribePattern/assign", conf=self.settings.consumer_config
                 ) from None
             log.warning(
                 "kafka-eos: %s-%d offset %d out of range (%s); offsets unavailable: %s (retrying)",
@@ -435,6 +448,7 @@ class KafkaPartitionReader:
         )
 
     def _timed_out(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float) -> None:
+        _check_login(consumer)
         try:
             low, high = consumer.get_watermark_offsets(ctp, timeout=min(timeout, 5.0), cached=False)
             marks = f"offsets now [{low}, {high})"
