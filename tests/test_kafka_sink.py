@@ -536,7 +536,7 @@ def test_k2_a_replay_without_a_slot_that_wrote_the_batch_is_refused_before_the_p
     written = {2: marker(7), 3: marker(7), 0: marker(6), 1: marker(6)}
     monkeypatch.setattr(committer, "TxnProducer", _FakeTxn)
     monkeypatch.setattr(committer, "KafkaLookups", _FakeLookupsAdmin)
-    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, sink_id, topic, timeout: written)
+    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, conf, sink_id, topic, timeout: written)
     monkeypatch.setattr(committer, "read_marker", lambda *a, **k: marker(6))
     _FakeTxn.calls = []
     p = dataclasses.replace(plan(visibility="partition"), batch=7)
@@ -557,7 +557,7 @@ def test_k2_a_replay_with_every_slot_that_wrote_the_batch_publishes_the_others(m
     written = {2: marker(7), 3: marker(7), 0: marker(6), 1: marker(6)}
     monkeypatch.setattr(committer, "TxnProducer", _FakeTxn)
     monkeypatch.setattr(committer, "KafkaLookups", _FakeLookupsAdmin)
-    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, sink_id, topic, timeout: written)
+    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, conf, sink_id, topic, timeout: written)
     monkeypatch.setattr(committer, "read_marker", lambda *a, **k: marker(6))
     monkeypatch.setattr(committer._Publish, "_copy", lambda self, producer, staged: len(staged))
     _FakeTxn.calls = []
@@ -585,7 +585,7 @@ def test_k1_the_survey_fails_when_a_broker_did_not_list_its_groups() -> None:
     listed = SimpleNamespace(valid=[], errors=[RuntimeError("broker 2: COORDINATOR_NOT_AVAILABLE")])
     admin = SimpleNamespace(list_consumer_groups=lambda request_timeout: SimpleNamespace(result=lambda t: listed))
     with pytest.raises(RetriableError, match="no answer from every broker: broker 2"):
-        read_slot_markers(admin, "orders", "out", timeout=1)  # type: ignore[arg-type]
+        read_slot_markers(admin, {}, "orders", "out", timeout=1)  # type: ignore[arg-type]
 
 
 def test_the_sink_alone_refuses_a_source_option_the_format_did_not_drop() -> None:

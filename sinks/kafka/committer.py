@@ -77,7 +77,7 @@ class _Publish:
                 self._every_written_slot_replayed(lookups, messages)
                 staged = [m for m in messages if m.tag is not None]
                 groups = [slot_name(opts.sink_id, m.slot) for m in staged]
-            found = [read_marker(lookups.admin, g, marker_topic, timeout=self.timeout) for g in groups]
+            found = [read_marker(self.conf, g, marker_topic, timeout=self.timeout) for g in groups]
             done = [
                 meet_marker(self.plan, marker, batch, f"group {g}") for g, marker in zip(groups, found, strict=True)
             ]
@@ -109,7 +109,9 @@ class _Publish:
         have skipped). A replay with fewer task slots than the attempt that wrote part of the batch would
         otherwise publish, through the slots it has, rows a vanished slot already made visible."""
         assert self.opts.markers_on is not None
-        slots = read_slot_markers(lookups.admin, self.opts.sink_id, self.opts.markers_on, timeout=self.timeout)
+        slots = read_slot_markers(
+            lookups.admin, self.conf, self.opts.sink_id, self.opts.markers_on, timeout=self.timeout
+        )
         written = {slot for slot, _rows, _digest in partly_written(self.plan, slots, batch=self.batch)}
         replayed = {m.slot for m in messages if m.skipped}
         if written - replayed:

@@ -81,7 +81,7 @@ def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
     conf = plan.producer_config()
     lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
     try:
-        slots = read_slot_markers(lookups.admin, opts.sink_id, opts.markers_on, timeout=opts.timeout_ms / 1000)
+        slots = read_slot_markers(lookups.admin, conf, opts.sink_id, opts.markers_on, timeout=opts.timeout_ms / 1000)
         written = partly_written(plan, slots)
         if written:
             log.warning(

@@ -148,7 +148,7 @@ class _TaskRun:
         )
         if warm:
             try:
-                marker = read_marker(self.lookups.admin, name, marker_topic, timeout=min(self.timeout, 3.0))
+                marker = read_marker(self.conf, name, marker_topic, timeout=min(self.timeout, 3.0))
             except RetriableError:  # a transaction holds the marker: another producer with our id is at work
                 marker = None
             if marker is not None:
@@ -162,7 +162,7 @@ class _TaskRun:
             producer, _ = slot_producer(self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=True)
         try:
             producer.init()  # fences every older attempt of this slot, aborting its open transaction
-            return producer, read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout), False
+            return producer, read_marker(self.conf, name, marker_topic, timeout=self.timeout), False
         except BaseException:
             forget(producer)
             raise
@@ -196,7 +196,7 @@ class _TaskRun:
             None
             if checked
             else read_marker(
-                self.lookups.admin, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout, stable=False
+                self.conf, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout, stable=False
             )
         )
         if meet_marker(self.plan, published, self.batch, "the publish"):
