@@ -10,6 +10,7 @@ earlier run before its first batch."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +21,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from eos_core.errors import FatalError, RetriableError
 from sinks.kafka import markers
 from sinks.kafka.markers import Marker, publish_name, read_marker, read_slot_markers, slot_name
+from sinks.kafka.options import parse_options
+from sinks.kafka.plan import KafkaSinkPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = {"bootstrap.servers": "127.0.0.1:9", "transaction.timeout.ms": "60000", "linger.ms": "5"}
@@ -128,3 +131,24 @@ def test_the_slot_survey_reads_stable_and_fails_on_a_slot_it_could_not_read() ->
     FakeConsumer.scripts[groups[2]] = [_raised(KafkaError.UNSTABLE_OFFSET_COMMIT)]  # a transaction holds it
     with pytest.raises(RetriableError, match="task:2"):
         read_slot_markers(_admin(groups), CONF, "orders", "out", timeout=0.3)
+
+
+def test_the_first_survey_of_a_driver_fences_every_slot_of_an_earlier_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 4: a crashed driver's task of slot 5 may hold its transaction open; a replay with 2 tasks runs no
+    slot 5 to fence it. The driver's first survey fences every slot the sink has; later ones fence none."""
+    from sinks.kafka import spark
+
+    fenced: list[list[str]] = []
+    slots = {s: slot_name("orders", s) for s in (0, 1, 5)}
+    monkeypatch.setattr(spark, "fence", lambda conf, names, timeout, context: fenced.append(names))
+    monkeypatch.setattr(spark, "slot_groups", lambda admin, sink_id, timeout: slots)
+    monkeypatch.setattr(spark, "read_slot_markers", lambda admin, conf, sink_id, topic, timeout: {})
+    monkeypatch.setattr(spark, "KafkaLookups", lambda *a, **k: SimpleNamespace(admin=None, close=lambda: None))
+    monkeypatch.setattr(spark, "_FENCED", set())
+    raw = {"kafka.bootstrap.servers": "b:9", "sink.id": "orders", "topic": "out", "checkpointLocation": "/tmp/ck"}
+    raw["visibility"] = "partition"
+    plan = KafkaSinkPlan(parse_options(raw, streaming=True), ("value",), "L", "text", "q-1", "nonce", batch=7)
+    assert spark._survey(plan).written == ()
+    assert fenced == [sorted(slots.values())]
+    spark._survey(dataclasses.replace(plan, batch=8))
+    assert fenced == [sorted(slots.values())]  # once per driver process and query

@@ -8,6 +8,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ __all__ = [
     "Row",
     "StagingProducer",
     "TxnProducer",
+    "fence",
     "forget",
     "kafka_error",
     "produce_all",
@@ -285,6 +287,23 @@ def forget(producer: TxnProducer) -> None:
         if cached is producer:
             del _WARM[key]
     producer.close()
+
+
+def fence(conf: dict[str, str], names: list[str], *, timeout: float, context: str) -> None:
+    """Initialise a producer with each transactional id of ``names`` (at most 16 at once) and let it go: every
+    older producer with the id is fenced and its open transaction aborted (K4). Fails (RetriableError,
+    FatalError) when any id could not be fenced within ``timeout``."""
+
+    def one(name: str) -> None:
+        producer = TxnProducer(conf, name, timeout=timeout, context=context)
+        try:
+            producer.init()
+        finally:
+            producer.close()
+
+    if names:
+        with ThreadPoolExecutor(min(16, len(names)), thread_name_prefix="spark-eos-fence") as pool:
+            list(pool.map(one, names))
 
 
 class StagingProducer:
