@@ -18,7 +18,7 @@ from eos_core.errors import FatalError, RetriableError
 from sinks.kafka.client import KafkaLookups, Row, TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, read_slot_markers, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written
-from sinks.kafka.records import STAGE_HEADER
+from sinks.kafka.records import split_stage_header
 
 __all__ = ["commit_batch"]
 
@@ -214,8 +214,7 @@ class _Publish:
                 position = offset + 1
                 if offset > last:
                     break
-                headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
-                route = next((v for k, v in reversed(headers) if k == STAGE_HEADER), None)
+                route, kept = split_stage_header(list(msg.headers() or []))  # type: ignore[arg-type]
                 if route is None:
                     continue
                 found = routes.get(route)
@@ -224,7 +223,6 @@ class _Publish:
                 staged_tag, target, partition = found
                 if staged_tag != tag:
                     continue  # another attempt's record in the same partition
-                kept = [(k, v) for k, v in headers if k != STAGE_HEADER]
                 rows.append((target, msg.value(), msg.key(), kept or None, partition))
             for i in range(0, len(rows), _CHUNK):
                 producer.send(rows[i : i + _CHUNK])

@@ -43,6 +43,7 @@ __all__ = [
     "check_schema",
     "headers_size",
     "record_size",
+    "split_stage_header",
     "stage_header_size",
     "stage_route",
 ]
@@ -193,6 +194,15 @@ STAGE_HEADER = "spark-eos.stage"  # on every staged record: the attempt's tag an
 def stage_route(tag: str, topic: str | None, partition: int | None) -> bytes:
     """The STAGE_HEADER value: the attempt's tag, the record's topic and explicit partition."""
     return json.dumps([tag, topic, partition], separators=(",", ":")).encode()
+
+
+def split_stage_header(headers: Headers) -> tuple[bytes | None, Headers]:
+    """A staged record's route (the value of its STAGE_HEADER) and the row's own headers. The sink appends
+    the staging header last, so only the last header is taken for it: a header of the row's that has the
+    same name is the row's and stays (``None``: the record carries no staging header of the sink's)."""
+    if headers and headers[-1][0] == STAGE_HEADER:
+        return headers[-1][1], headers[:-1]
+    return None, headers
 
 
 def headers_size(headers: Headers | None) -> int:

@@ -1,0 +1,112 @@
+"""Issue 45, items 2, 3, 5, 6: the ``kafka-eos`` sink's task and driver code driven directly (no Spark: a
+batch job's ``write_task`` and ``commit_batch``, as Spark's writer calls them) against an embedded Apache Kafka
+of this module, whose broker aborts a timed-out transaction within half a second.
+
+- 2: rows ``errors.tolerance=all`` could not divert: a ``topic`` column naming an internal topic went through the
+  screen and the broker refused every produce; a compacted ``errors.topic`` refuses a keyless dead letter.
+- 3: the warm producer's proof started the transaction's clock at the task's start, not at its first row.
+- 5: a warm producer whose ``begin()`` failed stayed cached; a ``LineageMismatch`` after the proof left the
+  proof's transaction open.
+- 6: ``visibility=batch`` dropped a row's own header named ``spark-eos.stage``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
+
+from connectors.services.apache_kafka import ApacheKafka
+from connectors.toolkit.checker import read_topic
+from sinks.kafka import client, markers
+from sinks.kafka.committer import commit_batch
+from sinks.kafka.options import parse_options
+from sinks.kafka.plan import KafkaSinkPlan, build_plan
+from sinks.kafka.spark import check_services
+from sinks.kafka.writer import write_task
+
+pytestmark = [pytest.mark.integration]
+
+HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("headers", HEADERS),
+    ]
+)
+ARROW = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[ApacheKafka]:
+    kafka = ApacheKafka(heap="256m", config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"})
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(autouse=True)
+def _cold_workers() -> Iterator[None]:
+    """Each test starts as a new Python worker: no producer kept from another test."""
+    client._WARM.clear()
+    yield
+    for producer in list(client._WARM.values()):
+        client.forget(producer)
+    for reader in list(markers._READERS.values()):
+        markers._forget_reader(reader)
+
+
+def _topics(broker: ApacheKafka, *names: str, config: dict[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic(n, 1, 1, config=config or {}) for n in names]).values():
+        future.result(30)
+    deadline = time.monotonic() + 30
+    while not all(n in admin.list_topics(timeout=10).topics for n in names):
+        assert time.monotonic() < deadline, names
+        time.sleep(0.1)
+
+
+def _plan(broker: ApacheKafka, batch: int, **options: str) -> KafkaSinkPlan:
+    raw = {"kafka.bootstrap.servers": broker.bootstrap, "batch.id": str(batch), "kafkaProducer.timeoutMs": "15000"}
+    opts = parse_options({**raw, **options}, streaming=False)
+    return KafkaSinkPlan(**{**build_plan(opts, SCHEMA).__dict__, "overrides": check_services(opts)})
+
+
+def _rows(*rows: dict[str, Any], delay: float = 0.0) -> Iterator[pa.RecordBatch]:
+    time.sleep(delay)  # the query's work before its first row
+    yield pa.RecordBatch.from_pylist([{"key": None, "topic": None, "headers": None, **r} for r in rows], schema=ARROW)
+
+
+def _name() -> str:
+    return f"h-{uuid.uuid4().hex[:8]}"
+
+
+# ---- 6: a row's own header named like the sink's staging header ---------------------------------------------
+
+
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
+def test_a_rows_header_named_like_the_staging_header_is_kept(broker: ApacheKafka, visibility: str) -> None:
+    out = _name()
+    _topics(broker, out)
+    plan = _plan(broker, 1, topic=out, visibility=visibility, **{"sink.id": _name(), "staging.topic": _name()})
+    mine = [("spark-eos.stage", b"the user's own"), ("other", b"x")]
+    message = write_task(plan, _rows({"value": b"v", "headers": [{"key": k, "value": v} for k, v in mine]}))
+    commit_batch(plan, [message], 1)
+    (record,) = read_topic(broker.bootstrap, out, parse_json=False)
+    assert record["headers"] == mine
