@@ -24,8 +24,10 @@ from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, St
 
 from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit.checker import read_topic
-from sinks.kafka import client, markers
+from eos_core.errors import RetriableError
+from sinks.kafka import LineageMismatch, client, markers
 from sinks.kafka.committer import commit_batch
+from sinks.kafka.markers import read_marker, slot_name
 from sinks.kafka.options import parse_options
 from sinks.kafka.plan import KafkaSinkPlan, build_plan
 from sinks.kafka.spark import check_services
@@ -95,6 +97,64 @@ def _rows(*rows: dict[str, Any], delay: float = 0.0) -> Iterator[pa.RecordBatch]
 
 def _name() -> str:
     return f"h-{uuid.uuid4().hex[:8]}"
+
+
+# ---- 3: the warm producer's transaction begins at the first row ---------------------------------------------
+
+
+def test_a_warm_producers_transaction_begins_at_the_first_row(broker: ApacheKafka) -> None:
+    """kafka.transaction.timeout.ms 4 s and 7 s of the query's work before the first row: the warm producer
+    (kept from the slot's last task) must not have started the broker's clock at the task's start."""
+    out = _name()
+    _topics(broker, out)
+    options = {"sink.id": _name(), "topic": out, "visibility": "partition", "kafka.transaction.timeout.ms": "4000"}
+    write_task(_plan(broker, 1, **options), _rows({"value": b"one"}))
+    (kept,) = client._WARM.values()
+    begun = time.monotonic()
+    message = write_task(_plan(broker, 2, **options), _rows({"value": b"two"}, delay=7.0))
+    assert time.monotonic() - begun >= 7.0 and message.rows == 1 and not message.skipped
+    assert list(client._WARM.values()) == [kept]  # the warm producer wrote it: its proof held, no new producer
+    assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"one", b"two"]
+
+
+# ---- 5: the warm producer's edge paths ----------------------------------------------------------------------
+
+
+def test_a_warm_producer_whose_begin_failed_is_not_kept(broker: ApacheKafka, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _name()
+    _topics(broker, out)
+    options = {"sink.id": _name(), "topic": out, "visibility": "partition"}
+    write_task(_plan(broker, 1, **options), _rows({"value": b"one"}))
+    (kept,) = client._WARM.values()
+    failed: list[object] = []
+    real_begin = client.TxnProducer.begin
+
+    def begin(self: client.TxnProducer) -> None:
+        if self is kept:
+            failed.append(self)
+            raise RetriableError("begin_transaction failed (injected)")
+        real_begin(self)
+
+    monkeypatch.setattr(client.TxnProducer, "begin", begin)
+    message = write_task(_plan(broker, 2, **options), _rows({"value": b"two"}))  # a new producer takes over
+    assert failed == [kept] and message.rows == 1
+    assert kept not in client._WARM.values() and len(client._WARM) == 1
+    assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"one", b"two"]
+
+
+def test_a_lineage_mismatch_leaves_no_transaction_open(broker: ApacheKafka) -> None:
+    """Batch 5 written, then a batch job re-run with batch.id 3 (lower: refused, K1). The warm producer's proof
+    must not hold the slot's marker in a transaction left open until kafka.transaction.timeout.ms."""
+    out, sink = _name(), _name()
+    _topics(broker, out)
+    options = {"sink.id": sink, "topic": out, "visibility": "partition"}
+    write_task(_plan(broker, 5, **options), _rows({"value": b"five"}))
+    assert len(client._WARM) == 1
+    with pytest.raises(LineageMismatch, match="the query went back"):
+        write_task(_plan(broker, 3, **options), _rows({"value": b"three"}))
+    conf = {"bootstrap.servers": broker.bootstrap}
+    found = read_marker(conf, slot_name(sink, 0), out, timeout=3.0, stable=True)  # no open transaction holds it
+    assert found is not None and found.batch == 5
 
 
 # ---- 6: a row's own header named like the sink's staging header ---------------------------------------------

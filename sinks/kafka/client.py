@@ -92,6 +92,7 @@ class TxnProducer:
         self._group_metadata: dict[str, Any] = {}  # by marker group: made once, by a consumer that never joins it
         self.errors: list[str] = []
         self.stuck: str | None = None  # the call this producer was given up in (_bounded): it takes no other
+        self.in_transaction = False  # begun, not yet committed or aborted (``forget`` aborts it)
         self.producer = Producer(
             {
                 **conf,
@@ -125,6 +126,7 @@ class TxnProducer:
                 if err is None:
                     raise
                 if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                    self.in_transaction = False  # the producer that fenced this one aborted its transaction
                     raise Fenced(
                         f"{self.context}: the producer {self.name!r} was fenced during {what}: a newer one with the "
                         "same transactional id took over (another attempt of this task: speculation or a retry; or "
@@ -160,6 +162,7 @@ class TxnProducer:
     def begin(self) -> None:
         self.errors.clear()
         self._call("begin_transaction", lambda _left: self.producer.begin_transaction())
+        self.in_transaction = True
 
     def send(self, rows: list[Row]) -> None:
         """Queue ``rows`` in the open transaction."""
@@ -179,6 +182,7 @@ class TxnProducer:
         """Commit the transaction with each (offsets, consumer group) of ``markers`` in it."""
         self.add_markers(markers)
         self._call("commit_transaction", self.producer.commit_transaction)
+        self.in_transaction = False
 
     def add_markers(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
         """Put each (offsets, consumer group) of ``markers`` in the open transaction (the coordinator checks the
@@ -220,6 +224,7 @@ class TxnProducer:
             ) from None
 
     def abort_quietly(self) -> None:
+        self.in_transaction = False
         if self.stuck is not None:  # librdkafka refuses a second transactional call while one is in progress
             log.warning(
                 "%s: %s was given up during %s; its transaction is left to the next producer with its id "
@@ -282,10 +287,14 @@ def slot_producer(
 
 
 def forget(producer: TxnProducer) -> None:
-    """Drop ``producer`` from the worker's cache (it failed, or was fenced) and let it go."""
+    """Drop ``producer`` from the worker's cache (it failed, or was fenced) and let it go, aborting the
+    transaction it has open (K4: a transaction left open would hold its rows and the slot's marker until
+    kafka.transaction.timeout.ms)."""
     for key, cached in list(_WARM.items()):
         if cached is producer:
             del _WARM[key]
+    if producer.in_transaction:
+        producer.abort_quietly()
     producer.close()
 
 
