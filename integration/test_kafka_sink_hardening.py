@@ -24,7 +24,7 @@ from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, St
 
 from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit.checker import read_topic
-from eos_core.errors import RetriableError
+from eos_core.errors import ConfigError, RetriableError
 from sinks.kafka import LineageMismatch, client, markers
 from sinks.kafka.committer import commit_batch
 from sinks.kafka.markers import read_marker, slot_name
@@ -97,6 +97,40 @@ def _rows(*rows: dict[str, Any], delay: float = 0.0) -> Iterator[pa.RecordBatch]
 
 def _name() -> str:
     return f"h-{uuid.uuid4().hex[:8]}"
+
+
+# ---- 2: rows errors.tolerance=all could not divert ----------------------------------------------------------
+
+
+def test_a_compacted_errors_topic_is_refused_at_start(broker: ApacheKafka) -> None:
+    out, dead = _name(), _name()
+    _topics(broker, out)
+    _topics(broker, dead, config={"cleanup.policy": "compact"})
+    with pytest.raises(ConfigError, match=r"errors.topic .* is compacted.*cleanup.policy=delete") as e:
+        _plan(broker, 1, topic=out, **{"sink.id": _name(), "errors.tolerance": "all", "errors.topic": dead})
+    assert e.value.option == "errors.topic"
+
+
+def test_an_internal_topic_is_refused_as_the_topic_option_and_diverted_as_a_rows_topic(broker: ApacheKafka) -> None:
+    out, dead = _name(), _name()
+    _topics(broker, out, dead)
+    with pytest.raises(ConfigError, match="internal to Kafka") as e:
+        _plan(broker, 1, topic="__consumer_offsets", **{"sink.id": _name()})
+    assert e.value.option == "topic"
+    options = {"sink.id": _name(), "marker.topic": out, "visibility": "partition"}
+    plan = _plan(broker, 1, **options, **{"errors.tolerance": "all", "errors.topic": dead})
+    rows = _rows(
+        {"value": b"good", "topic": out},
+        {"value": b"internal", "topic": "__consumer_offsets"},
+        {"value": b"internal too", "topic": "__transaction_state"},
+    )
+    message = write_task(plan, rows)
+    assert message.diverted == 2 and message.rows == 3
+    assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"good"]
+    letters = read_topic(broker.bootstrap, dead, parse_json=False)
+    assert [r["value"] for r in letters] == [b"internal", b"internal too"]
+    reasons = [dict(r["headers"])["eos.error.reason"].decode() for r in letters]
+    assert all("is internal to Kafka" in why for why in reasons), reasons
 
 
 # ---- 3: the warm producer's transaction begins at the first row ---------------------------------------------

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
 
 from eos_core.errors import ConfigError, FatalError, RetriableError
@@ -394,6 +394,7 @@ class KafkaLookups:
                         ).items()
                     },
                 )
+                internal = self._internal([t for t in present if t.startswith("__")])
                 for t in present:
                     entries = configs.get(t, {})
                     max_bytes = entries.get("max.message.bytes")
@@ -404,8 +405,23 @@ class KafkaLookups:
                         if max_bytes and max_bytes.value
                         else _DEFAULT_MAX_MESSAGE_BYTES,
                         compacted="compact" in (policy.value if policy and policy.value else ""),
+                        internal=t in internal,
                     )
         return {t: self._limits[t] for t in topics}
+
+    def _internal(self, topics: list[str]) -> set[str]:
+        """The topics of ``topics`` the cluster's metadata flags internal (DescribeTopics). Asked only for names
+        that begin with ``__``, as every internal topic of Kafka's does, so a write to ordinary topics pays nothing."""
+        if not topics:
+            return set()
+        described = self._retry(
+            "topic descriptions",
+            lambda left: {
+                name: f.result(timeout=left)
+                for name, f in self.admin.describe_topics(TopicCollection(topics), request_timeout=left).items()
+            },
+        )
+        return {name for name, d in described.items() if d.is_internal}
 
     def require(self, topic: str, option: str) -> TopicLimits:
         found = self.limits([topic])[topic]
@@ -413,6 +429,12 @@ class KafkaLookups:
             raise ConfigError(
                 f"{self.context}: topic {topic!r} (option '{option}') does not exist on {self.conf.get('bootstrap.servers')}; "
                 "the sink never creates the topics it writes: create it (kafka-topics --create --topic ...)",
+                option=option,
+            )
+        if found.internal and option in ("topic", "errors.topic"):
+            raise ConfigError(
+                f"{self.context}: topic {topic!r} (option '{option}') is internal to Kafka: the broker refuses every "
+                "record written to it. Name a topic of your own",
                 option=option,
             )
         return found

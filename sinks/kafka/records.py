@@ -258,6 +258,7 @@ class TopicLimits:
     partitions: int
     max_message_bytes: int
     compacted: bool
+    internal: bool = False  # Kafka's own (__consumer_offsets, __transaction_state): every produce is refused
 
 
 DIGEST_VERSION = "m1"  # the multiset digest below (markers written with another one compare unequal)

@@ -51,7 +51,16 @@ def check_services(opts: KafkaSinkOptions) -> tuple[tuple[str, str], ...]:
         if opts.marker_topic:
             lookups.require(opts.marker_topic, "marker.topic")
         if opts.errors_topic:
-            lookups.require(opts.errors_topic, "errors.topic")
+            dead = lookups.require(opts.errors_topic, "errors.topic")
+            if dead.compacted:
+                raise ConfigError(
+                    f"{CONTEXT}: errors.topic {opts.errors_topic!r} is compacted (cleanup.policy compact): the broker "
+                    "refuses a record without a key there, and a dead letter keeps its row's key, which may be null "
+                    "(a keyless row refused for a compacted topic). Dead letters would fail the batch on every attempt. "
+                    "Give errors.topic cleanup.policy=delete (kafka-configs --alter --add-config cleanup.policy=delete), "
+                    "or name another topic",
+                    option="errors.topic",
+                )
         if opts.staged:
             ensure_staging(lookups, opts, conf)
         written = [lookups.require(t, "topic") for t in (opts.topic, opts.errors_topic) if t]
