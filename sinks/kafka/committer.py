@@ -17,7 +17,7 @@ from eos_core import faults
 from eos_core.errors import FatalError, RetriableError
 from sinks.kafka.client import KafkaLookups, Row, TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, read_slot_markers, slot_name
-from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written, replay_help
 from sinks.kafka.records import split_stage_header
 
 __all__ = ["commit_batch"]
@@ -121,7 +121,7 @@ class _Publish:
                 f"and slots {sorted(written - replayed)} are not among them: the query's partitioning changed between "
                 "the crash and the restart (fewer tasks: minPartitions, maxRecordsPerPartition, repartition, the "
                 "code). Nothing of this replay was made visible. Restore the query as it was to finish this batch "
-                "(its missing slots then skip what they wrote), then change it",
+                "(its missing slots then skip what they wrote), then change it. " + replay_help(self.opts.sink_id),
                 batch_id=self.batch,
             )
 

@@ -14,7 +14,7 @@ from eos_core.errors import FatalError, RetriableError
 from eos_core.spark_task import TaskIdentity, task_identity
 from sinks.kafka.client import KafkaLookups, Row, StagingProducer, TxnProducer, forget, slot_producer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
-from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, replay_help
 from sinks.kafka.records import STAGE_HEADER, RowBatch, RowDigest, stage_header_size, stage_route
 from sinks.kafka.screen import DEFAULT_MESSAGE_MAX_BYTES, Screen, dead_letter
 
@@ -211,7 +211,7 @@ class _TaskRun:
                 f"the partition {self.digest.rows} other rows: the query's partitioning or its transformations changed "
                 "between the crash and the restart (minPartitions, maxRecordsPerPartition, repartition, the code). "
                 "With visibility=partition a replay must give each task the rows it had. Nothing more was written. "
-                "Restore the query as it was to finish this batch, then change it; or use visibility=batch",
+                "Restore the query as it was to finish this batch, then change it. " + replay_help(self.opts.sink_id),
                 batch_id=self.batch,
                 partition=self.who.partition,
             )
