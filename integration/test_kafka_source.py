@@ -416,6 +416,63 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
             assert sorted(v for *_, v in memory_rows(spark, name, cp)).count(b"k1") == 1
 
 
+def _topic_id(admin: AdminClient, topic: str) -> str:
+    from confluent_kafka import TopicCollection
+
+    from sources.kafka.offsets import kafka_uuid
+
+    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=10).values()
+    return kafka_uuid(future.result(15).topic_id)
+
+
+def _recreate(admin: AdminClient, topic: str) -> None:
+    """Delete ``topic`` and create it again under its name (as soon as the broker lets it be created)."""
+    from confluent_kafka.admin import NewTopic
+
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.time() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+            return
+        except Exception as exc:  # TOPIC_ALREADY_EXISTS while the deletion completes
+            assert time.time() < deadline, exc
+            time.sleep(0.5)
+
+
+def test_topic_recreated_past_the_checkpoint_fails_or_is_read_from_its_earliest_offset(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
+) -> None:
+    """Issue 45, item 8: a topic deleted and re-created under its name, already past the checkpointed offset,
+    was read on from that offset with no error (Spark's own source does the same). The offsets record each
+    topic's id: failOnDataLoss=true stops naming the topic and both ids; false reads the new topic from its
+    earliest offset, every record of it once."""
+    admin = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
+    for fail in ("true", "false"):
+        topic = new_topic()
+        produce(topic, [(None, b"old%d" % i) for i in range(3)])
+        name = "recreated_" + fail + uuid.uuid4().hex[:6]
+        cp = os.path.join(tmp_checkpoint, fail)
+        opts = base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", failOnDataLoss=fail)
+        assert run_available_now(spark, opts, cp, name).exception() is None
+        old = _topic_id(admin, topic)
+        last = max(int(p.name) for p in Path(cp, "offsets").iterdir() if p.name.isdigit())
+        planned = json.loads(Path(cp, "offsets", str(last)).read_text().splitlines()[-1])
+        assert planned == {topic: {"0": 3}, f"kafka-eos:topic-id:{topic}={old}": {}}, planned
+        _recreate(admin, topic)
+        new = _topic_id(admin, topic)
+        assert new != old  # the fault happened: another topic under the same name
+        produce(topic, [(None, b"new%d" % i) for i in range(6)])  # past the checkpoint's offset 3
+        q = run_available_now(spark, opts, cp, name)
+        if fail == "true":
+            said = str(q.exception())
+            assert q.exception() is not None and "re-created" in said and old in said and new in said, said
+        else:
+            assert q.exception() is None, q.exception()
+            values = sorted(v for *_, v in memory_rows(spark, name, cp))
+            assert values == sorted([b"old%d" % i for i in range(3)] + [b"new%d" % i for i in range(6)]), values
+
+
 class _LiveProducer:
     """Writes records to every partition of ``topic`` until stopped, each one alone in its batch (on tansu
     the high watermark is the base offset of the last batch + 1, so every watermark covers every record)."""

@@ -8,14 +8,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from eos_core.errors import ConfigError, FatalError, ServiceError
 from eos_core.kafka_config import admin_config
 from eos_core.waits import StillRunning, within
-from sources.kafka.offsets import PartitionOffsets, TopicPartition
+from sources.kafka.offsets import PartitionOffsets, TopicPartition, kafka_uuid
 
 __all__ = ["KafkaMetadataClient"]
 
@@ -213,6 +213,28 @@ class KafkaMetadataClient:
             return out
 
         return self._retry(f"describing topic(s) {', '.join(names)}", fetch)
+
+    def topic_ids(self, names: Iterable[str]) -> dict[str, str]:
+        """Each named topic's id (Kafka's text form, ``kafka_uuid``), by DescribeTopics; a topic that does not
+        exist is left out. A topic re-created under its name has a new id."""
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+
+        def fetch() -> dict[str, str]:
+            futures = self.admin().describe_topics(TopicCollection(wanted), request_timeout=self.timeout)
+            out: dict[str, str] = {}
+            for name, future in futures.items():
+                try:
+                    out[name] = kafka_uuid(future.result(timeout=self.timeout + 5).topic_id)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if isinstance(err, KafkaError) and err.code() in UNKNOWN_TOPIC:
+                        continue
+                    raise
+            return out
+
+        return self._retry(f"describing topic(s) {', '.join(wanted)} (their ids)", fetch)
 
     def _topic_error(self, name: str, err: Any, option: str) -> None:
         if err.code() in DENIED:
