@@ -6,6 +6,7 @@ import itertools
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -1378,3 +1379,32 @@ def test_offsets_without_ids_are_read_on_and_get_them() -> None:
     assert end == {"kafka-eos:topic-id:t=NOW": {}, "t": {"0": 10}}
     (part,) = reader.partitions({"t": {"0": 4}}, end)
     assert (part.range.start, part.range.end) == (4, 10)
+
+
+def test_topic_ids_leave_out_missing_topics_and_brokers_without_ids() -> None:
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sources.kafka.client import KafkaMetadataClient
+
+    def answer(value: object) -> Any:
+        def result(timeout: float) -> Any:
+            if isinstance(value, KafkaError):
+                raise KafkaException(value)
+            return SimpleNamespace(topic_id=value)
+
+        return SimpleNamespace(result=result)
+
+    answers: dict[str, object] = {
+        "t": "muRobJfERH6n/OvY7UJojA",
+        "gone": KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+        "old": "AAAAAAAAAAAAAAAAAAAAAA",  # a broker before Kafka 2.8: the zero id
+    }
+    client = KafkaMetadataClient({}, timeout_ms=1000, retries=0, retry_interval_ms=1, read_committed=True)
+    client._admin = SimpleNamespace(  # type: ignore[assignment]
+        describe_topics=lambda topics, request_timeout: {t: answer(answers[t]) for t in topics.topic_names}
+    )
+    assert client.topic_ids(["t", "gone", "old"]) == {"t": "muRobJfERH6n_OvY7UJojA"}
+    answers["t"] = KafkaError(KafkaError._UNSUPPORTED_FEATURE)
+    assert client.topic_ids(["t"]) == {} and client.topic_ids(["gone"]) == {}  # no ids from these brokers

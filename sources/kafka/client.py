@@ -96,6 +96,7 @@ class KafkaMetadataClient:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._committer: tuple[str, Consumer] | None = None  # (group, consumer) reused by every commit
+        self._no_topic_ids = False  # the brokers do not know DescribeTopics (topic_ids)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -216,9 +217,11 @@ class KafkaMetadataClient:
 
     def topic_ids(self, names: Iterable[str]) -> dict[str, str]:
         """Each named topic's id (Kafka's text form, ``kafka_uuid``), by DescribeTopics; a topic that does not
-        exist is left out. A topic re-created under its name has a new id."""
+        exist is left out, and so is every topic of a broker that gives no ids (before Kafka 2.8: the zero id;
+        one that does not know DescribeTopics), whose re-created topics cannot be told. A topic re-created
+        under its name has a new id."""
         wanted = sorted(set(names))
-        if not wanted:
+        if not wanted or self._no_topic_ids:
             return {}
 
         def fetch() -> dict[str, str]:
@@ -226,12 +229,21 @@ class KafkaMetadataClient:
             out: dict[str, str] = {}
             for name, future in futures.items():
                 try:
-                    out[name] = kafka_uuid(future.result(timeout=self.timeout + 5).topic_id)
+                    tid = kafka_uuid(future.result(timeout=self.timeout + 5).topic_id)
                 except KafkaException as exc:
                     err = exc.args[0] if exc.args else None
-                    if isinstance(err, KafkaError) and err.code() in UNKNOWN_TOPIC:
+                    code = err.code() if isinstance(err, KafkaError) else None
+                    if code in UNKNOWN_TOPIC:
                         continue
+                    if code in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
+                        log.warning(
+                            "kafka-eos: the brokers give no topic ids (%s): a re-created topic is not told", err
+                        )
+                        self._no_topic_ids = True
+                        return {}
                     raise
+                if tid.strip("A") != "":  # the zero id: a broker without topic ids
+                    out[name] = tid
             return out
 
         return self._retry(f"describing topic(s) {', '.join(wanted)} (their ids)", fetch)
