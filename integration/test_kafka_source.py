@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition as CkTP
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from eos_core import faults
+from sources.kafka.offsets import ID_KEY, topic_ids
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +51,11 @@ def topic_content(bootstrap: str, topic: str, *, committed: bool = False) -> lis
     c.close()
     assert len(eof) == len(parts), "ground-truth read did not reach the end of the topic"
     return sorted(out)
+
+
+def planned_offsets(planned: dict[str, Any]) -> dict[str, Any]:
+    """An ``offsets/n`` source entry of kafka-eos as Spark's own source reads it: without the topic ids."""
+    return {k: v for k, v in planned.items() if not k.startswith(ID_KEY)}
 
 
 def base_options(bootstrap: str, **extra: str) -> dict[str, str]:
@@ -297,14 +303,14 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     pin, first = q.recentProgress[:2]
     # earliest is pinned by an empty batch 0 (its end: each partition's earliest offset), then (3 x 3) records
     assert (pin["batchId"], pin["numInputRows"], first["batchId"], first["numInputRows"]) == (0, 0, 1, 9), (pin, first)
-    assert json.loads(Path(tmp_checkpoint, "offsets", "0").read_text().splitlines()[-1]) == {
-        topic: {"0": 0, "1": 0, "2": 0}
-    }
+    planned = json.loads(Path(tmp_checkpoint, "offsets", "0").read_text().splitlines()[-1])
+    assert planned_offsets(planned) == {topic: {"0": 0, "1": 0, "2": 0}} and topic in topic_ids(planned), planned
     assert memory_rows(spark, name, tmp_checkpoint) == truth
-    # offsets/n holds the source state in Spark's JVM shape
+    # offsets/n holds the source state in Spark's JVM shape (and the topic's id, which Spark's parser passes over)
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
     state = json.loads(Path(tmp_checkpoint, "offsets", str(last)).read_text().splitlines()[-1])
-    assert state == {topic: {str(p): max(o for pp, o, _ in truth if pp == p) + 1 for p in range(3)}}
+    assert planned_offsets(state) == {topic: {str(p): max(o for pp, o, _ in truth if pp == p) + 1 for p in range(3)}}
+    assert list(topic_ids(state)) == [topic]
 
     # maxBytesPerTrigger: records of ~4 bytes, at most ~40 bytes a batch
     cp = os.path.join(tmp_checkpoint, "bytes")
@@ -616,7 +622,8 @@ def test_latest_start_is_pinned_and_group_offsets(
     cp2 = os.path.join(tmp_checkpoint, "cp2")
     q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), cp2, name2)
     assert q.exception() is None and memory_rows(spark, name2, cp2) == []
-    assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 7}}
+    planned = json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1])
+    assert planned_offsets(planned) == {topic: {"0": 7}} and topic in topic_ids(planned), planned
 
 
 # ---- checkpoint interchange with Spark's own Kafka source: integration/spark_peer/test_interchange.py runs
