@@ -13,6 +13,7 @@ MOVED = {
     "connectors.errors": "eos_core.errors",
     "connectors.faults": "eos_core.faults",
     "connectors.options": "eos_core.options",
+    "connectors.app_runner": "connectors.toolkit.app_runner",
     "connectors.checker": "connectors.toolkit.checker",
     "connectors.chaos": "connectors.toolkit.chaos",
     "connectors.harness": "connectors.toolkit.harness",

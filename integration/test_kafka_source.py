@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition as CkTP
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from eos_core import faults
+from sources.kafka.offsets import ID_KEY, topic_ids
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +51,11 @@ def topic_content(bootstrap: str, topic: str, *, committed: bool = False) -> lis
     c.close()
     assert len(eof) == len(parts), "ground-truth read did not reach the end of the topic"
     return sorted(out)
+
+
+def planned_offsets(planned: dict[str, Any]) -> dict[str, Any]:
+    """An ``offsets/n`` source entry of kafka-eos as Spark's own source reads it: without the topic ids."""
+    return {k: v for k, v in planned.items() if not k.startswith(ID_KEY)}
 
 
 def base_options(bootstrap: str, **extra: str) -> dict[str, str]:
@@ -297,14 +303,14 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     pin, first = q.recentProgress[:2]
     # earliest is pinned by an empty batch 0 (its end: each partition's earliest offset), then (3 x 3) records
     assert (pin["batchId"], pin["numInputRows"], first["batchId"], first["numInputRows"]) == (0, 0, 1, 9), (pin, first)
-    assert json.loads(Path(tmp_checkpoint, "offsets", "0").read_text().splitlines()[-1]) == {
-        topic: {"0": 0, "1": 0, "2": 0}
-    }
+    planned = json.loads(Path(tmp_checkpoint, "offsets", "0").read_text().splitlines()[-1])
+    assert planned_offsets(planned) == {topic: {"0": 0, "1": 0, "2": 0}} and topic in topic_ids(planned), planned
     assert memory_rows(spark, name, tmp_checkpoint) == truth
-    # offsets/n holds the source state in Spark's JVM shape
+    # offsets/n holds the source state in Spark's JVM shape (and the topic's id, which Spark's parser passes over)
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
     state = json.loads(Path(tmp_checkpoint, "offsets", str(last)).read_text().splitlines()[-1])
-    assert state == {topic: {str(p): max(o for pp, o, _ in truth if pp == p) + 1 for p in range(3)}}
+    assert planned_offsets(state) == {topic: {str(p): max(o for pp, o, _ in truth if pp == p) + 1 for p in range(3)}}
+    assert list(topic_ids(state)) == [topic]
 
     # maxBytesPerTrigger: records of ~4 bytes, at most ~40 bytes a batch
     cp = os.path.join(tmp_checkpoint, "bytes")
@@ -414,6 +420,63 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
         else:
             assert q.exception() is None
             assert sorted(v for *_, v in memory_rows(spark, name, cp)).count(b"k1") == 1
+
+
+def _topic_id(admin: AdminClient, topic: str) -> str:
+    from confluent_kafka import TopicCollection
+
+    from sources.kafka.offsets import kafka_uuid
+
+    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=10).values()
+    return kafka_uuid(future.result(15).topic_id)
+
+
+def _recreate(admin: AdminClient, topic: str) -> None:
+    """Delete ``topic`` and create it again under its name (as soon as the broker lets it be created)."""
+    from confluent_kafka.admin import NewTopic
+
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.time() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+            return
+        except Exception as exc:  # TOPIC_ALREADY_EXISTS while the deletion completes
+            assert time.time() < deadline, exc
+            time.sleep(0.5)
+
+
+def test_topic_recreated_past_the_checkpoint_fails_or_is_read_from_its_earliest_offset(
+    spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
+) -> None:
+    """Issue 45, item 8: a topic deleted and re-created under its name, already past the checkpointed offset,
+    was read on from that offset with no error (Spark's own source does the same). The offsets record each
+    topic's id: failOnDataLoss=true stops naming the topic and both ids; false reads the new topic from its
+    earliest offset, every record of it once."""
+    admin = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
+    for fail in ("true", "false"):
+        topic = new_topic()
+        produce(topic, [(None, b"old%d" % i) for i in range(3)])
+        name = "recreated_" + fail + uuid.uuid4().hex[:6]
+        cp = os.path.join(tmp_checkpoint, fail)
+        opts = base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", failOnDataLoss=fail)
+        assert run_available_now(spark, opts, cp, name).exception() is None
+        old = _topic_id(admin, topic)
+        last = max(int(p.name) for p in Path(cp, "offsets").iterdir() if p.name.isdigit())
+        planned = json.loads(Path(cp, "offsets", str(last)).read_text().splitlines()[-1])
+        assert planned == {topic: {"0": 3}, f"kafka-eos:topic-id:{topic}={old}": {}}, planned
+        _recreate(admin, topic)
+        new = _topic_id(admin, topic)
+        assert new != old  # the fault happened: another topic under the same name
+        produce(topic, [(None, b"new%d" % i) for i in range(6)])  # past the checkpoint's offset 3
+        q = run_available_now(spark, opts, cp, name)
+        if fail == "true":
+            said = str(q.exception())
+            assert q.exception() is not None and "re-created" in said and old in said and new in said, said
+        else:
+            assert q.exception() is None, q.exception()
+            values = sorted(v for *_, v in memory_rows(spark, name, cp))
+            assert values == sorted([b"old%d" % i for i in range(3)] + [b"new%d" % i for i in range(6)]), values
 
 
 class _LiveProducer:
@@ -559,7 +622,8 @@ def test_latest_start_is_pinned_and_group_offsets(
     cp2 = os.path.join(tmp_checkpoint, "cp2")
     q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), cp2, name2)
     assert q.exception() is None and memory_rows(spark, name2, cp2) == []
-    assert json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1]) == {topic: {"0": 7}}
+    planned = json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1])
+    assert planned_offsets(planned) == {topic: {"0": 7}} and topic in topic_ids(planned), planned
 
 
 # ---- checkpoint interchange with Spark's own Kafka source: integration/spark_peer/test_interchange.py runs

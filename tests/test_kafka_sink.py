@@ -539,7 +539,7 @@ def test_k2_a_replay_without_a_slot_that_wrote_the_batch_is_refused_before_the_p
     written = {2: marker(7), 3: marker(7), 0: marker(6), 1: marker(6)}
     monkeypatch.setattr(committer, "TxnProducer", _FakeTxn)
     monkeypatch.setattr(committer, "KafkaLookups", _FakeLookupsAdmin)
-    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, sink_id, topic, timeout: written)
+    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, conf, sink_id, topic, timeout: written)
     monkeypatch.setattr(committer, "read_marker", lambda *a, **k: marker(6))
     _FakeTxn.calls = []
     p = dataclasses.replace(plan(visibility="partition"), batch=7)
@@ -560,7 +560,7 @@ def test_k2_a_replay_with_every_slot_that_wrote_the_batch_publishes_the_others(m
     written = {2: marker(7), 3: marker(7), 0: marker(6), 1: marker(6)}
     monkeypatch.setattr(committer, "TxnProducer", _FakeTxn)
     monkeypatch.setattr(committer, "KafkaLookups", _FakeLookupsAdmin)
-    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, sink_id, topic, timeout: written)
+    monkeypatch.setattr(committer, "read_slot_markers", lambda admin, conf, sink_id, topic, timeout: written)
     monkeypatch.setattr(committer, "read_marker", lambda *a, **k: marker(6))
     monkeypatch.setattr(committer._Publish, "_copy", lambda self, producer, staged: len(staged))
     _FakeTxn.calls = []
@@ -588,7 +588,7 @@ def test_k1_the_survey_fails_when_a_broker_did_not_list_its_groups() -> None:
     listed = SimpleNamespace(valid=[], errors=[RuntimeError("broker 2: COORDINATOR_NOT_AVAILABLE")])
     admin = SimpleNamespace(list_consumer_groups=lambda request_timeout: SimpleNamespace(result=lambda t: listed))
     with pytest.raises(RetriableError, match="no answer from every broker: broker 2"):
-        read_slot_markers(admin, "orders", "out", timeout=1)  # type: ignore[arg-type]
+        read_slot_markers(admin, {}, "orders", "out", timeout=1)  # type: ignore[arg-type]
 
 
 def test_the_sink_alone_refuses_a_source_option_the_format_did_not_drop() -> None:
@@ -618,3 +618,40 @@ def test_the_formats_writer_takes_a_shared_options_map(monkeypatch: pytest.Monke
     shared = {**BASE, "subscribe": "in", "startingOffsets": "earliest", "batch.id": "3"}
     writer = KafkaEosDataSource(shared).writer(StructType([StructField("value", StringType())]), False)
     assert writer.plan.opts.topic == "out" and writer.plan.opts.batch_id == 3
+
+
+# ---- issue 45: internal topics, the staging header, non-deterministic replays ------------------------------
+
+
+def test_k3_a_row_bound_for_an_internal_topic_is_refused_row_by_row() -> None:
+    plain = TopicLimits(partitions=1, max_message_bytes=1_000_000, compacted=False)
+    internal = TopicLimits(partitions=50, max_message_bytes=1_000_000, compacted=True, internal=True)
+    rows = batch_of([("out", b"k", b"v", None), ("__consumer_offsets", b"k", b"v", None)])
+    found = screen(out=plain, __consumer_offsets=internal).refused(rows)
+    assert list(found) == [1] and "is internal to Kafka" in found[1]
+
+
+def test_only_the_sinks_own_staging_header_is_taken_off_a_staged_record() -> None:
+    from sinks.kafka.records import STAGE_HEADER, split_stage_header
+
+    mine = [(STAGE_HEADER, b"the user's"), ("a", b"1")]
+    assert split_stage_header([*mine, (STAGE_HEADER, b"route")]) == (b"route", mine)
+    assert split_stage_header(mine) == (None, mine)  # not appended last: not the sink's
+    assert split_stage_header([]) == (None, [])
+
+
+def test_k2_the_refusal_of_a_changed_replay_names_non_deterministic_queries_and_the_way_out() -> None:
+    """Issue 45, item 7: a non-deterministic query's partly written batch is refused on every replay; the
+    refusal says so, and that only a reset (duplicates) finishes it and visibility=batch avoids it."""
+    from eos_core.spark_task import TaskIdentity
+    from sinks.kafka.writer import _TaskRun
+
+    p = dataclasses.replace(plan(visibility="partition"), batch=7)
+    run = _TaskRun(p, TaskIdentity(partition=2, stream_batch=7), 7, object(), {})  # type: ignore[arg-type]
+    rows = pa.RecordBatch.from_pylist([{"value": b"x"}], schema=pa.schema([("value", pa.binary())]))
+    with pytest.raises(FatalError) as e:
+        run._replayed(iter([rows]), marker(7))
+    said = str(e.value)
+    for words in ("not deterministic", "rand()", "stream-static join", "kafka-sink reset --sink-id 'orders'"):
+        assert words in said, words
+    assert "visibility=batch" in said and "written again" in said

@@ -6,6 +6,7 @@ import itertools
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -391,6 +392,15 @@ class _FakePlanner:
     def latest_end(self, start: dict, *, target: dict | None = None) -> tuple[dict, dict]:
         return dict(self.end), dict(self.end)
 
+    def topic_ids(self, topics: object) -> dict[str, str]:
+        return {}
+
+    def planned_end(self, start: dict, recorded: dict, *, target: dict | None = None) -> tuple[dict, dict, dict, dict]:
+        return (start, *self.latest_end(start, target=target), {})
+
+    def replayable(self, start: dict, start_ids: dict, end: dict, end_ids: dict) -> tuple[dict, dict]:
+        return start, end
+
     def cap(self, start: dict, end: dict, limits: Limits) -> dict:
         return dict(end)
 
@@ -441,6 +451,10 @@ class _FakeClient:
 
     def __init__(self, ends: dict[TopicPartition, int], grow: int = 0) -> None:
         self.ends, self.grow = dict(ends), grow
+        self.ids: dict[str, str] = {}  # topic -> id (none: the cluster gives no topic ids)
+
+    def topic_ids(self, names: object) -> dict[str, str]:
+        return {t: self.ids[t] for t in names if t in self.ids}  # type: ignore[attr-defined]
 
     def _tick(self) -> None:
         for tp in self.ends:
@@ -1285,3 +1299,119 @@ def test_read_consumer_settings_bound_the_prefetch_and_never_idle(monkeypatch: p
     assert user["fetch.queue.backoff.ms"] == "500" and user["auto.offset.reset"] == "error"
     reader_mod._consumer(ReadSettings({"bootstrap.servers": "b:9"}))
     assert len(made) == 2  # one consumer per configuration, reused
+
+
+# ---- issue 45, item 8: a topic deleted and re-created under its name (topic ids in the offsets) -------------
+
+
+def _spark_partition_offsets(text: str) -> dict[tuple[str, int], int]:
+    """Spark's own source reads an offset as Map[String, Map[Int, Long]] and flattens it into TopicPartitions
+    (``JsonUtils.partitionOffsets``): every value must be an object of int keys and long values."""
+    out = {}
+    for topic, parts in json.loads(text).items():
+        assert isinstance(parts, dict), (topic, parts)
+        for p, off in parts.items():
+            assert isinstance(int(p), int) and isinstance(off, int)
+            out[(topic, int(p))] = off
+    return out
+
+
+def test_offsets_record_topic_ids_where_sparks_source_sees_no_partition() -> None:
+    from sources.kafka.offsets import kafka_uuid, topic_ids, with_ids
+
+    tp0, tp1, u0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+    written = with_ids(to_json({tp0: 5, tp1: 7, u0: 1}), {"t": "AAAAAAAAAAAAAAAAAAAAAA", "u": "x-_Y", "v": "no"})
+    text = json.dumps(written, separators=(",", ":"))
+    assert _spark_partition_offsets(text) == {("t", 0): 5, ("t", 1): 7, ("u", 0): 1}  # Spark reads the offsets
+    assert from_json(text) == {tp0: 5, tp1: 7, u0: 1}  # so does kafka-eos, and an earlier kafka-eos
+    assert topic_ids(text) == {"t": "AAAAAAAAAAAAAAAAAAAAAA", "u": "x-_Y"}  # only the offsets' topics
+    assert list(written) == sorted(written)  # one text for equal offsets
+    assert topic_ids({"t": {"0": 5}}) == {}  # Spark's offsets: no ids
+    assert kafka_uuid("muRobJfERH6n/OvY7UJojA") == "muRobJfERH6n_OvY7UJojA"  # Kafka's own text of an id
+
+
+def _ids_reader(fail_on_data_loss: str) -> tuple[KafkaStreamReader, _FakeClient, dict]:
+    tp = TopicPartition("t", 0)
+    reader, client = _fake_reader({tp: 10}, failOnDataLoss=fail_on_data_loss)
+    client.ids = {"t": "OLD"}
+    first = _spark(reader.latestOffset(_spark({"t": {"0": 4}}), ReadAllAvailable()))
+    assert first == {"kafka-eos:topic-id:t=OLD": {}, "t": {"0": 10}}  # the end records the topic's id
+    return reader, client, first
+
+
+def test_a_recreated_topic_past_the_checkpoint_fails_naming_the_topic_and_both_ids() -> None:
+    reader, client, start = _ids_reader("true")
+    client.ids["t"], client.ends[TopicPartition("t", 0)] = "NEW", 25  # deleted, re-created, past offset 10
+    with pytest.raises(DataLossError) as e:
+        reader.latestOffset(start, ReadAllAvailable())
+    said = str(e.value)
+    assert "topic 't' was deleted and re-created" in said and "topic id OLD" in said and "has id NEW" in said
+    assert "failOnDataLoss=false" in said and "new checkpoint" in said
+
+
+def test_without_fail_on_data_loss_a_recreated_topic_is_read_from_its_earliest_offset_as_a_new_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader, client, start = _ids_reader("false")
+    tp = TopicPartition("t", 0)
+    client.ids["t"], client.ends[tp] = "NEW", 25
+    with caplog.at_level("WARNING", logger="sources.kafka.planner"):
+        pinned = _spark(reader.latestOffset(start, ReadAllAvailable()))
+    assert pinned == {"kafka-eos:topic-id:t=NEW": {}, "t": {"0": 0}}  # pinned at the new topic's earliest
+    assert "re-created" in caplog.text and "OLD" in caplog.text and "NEW" in caplog.text
+    assert reader.partitions(start, pinned) == []  # the batch that finds it reads nothing of it (10 -> 0 is no range)
+    nxt = _spark(reader.latestOffset(pinned, ReadAllAvailable()))
+    (part,) = reader.partitions(pinned, nxt)
+    assert (part.range.start, part.range.end) == (0, 25)  # then every record of the new topic, once
+
+
+@pytest.mark.parametrize("fail", ["true", "false"])
+def test_a_batch_replayed_after_its_topic_was_recreated_is_refused_or_reads_nothing_of_it(fail: str) -> None:
+    reader, client, start = _ids_reader(fail)
+    client.ends[TopicPartition("t", 0)] = 18
+    end = _spark(reader.latestOffset(start, ReadAllAvailable()))  # planned: 10 -> 18 of topic OLD
+    client.ids["t"] = "NEW"  # the driver died; the topic is re-created; the restart replays the batch
+    if fail == "true":
+        with pytest.raises(DataLossError, match=r"topic id OLD.*has id NEW"):
+            reader.partitions(start, end)
+    else:
+        assert reader.partitions(start, end) == []
+
+
+def test_offsets_without_ids_are_read_on_and_get_them() -> None:
+    tp = TopicPartition("t", 0)
+    reader, client = _fake_reader({tp: 10})
+    client.ids = {"t": "NOW"}
+    end = _spark(reader.latestOffset({"t": {"0": 4}}, ReadAllAvailable()))  # Spark's source wrote the start
+    assert end == {"kafka-eos:topic-id:t=NOW": {}, "t": {"0": 10}}
+    (part,) = reader.partitions({"t": {"0": 4}}, end)
+    assert (part.range.start, part.range.end) == (4, 10)
+
+
+def test_topic_ids_leave_out_missing_topics_and_brokers_without_ids() -> None:
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sources.kafka.client import KafkaMetadataClient
+
+    def answer(value: object) -> Any:
+        def result(timeout: float) -> Any:
+            if isinstance(value, KafkaError):
+                raise KafkaException(value)
+            return SimpleNamespace(topic_id=value)
+
+        return SimpleNamespace(result=result)
+
+    answers: dict[str, object] = {
+        "t": "muRobJfERH6n/OvY7UJojA",
+        "gone": KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+        "old": "AAAAAAAAAAAAAAAAAAAAAA",  # a broker before Kafka 2.8: the zero id
+    }
+    client = KafkaMetadataClient({}, timeout_ms=1000, retries=0, retry_interval_ms=1, read_committed=True)
+    client._admin = SimpleNamespace(  # type: ignore[assignment]
+        describe_topics=lambda topics, request_timeout: {t: answer(answers[t]) for t in topics.topic_names}
+    )
+    assert client.topic_ids(["t", "gone", "old"]) == {"t": "muRobJfERH6n_OvY7UJojA"}
+    answers["t"] = KafkaError(KafkaError._UNSUPPORTED_FEATURE)
+    assert client.topic_ids(["t"]) == {} and client.topic_ids(["gone"]) == {}  # no ids from these brokers

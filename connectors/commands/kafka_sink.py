@@ -12,13 +12,13 @@ from typing import Any
 
 from connectors.commands import group, standalone
 from sinks.kafka.markers import Marker, publish_name, sink_names
-from sinks.kafka.status import admin, reset_markers, sink_markers, unknown_sink
+from sinks.kafka.status import reset_markers, sink_markers, unknown_sink
 
 __all__ = ["add_subparser", "main"]
 
 
 def _status(args: argparse.Namespace) -> int:
-    found = sink_markers(admin(args.bootstrap), args.sink_id, args.marker_topic)
+    found = sink_markers(args.bootstrap, args.sink_id, args.marker_topic)
     if not found:
         raise unknown_sink(args.sink_id, args.bootstrap)
     if args.json:

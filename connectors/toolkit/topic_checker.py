@@ -17,12 +17,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
+from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connectors.toolkit.checker import Check, Report, check_faults, compare_records, last_commit, read_topic
 from eos_core.kafka_config import client_settings
-from sinks.kafka.markers import Marker, publish_name, sink_names
+from sinks.kafka.markers import Marker, list_groups, publish_name, read_markers, sink_names
 
 __all__ = ["marker_batches", "open_transactions", "read_sink_topic", "topic_rows", "verify_topic"]
 
@@ -92,19 +92,21 @@ def open_transactions(bootstrap: str, topics: Sequence[str], *, timeout: float =
 
 
 def marker_batches(bootstrap: str, sink_id: str, marker_topic: str, *, timeout: float = 30.0) -> dict[str, Marker]:
-    """Every marker of the sink: its publish's and each task slot's, by group."""
+    """Every marker of the sink: its publish's and each task slot's, by group (the last committed ones: read
+    by consumers of the marker groups, so a coordinator still loading its offsets is waited for, never a
+    crash; RetriableError when one stays unreadable for ``timeout`` seconds)."""
     admin = AdminClient({**client_settings(), "bootstrap.servers": bootstrap})
-    prefix = sink_names(sink_id)
-    listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
-    groups = sorted({g.group_id for g in listed.valid if g.group_id.startswith(prefix)} | {publish_name(sink_id)})
+    groups = sorted(set(list_groups(admin, sink_names(sink_id), timeout=timeout)) | {publish_name(sink_id)})
+    read = read_markers(
+        {**client_settings(), "bootstrap.servers": bootstrap}, groups, marker_topic, timeout=timeout, stable=False
+    )
     found: dict[str, Marker] = {}
     for group in groups:
-        futures = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, [TopicPartition(marker_topic, 0)])], request_timeout=timeout
-        )
-        (tp,) = futures[group].result().topic_partitions
-        if tp.error is None and tp.offset >= 0:
-            found[group] = Marker.parse(tp.offset, tp.metadata, group=group)
+        marker = read[group]
+        if isinstance(marker, Exception):
+            raise marker
+        if marker is not None:
+            found[group] = marker
     return found
 
 

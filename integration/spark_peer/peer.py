@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sources.kafka.offsets import EARLIEST, LATEST
+from sources.kafka.offsets import EARLIEST, ID_KEY, LATEST
 
 SPARK, EOS = "kafka", "kafka-eos"
 FORMATS = (SPARK, EOS)
@@ -64,10 +64,22 @@ def _last_json(path: Path) -> Any:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def offsets(checkpoint: str) -> dict[int, Any]:
-    """offsets/n -> the source's end offsets of batch n (either source's JSON)."""
+def partition_offsets(value: Any) -> Any:
+    """An offset as Spark's own source reads it: without the topic ids kafka-eos records beside the offsets
+    (``sources.kafka.offsets.ID_KEY``: keys whose empty maps give Spark no partition)."""
+    if not isinstance(value, dict):
+        return value
+    return {k: v for k, v in value.items() if not (k.startswith(ID_KEY) and v == {})}
+
+
+def offsets(checkpoint: str, *, raw: bool = False) -> dict[int, Any]:
+    """offsets/n -> the source's end offsets of batch n (either source's JSON; ``raw``: with kafka-eos's topic
+    ids, else as Spark's source reads them)."""
     d = Path(checkpoint, "offsets")
-    return {int(p.name): _last_json(p) for p in d.iterdir() if p.name.isdigit()} if d.is_dir() else {}
+    if not d.is_dir():
+        return {}
+    found = {int(p.name): _last_json(p) for p in d.iterdir() if p.name.isdigit()}
+    return found if raw else {n: partition_offsets(v) for n, v in found.items()}
 
 
 def commits(checkpoint: str) -> set[int]:
@@ -96,7 +108,7 @@ class Progress:
 
 
 def _json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else partition_offsets(json.loads(text))
 
 
 @dataclass

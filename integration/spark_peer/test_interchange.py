@@ -98,8 +98,11 @@ def test_checkpoint_moves_between_sparks_source_and_kafka_eos(
     fifth = stream(spark, EOS, opts, cp, sink=sink, fail_at=last + 1)
     assert fifth.error is not None and last + 1 not in commits(cp) and last + 1 in offsets(cp), fifth.error
     eos_planned = offsets(cp)[last + 1]
+    recorded = offsets(cp, raw=True)[last + 1]  # kafka-eos records the topic's id beside the offsets (issue 45)
+    assert [k for k in recorded if k.startswith(f"kafka-eos:topic-id:{topic}=")] and recorded != eos_planned
 
-    # 6. Spark's source takes over mid-batch: it replays kafka-eos's planned batch with its ranges, and finishes
+    # 6. Spark's source takes over mid-batch: it replays kafka-eos's planned batch with its ranges (the topic id
+    #    kafka-eos recorded in it is an empty map to Spark's parser), and finishes
     sixth = stream(spark, SPARK, opts, cp, sink=sink)
     assert sixth.error is None, sixth.error
     assert sixth.progress[0].batch == last + 1 and sixth.progress[0].end == eos_planned

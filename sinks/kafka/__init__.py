@@ -24,13 +24,19 @@ Protocol, ``visibility=partition`` (no second write; each task's rows appear whe
   speculative or failed, is aborted), read slot p's marker; if it says batch n, check that the rows
   are the rows it wrote (K2) and write nothing; else in ONE transaction send the rows and the marker
   (offset n + 1 of slot p's group, with the rows' count and digest) and commit. A producer the Python
-  worker kept from the slot's last task is not fenced again: it proves it is still the slot's newest
-  producer by putting the slot's marker, as read, in a new transaction (the coordinator refuses a
-  fenced one; a new producer then initialises). Retried attempts always initialise.
+  worker kept from the slot's last task is not fenced again: at the task's first row it proves it is
+  still the slot's newest producer by putting the slot's marker, as read, in a new transaction (the
+  coordinator refuses a fenced one; a new producer then initialises, and the slot's marker must still
+  be the one met). Retried attempts always initialise.
 - driver ``commit``: nothing is left to do (the tasks committed); it logs what they wrote. A partly
   written batch (some slots' markers say n when the tasks start): the other slots stage, and the
   driver publishes their rows with their markers in one transaction once every slot that wrote n
-  ran in the replay and skipped (K2).
+  ran in the replay and skipped (K2). The first survey of a driver process fences every slot the sink
+  has, and reads the slots' markers stable; a slot it cannot read fails the batch (retriably).
+
+Markers are read by a consumer of the marker group that never joins it (``committed()``; ``read_committed``
+for a stable read), never ``AdminClient.list_consumer_group_offsets``, which librdkafka 2.16 crashes in on a
+coordinator error (#5040): such an error is retried, then retriable (``markers.read_marker``).
 
 Invariants (the code and the tests that keep each one cite its number):
 
@@ -43,12 +49,20 @@ Invariants (the code and the tests that keep each one cite its number):
   restart) is refused with what to do; the marker holds their count and digest, a digest of the rows
   as a multiset (a shuffle's partition may come in another order). A replay without one of the
   slots that wrote the batch (fewer tasks) is refused before the publish: nothing of it is visible.
+  A query that is not deterministic (``rand()``, ``uuid()``, a clock-reading UDF, a stream-static join
+  whose table changed) cannot meet this: its partly written batch is refused on every replay, and only
+  ``visibility=batch`` writes such a query's replay once. The first survey of a driver process fences
+  every task slot, so a slot of a crashed driver absent from the replay cannot commit beside it.
 - K3 Nothing the data can cause fails after rows are visible: a row the broker would refuse (size,
-  no key on a compacted topic, unknown topic or partition) is found before the transaction commits
-  and either fails the batch with nothing visible or, with ``errors.tolerance=all``, goes to
-  ``errors.topic`` in the same transaction.
+  no key on a compacted topic, unknown topic or partition, one of Kafka's internal topics) is found
+  before the transaction commits and either fails the batch with nothing visible or, with
+  ``errors.tolerance=all``, goes to ``errors.topic`` in the same transaction; an ``errors.topic`` the
+  broker would refuse a dead letter on (compacted: a dead letter may have no key; internal) is refused
+  at start. A row's own headers are written as they are (the staging header is the last of a staged
+  record's, and only it is taken off).
 - K4 Every transaction has a bounded life and an owner: the writer that runs next with the same id
-  fences and aborts it, or the broker aborts it after ``kafka.transaction.timeout.ms``; every wait of
+  fences and aborts it, or the broker aborts it after ``kafka.transaction.timeout.ms``, counted from
+  the task's first row; a producer the sink lets go with a transaction open aborts it; every wait of
   the sink is bounded by ``kafkaProducer.timeoutMs``.
 
 Modules, by role: ``options``, ``records`` (the columns, Arrow rows, sizes, the row digest), ``screen``

@@ -8,10 +8,11 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
 
 from eos_core import kafka_clients
@@ -26,6 +27,7 @@ __all__ = [
     "Row",
     "StagingProducer",
     "TxnProducer",
+    "fence",
     "forget",
     "kafka_error",
     "produce_all",
@@ -91,6 +93,7 @@ class TxnProducer:
         self._group_metadata: dict[str, Any] = {}  # by marker group: made once, by a consumer that never joins it
         self.errors: list[str] = []
         self.stuck: str | None = None  # the call this producer was given up in (_bounded): it takes no other
+        self.in_transaction = False  # begun, not yet committed or aborted (``forget`` aborts it)
         self.watch = kafka_clients.Watch(conf, context, also=self._error)
         self.producer = kafka_clients.producer(
             {
@@ -130,6 +133,7 @@ class TxnProducer:
                 self.producer.poll(0)
                 self.watch.check()
                 if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                    self.in_transaction = False  # the producer that fenced this one aborted its transaction
                     raise Fenced(
                         f"{self.context}: the producer {self.name!r} was fenced during {what}: a newer one with the "
                         "same transactional id took over (another attempt of this task: speculation or a retry; or "
@@ -165,6 +169,7 @@ class TxnProducer:
     def begin(self) -> None:
         self.errors.clear()
         self._call("begin_transaction", lambda _left: self.producer.begin_transaction())
+        self.in_transaction = True
 
     def send(self, rows: list[Row]) -> None:
         """Queue ``rows`` in the open transaction."""
@@ -184,6 +189,7 @@ class TxnProducer:
         """Commit the transaction with each (offsets, consumer group) of ``markers`` in it."""
         self.add_markers(markers)
         self._call("commit_transaction", self.producer.commit_transaction)
+        self.in_transaction = False
 
     def add_markers(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
         """Put each (offsets, consumer group) of ``markers`` in the open transaction (the coordinator checks the
@@ -225,6 +231,7 @@ class TxnProducer:
             ) from None
 
     def abort_quietly(self) -> None:
+        self.in_transaction = False
         if self.stuck is not None:  # librdkafka refuses a second transactional call while one is in progress
             log.warning(
                 "%s: %s was given up during %s; its transaction is left to the next producer with its id "
@@ -287,11 +294,32 @@ def slot_producer(
 
 
 def forget(producer: TxnProducer) -> None:
-    """Drop ``producer`` from the worker's cache (it failed, or was fenced) and let it go."""
+    """Drop ``producer`` from the worker's cache (it failed, or was fenced) and let it go, aborting the
+    transaction it has open (K4: a transaction left open would hold its rows and the slot's marker until
+    kafka.transaction.timeout.ms)."""
     for key, cached in list(_WARM.items()):
         if cached is producer:
             del _WARM[key]
+    if producer.in_transaction:
+        producer.abort_quietly()
     producer.close()
+
+
+def fence(conf: dict[str, str], names: list[str], *, timeout: float, context: str) -> None:
+    """Initialise a producer with each transactional id of ``names`` (at most 16 at once) and let it go: every
+    older producer with the id is fenced and its open transaction aborted (K4). Fails (RetriableError,
+    FatalError) when any id could not be fenced within ``timeout``."""
+
+    def one(name: str) -> None:
+        producer = TxnProducer(conf, name, timeout=timeout, context=context)
+        try:
+            producer.init()
+        finally:
+            producer.close()
+
+    if names:
+        with ThreadPoolExecutor(min(16, len(names)), thread_name_prefix="spark-eos-fence") as pool:
+            list(pool.map(one, names))
 
 
 class StagingProducer:
@@ -379,6 +407,7 @@ class KafkaLookups:
                         ).items()
                     },
                 )
+                internal = self._internal([t for t in present if t.startswith("__")])
                 for t in present:
                     entries = configs.get(t, {})
                     max_bytes = entries.get("max.message.bytes")
@@ -389,8 +418,23 @@ class KafkaLookups:
                         if max_bytes and max_bytes.value
                         else _DEFAULT_MAX_MESSAGE_BYTES,
                         compacted="compact" in (policy.value if policy and policy.value else ""),
+                        internal=t in internal,
                     )
         return {t: self._limits[t] for t in topics}
+
+    def _internal(self, topics: list[str]) -> set[str]:
+        """The topics of ``topics`` the cluster's metadata flags internal (DescribeTopics). Asked only for names
+        that begin with ``__``, as every internal topic of Kafka's does, so a write to ordinary topics pays nothing."""
+        if not topics:
+            return set()
+        described = self._retry(
+            "topic descriptions",
+            lambda left: {
+                name: f.result(timeout=left)
+                for name, f in self.admin.describe_topics(TopicCollection(topics), request_timeout=left).items()
+            },
+        )
+        return {name for name, d in described.items() if d.is_internal}
 
     def require(self, topic: str, option: str) -> TopicLimits:
         found = self.limits([topic])[topic]
@@ -398,6 +442,12 @@ class KafkaLookups:
             raise ConfigError(
                 f"{self.context}: topic {topic!r} (option '{option}') does not exist on {self.conf.get('bootstrap.servers')}; "
                 "the sink never creates the topics it writes: create it (kafka-topics --create --topic ...)",
+                option=option,
+            )
+        if found.internal and option in ("topic", "errors.topic"):
+            raise ConfigError(
+                f"{self.context}: topic {topic!r} (option '{option}') is internal to Kafka: the broker refuses every "
+                "record written to it. Name a topic of your own",
                 option=option,
             )
         return found

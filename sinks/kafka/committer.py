@@ -17,8 +17,8 @@ from eos_core import faults
 from eos_core.errors import FatalError, RetriableError
 from sinks.kafka.client import KafkaLookups, Row, TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, read_slot_markers, slot_name
-from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written
-from sinks.kafka.records import STAGE_HEADER
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written, replay_help
+from sinks.kafka.records import split_stage_header
 
 __all__ = ["commit_batch"]
 
@@ -77,7 +77,7 @@ class _Publish:
                 self._every_written_slot_replayed(lookups, messages)
                 staged = [m for m in messages if m.tag is not None]
                 groups = [slot_name(opts.sink_id, m.slot) for m in staged]
-            found = [read_marker(lookups.admin, g, marker_topic, timeout=self.timeout) for g in groups]
+            found = [read_marker(self.conf, g, marker_topic, timeout=self.timeout) for g in groups]
             done = [
                 meet_marker(self.plan, marker, batch, f"group {g}") for g, marker in zip(groups, found, strict=True)
             ]
@@ -109,7 +109,9 @@ class _Publish:
         have skipped). A replay with fewer task slots than the attempt that wrote part of the batch would
         otherwise publish, through the slots it has, rows a vanished slot already made visible."""
         assert self.opts.markers_on is not None
-        slots = read_slot_markers(lookups.admin, self.opts.sink_id, self.opts.markers_on, timeout=self.timeout)
+        slots = read_slot_markers(
+            lookups.admin, self.conf, self.opts.sink_id, self.opts.markers_on, timeout=self.timeout
+        )
         written = {slot for slot, _rows, _digest in partly_written(self.plan, slots, batch=self.batch)}
         replayed = {m.slot for m in messages if m.skipped}
         if written - replayed:
@@ -119,7 +121,7 @@ class _Publish:
                 f"and slots {sorted(written - replayed)} are not among them: the query's partitioning changed between "
                 "the crash and the restart (fewer tasks: minPartitions, maxRecordsPerPartition, repartition, the "
                 "code). Nothing of this replay was made visible. Restore the query as it was to finish this batch "
-                "(its missing slots then skip what they wrote), then change it",
+                "(its missing slots then skip what they wrote), then change it. " + replay_help(self.opts.sink_id),
                 batch_id=self.batch,
             )
 
@@ -212,8 +214,7 @@ class _Publish:
                 position = offset + 1
                 if offset > last:
                     break
-                headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
-                route = next((v for k, v in reversed(headers) if k == STAGE_HEADER), None)
+                route, kept = split_stage_header(list(msg.headers() or []))  # type: ignore[arg-type]
                 if route is None:
                     continue
                 found = routes.get(route)
@@ -222,7 +223,6 @@ class _Publish:
                 staged_tag, target, partition = found
                 if staged_tag != tag:
                     continue  # another attempt's record in the same partition
-                kept = [(k, v) for k, v in headers if k != STAGE_HEADER]
                 rows.append((target, msg.value(), msg.key(), kept or None, partition))
             for i in range(0, len(rows), _CHUNK):
                 producer.send(rows[i : i + _CHUNK])

@@ -16,7 +16,15 @@ from sinks.kafka.markers import BATCH_JOB, Marker
 from sinks.kafka.options import CONTEXT, KafkaSinkOptions
 from sinks.kafka.records import check_schema
 
-__all__ = ["BATCH_JOB", "KafkaSinkMessage", "KafkaSinkPlan", "LineageMismatch", "build_plan", "meet_marker"]
+__all__ = [
+    "BATCH_JOB",
+    "KafkaSinkMessage",
+    "KafkaSinkPlan",
+    "LineageMismatch",
+    "build_plan",
+    "meet_marker",
+    "replay_help",
+]
 
 log = logging.getLogger("sinks.kafka")
 
@@ -89,6 +97,17 @@ class KafkaSinkMessage(WriterCommitMessage):
     diverted: int = 0  # rows sent to errors.topic
     tag: str | None = None  # visibility=batch: the header value that marks this attempt's staged records
     staged: tuple[tuple[int, int, int, int], ...] = ()  # (staging partition, first offset, last offset, count)
+
+
+def replay_help(sink_id: str) -> str:
+    """What to do about a replay that gives a partly written batch's slots other rows (K2), for its refusals."""
+    return (
+        "If the query is not deterministic (rand(), uuid(), shuffle(), current_timestamp() or a UDF reading the "
+        "clock or anything outside the batch, a stream-static join whose static table changed), no replay gives "
+        "the same rows: the batch can only be finished by `spark-eos kafka-sink reset --sink-id "
+        f"{sink_id!r} --yes`, which lets rows already visible be written again; write such a query with "
+        "visibility=batch, which needs no deterministic replay"
+    )
 
 
 def meet_marker(plan: KafkaSinkPlan, marker: Marker | None, batch: int, where: str) -> bool:

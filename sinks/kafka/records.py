@@ -43,6 +43,7 @@ __all__ = [
     "check_schema",
     "headers_size",
     "record_size",
+    "split_stage_header",
     "stage_header_size",
     "stage_route",
 ]
@@ -195,6 +196,15 @@ def stage_route(tag: str, topic: str | None, partition: int | None) -> bytes:
     return json.dumps([tag, topic, partition], separators=(",", ":")).encode()
 
 
+def split_stage_header(headers: Headers) -> tuple[bytes | None, Headers]:
+    """A staged record's route (the value of its STAGE_HEADER) and the row's own headers. The sink appends
+    the staging header last, so only the last header is taken for it: a header of the row's that has the
+    same name is the row's and stays (``None``: the record carries no staging header of the sink's)."""
+    if headers and headers[-1][0] == STAGE_HEADER:
+        return headers[-1][1], headers[:-1]
+    return None, headers
+
+
 def headers_size(headers: Headers | None) -> int:
     """Headers as librdkafka serialises them into a record: per header, the key's and the value's zigzag
     varint lengths (-1 for a null value) and their bytes."""
@@ -248,6 +258,7 @@ class TopicLimits:
     partitions: int
     max_message_bytes: int
     compacted: bool
+    internal: bool = False  # Kafka's own (__consumer_offsets, __transaction_state): every produce is refused
 
 
 DIGEST_VERSION = "m1"  # the multiset digest below (markers written with another one compare unequal)

@@ -57,7 +57,7 @@ class Screen:
         if (
             len(known) < len(limits)
             or None in rows.topics
-            or any(lim.compacted for lim in known)
+            or any(lim.compacted or lim.internal for lim in known)
             or any(p is not None for p in rows.partitions)
         ):
             return list(range(rows.n))
@@ -70,6 +70,8 @@ class Screen:
         lim = limits.get(rec.topic)
         if lim is None:
             return f"topic {rec.topic!r} does not exist"
+        if lim.internal:
+            return f"topic {rec.topic!r} is internal to Kafka (the broker refuses every record written to it)"
         if rec.partition is not None and not 0 <= rec.partition < lim.partitions:
             return f"partition {rec.partition} does not exist: topic {rec.topic!r} has {lim.partitions}"
         if rec.key is None and lim.compacted:

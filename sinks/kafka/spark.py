@@ -14,9 +14,9 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from eos_core.errors import ConfigError
-from sinks.kafka.client import KafkaLookups, TxnProducer
+from sinks.kafka.client import KafkaLookups, fence
 from sinks.kafka.committer import commit_batch
-from sinks.kafka.markers import publish_name, read_slot_markers
+from sinks.kafka.markers import publish_name, read_slot_markers, slot_groups
 from sinks.kafka.options import CONTEXT, OPTIONS, KafkaSinkOptions, parse_options
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan, partly_written
 from sinks.kafka.writer import write_task
@@ -28,6 +28,8 @@ log = logging.getLogger("sinks.kafka")
 # what check_services found good (the producer settings it derived), and when: per process
 _CHECKED: dict[tuple[object, ...], tuple[float, tuple[tuple[str, str], ...]]] = {}
 _CHECK_TTL = 300.0
+# (bootstrap, sink id, query) whose task slots this driver process fenced, at its first survey (K2)
+_FENCED: set[tuple[str, str, str]] = set()
 _DEFAULT_BATCH_SIZE = 1_000_000  # librdkafka's batch.size
 
 
@@ -49,7 +51,16 @@ def check_services(opts: KafkaSinkOptions) -> tuple[tuple[str, str], ...]:
         if opts.marker_topic:
             lookups.require(opts.marker_topic, "marker.topic")
         if opts.errors_topic:
-            lookups.require(opts.errors_topic, "errors.topic")
+            dead = lookups.require(opts.errors_topic, "errors.topic")
+            if dead.compacted:
+                raise ConfigError(
+                    f"{CONTEXT}: errors.topic {opts.errors_topic!r} is compacted (cleanup.policy compact): the broker "
+                    "refuses a record without a key there, and a dead letter keeps its row's key, which may be null "
+                    "(a keyless row refused for a compacted topic). Dead letters would fail the batch on every attempt. "
+                    "Give errors.topic cleanup.policy=delete (kafka-configs --alter --add-config cleanup.policy=delete), "
+                    "or name another topic",
+                    option="errors.topic",
+                )
         if opts.staged:
             ensure_staging(lookups, opts, conf)
         written = [lookups.require(t, "topic") for t in (opts.topic, opts.errors_topic) if t]
@@ -75,13 +86,25 @@ def check_services(opts: KafkaSinkOptions) -> tuple[tuple[str, str], ...]:
 def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
     """visibility=partition: the task slots' markers, met on the driver before any task runs (K1), and
     which slots wrote this batch already (K2). A partly written batch's other slots stage their rows for
-    the publish: fence the publish's id first, so a publish that died open holds no slot's marker."""
+    the publish: fence the publish's id first, so a publish that died open holds no slot's marker.
+
+    The first survey of a sink in a driver process fences every task slot the sink has (K2, K4): a task of a
+    crashed driver may still hold a slot's transaction open, and a replay whose partitioning changed runs no
+    task with that slot's id to fence it, so its rows could join the replay's. Within one driver every slot of
+    a batch is fenced by its own retries. The markers are then read stable (an open transaction waited out)."""
     opts = plan.opts
     assert opts.markers_on is not None
     conf = plan.producer_config()
-    lookups = KafkaLookups(conf, timeout=opts.timeout_ms / 1000, context=plan.context)
+    timeout = opts.timeout_ms / 1000
+    lookups = KafkaLookups(conf, timeout=timeout, context=plan.context)
     try:
-        slots = read_slot_markers(lookups.admin, opts.sink_id, opts.markers_on, timeout=opts.timeout_ms / 1000)
+        key = (opts.bootstrap, opts.sink_id, plan.query)
+        if key not in _FENCED:
+            groups = slot_groups(lookups.admin, opts.sink_id, timeout=timeout)
+            fence(conf, sorted(groups.values()), timeout=timeout, context=plan.context)
+            log.info("%s: fenced the %d task slots of earlier runs before the first batch", plan.context, len(groups))
+            _FENCED.add(key)
+        slots = read_slot_markers(lookups.admin, conf, opts.sink_id, opts.markers_on, timeout=timeout)
         written = partly_written(plan, slots)
         if written:
             log.warning(
@@ -92,11 +115,7 @@ def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
                 [w[0] for w in written],
             )
             ensure_staging(lookups, opts, conf)
-            fence = TxnProducer(conf, publish_name(opts.sink_id), timeout=opts.timeout_ms / 1000, context=plan.context)
-            try:
-                fence.init()
-            finally:
-                fence.close()
+            fence(conf, [publish_name(opts.sink_id)], timeout=timeout, context=plan.context)
     finally:
         lookups.close()
     return dataclasses.replace(plan, written=written)

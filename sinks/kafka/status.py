@@ -4,12 +4,12 @@ may be written again."""
 
 from __future__ import annotations
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from eos_core.errors import ConfigError, ServiceError
+from eos_core.errors import ConfigError, RetriableError, ServiceError
 from eos_core.kafka_config import client_settings
-from sinks.kafka.markers import Marker, sink_names
+from sinks.kafka.markers import Marker, list_groups, read_markers, sink_names
 
 __all__ = ["admin", "marker_groups", "reset_markers", "sink_markers", "unknown_sink"]
 
@@ -30,27 +30,28 @@ def admin(bootstrap: str) -> AdminClient:
 
 def marker_groups(admin: AdminClient, sink_id: str) -> list[str]:
     """The consumer groups that hold the sink's markers."""
-    listed = admin.list_consumer_groups(request_timeout=_TIMEOUT).result(_TIMEOUT)
-    return sorted(g.group_id for g in listed.valid if g.group_id.startswith(sink_names(sink_id)))
+    return list_groups(admin, sink_names(sink_id), timeout=_TIMEOUT)
 
 
-def sink_markers(admin: AdminClient, sink_id: str, marker_topic: str) -> dict[str, Marker | str]:
-    """Each marker group of the sink -> its marker (or why it has none on ``marker_topic``)."""
+def sink_markers(bootstrap: str, sink_id: str, marker_topic: str) -> dict[str, Marker | str]:
+    """Each marker group of the sink -> its last committed marker (or why it has none on ``marker_topic``,
+    or why it could not be read: a coordinator still loading its offsets after a restart is retried for
+    15 s, then shown, never a crash of the command)."""
+    client = admin(bootstrap)
+    groups = marker_groups(client, sink_id)
+    conf = {**client_settings(), "bootstrap.servers": bootstrap, "log_level": 0}
+    read = read_markers(conf, groups, marker_topic, timeout=_TIMEOUT, stable=False)
     out: dict[str, Marker | str] = {}
-    for group in marker_groups(admin, sink_id):
-        futures = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, [TopicPartition(marker_topic, 0)])], request_timeout=_TIMEOUT
-        )
-        (tp,) = futures[group].result(_TIMEOUT).topic_partitions
-        if tp.error is not None:
-            out[group] = f"{tp.error.name()}"
-        elif tp.offset < 0:
+    for group in groups:
+        found = read[group]
+        if isinstance(found, RetriableError):
+            out[group] = f"not readable now ({str(found).split(': last ', 1)[-1][:160]}); run status again"
+        elif isinstance(found, Exception):  # a foreign commit, or access refused: shown, not fatal to the listing
+            out[group] = str(found).split(":", 2)[-1].strip()[:160]
+        elif found is None:
             out[group] = f"no marker on {marker_topic}-0 (another marker.topic?)"
         else:
-            try:
-                out[group] = Marker.parse(tp.offset, tp.metadata, group=group)
-            except Exception as exc:  # a foreign commit: shown, not fatal to the listing
-                out[group] = str(exc).split(":", 2)[-1].strip()[:120]
+            out[group] = found
     return out
 
 

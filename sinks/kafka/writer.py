@@ -3,6 +3,7 @@ task's rows (see the protocol in ``sinks.kafka``)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ from eos_core.errors import FatalError, RetriableError
 from eos_core.spark_task import TaskIdentity, task_identity
 from sinks.kafka.client import KafkaLookups, Row, StagingProducer, TxnProducer, forget, slot_producer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
-from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker
+from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, replay_help
 from sinks.kafka.records import STAGE_HEADER, RowBatch, RowDigest, stage_header_size, stage_route
 from sinks.kafka.screen import DEFAULT_MESSAGE_MAX_BYTES, Screen, dead_letter
 
@@ -101,20 +102,23 @@ class _TaskRun:
         name = slot_name(self.opts.sink_id, self.who.partition)
         marker_topic = self.opts.markers_on
         assert marker_topic is not None
-        producer, marker, begun = self._slot_producer(name, marker_topic)
+        producer, marker, warm = self._slot_producer(name, marker_topic)
         try:
             done = meet_marker(self.plan, marker, self.batch, f"task slot {self.who.partition}")
-            if begun and (done or self.plan.written):
-                producer.abort_quietly()  # only the warm producer's proof is in it
             if done:
                 assert marker is not None
                 return self._replayed(iterator, marker)
             if self.plan.written:  # a replay of a partly written batch: the driver publishes (K2)
                 return self.stage(iterator, checked=True)
-            if not begun:
+            batches = self._rows(iterator)
+            first = next(batches, None)  # the query's work before the first row runs here, outside any transaction
+            if warm:  # the transaction begins now, at the first row (K4): its clock starts here
+                assert marker is not None
+                producer = self._prove(producer, name, marker_topic, marker)
+            else:
                 producer.begin()
             try:
-                for rows in self._rows(iterator):
+                for rows in itertools.chain([] if first is None else [first], batches):
                     producer.send(rows)
             except BaseException:
                 producer.abort_quietly()
@@ -130,41 +134,71 @@ class _TaskRun:
             )
             producer.commit([(marker_offsets(marker_topic, written), name)])
         except BaseException:
-            forget(producer)  # failed or fenced: the slot's next task starts from a new producer, initialised
+            forget(producer)  # failed or fenced (its open transaction aborted): the slot's next task initialises anew
             raise
         faults.point("sink.task.after_commit", spec=self.opts.faults, **self.fctx)
         return self.message()
 
     def _slot_producer(self, name: str, marker_topic: str) -> tuple[TxnProducer, Marker | None, bool]:
-        """The slot's producer, its last marker, and whether a transaction is open (True: a warm producer's).
-
-        A producer this worker kept from the slot's last task (``slot_producer``) is used without
-        initialising only once it proved it is still the slot's producer: it opens a transaction with the
-        slot's marker as it is, which the coordinator refuses from a producer another worker's (or
-        attempt's) initialised since. Otherwise, and for a retried attempt, a new producer initialises,
-        fencing every older one and aborting its open transaction."""
+        """The slot's producer, its last marker, and whether the producer is a warm one still to prove itself
+        (``_prove``, at the first row). A producer this worker kept from the slot's last task
+        (``slot_producer``) is used without initialising when the slot has a marker to prove itself with;
+        otherwise, and for a retried attempt, a new producer initialises, fencing every older one and
+        aborting its open transaction."""
         producer, warm = slot_producer(
             self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=self.who.attempt > 0
         )
         if warm:
             try:
-                marker = read_marker(self.lookups.admin, name, marker_topic, timeout=min(self.timeout, 3.0))
+                marker = read_marker(self.conf, name, marker_topic, timeout=min(self.timeout, 3.0))
             except RetriableError:  # a transaction holds the marker: another producer with our id is at work
                 marker = None
             if marker is not None:
-                producer.begin()
-                try:
-                    producer.add_markers([(marker_offsets(marker_topic, marker), name)])
-                    return producer, marker, True
-                except (RetriableError, FatalError):  # fenced (or it failed): a new producer takes over
-                    producer.abort_quietly()
+                return producer, marker, True
             forget(producer)
             producer, _ = slot_producer(self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=True)
         try:
             producer.init()  # fences every older attempt of this slot, aborting its open transaction
-            return producer, read_marker(self.lookups.admin, name, marker_topic, timeout=self.timeout), False
+            return producer, read_marker(self.conf, name, marker_topic, timeout=self.timeout), False
         except BaseException:
             forget(producer)
+            raise
+
+    def _prove(self, producer: TxnProducer, name: str, marker_topic: str, marker: Marker) -> TxnProducer:
+        """The warm producer proves it is still the slot's newest producer: it opens the task's transaction with
+        the slot's marker as read (the coordinator refuses a fenced producer). Done at the first row, so the
+        transaction's clock (kafka.transaction.timeout.ms) starts where the docs say. A producer that fails
+        (fenced: another attempt of the slot initialised since; or a failed begin) is let go, its transaction
+        aborted, and a new one initialises; the slot's marker must still be the one the task met, else another
+        attempt wrote the slot meanwhile and this one fails (retriable: Spark's next attempt meets the marker)."""
+        try:
+            producer.begin()
+            producer.add_markers([(marker_offsets(marker_topic, marker), name)])
+            return producer
+        except (RetriableError, FatalError) as exc:
+            log.info(
+                "%s: %s: the kept producer of the slot failed its proof (%s); a new one takes over",
+                self.plan.context,
+                self.where,
+                exc,
+            )
+            forget(producer)
+        fresh, _ = slot_producer(self.conf, name, timeout=self.timeout, context=self.plan.context, fresh=True)
+        try:
+            fresh.init()
+            now = read_marker(self.conf, name, marker_topic, timeout=self.timeout)
+            if now != marker:
+                raise RetriableError(
+                    f"{self.plan.context}: {self.where}: the slot's marker changed while this task ran (it met "
+                    f"{marker.describe()}, the slot now holds {now.describe() if now else 'none'}): another attempt of "
+                    "the slot wrote it meanwhile. Nothing of this attempt is visible; Spark's next attempt meets the marker",
+                    batch_id=self.batch,
+                    partition=self.who.partition,
+                )
+            fresh.begin()
+            return fresh
+        except BaseException:
+            forget(fresh)
             raise
 
     def _replayed(self, iterator: Iterator[pa.RecordBatch], marker: Marker) -> KafkaSinkMessage:
@@ -177,7 +211,7 @@ class _TaskRun:
                 f"the partition {self.digest.rows} other rows: the query's partitioning or its transformations changed "
                 "between the crash and the restart (minPartitions, maxRecordsPerPartition, repartition, the code). "
                 "With visibility=partition a replay must give each task the rows it had. Nothing more was written. "
-                "Restore the query as it was to finish this batch, then change it; or use visibility=batch",
+                "Restore the query as it was to finish this batch, then change it. " + replay_help(self.opts.sink_id),
                 batch_id=self.batch,
                 partition=self.who.partition,
             )
@@ -196,7 +230,7 @@ class _TaskRun:
             None
             if checked
             else read_marker(
-                self.lookups.admin, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout, stable=False
+                self.conf, publish_name(self.opts.sink_id), marker_topic, timeout=self.timeout, stable=False
             )
         )
         if meet_marker(self.plan, published, self.batch, "the publish"):

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
@@ -17,7 +17,7 @@ from eos_core.errors import FatalError, ServiceError
 from eos_core.kafka_config import admin_config
 from eos_core.privileges import KafkaAcl
 from eos_core.waits import StillRunning, within
-from sources.kafka.offsets import PartitionOffsets, TopicPartition
+from sources.kafka.offsets import PartitionOffsets, TopicPartition, kafka_uuid
 
 __all__ = ["KafkaMetadataClient"]
 
@@ -108,6 +108,7 @@ class KafkaMetadataClient:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._committer: tuple[str, Consumer] | None = None  # (group, consumer) reused by every commit
+        self._no_topic_ids = False  # the brokers do not know DescribeTopics (topic_ids)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -220,6 +221,39 @@ class KafkaMetadataClient:
             return out
 
         return self._retry(f"describing topic(s) {', '.join(names)}", fetch)
+
+    def topic_ids(self, names: Iterable[str]) -> dict[str, str]:
+        """Each named topic's id (Kafka's text form, ``kafka_uuid``), by DescribeTopics; a topic that does not
+        exist is left out, and so is every topic of a broker that gives no ids (before Kafka 2.8: the zero id;
+        one that does not know DescribeTopics), whose re-created topics cannot be told. A topic re-created
+        under its name has a new id."""
+        wanted = sorted(set(names))
+        if not wanted or self._no_topic_ids:
+            return {}
+
+        def fetch() -> dict[str, str]:
+            futures = self.admin().describe_topics(TopicCollection(wanted), request_timeout=self.timeout)
+            out: dict[str, str] = {}
+            for name, future in futures.items():
+                try:
+                    tid = kafka_uuid(future.result(timeout=self.timeout + 5).topic_id)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    code = err.code() if isinstance(err, KafkaError) else None
+                    if code in UNKNOWN_TOPIC:
+                        continue
+                    if code in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION):
+                        log.warning(
+                            "kafka-eos: the brokers give no topic ids (%s): a re-created topic is not told", err
+                        )
+                        self._no_topic_ids = True
+                        return {}
+                    raise
+                if tid.strip("A") != "":  # the zero id: a broker without topic ids
+                    out[name] = tid
+            return out
+
+        return self._retry(f"describing topic(s) {', '.join(wanted)} (their ids)", fetch)
 
     def _topic_error(self, name: str, err: Any, option: str) -> None:
         if err.code() in DENIED:

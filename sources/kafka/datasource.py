@@ -30,7 +30,16 @@ from pyspark.sql.types import (
 from eos_core import faults
 from eos_core.errors import ConfigError
 from eos_core.options import parse_bool
-from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, from_json, is_symbolic, to_json
+from sources.kafka.offsets import (
+    EARLIEST,
+    LATEST,
+    PartitionOffsets,
+    from_json,
+    is_symbolic,
+    to_json,
+    topic_ids,
+    with_ids,
+)
 from sources.kafka.options import OPTIONS, KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
 from sources.kafka.split import KafkaInputPartition
@@ -182,7 +191,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 start = self.planner.resolve_start(tps)
             else:
                 start = self.planner.symbolic_start(tps)
-            self._initial = to_json(start, symbolic=True)
+            ids = self.planner.client.topic_ids({tp.topic for tp in start})
+            self._initial = with_ids(to_json(start, symbolic=True), ids)
         return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -208,12 +218,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start, symbolic=True, what="start offset")
-        end_json: dict[str, dict[str, int]]
+        end_json: dict[str, Any]
         if is_symbolic(begin):
             key = repr(start)
             if key not in self._pinned:
                 # batch 0 reads nothing; its end is the resolved start, kept by Spark in offsets/0
-                self._pinned[key] = to_json(self.planner.resolve_start(sorted(begin)))
+                ids = self.planner.client.topic_ids({tp.topic for tp in begin})
+                self._pinned[key] = with_ids(to_json(self.planner.resolve_start(sorted(begin))), ids)
             end_json = self._pinned[key]
             if self._available_now and self._target is None:
                 self._target = self._snapshot()  # after the start is resolved: the start is never beyond it
@@ -223,11 +234,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._available_now and self._target is None:
                 self._target = self._snapshot()
             limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._available_now)
-            uncapped, self._latest = self.planner.latest_end(begin, target=self._target)
-            if limits.min_rows is not None and self._delay(begin, uncapped, limits.min_rows):
-                return to_json(begin)
-            end_json = to_json(self.planner.cap(begin, uncapped, limits))
-        if end_json != to_json(begin, symbolic=True):
+            kept, uncapped, self._latest, ids = self.planner.planned_end(begin, topic_ids(start), target=self._target)
+            if limits.min_rows is not None and self._delay(kept, uncapped, limits.min_rows):
+                return with_ids(to_json(begin), topic_ids(start))
+            end_json = with_ids(to_json(self.planner.cap(kept, uncapped, limits)), ids)
+        if from_json(end_json, what="end offset") != begin:
             faults.point("source.plan", spec=self.opts.faults)
         return end_json
 
@@ -255,6 +266,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = from_json(start, symbolic=True, what="start offset")
         end_offsets = from_json(end, what="end offset")
+        # a topic deleted and re-created under its name (topic ids, kept in the offsets) is not read on blindly
+        begin, end_offsets = self.planner.replayable(begin, topic_ids(start), end_offsets, topic_ids(end))
         if is_symbolic(begin):
             # Batch 0 of a start that is pinned (see the class docstring). kafka-eos's own pinning batch reads
             # nothing: its end is the resolved start. A batch 0 that Spark's format("kafka") planned and did not

@@ -1,4 +1,11 @@
-"""Kafka source offsets: topic-partition -> offset maps in the canonical JSON of Spark's JVM source."""
+"""Kafka source offsets: topic-partition -> offset maps in the canonical JSON of Spark's JVM source.
+
+The offsets kafka-eos writes also record the id of each topic they hold (Kafka 4's topic ids), so a topic
+deleted and re-created under its name is told apart from the one the offsets are of. An id is kept as a key
+of its own whose value is an empty map, ``"kafka-eos:topic-id:<topic>=<id>": {}``: Spark's own Kafka source
+reads an offset as ``Map[String, Map[Int, Long]]`` (``JsonUtils.partitionOffsets``) and an empty map gives
+it no partition, so a checkpoint stays readable by either source; ``:`` and ``=`` are in no topic name.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,23 @@ from typing import Any, NamedTuple
 
 from eos_core.errors import ConfigError
 
-__all__ = ["EARLIEST", "LATEST", "PartitionOffsets", "TopicPartition", "dumps", "from_json", "is_symbolic", "to_json"]
+__all__ = [
+    "EARLIEST",
+    "ID_KEY",
+    "LATEST",
+    "PartitionOffsets",
+    "TopicPartition",
+    "dumps",
+    "from_json",
+    "is_symbolic",
+    "kafka_uuid",
+    "to_json",
+    "topic_ids",
+    "with_ids",
+]
+
+ID_KEY = "kafka-eos:topic-id:"
+"""The prefix of a topic id's key in an offset dict: ``kafka-eos:topic-id:<topic>=<id>`` -> ``{}``."""
 
 EARLIEST = -2
 """Sentinel offset: the earliest offset still in the log (Spark's JSON uses -2)."""
@@ -67,6 +90,8 @@ def from_json(value: Any, *, symbolic: bool = False, what: str = "offsets") -> P
         raise ConfigError(f"{what}: expected a JSON object of topic -> {{partition: offset}}, got {value!r}")
     out: PartitionOffsets = {}
     for topic, parts in value.items():
+        if str(topic).startswith(ID_KEY) and parts == {}:
+            continue  # a topic id (topic_ids), no partition
         if not isinstance(parts, dict):
             raise ConfigError(f"{what}: topic {topic!r} must map partitions to offsets, got {parts!r}")
         for p, off in parts.items():
@@ -90,3 +115,37 @@ def is_symbolic(offsets: Mapping[TopicPartition, int]) -> bool:
 
 def partitions_of(offsets: Iterable[TopicPartition]) -> list[TopicPartition]:
     return sorted(offsets)
+
+
+def kafka_uuid(uuid: Any) -> str:
+    """A topic id as Kafka writes it (``kafka-topics --describe``: URL-safe base64, no padding), from
+    confluent-kafka's ``Uuid`` (standard base64) or its text."""
+    return str(uuid).replace("+", "-").replace("/", "_").rstrip("=")
+
+
+def topic_ids(value: Any) -> dict[str, str]:
+    """The topic ids an offset dict (or its JSON text) records: topic -> id; {} for offsets written by Spark's
+    source or an earlier kafka-eos."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for key, parts in value.items():
+        if str(key).startswith(ID_KEY) and parts == {} and "=" in key:
+            topic, _, tid = key[len(ID_KEY) :].rpartition("=")
+            out[topic] = tid
+    return out
+
+
+def with_ids(offsets: dict[str, dict[str, int]], ids: Mapping[str, str]) -> dict[str, Any]:
+    """``offsets`` (``to_json``'s dict) with the id of each of its topics that ``ids`` knows, keys sorted (Spark
+    compares offsets by their JSON text: equal offsets must give the same text)."""
+    merged: dict[str, Any] = dict(offsets)
+    for topic in offsets:
+        if topic in ids:
+            merged[f"{ID_KEY}{topic}={ids[topic]}"] = {}
+    return {k: merged[k] for k in sorted(merged)}

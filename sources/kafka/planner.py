@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eos_core import faults
-from eos_core.errors import ConfigError, DataLossError, FatalError
+from eos_core.errors import ConfigError, DataLossError, FatalError, ServiceError
 from sources.kafka.client import KafkaMetadataClient
 from sources.kafka.offsets import EARLIEST, LATEST, PartitionOffsets, TopicPartition, from_json, to_json
 from sources.kafka.options import KafkaSourceOptions, consumer_config
@@ -269,6 +269,72 @@ class KafkaPlanner:
             # so a replay never depends on when the partition was first seen.
             end.update(self.client.earliest(new))
         return end, latest
+
+    def planned_end(
+        self, start: PartitionOffsets, recorded: Mapping[str, str], *, target: PartitionOffsets | None = None
+    ) -> tuple[PartitionOffsets, PartitionOffsets, PartitionOffsets, dict[str, str]]:
+        """``(start, end, latest, ids)``: ``latest_end`` for a start whose topics' ids were ``recorded`` with it,
+        the start as the end is planned from (without a re-created topic's partitions) and the topics' ids now.
+
+        A topic whose id changed since is one deleted and re-created under its name (``recreated``): with
+        failOnDataLoss=false its partitions are taken as new ones, pinned at the new topic's earliest offsets by
+        this batch and read from the next. The ids are asked for before and after the offsets, and the whole
+        look-up made again (at most 3 times) when a topic was re-created in between: an end never holds
+        offsets of one topic under the id of another."""
+        for _ in range(3):
+            topics = {tp.topic for tp in self.current()} | {tp.topic for tp in start}
+            ids = self.client.topic_ids(topics)
+            gone = self.recreated(recorded, ids, start)
+            kept = {tp: off for tp, off in start.items() if tp.topic not in gone}
+            end, latest = self.latest_end(kept, target=target)
+            if self.client.topic_ids(topics) == ids:
+                return kept, end, latest, ids
+            log.warning(
+                "kafka-eos: a topic of %s was re-created while its offsets were looked up; again", sorted(topics)
+            )
+        raise ServiceError(
+            "kafka-eos: topics were deleted and re-created three times while the batch's offsets were looked up; "
+            "the next trigger tries again"
+        )
+
+    def recreated(self, recorded: Mapping[str, str], now: Mapping[str, str], offsets: PartitionOffsets) -> set[str]:
+        """The topics of ``offsets`` whose id is not the one ``recorded`` with them (deleted and re-created under
+        the name). failOnDataLoss=true: DataLossError naming the topic and both ids; false: logged, and returned for
+        the caller to read the topic as a new one. A topic with no recorded id (offsets of Spark's source or an
+        earlier kafka-eos) or that does not exist now is not judged here."""
+        out: set[str] = set()
+        for topic in sorted({tp.topic for tp in offsets}):
+            old, new = recorded.get(topic), now.get(topic)
+            if old is None or new is None or old == new:
+                continue
+            held = ", ".join(f"{tp}@{off}" for tp, off in sorted(offsets.items()) if tp.topic == topic)
+            self.data_loss(
+                f"topic {topic!r} was deleted and re-created under its name: the checkpoint's offsets of it ({held}) "
+                f"are of topic id {old}, the topic now has id {new}, so the old topic's records past them are gone "
+                "and the offsets would mean other records of the new topic. Start the query on a new checkpoint to "
+                "read the new topic as you choose",
+                TopicPartition(topic, 0),
+                skipping=f"the new topic {topic!r} (id {new}) is read from its earliest offsets, as a new topic: "
+                "pinned by this batch, read from the next; the old topic's unread records are skipped",
+            )
+            out.add(topic)
+        return out
+
+    def replayable(
+        self, start: PartitionOffsets, start_ids: Mapping[str, str], end: PartitionOffsets, end_ids: Mapping[str, str]
+    ) -> tuple[PartitionOffsets, PartitionOffsets]:
+        """The ``(start, end)`` of a planned batch as they may be read now. A topic whose id differs between them
+        was found re-created when the batch was planned (failOnDataLoss=false): its partitions are new in it
+        (pinned at their earliest: nothing read). A topic re-created since the batch was planned (its replay
+        after a restart) is judged by ``recreated``: refused, or left out of the batch (its records are gone)."""
+        fresh = {t for t, tid in end_ids.items() if start_ids.get(t, tid) != tid}
+        start = {tp: off for tp, off in start.items() if tp.topic not in fresh}
+        now = self.client.topic_ids({tp.topic for tp in end if tp.topic in end_ids}) if end_ids else {}
+        gone = self.recreated(end_ids, now, end)
+        if gone:
+            start = {tp: off for tp, off in start.items() if tp.topic not in gone}
+            end = {tp: off for tp, off in end.items() if tp.topic not in gone}
+        return start, end
 
     def _retry_stale(self, start: PartitionOffsets, latest: PartitionOffsets, target: PartitionOffsets | None) -> None:
         """Re-fetch a latest offset below the known one, as Spark does for KAFKA-7703 (a broker that has just
