@@ -10,6 +10,7 @@ password is in the error.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -203,3 +204,81 @@ def test_the_source_reads_with_exactly_its_declared_acls_and_names_each_missing_
     secured.grant(app.name, [KafkaAcl("group", group, "DESCRIBE")])
     reading = spark.read.format("kafka-eos").options(**options, **{"kafka.group.id": group, "startingOffsets": "group"})
     assert reading.load().count() == 20  # no committed offsets: from the start
+
+
+@pytest.mark.parametrize("visibility", ["batch", "partition"])
+def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_one_is_fatal_and_named(
+    secured: ApacheKafka, spark: Any, monkeypatch: pytest.MonkeyPatch, visibility: str
+) -> None:
+    """Finding 4 (sink) and 5: the marker needs READ on the marker topic (a TxnOffsetCommit), which failed as a
+    retriable 'Topic authorization failed' on a topic the user had granted WRITE on; a missing transactional id
+    ACL named neither the id nor the prefix. Now the sink runs with exactly its declared ACLs (one prefix for
+    its transactional ids and groups) and each one missing fails within seconds, fatal, naming the ACL and the
+    kafka-acls command, with nothing of the batch visible. Finding 5: a staging topic made by an admin at the
+    broker's default size is refused naming the exact max.message.bytes and the command that sets it."""
+    from connectors import error_cause
+    from connectors.toolkit.checker import read_topic
+    from eos_core.kafka_config import CONFIG_ENV
+    from sinks.kafka.options import parse_options
+    from sinks.kafka.privileges import sink_acls
+
+    properties = secured.client_properties()
+    assert properties is not None
+    monkeypatch.setenv(CONFIG_ENV, str(properties))  # the checker reads the topic as the admin
+    out = _topic(secured, 0)
+    sink = f"s-{uuid.uuid4().hex[:6]}"
+    staging = f"stage-{uuid.uuid4().hex[:6]}"
+    raw = {"kafka.bootstrap.servers": "b:9", "topic": out, "sink.id": sink, "visibility": visibility, "batch.id": "0"}
+    if visibility == "batch":
+        raw["staging.topic"] = staging
+    needs = sink_acls(parse_options(raw, streaming=False))
+    assert KafkaAcl("topic", out, "READ") in [dataclasses.replace(a, why="") for a in needs]  # the marker's
+    app = secured.add_principal(f"w-{uuid.uuid4().hex[:6]}", needs)
+    options = {
+        **app.kafka_options(),
+        **{k: v for k, v in raw.items() if k not in ("kafka.bootstrap.servers", "batch.id")},
+    }
+    batches = iter(range(1, 100))
+    df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(10)], "key string, value string")
+
+    def write() -> None:
+        df.write.format("kafka-eos").options(**options).option("batch.id", str(next(batches))).mode("append").save()
+
+    def committed(expected: int) -> int:
+        """The topic's committed records, waited for up to 10 s to be ``expected`` (the transaction markers
+        are written after commit_transaction returns: a read_committed reader sees them a moment later)."""
+        deadline = time.monotonic() + 10
+        while True:
+            got = len(read_topic(secured.bootstrap, out, parse_json=False))
+            if got == expected or time.monotonic() > deadline:
+                return got
+            time.sleep(0.2)
+
+    write()
+    assert committed(10) == 10
+    asked = 0
+    for acl in needs:
+        if acl.operation == "CREATE":
+            continue  # needed only while the staging topic is missing (it exists now)
+        secured.revoke(app.name, [acl])
+        try:
+            text, seconds = _failure(write)
+        finally:
+            secured.grant(app.name, [acl])
+        cause = error_cause(text)
+        where = acl.describe()
+        assert seconds < FAIL_FAST, (acl, seconds, cause)
+        assert "RetriableError" not in cause and f"lacks {where}" in cause, (acl, cause)
+        assert committed(10) == 10, acl  # nothing of it visible
+        asked += 1
+    assert asked >= 5
+    write()  # every ACL back: it writes again
+    assert committed(20) == 20
+    if visibility == "batch":  # finding 5: a staging topic an admin made at the broker's default size
+        small = f"stage-{uuid.uuid4().hex[:6]}"
+        create_topic(secured.bootstrap, small, 1, settings=secured.client_config())
+        secured.grant(app.name, [KafkaAcl(a.resource, small, a.operation) for a in needs if a.name == staging])
+        options["staging.topic"] = small
+        cause = error_cause(_failure(write)[0])
+        assert "Set the staging topic's max.message.bytes to at least 1049612" in cause, cause
+        assert f"--entity-name '{small}' --add-config max.message.bytes=1049612" in cause, cause

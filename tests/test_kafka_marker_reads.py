@@ -52,13 +52,16 @@ class FakeConsumer:
             return [SimpleNamespace(offset=-1001, metadata=None, error=None)]
         return [SimpleNamespace(offset=answer.batch + 1, metadata=answer.metadata(), error=None)]
 
+    def poll(self, timeout: float) -> None:
+        return None  # no event: a refused group is scripted as a committed() answer
+
     def close(self) -> None:
         pass
 
 
 @pytest.fixture(autouse=True)
 def fake_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(markers, "Consumer", FakeConsumer)
+    monkeypatch.setattr(markers.kafka_clients, "consumer", lambda conf, watch: FakeConsumer(conf))
     monkeypatch.setattr(markers, "_READERS", type(markers._READERS)())
     monkeypatch.setattr(markers.time, "sleep", lambda s: None)
     FakeConsumer.scripts, FakeConsumer.made = {}, []
@@ -113,7 +116,10 @@ def test_a_coordinator_error_that_lasts_is_a_retriable_error_naming_it() -> None
 def test_a_refused_read_is_fatal_and_says_what_to_grant() -> None:
     group = publish_name("orders")
     FakeConsumer.scripts[group] = [_raised(KafkaError.GROUP_AUTHORIZATION_FAILED)]
-    with pytest.raises(FatalError, match=r"GROUP_AUTHORIZATION_FAILED.*grant the sink's principal DESCRIBE and READ"):
+    with pytest.raises(
+        FatalError,
+        match=r"GROUP_AUTHORIZATION_FAILED.*lacks READ on group prefix 'spark-eos:orders:'.*--resource-pattern-type prefixed",
+    ):
         read_marker(CONF, group, "out", timeout=5)
 
 

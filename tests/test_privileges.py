@@ -74,3 +74,50 @@ def test_the_commands_grant_revoke_and_quote() -> None:
     )
     assert text == "c: role 'app' lacks TEMPORARY on database (the database of the dsn) (stage). Grant it: X;"
     assert "\n" not in text
+
+
+def test_the_kafka_connectors_declare_their_acls_by_option_set() -> None:
+    from sinks.kafka.options import parse_options as sink_options
+    from sinks.kafka.privileges import sink_acls, staging_size
+    from sources.kafka.options import parse_options as source_options
+    from sources.kafka.privileges import source_acls
+
+    def ops(acls: list[KafkaAcl]) -> set[tuple[str, str, str, bool]]:
+        return {(a.resource, a.name, a.operation, a.prefixed) for a in acls}
+
+    base = {"kafka.bootstrap.servers": "b:9"}
+    assert ops(source_acls(source_options({**base, "subscribe": "a,b"}, streaming=True))) == {
+        ("topic", "a", "READ", False),
+        ("topic", "b", "READ", False),
+    }
+    grouped = source_options(
+        {
+            **base,
+            "assign": '{"a":[0]}',
+            "kafka.group.id": "g",
+            "startingOffsets": "group",
+            "commitOffsetsToGroup": "true",
+        },
+        streaming=True,
+    )
+    assert ("group", "g", "DESCRIBE", False) in ops(source_acls(grouped))
+    assert ("group", "g", "READ", False) in ops(source_acls(grouped))
+    sink = {**base, "topic": "out", "sink.id": "orders", "batch.id": "1"}
+    partition = ops(sink_acls(sink_options({**sink, "visibility": "partition"}, streaming=False)))
+    assert partition == {
+        ("topic", "out", "WRITE", False),
+        ("topic", "out", "DESCRIBE_CONFIGS", False),
+        ("topic", "out", "READ", False),  # the marker: a TxnOffsetCommit against it
+        ("transactional_id", "spark-eos:orders:", "WRITE", True),
+        ("group", "spark-eos:orders:", "READ", True),
+    }
+    batch = ops(sink_acls(sink_options(sink, streaming=False)))
+    assert {(r, o) for r, n, o, p in batch - partition if n == "spark-eos-staging"} == {
+        ("topic", "WRITE"),
+        ("topic", "READ"),
+        ("topic", "DESCRIBE_CONFIGS"),
+        ("topic", "CREATE"),
+    }
+    letters = ops(sink_acls(sink_options({**sink, "errors.tolerance": "all", "errors.topic": "bad"}, streaming=False)))
+    assert {("topic", "bad", "WRITE", False), ("topic", "bad", "DESCRIBE_CONFIGS", False)} <= letters
+    assert staging_size(1048588) == 1049612  # the broker's default max.message.bytes plus the staging header

@@ -4,6 +4,7 @@ look-ups (topic limits, the broker's transaction timeout) the checks need. Every
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -12,12 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType  # type: ignore[attr-defined]
 
 from eos_core import kafka_clients
 from eos_core.errors import ConfigError, FatalError, RetriableError
 from eos_core.kafka_config import admin_config
+from eos_core.privileges import KafkaAcl, acl_command
 from eos_core.waits import StillRunning, within
 from sinks.kafka.records import TopicLimits
 
@@ -94,6 +96,9 @@ class TxnProducer:
         self.errors: list[str] = []
         self.stuck: str | None = None  # the call this producer was given up in (_bounded): it takes no other
         self.in_transaction = False  # begun, not yet committed or aborted (``forget`` aborts it)
+        self.denied_topics: set[str] = set()  # topics a delivery report said the principal may not write
+        self.sent_topics: set[str] = set()  # the topics of the open transaction's records
+        self.refusals: list[KafkaError] = []  # authorization failures librdkafka reported to the error_cb
         self.watch = kafka_clients.Watch(conf, context, also=self._error)
         self.producer = kafka_clients.producer(
             {
@@ -109,12 +114,66 @@ class TxnProducer:
     def _error(self, err: KafkaError) -> None:
         if err.fatal():
             self.errors.append(f"{err.name()}: {err.str()}")
+        if err.code() in _AUTHORIZATION:
+            self.refusals.append(err)
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            self.denied_topics.add(msg.topic())
         if err is not None and len(self.errors) < 5:
             self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.name()} ({err.str()})")
 
-    def _call(self, what: str, fn: Callable[[float], T]) -> T:
+    def _why_failed(self) -> KafkaError | None:
+        """What failed the open transaction, when a produce was refused because it had (librdkafka names the
+        cause, e.g. a partition it could not add, only to the commit it then refuses)."""
+        try:
+            self.producer.commit_transaction(min(self.timeout, 5.0))
+        except KafkaException as exc:
+            return kafka_error(exc)
+        return None
+
+    def _denied(
+        self, what: str, err: KafkaError, marker_topic: str | None, topics: set[str] | None = None
+    ) -> FatalError | None:
+        """An authorization failure as the ACLs the principal lacks (no retry helps until they are granted);
+        ``topics``: those the failed call wrote to."""
+        from sinks.kafka.markers import names_of
+
+        code = err.code()
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED and topics:
+            self.denied_topics |= topics
+        elif code == KafkaError.TOPIC_AUTHORIZATION_FAILED and "add partition" in err.str().lower():
+            # the transaction failed adding a partition it produced to (AddPartitionsToTxn: WRITE), and the
+            # call that reports it (send_offsets, commit) is not the one refused
+            self.denied_topics |= self.sent_topics
+        names = names_of(self.name)
+        acls: list[KafkaAcl] = []
+        if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            acls.append(KafkaAcl("transactional_id", names, "WRITE", prefixed=True, why="the sink's transactions"))
+        elif code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            acls.append(KafkaAcl("group", names, "READ", prefixed=True, why="commit the batch's marker for its group"))
+        elif code == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+            acls.append(KafkaAcl("cluster", "", "IDEMPOTENT_WRITE", why="an idempotent producer (brokers before 3.0)"))
+        elif code == KafkaError.TOPIC_AUTHORIZATION_FAILED or self.denied_topics:
+            if marker_topic is not None and not self.denied_topics:
+                acls.append(
+                    KafkaAcl(
+                        "topic",
+                        marker_topic,
+                        "READ",
+                        why="the batch's marker is an offset committed against it (option 'marker.topic', default "
+                        "'topic')",
+                    )
+                )
+            acls += [KafkaAcl("topic", t, "WRITE", why="write the rows") for t in sorted(self.denied_topics)]
+        if not acls:
+            return None
+        if self.in_transaction:
+            self.abort_quietly()
+        text = kafka_clients.refused_access(self.conf, err, acls, f"{self.context}: {what}")
+        return FatalError(f"{text}. Nothing of the transaction is visible", transactional_id=self.name)
+
+    def _call(self, what: str, fn: Callable[[float], T], *, marker_topic: str | None = None) -> T:
         """Run a transactional call: retry while librdkafka says retriable, within the timeout; a fenced
         producer is ``Fenced``; an abortable error aborts and is retriable (the task or batch runs again).
         ``fn`` gets the seconds left: each try waits at most that, so the call ends within the timeout
@@ -130,8 +189,12 @@ class TxnProducer:
                 err = kafka_error(exc)
                 if err is None:
                     raise
-                self.producer.poll(0)
+                with contextlib.suppress(KafkaException):  # a producer in a fatal state raises its error again
+                    self.producer.poll(0)
                 self.watch.check()
+                denied = self._denied(what, err, marker_topic)
+                if denied is not None:
+                    raise denied from None
                 if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
                     self.in_transaction = False  # the producer that fenced this one aborted its transaction
                     raise Fenced(
@@ -168,15 +231,22 @@ class TxnProducer:
 
     def begin(self) -> None:
         self.errors.clear()
+        self.sent_topics.clear()
         self._call("begin_transaction", lambda _left: self.producer.begin_transaction())
         self.in_transaction = True
 
     def send(self, rows: list[Row]) -> None:
         """Queue ``rows`` in the open transaction."""
+        self.sent_topics.update(r[0] for r in rows)
         try:
             produce_all(self.producer, rows, timeout=self.timeout, context=self.context)
         except KafkaException as exc:
             err = kafka_error(exc)
+            if err is not None and err.code() == KafkaError._STATE and self.in_transaction:
+                err = self._why_failed() or err
+                denied = self._denied("produce", err, None, topics={r[0] for r in rows})
+                if denied is not None:
+                    raise denied from None
             if err is not None and err.txn_requires_abort():
                 self.abort_quietly()
                 raise RetriableError(f"{self.context}: a produce failed: {err.name()} ({err.str()})") from None
@@ -188,7 +258,8 @@ class TxnProducer:
     def commit(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
         """Commit the transaction with each (offsets, consumer group) of ``markers`` in it."""
         self.add_markers(markers)
-        self._call("commit_transaction", self.producer.commit_transaction)
+        topic = markers[0][0][0].topic if markers and markers[0][0] else None
+        self._call("commit_transaction", self.producer.commit_transaction, marker_topic=topic)
         self.in_transaction = False
 
     def add_markers(self, markers: list[tuple[list[TopicPartition], str]]) -> None:
@@ -197,12 +268,16 @@ class TxnProducer:
         for offsets, group in markers:
             metadata = self._group_metadata.get(group)
             if metadata is None:  # a consumer that never joins the group: only its metadata (the group id) is used
-                consumer = Consumer({**admin_config(self.conf), "group.id": group, "enable.auto.commit": "false"})
+                settings = {**admin_config(self.conf), "group.id": group, "enable.auto.commit": "false"}
+                consumer = kafka_clients.consumer(settings, kafka_clients.Watch(settings, self.context))
                 try:
                     metadata = self._group_metadata[group] = consumer.consumer_group_metadata()
                 finally:
                     consumer.close()
-            self._call("send_offsets_to_transaction", partial(self._send_offsets, offsets, metadata))
+            topic = offsets[0].topic if offsets else None
+            self._call(
+                "send_offsets_to_transaction", partial(self._send_offsets, offsets, metadata), marker_topic=topic
+            )
 
     def _send_offsets(self, offsets: list[TopicPartition], metadata: Any, left: float) -> None:
         send = self.producer.send_offsets_to_transaction
@@ -331,6 +406,8 @@ class StagingProducer:
         self.context = context
         self.errors: list[str] = []
         self.ranges: dict[int, list[int]] = {}  # partition -> [first, last, count]
+        self.conf = conf
+        self.denied: tuple[str, KafkaError] | None = None  # a topic the broker refused the principal to write
         watch = kafka_clients.Watch(conf, context)
         self.producer = kafka_clients.producer(
             {**conf, "enable.idempotence": "true", "on_delivery": self._delivered}, watch
@@ -339,6 +416,8 @@ class StagingProducer:
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
+            if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and self.denied is None:
+                self.denied = (msg.topic(), err)
             if len(self.errors) < 5:
                 self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.name()} ({err.str()})")
             return
@@ -362,6 +441,10 @@ class StagingProducer:
     def finish(self) -> dict[int, tuple[int, int, int]]:
         """Wait for every record; the ranges, or RetriableError if any was not written."""
         left = self.producer.flush(self.timeout)
+        if self.denied is not None:
+            topic, err = self.denied
+            acl = KafkaAcl("topic", topic, "WRITE", why="tasks stage their rows (staging.topic)")
+            raise FatalError(kafka_clients.refused_access(self.conf, err, [acl], f"{self.context}: staging"))
         if left or self.errors:
             raise RetriableError(
                 f"{self.context}: staging failed ({left} records undelivered after {self.timeout:.0f} s; "
@@ -393,6 +476,7 @@ class KafkaLookups:
         wanted = [t for t in topics if t not in self._limits]
         if wanted:
             meta = self._retry("topic metadata", lambda left: self.admin.list_topics(timeout=left))
+            self._refuse_undescribable([t for t in wanted if t not in meta.topics])
             present = [t for t in wanted if t in meta.topics and meta.topics[t].error is None]
             for t in wanted:
                 if t not in present:
@@ -406,6 +490,10 @@ class KafkaLookups:
                             [ConfigResource(ResourceType.TOPIC, t) for t in present], request_timeout=left
                         ).items()
                     },
+                    denied=[
+                        KafkaAcl("topic", t, "DESCRIBE_CONFIGS", why="read max.message.bytes and cleanup.policy")
+                        for t in present
+                    ],
                 )
                 internal = self._internal([t for t in present if t.startswith("__")])
                 for t in present:
@@ -421,6 +509,24 @@ class KafkaLookups:
                         internal=t in internal,
                     )
         return {t: self._limits[t] for t in topics}
+
+    def _refuse_undescribable(self, topics: list[str]) -> None:
+        """Kafka leaves a topic the principal may not describe out of a listing, as if it did not exist: the
+        missing ones are described by name (DescribeTopics never creates a topic), and one the broker refuses
+        is said as such, with the ACL."""
+        if not topics:
+            return
+        futures = self.admin.describe_topics(TopicCollection(topics), request_timeout=self.timeout)
+        for t, future in futures.items():
+            try:
+                future.result(timeout=self.timeout + _GRACE)
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    acl = KafkaAcl("topic", t, "WRITE", why="write to it (WRITE implies DESCRIBE)")
+                    raise FatalError(
+                        kafka_clients.refused_access(self.conf, err, [acl], self.context), topic=t
+                    ) from None
 
     def _internal(self, topics: list[str]) -> set[str]:
         """The topics of ``topics`` the cluster's metadata flags internal (DescribeTopics). Asked only for names
@@ -481,9 +587,16 @@ class KafkaLookups:
         except KafkaException as exc:
             err = kafka_error(exc)
             if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                where = self.conf.get("bootstrap.servers", "<bootstrap>")
+                settings = " ".join(f"--config {k}={v}" for k, v in sorted(config.items()))
+                create = (
+                    f"kafka-topics.sh --bootstrap-server {where} --command-config admin.properties --create "
+                    f"--topic '{topic}' --partitions {partitions} {settings}"
+                )
+                grant = acl_command(KafkaAcl("topic", topic, "CREATE"), kafka_clients.principal(self.conf), where)
                 raise ConfigError(
                     f"{self.context}: topic {topic!r} (option '{option}') does not exist and could not be created: "
-                    f"{exc}. Create it, or grant the sink's principal CREATE on it",
+                    f"{exc}. Create it as an admin ({create}) or grant the sink's principal CREATE on it ({grant})",
                     option=option,
                 ) from None
         self._limits.pop(topic, None)
@@ -496,14 +609,19 @@ class KafkaLookups:
             time.sleep(0.1)
         raise RetriableError(f"{self.context}: topic {topic!r} was created but its metadata did not appear")
 
-    def _retry(self, what: str, fn: Callable[[float], T]) -> T:
-        """``fn`` retried while its error is retriable, each try given the seconds left of the timeout."""
+    def _retry(self, what: str, fn: Callable[[float], T], denied: list[KafkaAcl] | None = None) -> T:
+        """``fn`` retried while its error is retriable, each try given the seconds left of the timeout; an
+        authorization failure is a FatalError naming ``denied``, the ACLs the look-up needs."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 return fn(_left(deadline))
             except KafkaException as exc:
                 err = kafka_error(exc)
+                if err is not None and denied and err.code() in _AUTHORIZATION:
+                    raise FatalError(
+                        kafka_clients.refused_access(self.conf, err, denied, f"{self.context}: {what}")
+                    ) from None
                 if err is not None and err.retriable() and time.monotonic() < deadline:
                     time.sleep(0.25)
                     continue
@@ -516,6 +634,14 @@ class KafkaLookups:
 
 
 _SLICE = 2.0  # seconds: the longest try of a transactional call (TxnProducer._call)
+_AUTHORIZATION = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
 
 
 def _left(deadline: float) -> float:

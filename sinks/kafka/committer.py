@@ -13,8 +13,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from eos_core import faults
+from eos_core import faults, kafka_clients
 from eos_core.errors import FatalError, RetriableError
+from eos_core.privileges import KafkaAcl
 from sinks.kafka.client import KafkaLookups, Row, TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, read_slot_markers, slot_name
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, meet_marker, partly_written, replay_help
@@ -144,21 +145,16 @@ class _Publish:
 
     def _copy(self, producer: TxnProducer, messages: list[KafkaSinkMessage]) -> int:
         """Read every task's staged records and send them to their topics in the open transaction."""
-        consumer = Consumer(
-            {
-                **{
-                    k: v
-                    for k, v in self.conf.items()
-                    if k.startswith(("bootstrap", "security", "sasl", "ssl", "client"))
-                },
-                "group.id": self.name + ":reader",
-                "enable.auto.commit": "false",
-                "enable.partition.eof": "false",
-                "auto.offset.reset": "error",
-                "isolation.level": "read_uncommitted",
-                "fetch.max.bytes": str(64 * 1024 * 1024),
-            }
-        )
+        settings: dict[str, Any] = {
+            **{k: v for k, v in self.conf.items() if k.startswith(("bootstrap", "security", "sasl", "ssl", "client"))},
+            "group.id": self.name + ":reader",
+            "enable.auto.commit": "false",
+            "enable.partition.eof": "false",
+            "auto.offset.reset": "error",
+            "isolation.level": "read_uncommitted",
+            "fetch.max.bytes": str(64 * 1024 * 1024),
+        }
+        consumer = kafka_clients.consumer(settings, kafka_clients.Watch(settings, self.plan.context))
         published = 0
         try:
             for m in messages:
@@ -202,8 +198,11 @@ class _Publish:
             for msg in batch:
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
+                    if err.code() in (KafkaError._PARTITION_EOF, KafkaError.GROUP_AUTHORIZATION_FAILED):
+                        continue  # the reader's group is never used (its coordinator look-up may be refused)
+                    if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                        acl = KafkaAcl("topic", topic, "READ", why="the publish reads the staged rows (staging.topic)")
+                        raise FatalError(kafka_clients.refused_access(self.conf, err, [acl], self.plan.context))
                     raise RetriableError(
                         f"{self.plan.context}: reading the staged records of batch {self.batch} from {topic}-{part} "
                         f"failed: {err.name()} ({err.str()}); staged records older than staging.retention are gone, "

@@ -30,8 +30,10 @@ from urllib.parse import quote
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from eos_core import kafka_clients
 from eos_core.errors import FatalError, RetriableError
 from eos_core.kafka_config import admin_config
+from eos_core.privileges import KafkaAcl
 from eos_core.waits import StillRunning, within
 
 __all__ = [
@@ -76,6 +78,14 @@ def sink_names(sink_id: str) -> str:
 def slot_name(sink_id: str, slot: int) -> str:
     """Transactional id and marker group of task slot ``slot`` (visibility=partition)."""
     return f"{sink_names(sink_id)}task:{slot}"
+
+
+def names_of(name: str) -> str:
+    """The prefix every id of the sink shares (``sink_names``), out of one of its transactional ids or groups."""
+    head, sep, _ = name.rpartition(":task:")
+    if sep:
+        return head + ":"
+    return name[: -len("publish")] if name.endswith("publish") else name
 
 
 def publish_name(sink_id: str) -> str:
@@ -173,12 +183,17 @@ _READERS_MAX = 8
 _READERS_LOCK = threading.Lock()
 
 
+def _new_reader(conf: Mapping[str, Any], group: str, stable: bool) -> Consumer:
+    settings = marker_reader_config(conf, group, stable=stable)
+    return kafka_clients.consumer(settings, kafka_clients.Watch(settings, "kafka-eos sink marker reader"))
+
+
 def _reader(conf: Mapping[str, Any], group: str, stable: bool) -> Consumer:
     key = (repr(sorted(admin_config(conf).items())), group, stable)
     with _READERS_LOCK:
         found = _READERS.pop(key, None)
         if found is None:
-            found = Consumer(marker_reader_config(conf, group, stable=stable))
+            found = _new_reader(conf, group, stable)
         _READERS[key] = found
         old = [_READERS.popitem(last=False)[1] for _ in range(len(_READERS) - _READERS_MAX)]
     for consumer in old:
@@ -198,7 +213,9 @@ def _retriable(err: KafkaError) -> bool:
     return err.code() in _UNSTABLE or bool(err.retriable())
 
 
-def _fetch(consumer: Consumer, group: str, topic: str, timeout: float) -> Marker | KafkaError | None:
+def _fetch(
+    consumer: Consumer, group: str, topic: str, timeout: float, conf: Mapping[str, Any] | None = None
+) -> Marker | KafkaError | None:
     """One OffsetFetch of ``group``'s marker: the marker, None (the group has none), or a retriable error;
     FatalError for any other. Through the consumer's own group handle: a coordinator error in the answer is
     an error here, never librdkafka's null-handle crash of ``AdminClient.list_consumer_group_offsets``
@@ -209,23 +226,30 @@ def _fetch(consumer: Consumer, group: str, topic: str, timeout: float) -> Marker
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if err is None or _retriable(err):
             return err if err is not None else KafkaError(KafkaError._FAIL, str(exc))
-        raise _refused(group, topic, err) from None
+        raise _refused(group, topic, err, conf) from None
     if tp.error is not None:
         if _retriable(tp.error):
             return tp.error
-        raise _refused(group, topic, tp.error)
+        raise _refused(group, topic, tp.error, conf)
     if tp.offset < 0:
         return None
     return Marker.parse(tp.offset, tp.metadata, group=group)
 
 
-def _refused(group: str, topic: str, err: KafkaError) -> FatalError:
-    return FatalError(
-        f"kafka-eos sink: reading the marker of consumer group {group!r} on {topic}-0 failed: {err.name()} "
-        f"({err.str()}); grant the sink's principal DESCRIBE and READ on the group and DESCRIBE on topic {topic!r} "
-        "(option 'marker.topic', default 'topic')",
-        group=group,
-    )
+def _refused(group: str, topic: str, err: KafkaError, conf: Mapping[str, Any] | None = None) -> FatalError:
+    """Reading a marker was refused: the ACLs the sink's principal lacks for it, and the commands."""
+    acls = [
+        KafkaAcl("group", names_of(group), "READ", prefixed=True, why="read the sink's markers (its consumer groups)"),
+        KafkaAcl("topic", topic, "READ", why="the markers are offsets of it (option 'marker.topic', default 'topic')"),
+    ]
+    context = f"kafka-eos sink: reading the marker of consumer group {group!r} on {topic}-0"
+    if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        acls = acls[:1]
+    elif err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        acls = acls[1:]
+    else:
+        return FatalError(f"{context} failed: {err.name()} ({err.str()})", group=group)
+    return FatalError(kafka_clients.refused_access(conf or {}, err, acls, context), group=group)
 
 
 def _unreadable(group: str, topic: str, timeout: float, last: object) -> RetriableError:
@@ -253,12 +277,17 @@ def read_marker(
     after the coordinator moved; confluentinc/librdkafka#5040) and the process dies. Here such an error is
     retried within ``timeout``, then a RetriableError."""
     deadline = time.monotonic() + timeout
-    consumer = _reader(conf, group, stable) if cached else Consumer(marker_reader_config(conf, group, stable=stable))
+    consumer = _reader(conf, group, stable) if cached else _new_reader(conf, group, stable)
     try:
         while True:
-            found = _fetch(consumer, group, topic, min(deadline - time.monotonic(), 30.0))
+            # a second at a time: a refused group is an event of the consumer only (the call just times out)
+            found = _fetch(consumer, group, topic, min(deadline - time.monotonic(), 1.0), conf)
             if not isinstance(found, KafkaError):
                 return found
+            event = consumer.poll(0)
+            refused = event.error() if event is not None else None
+            if refused is not None and refused.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise _refused(group, topic, refused, conf)
             if time.monotonic() + 0.2 > deadline:
                 if cached:  # a reader that kept failing may hold a stale coordinator: the next read makes a new one
                     _forget_reader(consumer)

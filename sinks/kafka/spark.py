@@ -19,6 +19,7 @@ from sinks.kafka.committer import commit_batch
 from sinks.kafka.markers import publish_name, read_slot_markers, slot_groups
 from sinks.kafka.options import CONTEXT, OPTIONS, KafkaSinkOptions, parse_options
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan, partly_written
+from sinks.kafka.privileges import STAGING_HEADER, staging_size
 from sinks.kafka.writer import write_task
 
 __all__ = ["KafkaBatchWriter", "KafkaStreamWriter", "check_services", "kafka_batch"]
@@ -125,18 +126,23 @@ def ensure_staging(lookups: KafkaLookups, opts: KafkaSinkOptions, conf: dict[str
     """The staging topic, created when missing, able to take every record the target topic takes."""
     target = lookups.require(opts.topic, "topic") if opts.topic else None
     wanted = max(target.max_message_bytes if target else 0, int(conf.get("message.max.bytes", 1_000_000)))
+    # created with more headroom than the check asks (a producer's message.max.bytes over the target's too)
     staging = lookups.ensure_topic(
         opts.staging_topic,
         opts.staging_partitions,
         {"retention.ms": str(opts.staging_retention_ms), "max.message.bytes": str(wanted + 4096)},
         "staging.topic",
     )
-    if target is not None and staging.max_message_bytes < target.max_message_bytes + 1024:
+    if target is not None and staging.max_message_bytes < staging_size(target.max_message_bytes):
+        need = staging_size(target.max_message_bytes)
+        where = conf.get("bootstrap.servers", "<bootstrap>")
         raise ConfigError(
             f"{CONTEXT}: the staging topic {opts.staging_topic!r} takes records up to {staging.max_message_bytes} "
             f"bytes (max.message.bytes), topic {opts.topic!r} up to {target.max_message_bytes}: a record the target "
-            "takes could not be staged. Raise the staging topic's max.message.bytes (kafka-configs --alter "
-            "--add-config max.message.bytes=...)",
+            f"takes could not be staged with its staging header ({STAGING_HEADER} bytes). Set the staging topic's "
+            f"max.message.bytes to at least {need}: kafka-configs.sh --bootstrap-server {where} --command-config "
+            f"admin.properties --alter --entity-type topics --entity-name '{opts.staging_topic}' --add-config "
+            f"max.message.bytes={need}",
             option="staging.topic",
         )
 
