@@ -402,11 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_submit_file_cmd)
     # the command groups of their own modules (each imports only light dependencies at module level)
-    from connectors.commands import kafka_sink, sinks
+    from connectors.commands import doctor, kafka_sink, sinks
     from connectors.services import manage
     from connectors.toolkit.chaos import cli as chaos
 
-    for module in (manage, sinks, kafka_sink, chaos):
+    for module in (manage, sinks, kafka_sink, doctor, chaos):
         module.add_subparser(sub)
     return parser
 

@@ -278,6 +278,34 @@ def read_properties(path: str) -> dict[str, str]:
     return out
 
 
+def _escape(text: str, *, key: bool) -> str:
+    """java.util.Properties escaping (keys also escape separators and a leading comment sign)."""
+    out = []
+    for i, ch in enumerate(text):
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\f":
+            out.append("\\f")
+        elif (key and ch in " =:#!") or (not key and i == 0 and ch in " #!"):
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def render_properties(props: Mapping[str, str], header: str = "") -> str:
+    """A ``.properties`` file holding ``props`` in their order."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines += [f"{_escape(k, key=True)}={_escape(v, key=False)}" for k, v in props.items()]
+    return "\n".join(lines) + "\n"
+
+
 def _unescape(text: str) -> str:
     escapes = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
     return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(1)), text)

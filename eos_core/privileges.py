@@ -13,7 +13,17 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-__all__ = ["KafkaAcl", "PgGrant", "acl_command", "describe_missing", "grant_command"]
+__all__ = [
+    "AclBinding",
+    "KafkaAcl",
+    "PgGrant",
+    "acl_command",
+    "acl_held",
+    "acl_table",
+    "describe_missing",
+    "grant_command",
+    "grant_table",
+]
 
 KAFKA_RESOURCES = ("topic", "group", "transactional_id", "cluster")
 KAFKA_OPERATIONS = ("READ", "WRITE", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "IDEMPOTENT_WRITE", "ALTER")
@@ -112,3 +122,62 @@ def describe_missing(
     needs = "; ".join(f"{n.describe()} ({n.why})" for n in listed)
     commands = " ".join(fix)
     return f"{context}: {who} lacks {needs}" + (f". Grant it: {commands}" if commands else "")
+
+
+@dataclass(frozen=True)
+class AclBinding:
+    """An ACL the cluster holds (as DescribeAcls lists it): ``permission`` ALLOW or DENY of ``operation`` (or
+    ``ALL``) on ``resource`` ``name`` (``*``: every one; ``prefixed``: every one starting with it) for
+    ``principal`` (``User:<name>``, ``User:*``)."""
+
+    resource: str
+    name: str
+    prefixed: bool
+    principal: str
+    operation: str
+    permission: str = "ALLOW"
+
+
+# Kafka's implied operations: READ, WRITE, DELETE, ALTER imply DESCRIBE; ALTER_CONFIGS implies DESCRIBE_CONFIGS
+_IMPLIED = {"DESCRIBE": {"READ", "WRITE", "DELETE", "ALTER"}, "DESCRIBE_CONFIGS": {"ALTER_CONFIGS"}}
+
+
+def _covers(b: AclBinding, need: KafkaAcl, principal: str) -> bool:
+    if b.resource != need.resource or b.principal not in (f"User:{principal}", "User:*"):
+        return False
+    if b.operation != "ALL" and b.operation != need.operation and b.operation not in _IMPLIED.get(need.operation, ()):
+        return False
+    if need.resource == "cluster" or b.name == "*":
+        return True
+    if b.prefixed:
+        return need.name.startswith(b.name)
+    return not need.prefixed and b.name == need.name
+
+
+def acl_held(need: KafkaAcl, bindings: Iterable[AclBinding], principal: str) -> bool:
+    """Whether ``bindings`` let ``principal`` do what ``need`` asks: an ALLOW that covers it (the operation, ALL
+    or one that implies it; the literal name, ``*``, or a prefix of the name, a prefixed need only by a prefix
+    of its prefix) and no DENY that covers it (a DENY wins, as in Kafka's authorizer)."""
+    listed = list(bindings)
+    allowed = any(b.permission == "ALLOW" and _covers(b, need, principal) for b in listed)
+    return allowed and not any(b.permission == "DENY" and _covers(b, need, principal) for b in listed)
+
+
+def acl_table(acls: Sequence[KafkaAcl], principal: str = "<app>") -> str:
+    """A markdown table of ``acls``: resource, name, operation, why, and the command that grants it."""
+    rows = ["| resource | name | operation | needed to | grant it |", "|---|---|---|---|---|"]
+    for a in acls:
+        name = "" if a.resource == "cluster" else f"`{a.name}`" + (" (prefix)" if a.prefixed else "")
+        command = acl_command(a, principal).replace("|", "\\|")
+        rows.append(f"| {a.resource.replace('_', ' ')} | {name} | {a.operation} | {a.why} | `{command}` |")
+    return "\n".join(rows)
+
+
+def grant_table(grants: Sequence[PgGrant], role: str = "app") -> str:
+    """A markdown table of ``grants``: object, name, privilege, why (and while what is missing), the GRANT."""
+    rows = ["| object | name | privilege | needed to | grant it |", "|---|---|---|---|---|"]
+    for g in grants:
+        when = f"; only while {g.unless[0]} `{g.unless[1]}` does not exist" if g.unless else ""
+        name = f"`{g.name}`" if g.name else "the DSN's database"
+        rows.append(f"| {g.object} | {name} | {g.privilege} | {g.why}{when} | `{grant_command(g, role)}` |")
+    return "\n".join(rows)

@@ -21,7 +21,7 @@ import pytest
 
 from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit.chaos import create_topic, make_records, produce_records
-from eos_core.privileges import KafkaAcl
+from eos_core.privileges import KafkaAcl, acl_command
 
 pytestmark = [pytest.mark.integration]
 
@@ -282,3 +282,42 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
         cause = error_cause(_failure(write)[0])
         assert "Set the staging topic's max.message.bytes to at least 1049612" in cause, cause
         assert f"--entity-name '{small}' --add-config max.message.bytes=1049612" in cause, cause
+
+
+def test_doctor_names_each_acl_a_principal_lacks_and_the_sinks_settings(
+    secured: ApacheKafka, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``spark-eos doctor``: the principal of a kafka-eos sink checked against the ACLs the sink declares
+    (DescribeAcls with the admin's properties, the principal may not describe them itself), each one revoked in
+    turn named with its command; and the settings: the broker's transaction.max.timeout.ms, the staging topic's
+    max.message.bytes against the output topic's, offsets.retention.minutes."""
+    from connectors import cli
+    from sinks.kafka.options import parse_options
+    from sinks.kafka.privileges import sink_acls
+
+    out = _topic(secured, 0)
+    options = {"topic": out, "sink.id": "doc", "staging.topic": f"st-{uuid.uuid4().hex[:6]}"}
+    needs = sink_acls(parse_options({"kafka.bootstrap.servers": "b:9", "batch.id": "0", **options}, streaming=False))
+    app = secured.add_principal(f"doc-{uuid.uuid4().hex[:6]}", needs)
+    own, admin = app.properties(tmp_path / "app.properties"), secured.client_properties()
+    argv = ["--kafka-config", str(own), "doctor", "kafka-eos-sink", "--bootstrap", secured.bootstrap]
+    argv += [f"-o{k}={v}" for k, v in options.items()]
+
+    def doctor(*more: str) -> tuple[int, str]:
+        code = cli.main([*argv, *more])
+        return code, capsys.readouterr().out
+
+    code, text = doctor()  # the principal may not list ACLs: nothing is passed as held
+    assert code == 1 and text.count("UNCHECKED") >= len(needs) and "--admin-config" in text, text
+    code, text = doctor("--admin-config", str(admin))
+    assert code == 0 and text.count("ok     ") >= len(needs), text
+    assert "transaction.max.timeout.ms" in text and "offsets.retention.minutes" in text, text
+    for acl in needs:
+        secured.revoke(app.name, [acl])
+        try:
+            code, text = doctor("--admin-config", str(admin))
+        finally:
+            secured.grant(app.name, [acl])
+        missing = [line for line in text.splitlines() if line.startswith("MISSING")]
+        assert code == 1 and len(missing) == 1 and acl.describe() in missing[0], (acl, text)
+        assert acl_command(acl, app.name, secured.bootstrap) in text, text

@@ -27,6 +27,17 @@ def test_every_option_table_is_the_one_its_spec_generates() -> None:
         assert gen.render(text) == text, f"{page.name}: option table out of date; run scripts/docs_options.py"
 
 
+def test_every_privilege_table_is_the_one_the_connectors_declare() -> None:
+    """docs/security.md's ACL and GRANT tables are what each connector declares for those options (issue 44):
+    a connector that needs one more privilege changes the page, or this fails."""
+    gen = _generator()
+    marked = {m for p in gen.pages() for m in re.findall(r"<!-- privileges: ([\w. =,:-]+?) -->", p.read_text())}
+    assert marked == set(gen.PRIVILEGES), f"pages mark {sorted(marked)}, declared sets are {sorted(gen.PRIVILEGES)}"
+    page = ROOT / "docs" / "security.md"
+    text = page.read_text()
+    assert gen.render(text) == text, "docs/security.md: a privilege table is out of date; run scripts/docs_options.py"
+
+
 def _anchors(text: str) -> set[str]:
     heads = re.findall(r"^#{1,6} (.+)$", text, re.M)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}

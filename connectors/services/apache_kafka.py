@@ -41,6 +41,7 @@ from connectors.services.maven import (
     resolve_module,
 )
 from eos_core.errors import ServiceError
+from eos_core.kafka_config import render_properties
 from eos_core.privileges import KafkaAcl
 
 __all__ = [
@@ -256,34 +257,6 @@ def kafka_jars(version: str | None = None, environ: Mapping[str, str] | None = N
 
 
 # ---- configuration files ------------------------------------------------------------------------
-def _escape(text: str, *, key: bool) -> str:
-    """java.util.Properties escaping (keys also escape separators and a leading comment sign)."""
-    out = []
-    for i, ch in enumerate(text):
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\f":
-            out.append("\\f")
-        elif (key and ch in " =:#!") or (not key and i == 0 and ch in " #!"):
-            out.append("\\" + ch)
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def render_properties(props: Mapping[str, str], header: str = "") -> str:
-    """A ``.properties`` file holding ``props`` in their order."""
-    lines = [f"# {line}" for line in header.splitlines()]
-    lines += [f"{_escape(k, key=True)}={_escape(v, key=False)}" for k, v in props.items()]
-    return "\n".join(lines) + "\n"
-
-
 def _config_value(key: str, value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -110,6 +110,18 @@ class Principal:
         java = self.broker.secured.java_config(self.name, self.password)
         return {"kafka.bootstrap.servers": self.broker.bootstrap, **{f"kafka.{k}": v for k, v in java.items()}}
 
+    def properties(self, path: Path) -> Path:
+        """A Java client properties file (mode 0600) that logs in as this principal (``--kafka-config``)."""
+        import os
+
+        from eos_core.kafka_config import render_properties
+
+        assert self.broker.secured is not None
+        java = self.broker.secured.java_config(self.name, self.password)
+        path.write_text(render_properties(java, f"spark-eos: principal {self.name}"))
+        os.chmod(path, 0o600)
+        return path
+
     def __repr__(self) -> str:
         return f"Principal(User:{self.name} on {self.broker.bootstrap})"  # never the password
 
