@@ -121,3 +121,29 @@ def test_the_kafka_connectors_declare_their_acls_by_option_set() -> None:
     letters = ops(sink_acls(sink_options({**sink, "errors.tolerance": "all", "errors.topic": "bad"}, streaming=False)))
     assert {("topic", "bad", "WRITE", False), ("topic", "bad", "DESCRIBE_CONFIGS", False)} <= letters
     assert staging_size(1048588) == 1049612  # the broker's default max.message.bytes plus the staging header
+
+
+def test_an_acl_is_held_as_kafkas_authorizer_decides() -> None:
+    from eos_core.privileges import AclBinding, acl_held
+
+    read = KafkaAcl("topic", "orders", "READ")
+    describe = KafkaAcl("topic", "orders", "DESCRIBE")
+    ids = KafkaAcl("transactional_id", "spark-eos:s:", "WRITE", prefixed=True)
+
+    def held(need: KafkaAcl, *bindings: AclBinding) -> bool:
+        return acl_held(need, bindings, "app")
+
+    assert held(read, AclBinding("topic", "orders", False, "User:app", "READ"))
+    assert held(describe, AclBinding("topic", "orders", False, "User:app", "WRITE"))  # WRITE implies DESCRIBE
+    assert not held(read, AclBinding("topic", "orders", False, "User:app", "WRITE"))
+    assert held(read, AclBinding("topic", "ord", True, "User:app", "READ"))  # a prefix of the name
+    assert held(read, AclBinding("topic", "*", False, "User:*", "ALL"))
+    assert not held(read, AclBinding("topic", "orders", False, "User:other", "READ"))
+    assert not held(read, AclBinding("group", "orders", False, "User:app", "READ"))
+    assert held(ids, AclBinding("transactional_id", "spark-eos:", True, "User:app", "WRITE"))
+    assert not held(ids, AclBinding("transactional_id", "spark-eos:s:task:0", False, "User:app", "WRITE"))
+    assert not held(  # a DENY wins
+        read,
+        AclBinding("topic", "orders", False, "User:app", "READ"),
+        AclBinding("topic", "*", False, "User:*", "READ", "DENY"),
+    )
