@@ -34,7 +34,7 @@ Role = Literal["consumer", "producer"]
 # Option names whose values are secrets (Kafka's, librdkafka's, Spark's, Hadoop's, libpq's): passwords,
 # JAAS configs (they embed the password), keys, tokens, PEM contents. Matching more than the truth is fine.
 SECRET_NAME_PATTERN = (
-    r"pass(?:word|wd|phrase)?(?:$|[._])|secret|jaas|token|credential|private|(?:^|[._])key$|[._]pem$|keystore\.key|dsn$"
+    r"pass(?:word|wd|phrase)?(?:$|[._])|secret|jaas|token|credential|private|[._]key$|[._]pem$|keystore\.key|dsn$"
 )
 """The pattern (Python's and Java's regex alike) of the names of options whose values are secrets."""
 _SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.I)
