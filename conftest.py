@@ -33,6 +33,14 @@ def _no_fault_group_aimed_at_pytest() -> Iterator[None]:
     assert leaked is None or int(leaked) != os.getpgrp(), f"{faults.ENV_PGID}={leaked} names pytest's own process group"
 
 
+@pytest.fixture(autouse=True)
+def _unit_tests_see_no_kafka_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test under tests/ runs as on a machine without EOS_KAFKA_CONFIG: on a worker that ran an
+    integration test first, the secured session's broker names its admin's properties there."""
+    if request.node.nodeid.startswith("tests/"):
+        monkeypatch.delenv("EOS_KAFKA_CONFIG", raising=False)
+
+
 # `make test` runs the suite on two pytest workers (pytest-xdist, --dist loadgroup). Tests that share
 # one machine-wide thing run on one worker, one after another (pytest_xdist_make_scheduler below): the
 # private Docker engine and its images (one engine per worker would double its start and image builds),

@@ -19,6 +19,8 @@ from confluent_kafka import TopicPartition as CkTP
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from eos_core import faults
+from eos_core.kafka_config import client_settings
+from eos_core.privileges import KafkaAcl
 from sources.kafka.offsets import ID_KEY, topic_ids
 
 pytestmark = pytest.mark.integration
@@ -28,11 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def topic_content(bootstrap: str, topic: str, *, committed: bool = False) -> list[tuple[int, int, bytes | None]]:
     """Ground truth: (partition, offset, value) of every record, read by a plain consumer."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **client_settings()})  # the session's admin
     parts = sorted(admin.list_topics(topic, timeout=10).topics[topic].partitions)
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            **client_settings(),
             "group.id": "truth",
             "enable.partition.eof": True,
             "enable.auto.commit": False,
@@ -58,8 +61,9 @@ def planned_offsets(planned: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in planned.items() if not k.startswith(ID_KEY)}
 
 
-def base_options(bootstrap: str, **extra: str) -> dict[str, str]:
-    return {"kafka.bootstrap.servers": bootstrap, "kafkaConsumer.pollTimeoutMs": "20000", **extra}
+def base_options(kafka: Any, **extra: str) -> dict[str, str]:
+    """The source's options as the session's app principal (``kafka``: the ``kafka_service`` fixture)."""
+    return {**kafka.app_options, "kafkaConsumer.pollTimeoutMs": "20000", **extra}
 
 
 def rows_of(df: Any) -> list[tuple[int, int, bytes | None]]:
@@ -117,7 +121,7 @@ def test_batch_read_offsets_timestamps_and_headers(
 
     everything = (
         spark.read.format("kafka-eos")
-        .options(**base_options(kafka_service.bootstrap, subscribe=topic, includeHeaders="true"))
+        .options(**base_options(kafka_service, subscribe=topic, includeHeaders="true"))
         .load()
     )
     assert rows_of(everything) == truth
@@ -130,7 +134,7 @@ def test_batch_read_offsets_timestamps_and_headers(
         spark.read.format("kafka-eos")
         .options(
             **base_options(
-                kafka_service.bootstrap,
+                kafka_service,
                 subscribe=topic,
                 startingOffsets=json.dumps({topic: {"0": 2, "1": -2}}),
                 endingOffsets=json.dumps({topic: {"0": 5, "1": -1}}),
@@ -142,9 +146,7 @@ def test_batch_read_offsets_timestamps_and_headers(
 
     split = (
         spark.read.format("kafka-eos")
-        .options(
-            **base_options(kafka_service.bootstrap, subscribe=topic, minPartitions="5", maxRecordsPerPartition="4")
-        )
+        .options(**base_options(kafka_service, subscribe=topic, minPartitions="5", maxRecordsPerPartition="4"))
         .load()
     )
     assert split.rdd.getNumPartitions() >= 6  # 2 x 10 records cut into ranges of at most 4
@@ -153,12 +155,12 @@ def test_batch_read_offsets_timestamps_and_headers(
     from sources.kafka import install_kafka_alias
 
     assert install_kafka_alias(spark) is True  # no JVM Kafka connector in this environment
-    aliased = spark.read.format("kafka").options(**base_options(kafka_service.bootstrap, subscribe=topic)).load()
+    aliased = spark.read.format("kafka").options(**base_options(kafka_service, subscribe=topic)).load()
     assert rows_of(aliased) == truth
 
     with pytest.raises(Exception, match="did you mean 'startingOffsets'"):
         spark.read.format("kafka-eos").options(
-            **base_options(kafka_service.bootstrap, subscribe=topic, startingOffset="0")
+            **base_options(kafka_service, subscribe=topic, startingOffset="0")
         ).load().collect()
 
     # Timestamp look-ups: tansu 0.6 answers ListOffsets-by-timestamp with offset 0 whatever the timestamp,
@@ -169,7 +171,7 @@ def test_batch_read_offsets_timestamps_and_headers(
         spark.read.format("kafka-eos")
         .options(
             **base_options(
-                kafka_service.bootstrap,
+                kafka_service,
                 subscribe=topic,
                 startingTimestamp=str(base + 6000),
                 endingTimestamp=str(base + 14000),
@@ -186,7 +188,7 @@ def test_batch_read_offsets_timestamps_and_headers(
         spark.read.format("kafka-eos")
         .options(
             **base_options(
-                kafka_service.bootstrap,
+                kafka_service,
                 subscribe=topic,
                 startingOffsetsByTimestamp=stamps,
                 startingOffsets=json.dumps({topic: {"0": 9, "1": 9}}),
@@ -200,7 +202,7 @@ def test_batch_read_offsets_timestamps_and_headers(
         assert by_ts == expected  # startingOffsetsByTimestamp takes precedence over startingOffsets
         late = (
             spark.read.format("kafka-eos")
-            .options(**base_options(kafka_service.bootstrap, subscribe=topic, startingTimestamp=str(base + 10**9)))
+            .options(**base_options(kafka_service, subscribe=topic, startingTimestamp=str(base + 10**9)))
             .load()
         )
         with pytest.raises(Exception, match="no record at or after the timestamp"):
@@ -209,7 +211,7 @@ def test_batch_read_offsets_timestamps_and_headers(
             spark.read.format("kafka-eos")
             .options(
                 **base_options(
-                    kafka_service.bootstrap,
+                    kafka_service,
                     subscribe=topic,
                     startingTimestamp=str(base + 10**9),
                     startingOffsetsByTimestampStrategy="latest",
@@ -227,7 +229,7 @@ def test_batch_read_bad_ranges_and_unknown_topic(spark: Any, kafka_service: Any,
     with pytest.raises(Exception, match=r"startingOffsets 5 is after endingOffsets 2 for .*-0"):
         spark.read.format("kafka-eos").options(
             **base_options(
-                kafka_service.bootstrap,
+                kafka_service,
                 subscribe=topic,
                 startingOffsets=json.dumps({topic: {"0": 5}}),
                 endingOffsets=json.dumps({topic: {"0": 2}}),
@@ -235,15 +237,22 @@ def test_batch_read_bad_ranges_and_unknown_topic(spark: Any, kafka_service: Any,
         ).load().collect()
     with pytest.raises(Exception, match=r"starting offsets are after the ending offsets for .*-0 \[50, 5\)"):
         spark.read.format("kafka-eos").options(
-            **base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 50}}))
+            **base_options(kafka_service, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 50}}))
         ).load().collect()
-    with pytest.raises(Exception, match=r"'assign' names partitions that do not exist at .*: no-such-topic-0"):
+    missing = f"no-such-topic-{uuid.uuid4().hex[:6]}"
+    if kafka_service.principal is not None:
+        with pytest.raises(Exception, match=rf"lacks READ on topic '{missing}'.*hides it"):  # may not describe it
+            spark.read.format("kafka-eos").options(
+                **base_options(kafka_service, assign=f'{{"{missing}":[0]}}')
+            ).load().collect()
+        kafka_service.grant_topic(missing)  # the principal may read it: it does not exist
+    with pytest.raises(Exception, match=rf"'assign' names partitions that do not exist at .*: {missing}-0"):
         spark.read.format("kafka-eos").options(
-            **base_options(kafka_service.bootstrap, assign='{"no-such-topic":[0]}')
+            **base_options(kafka_service, assign=f'{{"{missing}":[0]}}')
         ).load().collect()
     with pytest.raises(Exception, match=r"'startingOffsets' does not cover partitions"):
         spark.read.format("kafka-eos").options(
-            **base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets='{"other":{"0":0}}')
+            **base_options(kafka_service, subscribe=topic, startingOffsets='{"other":{"0":0}}')
         ).load().collect()
 
 
@@ -253,7 +262,12 @@ def test_unknown_topic_fails_at_once_naming_topic_and_option(
     # it used to read nothing (batch) or wait out kafkaConsumer.pollTimeoutMs retries (stream)
     real = new_topic()
     missing = "no-such-topic-" + uuid.uuid4().hex[:8]
-    opts = base_options(kafka_service.bootstrap, subscribe=f"{real},{missing}")
+    opts = base_options(kafka_service, subscribe=f"{real},{missing}")
+    if kafka_service.principal is not None:
+        # to a principal that may not describe it, Kafka hides a topic: refused, naming the ACL and why
+        with pytest.raises(Exception, match=rf"(?s)READ.*'{missing}'.*Kafka answers alike for a topic that does not"):
+            spark.read.format("kafka-eos").options(**opts).load().collect()
+        kafka_service.grant_topic(missing)
     with pytest.raises(Exception, match=rf"option 'subscribe' names topic\(s\) that do not exist at .*'{missing}'"):
         spark.read.format("kafka-eos").options(**opts).load().collect()
     q = run_available_now(spark, opts, tmp_checkpoint, "unknown")
@@ -288,7 +302,7 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     q = run_available_now(
         spark,
         base_options(
-            kafka_service.bootstrap,
+            kafka_service,
             subscribe=topic,
             startingOffsets="earliest",
             maxOffsetsPerTrigger="10",
@@ -316,7 +330,7 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     cp = os.path.join(tmp_checkpoint, "bytes")
     q = run_available_now(
         spark,
-        base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", maxBytesPerTrigger="40"),
+        base_options(kafka_service, subscribe=topic, startingOffsets="earliest", maxBytesPerTrigger="40"),
         cp,
         "bytes",
     )
@@ -330,7 +344,7 @@ def test_transaction_gaps_under_both_isolation_levels(
     spark: Any, kafka_service: Any, new_topic: Any, tmp_checkpoint: str
 ) -> None:
     topic = new_topic()
-    p = Producer({"bootstrap.servers": kafka_service.bootstrap, "transactional.id": "tx-" + uuid.uuid4().hex[:8]})
+    p = Producer({**kafka_service.admin_config(), "transactional.id": "tx-" + uuid.uuid4().hex[:8]})
     p.init_transactions(10)
     for label, commit in (("a", True), ("b", False), ("c", True)):
         p.begin_transaction()
@@ -345,14 +359,14 @@ def test_transaction_gaps_under_both_isolation_levels(
     committed = [f"{x}{i}".encode() for x in "ac" for i in range(4)]
     truth_committed = topic_content(kafka_service.bootstrap, topic, committed=True)
     assert [v for _, _, v in truth_committed] == committed
-    end = Consumer({"bootstrap.servers": kafka_service.bootstrap, "group.id": "wm"})
+    end = Consumer({**kafka_service.admin_config(), "group.id": "wm"})
     _, high = end.get_watermark_offsets(CkTP(topic, 0), timeout=10)
     end.close()
     assert high > truth_committed[-1][1] + 1  # the log ends on a control record: a gap at the end
     assert len(truth_committed) < high  # and markers leave gaps inside
 
     for level in ("read_committed", "read_uncommitted"):
-        opts = base_options(kafka_service.bootstrap, subscribe=topic, **{"kafka.isolation.level": level})
+        opts = base_options(kafka_service, subscribe=topic, **{"kafka.isolation.level": level})
         values = [v for _, _, v in rows_of(spark.read.format("kafka-eos").options(**opts).load())]
         if level == "read_committed" or kafka_service.is_tansu:
             # tansu never stores aborted records (DESIGN 8); real Kafka keeps them for read_uncommitted
@@ -378,13 +392,13 @@ def test_new_partitions_discovered_mid_stream(
     first = new_topic(prefix=prefix)
     produce(first, [(None, b"a%d" % i) for i in range(5)])
     name = "disc_" + uuid.uuid4().hex[:6]
-    opts = base_options(kafka_service.bootstrap, subscribePattern=f"^{prefix}-", startingOffsets="earliest")
+    opts = base_options(kafka_service, subscribePattern=f"^{prefix}-", startingOffsets="earliest")
     assert run_available_now(spark, opts, tmp_checkpoint, name).exception() is None
     second = new_topic(prefix=prefix, partitions=2)  # new partitions (of a new topic matching the pattern)
     produce(second, [(None, b"b%d" % i, i % 2) for i in range(6)])
     produce(first, [(None, b"c%d" % i) for i in range(3)])
     added = False
-    admin = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
+    admin = AdminClient({**kafka_service.admin_config()})
     if not kafka_service.is_tansu:  # tansu has no CreatePartitions; real Kafka also grows a topic
         admin.create_partitions([NewPartitions(first, 2)])[first].result()
         produce(first, [(None, b"d0", 1)])
@@ -400,7 +414,7 @@ def test_new_partitions_discovered_mid_stream(
 def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
     spark: Any, kafka_service: Any, new_topic: Any, produce: Any, tmp_checkpoint: str
 ) -> None:
-    admin = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
+    admin = AdminClient({**kafka_service.admin_config()})
     for fail in ("true", "false"):
         keep, doomed = new_topic(), new_topic()
         produce(keep, [(None, b"k0")])
@@ -408,7 +422,7 @@ def test_topic_deleted_fails_or_continues_by_fail_on_data_loss(
         name = "del_" + fail + uuid.uuid4().hex[:6]
         cp = os.path.join(tmp_checkpoint, fail)
         opts = base_options(
-            kafka_service.bootstrap, subscribe=f"{keep},{doomed}", startingOffsets="earliest", failOnDataLoss=fail
+            kafka_service, subscribe=f"{keep},{doomed}", startingOffsets="earliest", failOnDataLoss=fail
         )
         assert run_available_now(spark, opts, cp, name).exception() is None
         assert len(memory_rows(spark, name, cp)) == 2
@@ -453,13 +467,13 @@ def test_topic_recreated_past_the_checkpoint_fails_or_is_read_from_its_earliest_
     was read on from that offset with no error (Spark's own source does the same). The offsets record each
     topic's id: failOnDataLoss=true stops naming the topic and both ids; false reads the new topic from its
     earliest offset, every record of it once."""
-    admin = AdminClient({"bootstrap.servers": kafka_service.bootstrap})
+    admin = AdminClient({**kafka_service.admin_config()})
     for fail in ("true", "false"):
         topic = new_topic()
         produce(topic, [(None, b"old%d" % i) for i in range(3)])
         name = "recreated_" + fail + uuid.uuid4().hex[:6]
         cp = os.path.join(tmp_checkpoint, fail)
-        opts = base_options(kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", failOnDataLoss=fail)
+        opts = base_options(kafka_service, subscribe=topic, startingOffsets="earliest", failOnDataLoss=fail)
         assert run_available_now(spark, opts, cp, name).exception() is None
         old = _topic_id(admin, topic)
         last = max(int(p.name) for p in Path(cp, "offsets").iterdir() if p.name.isdigit())
@@ -488,7 +502,9 @@ class _LiveProducer:
 
         self.topic, self.partitions, self.sent = topic, partitions, 0
         self._stop = threading.Event()
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": False})
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap, **client_settings(), "linger.ms": 0, "enable.idempotence": False}
+        )
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -515,7 +531,7 @@ def test_available_now_from_latest_while_producers_write(
         while live.sent < 20:
             time.sleep(0.05)
         name = "live_" + uuid.uuid4().hex[:6]
-        q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), tmp_checkpoint, name)
+        q = run_available_now(spark, base_options(kafka_service, subscribe=topic), tmp_checkpoint, name)
     finally:
         live.stop()
     assert q.exception() is None, q.exception()
@@ -541,7 +557,7 @@ def test_min_max_offsets_run_full_batches_and_progress_shows_lag(
         spark.readStream.format("kafka-eos")
         .options(
             **base_options(
-                kafka_service.bootstrap,
+                kafka_service,
                 subscribe=topic,
                 startingOffsets="earliest",
                 minOffsetsPerTrigger="1000",
@@ -578,12 +594,14 @@ def test_latest_start_is_pinned_and_group_offsets(
     name = "lat_" + uuid.uuid4().hex[:6]
     location = os.path.join(tmp_checkpoint, "start.json")
     opts = base_options(
-        kafka_service.bootstrap,
+        kafka_service,
         subscribe=topic,
         startingOffsetsLocation=location,
         commitOffsetsToGroup="true",
         **{"kafka.group.id": group},
     )
+    if kafka_service.principal is not None:  # commitOffsetsToGroup: READ on the group (docs/security.md)
+        kafka_service.grant(kafka_service.principal.name, [KafkaAcl("group", group, "READ")])
     assert run_available_now(spark, opts, os.path.join(tmp_checkpoint, "cp"), name).exception() is None
     assert (
         memory_rows(spark, name, os.path.join(tmp_checkpoint, "cp")) == []
@@ -602,17 +620,13 @@ def test_latest_start_is_pinned_and_group_offsets(
     assert json.loads(Path(location).read_text()) == pinned  # resolved once, never again
 
     # startingOffsets=group reads from what commitOffsetsToGroup published (committed when the next batch is planned)
-    c = Consumer({"bootstrap.servers": kafka_service.bootstrap, "group.id": group})
+    c = Consumer({**kafka_service.admin_config(), "group.id": group})
     committed = c.committed([CkTP(topic, 0)], timeout=10)[0].offset
     c.close()
     assert committed >= 3, committed
     by_group = (
         spark.read.format("kafka-eos")
-        .options(
-            **base_options(
-                kafka_service.bootstrap, subscribe=topic, startingOffsets="group", **{"kafka.group.id": group}
-            )
-        )
+        .options(**base_options(kafka_service, subscribe=topic, startingOffsets="group", **{"kafka.group.id": group}))
         .load()
     )
     assert [r[1] for r in rows_of(by_group)] == list(range(committed, 7))
@@ -620,7 +634,7 @@ def test_latest_start_is_pinned_and_group_offsets(
     # without startingOffsetsLocation an empty batch 0 pins "latest" in offsets/0
     name2 = "pin_" + uuid.uuid4().hex[:6]
     cp2 = os.path.join(tmp_checkpoint, "cp2")
-    q = run_available_now(spark, base_options(kafka_service.bootstrap, subscribe=topic), cp2, name2)
+    q = run_available_now(spark, base_options(kafka_service, subscribe=topic), cp2, name2)
     assert q.exception() is None and memory_rows(spark, name2, cp2) == []
     planned = json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1])
     assert planned_offsets(planned) == {topic: {"0": 7}} and topic in topic_ids(planned), planned
@@ -678,16 +692,16 @@ def test_workers_that_cannot_import_the_package_fail_before_any_query(tmp_path: 
 
 QUERY = textwrap.dedent(
     """
-    import os, sys
+    import json, os, sys
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
     from sources.kafka import KafkaEosDataSource
-    bootstrap, topic, out, cp = sys.argv[1:5]
+    kafka, topic, out, cp = json.loads(sys.argv[1]), *sys.argv[2:5]
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(KafkaEosDataSource)
-    df = (spark.readStream.format("kafka-eos").option("kafka.bootstrap.servers", bootstrap)
+    df = (spark.readStream.format("kafka-eos").options(**kafka)
           .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "40")
           .option("kafkaConsumer.pollTimeoutMs", "20000").load())
     q = (df.select("partition", "offset", "value").writeStream.format("parquet").option("path", out)
@@ -713,7 +727,7 @@ def test_exactly_once_replay_after_kills(
 
     def start(extra: dict[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, str(script), kafka_service.bootstrap, topic, str(out), str(cp)],
+            [sys.executable, str(script), json.dumps(kafka_service.app_options), topic, str(out), str(cp)],
             env={**env, **extra},
             cwd=ROOT,
             start_new_session=True,
@@ -761,7 +775,7 @@ def test_fault_in_read_is_retried_without_duplicates(
         f"source.read.start:batch=3:topic={topic}:once"
     )
     opts = base_options(
-        kafka_service.bootstrap, subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="10", faults=spec
+        kafka_service, subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="10", faults=spec
     )
     q = run_available_now(spark, opts, tmp_checkpoint, name)
     assert q.exception() is None

@@ -23,6 +23,7 @@ import pytest
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from eos_core.errors import CommitUnknown, ConfigError, FatalError, RetriableError
+from eos_core.privileges import PgGrant
 from integration import test_twophase_support as support
 from integration.test_twophase_support import start_cluster
 from sinks.postgres.twophase import TwoPhaseBatchWriter, TwoPhaseMessage, TwoPhaseStreamWriter
@@ -303,15 +304,22 @@ def test_missing_sink_id_is_refused(sink: dict[str, Any]) -> None:
         TwoPhaseStreamWriter(opts, SCHEMA)
 
 
-def test_protocol_schema_on_the_roles_search_path_is_refused_for_unqualified_tables(sink: dict[str, Any]) -> None:
+def test_protocol_schema_on_the_roles_search_path_is_refused_for_unqualified_tables(
+    sink: dict[str, Any], twophase_pg: Any
+) -> None:
     """A role named like ``eos.schema`` has that schema first on its search path ("$user"): its own
     unqualified DDL would land there and the sink would resolve the table there, away from the rows
     it wrote before (the demo lost a batch this way on 2026-11-23 with the role ``eos``)."""
     role = "r_" + uuid.uuid4().hex[:8]
+    # a role that may make its protocol schema (CREATE on the database) and write the app's table, nothing more
+    made = twophase_pg.add_role(
+        role,
+        [PgGrant("database", None, op) for op in ("CONNECT", "CREATE", "TEMPORARY")]
+        + [PgGrant("schema", "public", "USAGE")],
+    )
     with psycopg.connect(sink["dsn"], autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'pw'")  # type: ignore[arg-type]
-    info = psycopg.conninfo.conninfo_to_dict(sink["dsn"])
-    dsn = f"postgresql://{role}:pw@{info['host']}:{info['port']}/{info.get('dbname', 'postgres')}"
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {sink['table']} TO {role}")  # type: ignore[arg-type]
+    dsn = made.dsn
     opts = {**sink["opts"], "dsn": dsn, "eos.schema": role}
     with pytest.raises(ConfigError) as err:
         TwoPhaseStreamWriter(opts, SCHEMA)

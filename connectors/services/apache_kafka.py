@@ -23,14 +23,14 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from connectors.services import _proc
 from connectors.services.base import KafkaService
 from connectors.services.embedded_kafka import _silent_logger, kafka_reachable
-from connectors.services.kafka_security import SECURITY, Principal, Secured, binding
+from connectors.services.kafka_security import SECURITY, Principal, Secured
 from connectors.services.maven import (
     CACHE_ENV,
     MARKER,
@@ -42,7 +42,6 @@ from connectors.services.maven import (
 )
 from eos_core.errors import ServiceError
 from eos_core.kafka_config import render_properties
-from eos_core.privileges import KafkaAcl
 
 __all__ = [
     "CACHE_ENV",
@@ -525,7 +524,7 @@ class ApacheKafka(KafkaService):
         self.properties_path = self.base / "server.properties"
         self.log4j_path = self.base / "log4j2.properties"
         self.log_dir = self.base / "data"
-        self.secured = Secured(self.base) if security == "sasl_ssl" else None
+        self.tls = Secured(self.base) if security == "sasl_ssl" else None  # its certificate and super users
         # a detached broker is stopped by another process (services down): it uses an archive, records none
         self._cds = _CdsArchive.for_broker(self.java, self._classpath(), record=not detached)
         if not detached:
@@ -567,7 +566,7 @@ class ApacheKafka(KafkaService):
             config=self.config,
             advertised_port=self.advertised_port,
             security=self.security,
-            secured=self.secured,
+            secured=self.tls,
         )
         header = f"spark-eos embedded Apache Kafka {self.version}\nstarted by pid {os.getpid()}"
         self.properties_path.write_text(render_properties(props, header))
@@ -580,7 +579,7 @@ class ApacheKafka(KafkaService):
                 "overwrite it: name an empty base_dir",
                 log_dir=str(self.log_dir),
             )
-        scram = self.secured.scram_arguments() if self.secured is not None else []
+        scram = self.tls.scram_arguments() if self.tls is not None else []
         argv = self._java(
             "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.properties_path), *scram
         )
@@ -665,70 +664,22 @@ class ApacheKafka(KafkaService):
         """librdkafka's settings of a client of this broker beside ``bootstrap.servers``: the super user's
         login with ``security="sasl_ssl"`` (setting up and checking; apps get principals of their own,
         ``add_principal``), none without."""
-        return {} if self.secured is None else self.secured.client_config()
+        return {} if self.tls is None else self.tls.client_config()
 
     def java_config(self) -> dict[str, str]:
         """The Java client's settings of ``client_config`` (a ``kafka.*`` option each, prefix left out)."""
-        return {} if self.secured is None else self.secured.java_config()
+        return {} if self.tls is None else self.tls.java_config()
 
     def client_properties(self) -> Path | None:
         """A Java client properties file (mode 0600) of ``java_config`` for tools and ``EOS_KAFKA_CONFIG``
         (``spark-eos --kafka-config``); None without security."""
-        if self.secured is None:
+        if self.tls is None:
             return None
         path = self.base / "client.properties"
         if not path.exists():
             path.write_text(render_properties(self.java_config(), "spark-eos embedded Apache Kafka: its admin"))
             os.chmod(path, 0o600)
         return path
-
-    def _admin(self) -> Any:
-        from confluent_kafka.admin import AdminClient
-
-        if self.secured is None:
-            raise ServiceError("principals and ACLs need security='sasl_ssl' (this broker runs without them)")
-        return AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config(), "log_level": 0})
-
-    def add_principal(self, name: str, acls: Iterable[KafkaAcl] = (), password: str | None = None) -> Principal:
-        """A SCRAM principal ``User:<name>`` (a random password unless given) holding exactly ``acls``."""
-        import secrets
-
-        principal = Principal(name, password or secrets.token_urlsafe(18), self)
-        self.set_password(name, principal.password)
-        self.grant(name, acls)
-        return principal
-
-    def set_password(self, name: str, password: str) -> None:
-        """Create principal ``name``'s SCRAM credential, or replace it (a rotation: open sessions go on)."""
-        from confluent_kafka.admin import (  # type: ignore[attr-defined]
-            ScramCredentialInfo,
-            ScramMechanism,
-            UserScramCredentialUpsertion,
-        )
-
-        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
-        admin = self._admin()  # kept alive until the futures are done
-        done = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(name, info, password.encode())])
-        for future in done.values():
-            future.result(30)
-
-    def grant(self, name: str, acls: Iterable[KafkaAcl]) -> None:
-        """Add ``acls`` (allow) for ``User:<name>``."""
-        bindings = [binding(name, acl) for acl in acls]
-        if bindings:
-            admin = self._admin()
-            for future in admin.create_acls(bindings, request_timeout=30).values():
-                future.result(30)
-
-    def revoke(self, name: str, acls: Iterable[KafkaAcl]) -> None:
-        """Remove ``acls`` of ``User:<name>`` (a revocation under a running client)."""
-        from confluent_kafka.admin import AclBindingFilter  # type: ignore[attr-defined]
-
-        filters = [binding(name, acl, AclBindingFilter) for acl in acls]
-        if filters:
-            admin = self._admin()
-            for future in admin.delete_acls(filters, request_timeout=30).values():
-                future.result(30)
 
     def _kill(self) -> None:
         if self.proc is not None:

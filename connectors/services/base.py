@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from eos_core.conninfo import redact_dsn  # the one redaction of spark-eos; re-exported here
 from eos_core.errors import ServiceError
+
+if TYPE_CHECKING:
+    from connectors.services.kafka_security import Principal
+    from connectors.services.pg_security import Role
+    from eos_core.privileges import KafkaAcl, PgGrant
 
 __all__ = ["KafkaService", "Kind", "PostgresService", "redact_dsn"]
 
@@ -24,6 +31,84 @@ class KafkaService:
     bootstrap: str
     kind: Kind
     is_tansu: bool
+
+    # ---- clients: who sets up and checks (a super user of a secured broker), and the apps' principals ----
+    def client_config(self) -> dict[str, str]:
+        """librdkafka's settings of a client beside ``bootstrap.servers``: the admin's login of a secured
+        broker (setting up and checking; apps get principals of their own, ``add_principal``), none without."""
+        return {}
+
+    def java_config(self) -> dict[str, str]:
+        """The Java client's settings of ``client_config`` (a ``kafka.*`` option each, prefix left out)."""
+        return {}
+
+    def client_properties(self) -> Path | None:
+        """A Java client properties file of ``java_config`` (``EOS_KAFKA_CONFIG``, ``--kafka-config``); None
+        without security."""
+        return None
+
+    @property
+    def secured(self) -> bool:
+        """The broker authenticates its clients (SASL) and enforces ACLs: apps need principals."""
+        return bool(self.client_config())
+
+    def options(self) -> dict[str, str]:
+        """A connector's ``kafka.*`` options that reach this broker as its admin (setting up and checking)."""
+        return {"kafka.bootstrap.servers": self.bootstrap, **{f"kafka.{k}": v for k, v in self.java_config().items()}}
+
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        if not self.secured:
+            raise ServiceError(f"principals and ACLs need a secured broker; {self.bootstrap} runs without security")
+        return AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config(), "log_level": 0})
+
+    def add_principal(self, name: str, acls: Iterable[KafkaAcl] = (), password: str | None = None) -> Principal:
+        """A SCRAM-SHA-512 principal ``User:<name>`` (a random password unless given) holding exactly ``acls``."""
+        import secrets
+
+        from connectors.services.kafka_security import Principal
+
+        principal = Principal(name, password or secrets.token_urlsafe(18), self)
+        self.set_password(name, principal.password)
+        self.grant(name, acls)
+        return principal
+
+    def set_password(self, name: str, password: str) -> None:
+        """Create principal ``name``'s SCRAM credential, or replace it (a rotation: open sessions go on)."""
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        admin = self._admin()  # kept alive until the futures are done
+        done = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(name, info, password.encode())])
+        for future in done.values():
+            future.result(30)
+
+    def grant(self, name: str, acls: Iterable[KafkaAcl]) -> None:
+        """Add ``acls`` (allow) for ``User:<name>``."""
+        from connectors.services.kafka_security import binding
+
+        bindings = [binding(name, acl) for acl in acls]
+        if bindings:
+            admin = self._admin()
+            for future in admin.create_acls(bindings, request_timeout=30).values():
+                future.result(30)
+
+    def revoke(self, name: str, acls: Iterable[KafkaAcl]) -> None:
+        """Remove ``acls`` of ``User:<name>`` (a revocation under a running client)."""
+        from confluent_kafka.admin import AclBindingFilter  # type: ignore[attr-defined]
+
+        from connectors.services.kafka_security import binding
+
+        filters = [binding(name, acl, AclBindingFilter) for acl in acls]
+        if filters:
+            admin = self._admin()
+            for future in admin.delete_acls(filters, request_timeout=30).values():
+                future.result(30)
 
     def stop(self) -> None:
         """Stop the broker if this object started it; a no-op for a broker named by the user."""
@@ -53,6 +138,18 @@ class PostgresService:
     @property
     def dsn_redacted(self) -> str:
         return redact_dsn(self.dsn)
+
+    @property
+    def secured(self) -> bool:
+        """The DSN asks for a verified TLS connection (``sslmode=verify-full``)."""
+        return "sslmode=verify-full" in self.dsn
+
+    def add_role(self, name: str, grants: Iterable[PgGrant] = (), password: str | None = None) -> Role:
+        """A least-privileged login role holding exactly ``grants`` (``connectors.services.pg_security``),
+        made through this service's admin DSN."""
+        from connectors.services.pg_security import add_role
+
+        return add_role(self.dsn, name, grants, password)
 
     def stop(self) -> None:
         """Stop the server cleanly if this object started it; a no-op for a server named by the user."""

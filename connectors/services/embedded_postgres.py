@@ -12,7 +12,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from connectors.services import _proc
 from connectors.services.base import PostgresService
@@ -105,8 +104,10 @@ class EmbeddedPostgres(PostgresService):
 
     fsync stays on (crash tests rely on the WAL), ``max_prepared_transactions`` defaults to 64. The
     superuser ``eos_admin`` logs in with a random password (scram-sha-256), over TLS only with
-    ``security="tls"`` (the CA's certificate: ``ca_path``; ``reissue_certificate()`` gives the server a new
-    one of the same CA while it runs). ``add_role`` makes a least-privileged app role. ``crash()`` is
+    ``security="tls"``, the default (the CA's certificate: ``ca_path``; ``reissue_certificate()`` gives the
+    server a new one of the same CA while it runs; ``"plaintext"``: no TLS). ``hardened`` (default): PUBLIC
+    may not connect, create temporary tables or use schema public, as on a managed service; ``add_role``
+    makes a least-privileged app role holding exactly what it is granted. ``crash()`` is
     ``pg_ctl stop -m immediate``; ``start()`` recovers on the same directory and port; ``stop()``
     stops cleanly and deletes the temp directory unless ``keep=True`` (a named ``base_dir`` is kept).
     """
@@ -127,7 +128,8 @@ class EmbeddedPostgres(PostgresService):
         # not "eos": a role named like the 2PC sink's protocol schema would put that schema on its
         # search path ("$user"), and the sink refuses unqualified tables then
         user: str = "eos_admin",
-        security: str = "plaintext",
+        security: str = "tls",
+        hardened: bool = True,
     ) -> None:
         if security not in SECURITY:
             raise ServiceError(f"EmbeddedPostgres(security={security!r}): use one of {', '.join(SECURITY)}")
@@ -171,6 +173,10 @@ class EmbeddedPostgres(PostgresService):
         except BaseException:
             self.stop()
             raise
+        if hardened:  # as a managed database is: PUBLIC may not connect, create temporary tables or use public
+            from connectors.services.pg_security import harden
+
+            harden(self.dsn)
         self.start_seconds = time.monotonic() - started
 
     # ---- the DSN -------------------------------------------------------------------------------
@@ -202,12 +208,6 @@ class EmbeddedPostgres(PostgresService):
         from cryptography import x509
 
         return int(x509.load_pem_x509_certificate((self.base / "tls" / "server.pem").read_bytes()).serial_number)
-
-    def add_role(self, name: str, grants: Any = (), password: str | None = None) -> Any:
-        """A least-privileged login role holding exactly ``grants`` (``connectors.services.pg_security``)."""
-        from connectors.services.pg_security import add_role
-
-        return add_role(self.dsn, name, grants, password)
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def _tool(self, name: str) -> str:

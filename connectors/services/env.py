@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from connectors.services.base import KafkaService, PostgresService, redact_dsn
@@ -61,6 +62,22 @@ class EnvKafka(KafkaService):
             )
         self.is_tansu = tansu_cluster(cluster)
         self.cluster_id = cluster
+
+    def client_config(self) -> dict[str, str]:
+        """The security settings of ``EOS_KAFKA_CONFIG`` (librdkafka's names), none without it."""
+        return client_settings()
+
+    def java_config(self) -> dict[str, str]:
+        from eos_core.kafka_config import CONFIG_ENV, read_properties
+
+        named = os.environ.get(CONFIG_ENV)
+        return {k: v for k, v in read_properties(named).items() if k != "bootstrap.servers"} if named else {}
+
+    def client_properties(self) -> Path | None:
+        from eos_core.kafka_config import CONFIG_ENV
+
+        named = os.environ.get(CONFIG_ENV)
+        return Path(named) if named else None
 
 
 def tansu_cluster(cluster_id: str | None) -> bool:

@@ -93,22 +93,31 @@ class Secured:
 
 class Principal:
     """A SCRAM principal of a secured broker: ``client_config`` (librdkafka's settings, ``bootstrap.servers``
-    too) and ``kafka_options`` (a kafka-eos source's or sink's ``kafka.*`` options) log in as it."""
+    too), ``kafka_options`` (a kafka-eos source's or sink's ``kafka.*`` options) and ``properties`` (a Java
+    client properties file) log in as it: the broker's admin settings (TLS trust) with its own credentials."""
 
     def __init__(self, name: str, password: str, broker: Any) -> None:
         self.name, self.password, self.broker = name, password, broker
 
     def client_config(self) -> dict[str, str]:
-        assert self.broker.secured is not None
         return {
             "bootstrap.servers": self.broker.bootstrap,
-            **self.broker.secured.client_config(self.name, self.password),
+            **self.broker.client_config(),
+            "sasl.mechanism": MECHANISM,
+            "sasl.username": self.name,
+            "sasl.password": self.password,
         }
 
+    def java_config(self) -> dict[str, str]:
+        """The Java client's settings (``kafka.*`` options without the prefix) that log in as this principal."""
+        jaas = Secured.jaas("scram.ScramLoginModule", username=self.name, password=self.password)
+        return {**self.broker.java_config(), "sasl.mechanism": MECHANISM, "sasl.jaas.config": jaas}
+
     def kafka_options(self) -> dict[str, str]:
-        assert self.broker.secured is not None
-        java = self.broker.secured.java_config(self.name, self.password)
-        return {"kafka.bootstrap.servers": self.broker.bootstrap, **{f"kafka.{k}": v for k, v in java.items()}}
+        return {
+            "kafka.bootstrap.servers": self.broker.bootstrap,
+            **{f"kafka.{k}": v for k, v in self.java_config().items()},
+        }
 
     def properties(self, path: Path) -> Path:
         """A Java client properties file (mode 0600) that logs in as this principal (``--kafka-config``)."""
@@ -116,9 +125,7 @@ class Principal:
 
         from eos_core.kafka_config import render_properties
 
-        assert self.broker.secured is not None
-        java = self.broker.secured.java_config(self.name, self.password)
-        path.write_text(render_properties(java, f"spark-eos: principal {self.name}"))
+        path.write_text(render_properties(self.java_config(), f"spark-eos: principal {self.name}"))
         os.chmod(path, 0o600)
         return path
 

@@ -192,6 +192,10 @@ class TxnProducer:
                 with contextlib.suppress(KafkaException):  # a producer in a fatal state raises its error again
                     self.producer.poll(0)
                 self.watch.check()
+                if err.code() == KafkaError._STATE and self.in_transaction:
+                    # the transaction failed before this call (its records purged): librdkafka names why (e.g. a
+                    # partition it could not add: WRITE refused) only to the commit it then refuses
+                    err = self._why_failed() or err
                 denied = self._denied(what, err, marker_topic)
                 if denied is not None:
                     raise denied from None

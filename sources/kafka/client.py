@@ -49,7 +49,11 @@ def access_denied(topic: str, err: Any, *, option: str, conf: dict[str, Any]) ->
         group = str(conf.get("group.id", "?"))
         return group_denied(group, err, conf, "DESCRIBE", "read the group's committed offsets")
     acls = [KafkaAcl("topic", topic, "READ", why=f"look up its partitions and offsets, read its records ({option})")]
-    return FatalError(kafka_clients.refused_access(conf, err, acls, "kafka-eos"), topic=topic, option=option)
+    text = kafka_clients.refused_access(conf, err, acls, "kafka-eos")
+    hidden = (
+        " (Kafka answers alike for a topic that does not exist: to a principal that may not describe it, it hides it)"
+    )
+    return FatalError(text + hidden, topic=topic, option=option)
 
 
 def group_denied(group: str, err: Any, conf: dict[str, Any], operation: str, why: str) -> FatalError:
