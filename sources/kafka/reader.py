@@ -298,8 +298,12 @@ class KafkaPartitionReader:
                 # measured after the yields too, so a slow consumer of our batches is not a timeout
                 if out.position > before:
                     deadline = time.monotonic() + timeout
-                elif out.position < r.end and time.monotonic() > deadline:  # no progress for pollTimeoutMs: never hang
-                    self._timed_out(consumer, ctp, out.position, timeout)
+                elif out.position < r.end:
+                    # a refused login (e.g. a rotated password) fails the read within a second, not after
+                    # pollTimeoutMs (2 minutes by default) of empty polls that read as an unreachable broker
+                    _check_login(consumer)
+                    if time.monotonic() > deadline:  # no progress for pollTimeoutMs: never hang
+                        self._timed_out(consumer, ctp, out.position, timeout)
             if len(out.cols):
                 yield out.cols.flush()
         finally:
