@@ -117,7 +117,9 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
             produce_records(bootstrap, topic, recs, partitions=2)
         dsn = postgres_service.dsn
         if proxy_pg:
-            proxy = TcpProxy("127.0.0.1", int(postgres_service.port)).start()
+            # on a TLS server the proxy ends the client's TLS (with the server's certificate) to see the SQL
+            tls = getattr(postgres_service, "tls_files", None)
+            proxy = TcpProxy("127.0.0.1", int(postgres_service.port), postgres_tls=tls).start()
             proxies.append(proxy)
             dsn = _with_port(dsn, proxy.port)
         pipe = Pipeline(

@@ -91,10 +91,12 @@ def test_kill_at_each_step_up_to_the_decision_then_pg_crash_task_kill_and_connec
 
     reader = Reader(s.dsn, s.name, ROWS)
     reader.start()
-    host, port = s.dsn.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    with TcpProxy(host, int(port)) as proxy:
+    params = psycopg.conninfo.conninfo_to_dict(s.dsn)
+    host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+    # on a TLS server the proxy ends the client's TLS (with the server's certificate) to see the SQL
+    with TcpProxy(host, port, postgres_tls=getattr(twophase_pg, "tls_files", None)) as proxy:
         proxy.reset_on(b"COMMIT PREPARED", times=1)
-        via_proxy = s.dsn.replace(f"{host}:{port}", proxy.address)
+        via_proxy = psycopg.conninfo.make_conninfo(s.dsn, host="127.0.0.1", port=str(proxy.port))
         last_batch = len(KILLS) + 1
         final = s.run(f"sink.after_prepare:batch={last_batch}:partition=1:action=kill:once", dsn=via_proxy)
         hits, resets = proxy.stats.pattern_hits, proxy.stats.resets

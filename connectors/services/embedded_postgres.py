@@ -190,6 +190,14 @@ class EmbeddedPostgres(PostgresService):
         """The certificate of the CA that issued the server's (what ``sslrootcert`` names)."""
         return self.base / "ca" / "ca.pem"
 
+    @property
+    def tls_files(self) -> tuple[Path, Path] | None:
+        """The server's certificate and key (a TLS-ending test proxy may present them: they are for
+        127.0.0.1 and localhost), None without TLS."""
+        if self.security != "tls":
+            return None
+        return self.base / "tls" / "server.pem", self.base / "tls" / "server.key"
+
     def _issue(self) -> None:
         from connectors.services.tls import CertificateAuthority
 

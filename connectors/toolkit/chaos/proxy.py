@@ -3,15 +3,22 @@
 The crash matrix's network faults (F8-F10) and the chaos toolkit's ``pg-cut``, ``pg-stall``,
 ``kafka-cut`` and ``kafka-stall`` (``spark-eos chaos --faults``) use it; its counters are the proof
 that a fault met a connection.
+
+In front of a Postgres that takes TLS, ``postgres_tls=(certificate, key)`` makes the proxy end each client's
+TLS with that certificate (the server's own, or another the client's CA signed) and speak TLS to the server:
+``reset_on`` sees the SQL a client sends, which TLS hides from a plain relay.
 """
 
 from __future__ import annotations
 
 import select
 import socket
+import ssl
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["ProxyStats", "TcpProxy"]
 
@@ -65,8 +72,11 @@ class _Pair:
                 if self.proxy.mode == "stall":
                     self.proxy._wake.wait(0.2)
                     continue
+                # decrypted bytes a TLS socket already holds are not seen by select()
+                ready: list[socket.socket] = [s for s in socks if isinstance(s, ssl.SSLSocket) and s.pending()]
                 try:
-                    ready, _, _ = select.select(socks, [], [], 0.2)
+                    if not ready:
+                        ready, _, _ = select.select(socks, [], [], 0.2)
                 except (OSError, ValueError):
                     break
                 for s in ready:
@@ -95,6 +105,47 @@ class _Pair:
             self.proxy._forget(self)
 
 
+_SSL_REQUEST, _GSSENC_REQUEST = 80877103, 80877104  # the Postgres protocol's requests before a startup
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OSError("the connection closed during the TLS negotiation")
+        data += chunk
+    return data
+
+
+def _postgres_tls(
+    client: socket.socket, upstream: socket.socket, to_client: ssl.SSLContext, to_server: ssl.SSLContext
+) -> tuple[socket.socket, socket.socket]:
+    """End the client's TLS here and open TLS to the server (Postgres' SSLRequest on both sides); a client
+    that asks no TLS is relayed as it is. A GSSAPI encryption request is declined, as a server without it does."""
+    client.settimeout(10)
+    while True:
+        first = _read(client, 8)
+        code = struct.unpack("!ii", first)[1]
+        if code != _GSSENC_REQUEST:
+            break
+        client.sendall(b"N")
+    if code != _SSL_REQUEST:
+        upstream.sendall(first)  # a plaintext startup: relayed as is
+        client.settimeout(None)
+        return client, upstream
+    upstream.settimeout(10)
+    upstream.sendall(first)
+    if _read(upstream, 1) != b"S":
+        raise OSError("the server declined TLS")
+    client.sendall(b"S")
+    secured_client = to_client.wrap_socket(client, server_side=True)
+    secured_upstream = to_server.wrap_socket(upstream)
+    for s in (secured_client, secured_upstream):
+        s.settimeout(None)
+    return secured_client, secured_upstream
+
+
 class TcpProxy:
     """Forward 127.0.0.1:``port`` to ``target``; faults: ``cut``, ``stall``, ``reset``, ``reset_on``.
 
@@ -106,8 +157,23 @@ class TcpProxy:
       connection: the client cannot know whether the command took effect.
     """
 
-    def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        port: int = 0,
+        postgres_tls: Sequence[str | Path] | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
+        self._tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
+        if postgres_tls is not None:
+            cert, key = postgres_tls
+            to_client = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            to_client.load_cert_chain(str(cert), str(key))
+            to_server = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            to_server.check_hostname, to_server.verify_mode = False, ssl.CERT_NONE  # a loopback test relay
+            self._tls = (to_client, to_server)
         self.mode = "pass"
         self.stats = ProxyStats()
         self._pattern: bytes | None = None
@@ -159,13 +225,24 @@ class TcpProxy:
                 continue
             for s in (client, upstream):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pair = _Pair(self, client, upstream)
-            with self._lock:
-                self._pairs.add(pair)
-                self.stats.accepted += 1
-                if self.mode == "stall":
-                    self.stats.stalled += 1
-            threading.Thread(target=pair.pump, daemon=True).start()
+            threading.Thread(target=self._serve, args=(client, upstream), daemon=True).start()
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        if self._tls is not None:  # on the connection's own thread: a slow handshake holds up no other
+            try:
+                client, upstream = _postgres_tls(client, upstream, *self._tls)
+            except (OSError, ValueError):
+                self.stats.refused += 1
+                _rst(client)
+                _rst(upstream)
+                return
+        pair = _Pair(self, client, upstream)
+        with self._lock:
+            self._pairs.add(pair)
+            self.stats.accepted += 1
+            if self.mode == "stall":
+                self.stats.stalled += 1
+        pair.pump()
 
     def _forget(self, pair: _Pair) -> None:
         with self._lock:
