@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ from eos_core.privileges import KafkaAcl, acl_command
 pytestmark = [pytest.mark.integration]
 
 FAIL_FAST = 20.0  # seconds: a refused login must fail within this (it took minutes before)
-
-
-@pytest.fixture(scope="module")
-def secured() -> Iterator[ApacheKafka]:
-    broker = ApacheKafka(security="sasl_ssl", heap="384m")
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def _topic(broker: ApacheKafka, n: int = 20) -> str:
@@ -53,10 +43,12 @@ def _failure(run: Any) -> tuple[str, float]:
 
 
 def test_a_wrong_password_fails_the_source_within_seconds_naming_the_principal(
-    secured: ApacheKafka, spark: Any
+    secured_kafka: ApacheKafka, spark: Any
 ) -> None:
-    topic = _topic(secured)
-    app = secured.add_principal("reader", [KafkaAcl("topic", topic, "READ"), KafkaAcl("topic", topic, "DESCRIBE")])
+    topic = _topic(secured_kafka)
+    app = secured_kafka.add_principal(
+        "reader", [KafkaAcl("topic", topic, "READ"), KafkaAcl("topic", topic, "DESCRIBE")]
+    )
     options = app.kafka_options()
     assert spark.read.format("kafka-eos").options(**options, subscribe=topic).load().count() == 20  # it can read
     wrong = dict(options, **{"kafka.sasl.jaas.config": options["kafka.sasl.jaas.config"].replace(app.password, "no")})
@@ -67,10 +59,10 @@ def test_a_wrong_password_fails_the_source_within_seconds_naming_the_principal(
 
 
 def test_a_wrong_password_fails_the_kafka_sink_within_seconds_as_fatal(
-    secured: ApacheKafka, spark: Any, tmp_path: Path
+    secured_kafka: ApacheKafka, spark: Any, tmp_path: Path
 ) -> None:
-    out = _topic(secured, 0)
-    app = secured.add_principal("writer", [KafkaAcl("topic", out, "WRITE"), KafkaAcl("topic", out, "DESCRIBE")])
+    out = _topic(secured_kafka, 0)
+    app = secured_kafka.add_principal("writer", [KafkaAcl("topic", out, "WRITE"), KafkaAcl("topic", out, "DESCRIBE")])
     options = app.kafka_options()
     wrong = dict(options, **{"kafka.sasl.jaas.config": options["kafka.sasl.jaas.config"].replace(app.password, "no")})
     df = spark.createDataFrame([("k", "v")], "key string, value string")
@@ -82,12 +74,14 @@ def test_a_wrong_password_fails_the_kafka_sink_within_seconds_as_fatal(
 
 
 def test_a_broker_certificate_from_another_ca_fails_within_seconds_naming_the_trust_store(
-    secured: ApacheKafka, spark: Any, tmp_path: Path
+    secured_kafka: ApacheKafka, spark: Any, tmp_path: Path
 ) -> None:
     from connectors.services.tls import CertificateAuthority
 
-    topic = _topic(secured, 1)
-    app = secured.add_principal("stranger", [KafkaAcl("topic", topic, "READ"), KafkaAcl("topic", topic, "DESCRIBE")])
+    topic = _topic(secured_kafka, 1)
+    app = secured_kafka.add_principal(
+        "stranger", [KafkaAcl("topic", topic, "READ"), KafkaAcl("topic", topic, "DESCRIBE")]
+    )
     other = CertificateAuthority(tmp_path / "other-ca")
     options = dict(app.kafka_options(), **{"kafka.ssl.truststore.location": str(other.cert_path)})
     text, seconds = _failure(lambda: spark.read.format("kafka-eos").options(**options, subscribe=topic).load().count())
@@ -96,7 +90,7 @@ def test_a_broker_certificate_from_another_ca_fails_within_seconds_naming_the_tr
 
 
 def test_the_cli_and_the_toolkit_reach_a_secured_cluster_with_a_client_properties_file(
-    secured: ApacheKafka, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    secured_kafka: ApacheKafka, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Finding 2: verify, kafka-sink status|reset, run's lag probe and the toolkit's clients built their clients
     from bootstrap.servers alone, and a secured cluster looked down. --kafka-config (or EOS_KAFKA_CONFIG) gives
@@ -106,16 +100,25 @@ def test_the_cli_and_the_toolkit_reach_a_secured_cluster_with_a_client_propertie
     from eos_core.kafka_config import CONFIG_ENV
 
     monkeypatch.delenv(CONFIG_ENV, raising=False)
-    status = ["kafka-sink", "status", "--bootstrap", secured.bootstrap, "--sink-id", "nosuch", "--marker-topic", "t"]
+    status = [
+        "kafka-sink",
+        "status",
+        "--bootstrap",
+        secured_kafka.bootstrap,
+        "--sink-id",
+        "nosuch",
+        "--marker-topic",
+        "t",
+    ]
     assert cli.main(status) == 2 and "did not answer" in capsys.readouterr().err  # plaintext against TLS: no answer
-    properties = secured.client_properties()
+    properties = secured_kafka.client_properties()
     assert properties is not None
     assert cli.main(["--kafka-config", str(properties), *status]) == 64  # it answers: the sink id is unknown
     assert "no consumer group of sink 'nosuch'" in capsys.readouterr().err
-    topic = _topic(secured, 5)
-    assert kafka_lag(secured.bootstrap, {topic: {"0": 2}}) == 3
+    topic = _topic(secured_kafka, 5)
+    assert kafka_lag(secured_kafka.bootstrap, {topic: {"0": 2}}) == 3
     monkeypatch.delenv(CONFIG_ENV)
-    assert kafka_lag(secured.bootstrap, {topic: {"0": 2}}) is None  # unknown, not a number made up
+    assert kafka_lag(secured_kafka.bootstrap, {topic: {"0": 2}}) is None  # unknown, not a number made up
 
 
 def test_inline_pem_keys_and_jaas_configs_are_hidden_in_plans(spark: Any, tmp_path: Path) -> None:
@@ -151,7 +154,7 @@ def _declared(options: dict[str, str], **more: str) -> list[KafkaAcl]:
 
 
 def test_the_source_reads_with_exactly_its_declared_acls_and_names_each_missing_one(
-    secured: ApacheKafka, spark: Any, tmp_path: Path
+    secured_kafka: ApacheKafka, spark: Any, tmp_path: Path
 ) -> None:
     """Finding 4 (source): a batch read failed on the generated consumer group's coordinator look-up
     (GROUP_AUTHORIZATION_FAILED) and said to grant READ on the topic; startingOffsets=group without an ACL on
@@ -159,10 +162,10 @@ def test_the_source_reads_with_exactly_its_declared_acls_and_names_each_missing_
     needs (it implies DESCRIBE; the generated group is never used), and a missing ACL is named with its command."""
     from connectors import error_cause
 
-    topic = _topic(secured, 20)
+    topic = _topic(secured_kafka, 20)
     needs = _declared({"subscribe": topic})
     assert [(a.resource, a.name, a.operation) for a in needs] == [("topic", topic, "READ")]  # no group, no DESCRIBE
-    app = secured.add_principal(f"src-{uuid.uuid4().hex[:6]}", needs)
+    app = secured_kafka.add_principal(f"src-{uuid.uuid4().hex[:6]}", needs)
     options = {**app.kafka_options(), "subscribe": topic}
     assert spark.read.format("kafka-eos").options(**options).load().count() == 20  # batch
     query = (
@@ -179,11 +182,11 @@ def test_the_source_reads_with_exactly_its_declared_acls_and_names_each_missing_
     finally:
         query.stop()
     for acl in needs:  # each one missing in turn
-        secured.revoke(app.name, [acl])
+        secured_kafka.revoke(app.name, [acl])
         try:
             text, seconds = _failure(lambda: spark.read.format("kafka-eos").options(**options).load().count())
         finally:
-            secured.grant(app.name, [acl])
+            secured_kafka.grant(app.name, [acl])
         cause = error_cause(text)
         assert seconds < FAIL_FAST, (acl, seconds)
         assert f"principal User:{app.name} lacks " in cause and f"{acl.operation} on topic '{topic}'" in cause, cause
@@ -201,14 +204,14 @@ def test_the_source_reads_with_exactly_its_declared_acls_and_names_each_missing_
     )
     cause = error_cause(text)
     assert seconds < FAIL_FAST and f"lacks DESCRIBE on group '{group}'" in cause, (seconds, cause)
-    secured.grant(app.name, [KafkaAcl("group", group, "DESCRIBE")])
+    secured_kafka.grant(app.name, [KafkaAcl("group", group, "DESCRIBE")])
     reading = spark.read.format("kafka-eos").options(**options, **{"kafka.group.id": group, "startingOffsets": "group"})
     assert reading.load().count() == 20  # no committed offsets: from the start
 
 
 @pytest.mark.parametrize("visibility", ["batch", "partition"])
 def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_one_is_fatal_and_named(
-    secured: ApacheKafka, spark: Any, monkeypatch: pytest.MonkeyPatch, visibility: str
+    secured_kafka: ApacheKafka, spark: Any, monkeypatch: pytest.MonkeyPatch, visibility: str
 ) -> None:
     """Finding 4 (sink) and 5: the marker needs READ on the marker topic (a TxnOffsetCommit), which failed as a
     retriable 'Topic authorization failed' on a topic the user had granted WRITE on; a missing transactional id
@@ -222,10 +225,10 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
     from sinks.kafka.options import parse_options
     from sinks.kafka.privileges import sink_acls
 
-    properties = secured.client_properties()
+    properties = secured_kafka.client_properties()
     assert properties is not None
     monkeypatch.setenv(CONFIG_ENV, str(properties))  # the checker reads the topic as the admin
-    out = _topic(secured, 0)
+    out = _topic(secured_kafka, 0)
     sink = f"s-{uuid.uuid4().hex[:6]}"
     staging = f"stage-{uuid.uuid4().hex[:6]}"
     raw = {"kafka.bootstrap.servers": "b:9", "topic": out, "sink.id": sink, "visibility": visibility, "batch.id": "0"}
@@ -233,7 +236,7 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
         raw["staging.topic"] = staging
     needs = sink_acls(parse_options(raw, streaming=False))
     assert KafkaAcl("topic", out, "READ") in [dataclasses.replace(a, why="") for a in needs]  # the marker's
-    app = secured.add_principal(f"w-{uuid.uuid4().hex[:6]}", needs)
+    app = secured_kafka.add_principal(f"w-{uuid.uuid4().hex[:6]}", needs)
     options = {
         **app.kafka_options(),
         **{k: v for k, v in raw.items() if k not in ("kafka.bootstrap.servers", "batch.id")},
@@ -249,7 +252,7 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
         are written after commit_transaction returns: a read_committed reader sees them a moment later)."""
         deadline = time.monotonic() + 10
         while True:
-            got = len(read_topic(secured.bootstrap, out, parse_json=False))
+            got = len(read_topic(secured_kafka.bootstrap, out, parse_json=False))
             if got == expected or time.monotonic() > deadline:
                 return got
             time.sleep(0.2)
@@ -260,11 +263,11 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
     for acl in needs:
         if acl.operation == "CREATE":
             continue  # needed only while the staging topic is missing (it exists now)
-        secured.revoke(app.name, [acl])
+        secured_kafka.revoke(app.name, [acl])
         try:
             text, seconds = _failure(write)
         finally:
-            secured.grant(app.name, [acl])
+            secured_kafka.grant(app.name, [acl])
         cause = error_cause(text)
         where = acl.describe()
         assert seconds < FAIL_FAST, (acl, seconds, cause)
@@ -276,8 +279,8 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
     assert committed(20) == 20
     if visibility == "batch":  # finding 5: a staging topic an admin made at the broker's default size
         small = f"stage-{uuid.uuid4().hex[:6]}"
-        create_topic(secured.bootstrap, small, 1, settings=secured.client_config())
-        secured.grant(app.name, [KafkaAcl(a.resource, small, a.operation) for a in needs if a.name == staging])
+        create_topic(secured_kafka.bootstrap, small, 1, settings=secured_kafka.client_config())
+        secured_kafka.grant(app.name, [KafkaAcl(a.resource, small, a.operation) for a in needs if a.name == staging])
         options["staging.topic"] = small
         cause = error_cause(_failure(write)[0])
         assert "Set the staging topic's max.message.bytes to at least 1049612" in cause, cause
@@ -285,7 +288,7 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
 
 
 def test_doctor_names_each_acl_a_principal_lacks_and_the_sinks_settings(
-    secured: ApacheKafka, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    secured_kafka: ApacheKafka, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``spark-eos doctor``: the principal of a kafka-eos sink checked against the ACLs the sink declares
     (DescribeAcls with the admin's properties, the principal may not describe them itself), each one revoked in
@@ -295,12 +298,12 @@ def test_doctor_names_each_acl_a_principal_lacks_and_the_sinks_settings(
     from sinks.kafka.options import parse_options
     from sinks.kafka.privileges import sink_acls
 
-    out = _topic(secured, 0)
+    out = _topic(secured_kafka, 0)
     options = {"topic": out, "sink.id": "doc", "staging.topic": f"st-{uuid.uuid4().hex[:6]}"}
     needs = sink_acls(parse_options({"kafka.bootstrap.servers": "b:9", "batch.id": "0", **options}, streaming=False))
-    app = secured.add_principal(f"doc-{uuid.uuid4().hex[:6]}", needs)
-    own, admin = app.properties(tmp_path / "app.properties"), secured.client_properties()
-    argv = ["--kafka-config", str(own), "doctor", "kafka-eos-sink", "--bootstrap", secured.bootstrap]
+    app = secured_kafka.add_principal(f"doc-{uuid.uuid4().hex[:6]}", needs)
+    own, admin = app.properties(tmp_path / "app.properties"), secured_kafka.client_properties()
+    argv = ["--kafka-config", str(own), "doctor", "kafka-eos-sink", "--bootstrap", secured_kafka.bootstrap]
     argv += [f"-o{k}={v}" for k, v in options.items()]
 
     def doctor(*more: str) -> tuple[int, str]:
@@ -313,11 +316,11 @@ def test_doctor_names_each_acl_a_principal_lacks_and_the_sinks_settings(
     assert code == 0 and text.count("ok     ") >= len(needs), text
     assert "transaction.max.timeout.ms" in text and "offsets.retention.minutes" in text, text
     for acl in needs:
-        secured.revoke(app.name, [acl])
+        secured_kafka.revoke(app.name, [acl])
         try:
             code, text = doctor("--admin-config", str(admin))
         finally:
-            secured.grant(app.name, [acl])
+            secured_kafka.grant(app.name, [acl])
         missing = [line for line in text.splitlines() if line.startswith("MISSING")]
         assert code == 1 and len(missing) == 1 and acl.describe() in missing[0], (acl, text)
-        assert acl_command(acl, app.name, secured.bootstrap) in text, text
+        assert acl_command(acl, app.name, secured_kafka.bootstrap) in text, text

@@ -23,7 +23,7 @@ import ssl
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +41,6 @@ pytestmark = [pytest.mark.integration]
 
 FAIL_FAST = 20.0  # seconds from the first write that needs the refused login or ACL to the query's failure
 SCHEMA = "id STRING, key STRING, amount LONG"
-
-
-@pytest.fixture(scope="module")
-def secured() -> Iterator[ApacheKafka]:
-    broker = ApacheKafka(security="sasl_ssl", heap="384m")
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def _wait(query: Any, done: Callable[[], bool], what: str, timeout: float = 120.0) -> bool:
@@ -76,27 +67,27 @@ def _ended(query: Any, timeout: float = 60.0) -> str:
 # ---- Kafka -> Spark -> Kafka on a SASL_SSL broker with ACLs --------------------------------------------------
 
 
-def _kafka_pipeline(secured: ApacheKafka, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def _kafka_pipeline(secured_kafka: ApacheKafka, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Two topics and a principal holding exactly the source's and the kafka-eos sink's declared ACLs."""
     from sinks.kafka.options import parse_options as sink_options
     from sinks.kafka.privileges import sink_acls
     from sources.kafka.options import parse_options as source_options
     from sources.kafka.privileges import source_acls
 
-    properties = secured.client_properties()
+    properties = secured_kafka.client_properties()
     assert properties is not None
     monkeypatch.setenv(CONFIG_ENV, str(properties))  # the checker and the producers: as the admin
     tag = uuid.uuid4().hex[:8]
     src, out = f"life-in-{tag}", f"life-out-{tag}"
     for topic in (src, out):
-        create_topic(secured.bootstrap, topic, 2)
+        create_topic(secured_kafka.bootstrap, topic, 2)
     source = {"subscribe": src, "startingOffsets": "earliest"}
     sink = {"topic": out, "sink.id": f"life-{tag}"}
     needs = source_acls(source_options({"kafka.bootstrap.servers": "b:9", **source}, streaming=True))
     needs += sink_acls(
         sink_options({"kafka.bootstrap.servers": "b:9", "checkpointLocation": "/cp", **sink}, streaming=True)
     )
-    app = secured.add_principal(f"life-{tag}", needs)
+    app = secured_kafka.add_principal(f"life-{tag}", needs)
     return {"src": src, "out": out, "source": source, "sink": sink, "app": app, "needs": needs}
 
 
@@ -115,8 +106,8 @@ def _start_kafka(spark: Any, p: dict[str, Any], checkpoint: Path) -> Any:
     )
 
 
-def _out(secured: ApacheKafka, p: dict[str, Any]) -> list[dict[str, Any]]:
-    return checker.read_topic(secured.bootstrap, p["out"])
+def _out(secured_kafka: ApacheKafka, p: dict[str, Any]) -> list[dict[str, Any]]:
+    return checker.read_topic(secured_kafka.bootstrap, p["out"])
 
 
 def _exactly_once(expected: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
@@ -125,17 +116,17 @@ def _exactly_once(expected: list[dict[str, Any]], rows: list[dict[str, Any]]) ->
 
 
 def test_a_scram_password_rotated_under_a_running_query_then_a_restart_with_the_new_one_resumes_exactly_once(
-    secured: ApacheKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    secured_kafka: ApacheKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    p = _kafka_pipeline(secured, monkeypatch)
+    p = _kafka_pipeline(secured_kafka, monkeypatch)
     app, records = p["app"], make_records(90, seed=44, prefix="rot-")
-    produce_records(secured.bootstrap, p["src"], records[:30], partitions=2)
+    produce_records(secured_kafka.bootstrap, p["src"], records[:30], partitions=2)
     query = _start_kafka(spark, p, tmp_path / "cp")
     try:
-        assert _wait(query, lambda: len(_out(secured, p)) >= 30, "the first 30 records"), _ended(query)
+        assert _wait(query, lambda: len(_out(secured_kafka, p)) >= 30, "the first 30 records"), _ended(query)
         old = app.kafka_options()
         new_password = "rotated-" + uuid.uuid4().hex
-        secured.set_password(app.name, new_password)
+        secured_kafka.set_password(app.name, new_password)
         app.password = new_password
         # the rotation happened: a new client with the old password is refused at once, the new one logs in
         began = time.monotonic()
@@ -147,40 +138,42 @@ def test_a_scram_password_rotated_under_a_running_query_then_a_restart_with_the_
         assert spark.read.format("kafka-eos").options(**new, subscribe=p["src"]).load().count() == 30
         # the running query: the next batch's tasks open new connections with the old password; the first one
         # refused fails the query, fatal, naming the login, within seconds (never retried), nothing of it visible
-        produce_records(secured.bootstrap, p["src"], records[30:60], partitions=2)
+        produce_records(secured_kafka.bootstrap, p["src"], records[30:60], partitions=2)
         began = time.monotonic()
-        assert not _wait(query, lambda: len(_out(secured, p)) > 30, "the query's failure"), "old password used"
+        assert not _wait(query, lambda: len(_out(secured_kafka, p)) > 30, "the query's failure"), "old password used"
         cause = _ended(query)
         assert time.monotonic() - began < FAIL_FAST, cause
         assert f"refused the login of principal '{app.name}'" in cause and "RetriableError" not in cause, cause
-        assert len(_out(secured, p)) == 30
+        assert len(_out(secured_kafka, p)) == 30
     finally:
         query.stop()
     assert new_password not in str(query.exception() or "") and app.password == new_password
-    produce_records(secured.bootstrap, p["src"], records[60:], partitions=2)
+    produce_records(secured_kafka.bootstrap, p["src"], records[60:], partitions=2)
     again = _start_kafka(spark, p, tmp_path / "cp")  # the new password, the same checkpoint
     try:
-        assert _wait(again, lambda: len(_out(secured, p)) >= 90, "all 90 records"), _ended(again)
+        assert _wait(again, lambda: len(_out(secured_kafka, p)) >= 90, "all 90 records"), _ended(again)
     finally:
         again.stop()
-    _exactly_once(records, _out(secured, p))
+    _exactly_once(records, _out(secured_kafka, p))
 
 
 def test_an_acl_revoked_mid_stream_fails_the_query_at_once_and_a_restart_after_the_grant_resumes_exactly_once(
-    secured: ApacheKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    secured_kafka: ApacheKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    p = _kafka_pipeline(secured, monkeypatch)
+    p = _kafka_pipeline(secured_kafka, monkeypatch)
     app, records = p["app"], make_records(60, seed=45, prefix="acl-")
     write = KafkaAcl("topic", p["out"], "WRITE")
     assert any((a.resource, a.name, a.operation) == ("topic", p["out"], "WRITE") for a in p["needs"])
-    produce_records(secured.bootstrap, p["src"], records[:30], partitions=2)
+    produce_records(secured_kafka.bootstrap, p["src"], records[:30], partitions=2)
     query = _start_kafka(spark, p, tmp_path / "cp")
     try:
-        assert _wait(query, lambda: len(_out(secured, p)) >= 30, "the first 30 records"), _ended(query)
-        secured.revoke(app.name, [write])
-        produce_records(secured.bootstrap, p["src"], records[30:], partitions=2)
+        assert _wait(query, lambda: len(_out(secured_kafka, p)) >= 30, "the first 30 records"), _ended(query)
+        secured_kafka.revoke(app.name, [write])
+        produce_records(secured_kafka.bootstrap, p["src"], records[30:], partitions=2)
         began = time.monotonic()
-        assert not _wait(query, lambda: len(_out(secured, p)) > 30, "the query's failure"), "written without WRITE"
+        assert not _wait(query, lambda: len(_out(secured_kafka, p)) > 30, "the query's failure"), (
+            "written without WRITE"
+        )
         cause = _ended(query)
         assert time.monotonic() - began < FAIL_FAST, cause
         # the action happened, and is named: the ACL, the principal and the command that grants it
@@ -188,14 +181,14 @@ def test_an_acl_revoked_mid_stream_fails_the_query_at_once_and_a_restart_after_t
         assert "RetriableError" not in cause and "kafka-acls" in cause, cause
     finally:
         query.stop()
-    assert len(_out(secured, p)) == 30  # nothing of the refused batch is visible
-    secured.grant(app.name, [write])
+    assert len(_out(secured_kafka, p)) == 30  # nothing of the refused batch is visible
+    secured_kafka.grant(app.name, [write])
     again = _start_kafka(spark, p, tmp_path / "cp")
     try:
-        assert _wait(again, lambda: len(_out(secured, p)) >= 60, "all 60 records"), _ended(again)
+        assert _wait(again, lambda: len(_out(secured_kafka, p)) >= 60, "all 60 records"), _ended(again)
     finally:
         again.stop()
-    _exactly_once(records, _out(secured, p))
+    _exactly_once(records, _out(secured_kafka, p))
 
 
 # ---- Kafka -> Spark -> postgres-2pc on a TLS-only, hardened Postgres ------------------------------------------
