@@ -435,9 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def fail(text: str) -> None:
         print(" ".join(scrub(text, *secrets).split()), file=sys.stderr)
 
+    from eos_core.kafka_config import CONFIG_ENV
+
+    before = os.environ.get(CONFIG_ENV)
     try:
         if args.kafka_config:  # every client of the command, the processes it starts too, read it from there
-            from eos_core.kafka_config import CONFIG_ENV, read_properties
+            from eos_core.kafka_config import read_properties
 
             read_properties(args.kafka_config)  # a file that cannot be read is refused before anything runs
             os.environ[CONFIG_ENV] = os.path.abspath(args.kafka_config)
@@ -468,6 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             fail(f"spark-eos: error: postgres: {type(exc).__name__}: {exc}")
         return 2
+    finally:  # main() called as a function (tests, a wrapper) leaves the caller's environment as it was
+        if before is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = before
 
 
 if __name__ == "__main__":

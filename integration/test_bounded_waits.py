@@ -195,8 +195,9 @@ def test_sink_connections_carry_keepalives_tcp_user_timeout_and_lock_timeout(two
     finally:
         conn.close()
     # the dsn's own keepalive settings and server options stay; options given explicitly win over both
-    sep = "&" if "?" in twophase_pg.dsn else "?"
-    dsn = f"{twophase_pg.dsn}{sep}keepalives_idle=7&tcp_user_timeout=4000&options=-c%20work_mem%3D8MB"
+    dsn = psycopg.conninfo.make_conninfo(
+        twophase_pg.dsn, keepalives_idle="7", tcp_user_timeout="4000", options="-c work_mem=8MB"
+    )
     conn = connect(ConnectionOptions(dsn=dsn, keepalives_count=5, lock_timeout=2.5), autocommit=True)
     try:
         assert _sockopts(conn) == {"keepalive": 1, "idle": 7, "interval": 10, "count": 5, "user_timeout": 4000}

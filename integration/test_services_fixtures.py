@@ -39,7 +39,10 @@ def test_postgres_fixtures(
         "SELECT current_setting('max_prepared_transactions')::int, "
         "(SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
     ).fetchone()
-    assert row is not None and row[0] > 0 and row[1] is True
+    # the app role, not a superuser, on a secured server; the admin's DSN is the superuser's
+    assert row is not None and row[0] > 0 and row[1] is (not postgres_service.secured)
+    with psycopg.connect(postgres_service.admin_dsn, autocommit=True) as admin:
+        assert admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (True,)
     a, b = new_table(), new_table(prefix="orders")
     assert a != b and b.startswith("orders_") and a == a.lower()
     pg_conn.execute(f"CREATE TABLE {a} (id int)")  # a valid, unused identifier

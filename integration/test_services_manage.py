@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,8 @@ def test_up_status_env_down(tmp_path: Path) -> None:
         assert json.loads((state_dir / "services.json").read_text())["kafka"]["pid"] == kafka["pid"]
         env = _cli(state_dir, "env")
         assert f"export EOS_KAFKA_BOOTSTRAP={kafka['bootstrap']}" in env.stdout
-        assert f"export EOS_POSTGRES_DSN={pg['dsn']}" in env.stdout  # asked for explicitly: unredacted
+        # asked for explicitly: unredacted (quoted for the shell: a TLS DSN holds '?' and '&')
+        assert f"export EOS_POSTGRES_DSN={shlex.quote(pg['dsn'])}" in env.stdout
     finally:
         stopped = _cli(state_dir, "down")
     assert stopped.returncode == 0 and stopped.stdout.count("stopped") == 2, stopped.stdout

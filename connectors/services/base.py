@@ -92,11 +92,13 @@ class KafkaService:
         """Add ``acls`` (allow) for ``User:<name>``."""
         from connectors.services.kafka_security import binding
 
+        acls = list(acls)
         bindings = [binding(name, acl) for acl in acls]
         if bindings:
             admin = self._admin()
             for future in admin.create_acls(bindings, request_timeout=30).values():
                 future.result(30)
+            self._await_acls(admin, name, acls, held=True)
 
     def revoke(self, name: str, acls: Iterable[KafkaAcl]) -> None:
         """Remove ``acls`` of ``User:<name>`` (a revocation under a running client)."""
@@ -104,11 +106,35 @@ class KafkaService:
 
         from connectors.services.kafka_security import binding
 
+        acls = list(acls)
         filters = [binding(name, acl, AclBindingFilter) for acl in acls]
         if filters:
             admin = self._admin()
             for future in admin.delete_acls(filters, request_timeout=30).values():
                 future.result(30)
+            self._await_acls(admin, name, acls, held=False)
+
+    @staticmethod
+    def _await_acls(admin: Any, name: str, acls: list[KafkaAcl], *, held: bool, timeout: float = 15.0) -> None:
+        """Wait until the broker's authorizer answers with ``acls`` (not) held: the controller's commit of an ACL
+        change reaches the broker's authorizer a moment later, and a request in between is judged by the old."""
+        import time
+
+        from confluent_kafka.admin import AclBindingFilter  # type: ignore[attr-defined]
+
+        from connectors.services.kafka_security import binding
+
+        deadline = time.monotonic() + timeout
+        for acl in acls:
+            while True:
+                found = admin.describe_acls(binding(name, acl, AclBindingFilter), request_timeout=10).result(15)
+                if bool(found) == held:
+                    break
+                if time.monotonic() > deadline:
+                    raise ServiceError(
+                        f"the ACL {acl.describe()} of User:{name} was not {'added' if held else 'removed'}"
+                    )
+                time.sleep(0.05)
 
     def stop(self) -> None:
         """Stop the broker if this object started it; a no-op for a broker named by the user."""
