@@ -279,8 +279,10 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
             assert got == expected, acl  # nothing of it visible
         else:
             # visibility=partition: a task that committed before the refusal reached it keeps its own slot's
-            # rows (a whole slot, 5 of 10: its transaction), as that mode makes each task's rows visible
-            assert got in (expected, expected + 5), acl
+            # rows (whole slots of 5: each its transaction), as that mode makes each task's rows visible; a
+            # refusal met only by the driver's steps after the tasks (a worker that had the topic's configs
+            # already) leaves both slots visible, and the batch's markers keep a replay from writing them again
+            assert got in (expected, expected + 5, expected + 10), acl
             expected = got
         asked += 1
     assert asked >= 5
