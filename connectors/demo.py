@@ -261,25 +261,17 @@ def _services(stack: list[Any]) -> tuple[str, str, str]:
     broker = " (tansu)" if kafka.is_tansu else (f" (Apache Kafka {version})" if version else "")
     dsn, shown = pg.dsn, pg.dsn_redacted
     if pg.kind == "embedded" and pg.secured:
+        from connectors.services.pg_security import owner_grants
         from eos_core.conninfo import redact_dsn
 
         # the pipelines run as an app role, as users deploy them: it owns the tables they make, nothing else
         # (a Postgres the user named is not given roles)
-        role = pg.add_role(f"eos_demo_{os.getpid()}_{int(time.time())}", _demo_grants())
+        role = pg.add_role(f"eos_demo_{os.getpid()}_{int(time.time())}", owner_grants())
         dsn, shown = role.dsn, f"{redact_dsn(role.dsn)} (an app role, not a superuser)"
     what = (
         f"Kafka {kafka.kind}{broker} at {kafka.bootstrap}; Postgres {pg.kind} at {shown} ({time.monotonic() - t:.1f}s)"
     )
     return kafka.bootstrap, dsn, what
-
-
-def _demo_grants() -> list[Any]:
-    """CONNECT, TEMPORARY and CREATE on the database, USAGE and CREATE on schema public: the pipelines make
-    their tables, the 2PC sink its protocol schema, the upsert sink its staging (docs/security.md)."""
-    from eos_core.privileges import PgGrant
-
-    on_database = [PgGrant("database", None, p) for p in ("CONNECT", "TEMPORARY", "CREATE")]
-    return on_database + [PgGrant("schema", "public", p) for p in ("USAGE", "CREATE")]
 
 
 def _row(label: str, value: Any, ok: bool | None = None) -> str:

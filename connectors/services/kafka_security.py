@@ -69,23 +69,22 @@ class Secured:
             for a in ("--add-scram", f"{MECHANISM}=[name={name},password={self.passwords[name]}]")
         ]
 
-    def client_config(self, user: str = ADMIN, password: str | None = None) -> dict[str, str]:
-        """librdkafka's settings that log in as ``user`` (default the super user ``admin``)."""
+    def client_config(self) -> dict[str, str]:
+        """librdkafka's settings that log in as the super user ``admin`` (a ``Principal`` swaps in its own)."""
         return {
             "security.protocol": "SASL_SSL",
             "sasl.mechanism": MECHANISM,
-            "sasl.username": user,
-            "sasl.password": password if password is not None else self.passwords[user],
+            "sasl.username": ADMIN,
+            "sasl.password": self.passwords[ADMIN],
             "ssl.ca.location": str(self.cert.ca),
         }
 
-    def java_config(self, user: str = ADMIN, password: str | None = None) -> dict[str, str]:
-        """The Java client's settings (``kafka.*`` options without the prefix) that log in as ``user``."""
-        pw = password if password is not None else self.passwords[user]
+    def java_config(self) -> dict[str, str]:
+        """The Java client's settings (``kafka.*`` options without the prefix) that log in as ``admin``."""
         return {
             "security.protocol": "SASL_SSL",
             "sasl.mechanism": MECHANISM,
-            "sasl.jaas.config": self.jaas("scram.ScramLoginModule", username=user, password=pw),
+            "sasl.jaas.config": self.jaas("scram.ScramLoginModule", username=ADMIN, password=self.passwords[ADMIN]),
             "ssl.truststore.type": "PEM",
             "ssl.truststore.location": str(self.cert.ca),
         }

@@ -14,7 +14,14 @@ from typing import Any
 
 from eos_core.privileges import PgGrant, grant_command
 
-__all__ = ["Role", "add_role", "harden"]
+__all__ = ["Role", "add_role", "harden", "owner_grants"]
+
+
+def owner_grants() -> list[PgGrant]:
+    """What an app role needs to make and own its tables, nothing else: CONNECT, TEMPORARY and CREATE on the
+    database (the 2PC sink's protocol schema, the upsert sink's staging), USAGE and CREATE on schema public."""
+    on_database = [PgGrant("database", None, p) for p in ("CONNECT", "TEMPORARY", "CREATE")]
+    return on_database + [PgGrant("schema", "public", p) for p in ("USAGE", "CREATE")]
 
 
 def _dsn_as(admin_dsn: str, user: str, password: str) -> str:

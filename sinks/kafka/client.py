@@ -123,14 +123,17 @@ class TxnProducer:
         if err is not None and len(self.errors) < 5:
             self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.name()} ({err.str()})")
 
-    def _why_failed(self) -> KafkaError | None:
-        """What failed the open transaction, when a produce was refused because it had (librdkafka names the
-        cause, e.g. a partition it could not add, only to the commit it then refuses)."""
+    def _cause(self, err: KafkaError) -> KafkaError:
+        """``err``, or for an ``_STATE`` of an open transaction (one that failed before this call, its records
+        purged) what failed it: librdkafka names the cause (e.g. a partition it could not add: WRITE refused)
+        only to the commit it then refuses."""
+        if err.code() != KafkaError._STATE or not self.in_transaction:
+            return err
         try:
             self.producer.commit_transaction(min(self.timeout, 5.0))
         except KafkaException as exc:
-            return kafka_error(exc)
-        return None
+            return kafka_error(exc) or err
+        return err
 
     def _denied(
         self, what: str, err: KafkaError, marker_topic: str | None, topics: set[str] | None = None
@@ -192,10 +195,7 @@ class TxnProducer:
                 with contextlib.suppress(KafkaException):  # a producer in a fatal state raises its error again
                     self.producer.poll(0)
                 self.watch.check()
-                if err.code() == KafkaError._STATE and self.in_transaction:
-                    # the transaction failed before this call (its records purged): librdkafka names why (e.g. a
-                    # partition it could not add: WRITE refused) only to the commit it then refuses
-                    err = self._why_failed() or err
+                err = self._cause(err)
                 denied = self._denied(what, err, marker_topic)
                 if denied is not None:
                     raise denied from None
@@ -247,7 +247,7 @@ class TxnProducer:
         except KafkaException as exc:
             err = kafka_error(exc)
             if err is not None and err.code() == KafkaError._STATE and self.in_transaction:
-                err = self._why_failed() or err
+                err = self._cause(err)
                 denied = self._denied("produce", err, None, topics={r[0] for r in rows})
                 if denied is not None:
                     raise denied from None

@@ -452,7 +452,7 @@ class KafkaPartitionReader:
         )
 
     def _timed_out(self, consumer: Consumer, ctp: CkTopicPartition, position: int, timeout: float) -> None:
-        _check_login(consumer)
+        # (a refused login was looked for after the empty poll that led here)
         try:
             low, high = consumer.get_watermark_offsets(ctp, timeout=min(timeout, 5.0), cached=False)
             marks = f"offsets now [{low}, {high})"
