@@ -445,8 +445,10 @@ def _topic_id(admin: AdminClient, topic: str) -> str:
     return kafka_uuid(future.result(15).topic_id)
 
 
-def _recreate(admin: AdminClient, topic: str) -> None:
-    """Delete ``topic`` and create it again under its name (as soon as the broker lets it be created)."""
+def _recreate(admin: AdminClient, topic: str, old: str) -> str:
+    """Delete ``topic``, create it again under its name (as soon as the broker lets it be created) and return the
+    new topic's id once the broker's metadata answers with it (UNKNOWN_TOPIC_OR_PART, or the old id, a moment
+    after the creation returned)."""
     from confluent_kafka.admin import NewTopic
 
     admin.delete_topics([topic])[topic].result(30)
@@ -454,10 +456,19 @@ def _recreate(admin: AdminClient, topic: str) -> None:
     while True:
         try:
             admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-            return
+            break
         except Exception as exc:  # TOPIC_ALREADY_EXISTS while the deletion completes
             assert time.time() < deadline, exc
             time.sleep(0.5)
+    while True:
+        try:
+            new = _topic_id(admin, topic)
+            if new != old:
+                return new
+        except Exception as exc:  # the metadata not yet caught up with the creation
+            assert time.time() < deadline, exc
+        assert time.time() < deadline, "the re-created topic's metadata still shows the old id"
+        time.sleep(0.2)
 
 
 def test_topic_recreated_past_the_checkpoint_fails_or_is_read_from_its_earliest_offset(
@@ -479,8 +490,7 @@ def test_topic_recreated_past_the_checkpoint_fails_or_is_read_from_its_earliest_
         last = max(int(p.name) for p in Path(cp, "offsets").iterdir() if p.name.isdigit())
         planned = json.loads(Path(cp, "offsets", str(last)).read_text().splitlines()[-1])
         assert planned == {topic: {"0": 3}, f"kafka-eos:topic-id:{topic}={old}": {}}, planned
-        _recreate(admin, topic)
-        new = _topic_id(admin, topic)
+        new = _recreate(admin, topic, old)
         assert new != old  # the fault happened: another topic under the same name
         produce(topic, [(None, b"new%d" % i) for i in range(6)])  # past the checkpoint's offset 3
         q = run_available_now(spark, opts, cp, name)
