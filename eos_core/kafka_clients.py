@@ -32,6 +32,15 @@ REFUSED = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SAS
 
 
 _SUPPRESSED = re.compile(r", \d+ identical error\(s\) suppressed")  # librdkafka's own count of repeats
+# a client without TLS whose first request (ApiVersion) the broker answers by closing the connection: a
+# TLS listener does that (it reads the request as a broken handshake); _speaks_tls tells it from a broker
+# that merely went away
+_FIRST_REQUEST_CLOSED = re.compile(
+    r"(?:\w+://)?(\[[^\]]+\]|[^\s/\[\]]+):(\d+)/\S*: Disconnected\b.*\bin state APIVERSION_QUERY"
+)
+# librdkafka's own words for a TLS client whose handshake a plaintext listener ends
+_PLAINTEXT_LISTENER = "connecting to a PLAINTEXT broker listener?"
+_EXPECTS_TLS = "answers with TLS"
 
 
 class _OncePerMinute(logging.Filter):
@@ -66,20 +75,36 @@ class Watch:
         self.context = context
         self.also = also  # the client's own error_cb, called with every error too
         self.refused: KafkaError | None = None
+        self._probed = False  # a listener was probed for TLS (once per client)
 
     def configure(self, conf: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(conf)
         out["error_cb"] = self.on_error
-        out.setdefault("logger", _logger)
+        out.setdefault("logger", _ClientLog(self))
         return out
 
     def on_error(self, err: KafkaError) -> None:
         if self.also is not None:
             self.also(err)
-        if err.code() in REFUSED and self.refused is None:
+        if self.refused is None and (err.code() in REFUSED or _PLAINTEXT_LISTENER in err.str()):
             self.refused = err
         elif err.code() not in REFUSED:
             _logger.info("%s: %s (%s)", self.context, err.name(), err.str())
+
+    def on_log(self, line: str) -> None:
+        """A librdkafka log line of this client: a client without TLS whose first request a listener answers
+        by closing the connection is probed once; a listener that speaks TLS is a refused handshake."""
+        if self.refused is not None or self._probed or "SSL" in str(self.conf.get("security.protocol", "")).upper():
+            return
+        m = _FIRST_REQUEST_CLOSED.search(line)
+        if m is None:
+            return
+        self._probed = True
+        host, port = m.group(1).strip("[]"), int(m.group(2))
+        if _speaks_tls(host, port):
+            self.refused = KafkaError(
+                KafkaError._TRANSPORT, f"{host}:{port} {_EXPECTS_TLS}: it closed the connection at the first request"
+            )
 
     def check(self, client: Any = None) -> None:
         """Serve ``client``'s callbacks, then raise a FatalError for a refused login or handshake."""
@@ -89,11 +114,62 @@ class Watch:
             raise FatalError(refused_login(self.conf, self.refused, self.context), code=self.refused.name())
 
 
+class _ClientLog:
+    """librdkafka's log lines of one client (its ``logger``): to the ``eos.librdkafka`` logger, and to the
+    client's ``Watch`` to read."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        _logger.log(level, fmt, *args)
+        self.watch.on_log(fmt % args if args else fmt)
+
+
+def _speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool:
+    """Whether ``host:port`` completes (or answers in) a TLS handshake; a Kafka plaintext listener closes the
+    connection on a ClientHello, which it reads as an oversized request."""
+    import socket
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only: does it speak TLS at all?
+    try:
+        with socket.create_connection((host, port), timeout) as raw, context.wrap_socket(raw):
+            return True
+    except ssl.SSLError as exc:  # an alert (e.g. a client certificate required) is TLS; plaintext bytes are not
+        return not isinstance(exc, ssl.SSLEOFError) and exc.reason != "WRONG_VERSION_NUMBER"
+    except OSError:
+        return False
+
+
+def _mismatch(conf: Mapping[str, Any], err: KafkaError, context: str) -> str | None:
+    """A client and a listener that disagree on TLS, or None."""
+    where = conf.get("bootstrap.servers", "?")
+    protocol = str(conf.get("security.protocol") or "PLAINTEXT").upper()
+    if _EXPECTS_TLS in err.str():
+        return (
+            f"{context}: the listener at {where} speaks TLS and the client connects with security.protocol "
+            f"{protocol}: set kafka.security.protocol to SSL or SASL_SSL (with kafka.sasl.* for SASL_SSL, and "
+            "kafka.ssl.truststore.location for a private CA), as the broker's listener is configured"
+        )
+    if _PLAINTEXT_LISTENER in err.str():
+        return (
+            f"{context}: the listener at {where} is not TLS and the client connects with security.protocol "
+            f"{protocol}: set kafka.security.protocol to PLAINTEXT or SASL_PLAINTEXT, or connect to the broker's "
+            f"TLS listener (librdkafka: {err.str()})"
+        )
+    return None
+
+
 def refused_login(conf: Mapping[str, Any], err: KafkaError, context: str) -> str:
     """What a refused login or TLS handshake means for these client settings, and the option that fixes it
     (spelled as the ``kafka.*`` options of the connectors; never a secret)."""
     text = err.str()
     where = conf.get("bootstrap.servers", "?")
+    mismatch = _mismatch(conf, err, context)
+    if mismatch is not None:
+        return mismatch
     if err.code() == KafkaError._SSL:
         ca = conf.get("ssl.ca.location") or "the system's CA certificates"
         low = text.lower()

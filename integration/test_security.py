@@ -89,6 +89,30 @@ def test_a_broker_certificate_from_another_ca_fails_within_seconds_naming_the_tr
     assert "TLS handshake" in text and "kafka.ssl.truststore.location" in text, text[-3000:]
 
 
+def test_no_security_settings_at_a_sasl_ssl_listener_fail_within_seconds_naming_the_protocol(
+    secured_kafka: ApacheKafka, spark: Any
+) -> None:
+    """The commonest mistake against a secured cluster, the kafka.security.protocol left out (or SASL_PLAINTEXT
+    where the listener is SASL_SSL): the broker closes each connection at its first request, which librdkafka
+    logs as a disconnect and nothing reports; the source took its metadata timeout per attempt, as if the
+    broker were down. Now the listener is probed once for TLS and the source and the sink fail within seconds."""
+    topic = _topic(secured_kafka, 1)
+    plain = {"kafka.bootstrap.servers": secured_kafka.bootstrap}
+    text, seconds = _failure(lambda: spark.read.format("kafka-eos").options(**plain, subscribe=topic).load().count())
+    assert seconds < FAIL_FAST, seconds
+    assert f"the listener at {secured_kafka.bootstrap} speaks TLS" in text, text[-3000:]
+    assert "set kafka.security.protocol to SSL or SASL_SSL" in text
+    df = spark.createDataFrame([("k", "v")], "key string, value string")
+    app = secured_kafka.add_principal("no-tls", [KafkaAcl("topic", topic, "WRITE")])
+    sasl_only = {k: v for k, v in app.kafka_options().items() if not k.startswith("kafka.ssl.")}
+    sasl_only["kafka.security.protocol"] = "SASL_PLAINTEXT"
+    writer = df.write.format("kafka-eos").options(**sasl_only, topic=topic).option("sink.id", topic)
+    text, seconds = _failure(lambda: writer.option("batch.id", "1").mode("append").save())
+    assert seconds < FAIL_FAST, seconds
+    assert "security.protocol SASL_PLAINTEXT" in text and "RetriableError" not in text, text[-3000:]
+    assert app.password not in text
+
+
 def test_the_cli_and_the_toolkit_reach_a_secured_cluster_with_a_client_properties_file(
     secured_kafka: ApacheKafka, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
