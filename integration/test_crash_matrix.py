@@ -78,7 +78,7 @@ COMMIT_SQL = {"2pc": b"COMMIT PREPARED", "upsert": b"COMMIT", "stateful": b"COMM
 
 
 @pytest.fixture
-def make_pipeline(kafka_service, postgres_service, tmp_path):
+def make_pipeline(kafka_service, postgres_service, grant_topic, tmp_path):
     proxies: list[TcpProxy] = []
 
     def make(
@@ -107,6 +107,7 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
         topic = topic or name
         if produce:
             create_topic(bootstrap, topic, 2)
+            grant_topic(topic)
             recs = make_records(records, seed=len(name), prefix=f"{name}-")
             if aborted:  # F15: half the input in a committed transaction, then an aborted one
                 bad = [dict(r, id=r["id"] + "-aborted") for r in make_records(aborted, seed=15, prefix=f"{name}-")]
@@ -133,6 +134,7 @@ def make_pipeline(kafka_service, postgres_service, tmp_path):
             PER_TRIGGER,
             options=options,
             dead_letters=f"{name}_refused" if dead_letters else None,
+            kafka_config=getattr(kafka_service, "app_config", None),
         )
         pipe.proxy = proxies[-1] if proxy_pg else None
         return pipe

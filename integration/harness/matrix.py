@@ -34,6 +34,7 @@ class Pipeline:
     proxy: Any = None  # a TcpProxy between the pipeline and Postgres, when the test needs one
     options: tuple[str, ...] = ()  # sink options key=value of every run (e.g. visibility=partition)
     dead_letters: str | None = None  # the errors.table of the sink, when it diverts refused rows
+    kafka_config: str | None = None  # the job's Kafka client properties (an app principal's), if the broker is secured
 
     def __post_init__(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)
@@ -94,6 +95,8 @@ class Pipeline:
             "--timeout",
             "400",
         ]
+        if self.kafka_config:
+            args += ["--kafka-config", self.kafka_config]
         for kv in (*self.options, *extra):
             args += ["--extra", kv]
         return args

@@ -1,7 +1,7 @@
 """The crash matrix's reference pipeline: Kafka JSON records -> parse -> a sink, run as its own process.
 
     python -m integration.harness.runner --sink 2pc|upsert|stateful|broken --bootstrap HOST:PORT \
-        --topic T --dsn URL --table TBL --checkpoint DIR [--sink-id ID] [--max-offsets N] ...
+        --topic T --dsn URL --table TBL --checkpoint DIR [--kafka-config FILE] [--sink-id ID] [--max-offsets N] ...
 
 Records are JSON objects ``{"id": str, "key": str, "amount": int, ...}``. Sinks:
 
@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m integration.harness.runner", description=__doc__.split("\n")[0])
     p.add_argument("--sink", choices=SINKS, required=True)
     p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    p.add_argument(
+        "--kafka-config",
+        default=None,
+        help="the job's Kafka client properties (Java names: security.protocol, sasl.*, ssl.*), given to its source "
+        "and Kafka sink as kafka.* options (default: none, a plaintext broker)",
+    )
     p.add_argument("--topic", required=True)
     p.add_argument("--dsn", required=True, help="Postgres DSN the sink writes through (may be a proxy)")
     p.add_argument("--table", required=True)
@@ -136,7 +142,7 @@ def _parsed(spark: Any, args: argparse.Namespace) -> Any:
 
     raw = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", args.bootstrap)
+        .options(**_kafka_options(args))
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(args.max_offsets))
@@ -164,6 +170,14 @@ def _parsed(spark: Any, args: argparse.Namespace) -> Any:
         F.col("partition").alias("src_partition"),
         F.col("offset").alias("src_offset"),
     )
+
+
+def _kafka_options(args: argparse.Namespace) -> dict[str, str]:
+    """The ``kafka.*`` options of the job's source and Kafka sink: the bootstrap and ``--kafka-config``'s settings."""
+    from eos_core.kafka_config import read_properties
+
+    settings = read_properties(args.kafka_config) if args.kafka_config else {}
+    return {"kafka.bootstrap.servers": args.bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
 
 
 def _broken_batch(dsn: str, table: str) -> Any:
@@ -203,7 +217,7 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
     elif args.sink == "kafka":
         row = F.to_json(F.struct("id", "key", "amount", "src_partition", "src_offset"))
         writer = df.select(F.col("key"), row.alias("value")).writeStream.format("kafka-eos")
-        writer = writer.option("kafka.bootstrap.servers", args.bootstrap).option("topic", args.table)
+        writer = writer.options(**_kafka_options(args)).option("topic", args.table)
         writer = writer.option("sink.id", sink_id)
         for k, v in extra.items():
             writer = writer.option(k, v)
