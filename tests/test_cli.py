@@ -193,6 +193,48 @@ def test_transfers_config_takes_a_topic_and_no_postgres() -> None:
     assert parse_config(GOOD).dead_letter_topic is None  # the Postgres pipelines have tables
 
 
+def test_kafka_config_secures_the_source_and_the_kafka_sink(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """source.kafka_config (else EOS_KAFKA_CONFIG, which `spark-eos run --kafka-config` sets) is the cluster's
+    security for every Kafka client of a pipeline; source.options / sink.options given beside it win."""
+    from connectors.pipelines import transfers
+    from connectors.pipelines.source import kafka_stream
+
+    props = tmp_path / "app.properties"
+    props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nssl.truststore.type=PEM\n")
+    monkeypatch.delenv("EOS_KAFKA_CONFIG", raising=False)
+    assert parse_config(GOOD).kafka_options == {"kafka.bootstrap.servers": "h:1"}  # none: a plaintext cluster
+    cfg = parse_config({**TRANSFERS, "source": {**TRANSFERS["source"], "kafka_config": str(props)}})
+    secured = {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512"}
+    assert secured.items() <= transfers.sink_options(cfg).items()
+    monkeypatch.setenv("EOS_KAFKA_CONFIG", str(props))
+    cfg = parse_config({**GOOD, "source": {**GOOD["source"], "options": {"kafka.sasl.mechanism": "PLAIN"}}})
+    assert cfg.kafka_config == str(props)
+
+    class Reader:  # takes what kafka_stream hands Spark, later options over earlier ones
+        given: dict[str, str] = {}
+
+        def format(self, _: str) -> Reader:
+            return self
+
+        def options(self, **kv: str) -> Reader:
+            self.given.update(kv)
+            return self
+
+        def option(self, key: str, value: str) -> Reader:
+            return self.options(**{key: value})
+
+        def load(self) -> dict[str, str]:
+            return self.given
+
+    given = kafka_stream(type("Spark", (), {"readStream": Reader()})(), cfg)
+    assert given["kafka.security.protocol"] == "SASL_SSL" and given["kafka.sasl.mechanism"] == "PLAIN", given
+    with pytest.raises(ConfigError, match=r"source\.kafka_config.*cannot read it") as caught:
+        parse_config({**GOOD, "source": {**GOOD["source"], "kafka_config": str(tmp_path / "missing.properties")}})
+    assert caught.value.option == "source.kafka_config"
+
+
 @pytest.mark.parametrize(
     ("pipeline", "change", "needle", "key"),
     [

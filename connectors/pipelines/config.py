@@ -6,6 +6,10 @@ Example (TOML; YAML takes the same keys)::
 
     [source]
     bootstrap = "${EOS_KAFKA_BOOTSTRAP}"  # ${VAR} and ${VAR:-default} are expanded
+    kafka_config = "app.properties"     # the cluster's security settings (a Java client properties file:
+                                        # security.protocol, sasl.*, ssl.*), for every Kafka client of the
+                                        # pipeline; default: the file EOS_KAFKA_CONFIG names (spark-eos run
+                                        # --kafka-config), else none (a plaintext cluster)
     topic = "payments"
     starting_offsets = "earliest"
     max_offsets_per_trigger = 1000
@@ -58,7 +62,7 @@ from typing import Any
 from connectors.pipelines.restart import parse_strategy
 from eos_core.conninfo import redact_dsn
 from eos_core.errors import ConfigError
-from eos_core.kafka_config import redact_options
+from eos_core.kafka_config import CONFIG_ENV, read_properties, redact_options
 from eos_core.options import parse_duration
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
@@ -70,7 +74,7 @@ KAFKA_SINKS = ("transfers",)
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 _SECTIONS: dict[str, set[str]] = {
-    "source": {"bootstrap", "topic", "starting_offsets", "max_offsets_per_trigger", "options"},
+    "source": {"bootstrap", "kafka_config", "topic", "starting_offsets", "max_offsets_per_trigger", "options"},
     "sink": {"dsn", "table", "topic", "sink_id", "options"},
     "spark": {"master", "trigger", "checkpoint", "shuffle_partitions", "conf", "app_name"},
     "restart": {"strategy"},
@@ -100,6 +104,7 @@ class PipelineConfig:
     max_offsets_per_trigger: int | None = 1000
     source_options: Mapping[str, str] = field(default_factory=dict)
     sink_options: Mapping[str, str] = field(default_factory=dict)
+    kafka_config: str = ""  # a Java client properties file: the security settings of every Kafka client
     master: str = ""  # "": spark-submit's --master, else local[*] (pipelines.effective_master)
     trigger: str = "5s"
     shuffle_partitions: int = 2
@@ -138,6 +143,8 @@ class PipelineConfig:
                 )
         if to_kafka:
             self._check_topics()
+        if self.kafka_config:
+            self.kafka_options  # a file that cannot be read is refused here, naming it  # noqa: B018
         parse_trigger(self.trigger)
         parse_strategy(self.restart)
         if self.malformed not in MALFORMED:
@@ -159,6 +166,16 @@ class PipelineConfig:
             raise ConfigError("config: balances.last_n must be >= 1", option="balances.last_n")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"config: log.format {self.log_format!r}; expected text or json", option="log.format")
+
+    @property
+    def kafka_options(self) -> dict[str, str]:
+        """The ``kafka.*`` options of the pipeline's source and Kafka sink: the bootstrap and ``kafka_config``'s
+        settings (``source.options`` / ``sink.options`` given beside them win)."""
+        try:
+            settings = read_properties(self.kafka_config) if self.kafka_config else {}
+        except ConfigError as exc:
+            raise ConfigError(f"config: 'source.kafka_config': {exc}", option="source.kafka_config") from None
+        return {"kafka.bootstrap.servers": self.bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
 
     def _check_topics(self) -> None:
         """transfers: the output and dead-letter topics are Kafka topic names, distinct from each other and
@@ -336,6 +353,7 @@ def parse_config(data: Mapping[str, Any], *, pipeline: str | None = None, source
         starting_offsets=str(src.get("starting_offsets", "earliest")),
         max_offsets_per_trigger=typed("source", "max_offsets_per_trigger", int, 1000),
         source_options=_str_map(src.get("options"), "source.options"),
+        kafka_config=str(src.get("kafka_config") or os.environ.get(CONFIG_ENV, "")),
         # a pipeline writing to Kafka takes no Postgres from the environment (one in the file is refused)
         dsn=str(snk.get("dsn") or ("" if to_kafka else os.environ.get("EOS_POSTGRES_DSN", ""))),
         table=str(snk.get("table", "")),

@@ -13,7 +13,7 @@ def kafka_stream(spark: Any, cfg: PipelineConfig) -> Any:
     """``spark.readStream.format("kafka-eos")`` on ``cfg.topic`` (read_committed, failOnDataLoss)."""
     reader = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", cfg.bootstrap)
+        .options(**cfg.kafka_options)
         .option("subscribe", cfg.topic)
         .option("startingOffsets", cfg.starting_offsets)
         .option("failOnDataLoss", "true")

@@ -67,15 +67,21 @@ class Log:
             self._line_open = False
 
 
-def kafka_lag(bootstrap: str, end_offsets: str | dict[str, Any] | None) -> int | None:
-    """Records in Kafka beyond the batch's end offsets (``{"topic": {"0": n}}``); None if unknown."""
+def kafka_lag(bootstrap: str, end_offsets: str | dict[str, Any] | None, kafka_config: str = "") -> int | None:
+    """Records in Kafka beyond the batch's end offsets (``{"topic": {"0": n}}``); None if unknown.
+    ``kafka_config``: the cluster's client properties (default: those ``EOS_KAFKA_CONFIG`` names)."""
     if not end_offsets:
         return None
     ends = json.loads(end_offsets) if isinstance(end_offsets, str) else end_offsets
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
-        {**client_settings(), "bootstrap.servers": bootstrap, "group.id": "spark-eos-lag", "enable.auto.commit": False}
+        {
+            **client_settings(kafka_config or None),
+            "bootstrap.servers": bootstrap,
+            "group.id": "spark-eos-lag",
+            "enable.auto.commit": False,
+        }
     )
     try:
         lag = 0
@@ -127,7 +133,7 @@ def _watch(query: Any, cfg: PipelineConfig, log: Log, on_batch: Callable[[], Non
             rows=rows,
             rows_per_s=float(progress.get("processedRowsPerSecond") or 0.0),
             duration_ms=(progress.get("durationMs") or {}).get("triggerExecution", 0),
-            kafka_lag=kafka_lag(cfg.bootstrap, sources[0].get("endOffset")),
+            kafka_lag=kafka_lag(cfg.bootstrap, sources[0].get("endOffset"), cfg.kafka_config),
             prepared=prepared_pending(cfg.dsn, cfg.effective_sink_id) if cfg.pipeline == "ledger" else "-",
             committed_rows=committed,
         )

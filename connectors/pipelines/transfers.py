@@ -54,7 +54,7 @@ def sink_options(cfg: PipelineConfig) -> dict[str, str]:
     """The ``kafka-eos`` sink's options: the source's cluster, the sink id, the markers on the output topic;
     ``sink.options`` on top (it may not set ``topic``: each row names its own)."""
     return {
-        "kafka.bootstrap.servers": cfg.bootstrap,
+        **cfg.kafka_options,
         "sink.id": cfg.effective_sink_id,
         "marker.topic": cfg.sink_topic,
         **cfg.sink_options,
@@ -107,10 +107,7 @@ def prepare(cfg: PipelineConfig, *, timeout: float = 30.0) -> None:
     from eos_core.kafka_config import client_config
     from sinks.kafka.client import KafkaLookups
 
-    kafka = {
-        "kafka.bootstrap.servers": cfg.bootstrap,
-        **{k: v for k, v in cfg.sink_options.items() if k.startswith("kafka.")},
-    }
+    kafka = {**cfg.kafka_options, **{k: v for k, v in cfg.sink_options.items() if k.startswith("kafka.")}}
     lookups = KafkaLookups(
         client_config(kafka, role="producer", context=cfg.pipeline), timeout=timeout, context=cfg.pipeline
     )
