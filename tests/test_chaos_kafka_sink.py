@@ -374,3 +374,35 @@ def test_the_topic_checker_holds_the_sink_to_the_visibility_the_run_names(monkey
     assert not bad.ok and "give it .option('visibility', job.visibility)" in bad.summary, bad.summary
     assert not _topic_report(monkeypatch, [], visibility="batch").get("end.visibility").ok  # no marker at all
     assert "end.visibility" not in [c.name for c in _topic_report(monkeypatch, ["batch"]).checks]
+
+
+def test_the_job_runs_with_its_own_kafka_config_else_the_toolkits_and_none_on_a_broker_of_its_own(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secured cluster: the job's kafka.* options carry --app-kafka-config's settings (its own principal),
+    else the toolkit's own file (EOS_KAFKA_CONFIG); a broker the run starts itself is plaintext."""
+    app_props, toolkit_props = tmp_path / "app.properties", tmp_path / "admin.properties"
+    app_props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n")
+    toolkit_props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\n")
+    monkeypatch.setenv("EOS_KAFKA_CONFIG", str(toolkit_props))
+    cfg = _prepare("2pc", dsn="dbname=x", app_kafka_config=str(app_props))
+    argv = chaos.runs.runner_argv(cfg, _state(cfg=cfg), "t", "/tmp/w/checkpoint", "available-now")
+    args = app_runner.build_parser().parse_args(argv[argv.index("--app") :])
+    job = app_runner.Job(args.bootstrap, args.topic, args.dsn, args.table, kafka_config=args.kafka_config)
+    assert job.kafka_options == {
+        "kafka.bootstrap.servers": "127.0.0.1:9",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+    }
+    assert f"--app-kafka-config {app_props}" in chaos.reproduce_command(cfg, None)
+    toolkit = _cfg("2pc")
+    assert _flag(chaos.runs.runner_argv(toolkit, _state(), "t", "/c", "available-now"), "--kafka-config") == str(
+        toolkit_props
+    )
+    own = _cfg("2pc", bootstrap="")  # the faults need a broker of the run's own (kit.FaultKit)
+    assert "--kafka-config" not in chaos.runs.runner_argv(own, _state(cfg=own), "t", "/c", "available-now")
+    monkeypatch.delenv("EOS_KAFKA_CONFIG")
+    assert "--kafka-config" not in chaos.runs.runner_argv(_cfg("2pc"), _state(), "t", "/c", "available-now")
+    assert app_runner.Job("b:1", "t", "", "x").kafka_options == {"kafka.bootstrap.servers": "b:1"}
+    with pytest.raises(ConfigError, match="--app-kafka-config: Kafka client properties"):
+        _prepare("2pc", dsn="dbname=x", app_kafka_config=str(tmp_path / "missing.properties"))

@@ -193,9 +193,7 @@ def test_transfers_config_takes_a_topic_and_no_postgres() -> None:
     assert parse_config(GOOD).dead_letter_topic is None  # the Postgres pipelines have tables
 
 
-def test_kafka_config_secures_the_source_and_the_kafka_sink(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kafka_config_secures_the_source_and_the_kafka_sink(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """source.kafka_config (else EOS_KAFKA_CONFIG, which `spark-eos run --kafka-config` sets) is the cluster's
     security for every Kafka client of a pipeline; source.options / sink.options given beside it win."""
     from connectors.pipelines import transfers

@@ -1,8 +1,8 @@
 """Run a user's streaming job under the chaos toolkit: one process, one query, killed from outside.
 
     python -m connectors.toolkit.app_runner --app mymodule:build --bootstrap HOST:PORT --topic T --dsn URL \
-        --table TBL --checkpoint DIR [--trigger available-now|processing:SECONDS] [--max-offsets N] \
-        [--out-topic T --visibility batch|partition]
+        --table TBL --checkpoint DIR [--kafka-config FILE] [--trigger available-now|processing:SECONDS] \
+        [--max-offsets N] [--out-topic T --visibility batch|partition]
 
 The user's module names a function that builds the query, not started::
 
@@ -10,11 +10,15 @@ The user's module names a function that builds the query, not started::
 
     def build(spark, job: Job):
         return (spark.readStream.format("kafka-eos")
-                .option("kafka.bootstrap.servers", job.bootstrap).option("subscribe", job.topic)
+                .options(**job.kafka_options).option("subscribe", job.topic)
                 .option("maxOffsetsPerTrigger", job.max_offsets).load()
                 ...                                   # the job's own transformation
                 .writeStream.format("postgres-2pc").option("dsn", job.dsn)
                 .option("table", job.table).option("sink.id", job.sink_id))
+
+``job.kafka_options`` are the ``kafka.*`` options of the run's cluster: ``kafka.bootstrap.servers`` and, on a
+secured cluster, the settings of ``--kafka-config`` (``spark-eos chaos --app-kafka-config``, else its
+``--kafka-config``): give them to every ``kafka-eos`` source and sink of the job.
 
 The runner sets ``checkpointLocation`` and the trigger (the chaos run needs both: it restarts the
 query from the checkpoint after each kill and drains the topic with ``availableNow`` at the end).
@@ -35,7 +39,7 @@ unless the run names a Postgres::
     def build(spark, job: Job):
         return (spark.readStream.format("kafka-eos")...load()
                 ...
-                .writeStream.format("kafka-eos").option("kafka.bootstrap.servers", job.bootstrap)
+                .writeStream.format("kafka-eos").options(**job.kafka_options)
                 .option("topic", job.out_topic).option("sink.id", job.sink_id)
                 .option("visibility", job.visibility))
 
@@ -100,6 +104,15 @@ class Job:
     checkpoint: str = ""  # the query's checkpoint location (connectors.twopc_batch needs it as checkpointLocation)
     out_topic_name: str = ""  # a kafka-eos sink job's topic, made by the run (out_topic_of(table)); see out_topic
     visibility: str = "batch"  # a kafka-eos sink job: the sink's visibility the run's --sink-kind names
+    kafka_config: str = ""  # the job's Kafka client properties (--kafka-config), "" on a plaintext cluster
+
+    @property
+    def kafka_options(self) -> dict[str, str]:
+        """The ``kafka.*`` options of the run's cluster: its bootstrap and the ``--kafka-config`` settings."""
+        from eos_core.kafka_config import read_properties
+
+        settings = read_properties(self.kafka_config) if self.kafka_config else {}
+        return {"kafka.bootstrap.servers": self.bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
 
     @property
     def out_topic(self) -> str:
@@ -158,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m connectors.toolkit.app_runner", description=__doc__.split("\n")[0])
     p.add_argument("--app", required=True, help="module:function that builds the query (not started)")
     p.add_argument("--bootstrap", required=True)
+    p.add_argument("--kafka-config", default="", help="the job's Kafka client properties (job.kafka_options)")
     p.add_argument("--topic", required=True)
     p.add_argument("--dsn", default="", help="Postgres (none for a job that writes only to Kafka)")
     p.add_argument("--table", required=True)
@@ -447,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         args.checkpoint,
         args.out_topic,
         args.visibility,
+        args.kafka_config,
     )
     build, setup = load_app(args.app)
 

@@ -70,7 +70,7 @@ def build(spark: Any, job: Job) -> Any:
 
     raw = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", job.bootstrap)
+        .options(**job.kafka_options)
         .option("subscribe", job.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", job.max_offsets)

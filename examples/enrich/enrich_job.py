@@ -53,7 +53,7 @@ def build(spark: Any, job: Job) -> Any:
     customers = spark.read.csv(CUSTOMERS, header=True, schema="customer_id string, region string, tier string")
     raw = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", job.bootstrap)
+        .options(**job.kafka_options)
         .option("subscribe", job.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", job.max_offsets)

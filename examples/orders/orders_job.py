@@ -42,7 +42,7 @@ def build(spark: Any, job: Job) -> Any:
 
     orders = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", job.bootstrap)
+        .options(**job.kafka_options)
         .option("subscribe", job.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", job.max_offsets)

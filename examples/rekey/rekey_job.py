@@ -49,7 +49,7 @@ def build(spark: Any, job: Job) -> Any:
 
     raw = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", job.bootstrap)
+        .options(**job.kafka_options)
         .option("subscribe", job.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", job.max_offsets)
@@ -80,7 +80,7 @@ def build(spark: Any, job: Job) -> Any:
     )
     return (
         out.writeStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", job.bootstrap)
+        .options(**job.kafka_options)
         .option("topic", job.out_topic)
         .option("sink.id", job.sink_id)
         .option("visibility", job.visibility)

@@ -160,6 +160,13 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
         help="Kafka (default: EOS_KAFKA_BOOTSTRAP, else embedded)",
     )
     p.add_argument(
+        "--app-kafka-config",
+        default=None,
+        metavar="FILE",
+        help="the job's Kafka client properties, when it runs as another principal than the toolkit's own clients "
+        "(default: --kafka-config's file)",
+    )
+    p.add_argument(
         "--dsn", default=os.environ.get("EOS_POSTGRES_DSN"), help="Postgres (default: EOS_POSTGRES_DSN, else embedded)"
     )
     p.add_argument("--workdir", default=None, help="checkpoint, logs and fault log (default: a temp dir)")
@@ -187,6 +194,7 @@ def _command(args: argparse.Namespace) -> int:
             faults=args.faults,
             bootstrap=args.bootstrap,
             kafka_named=named_by(args.bootstrap, "EOS_KAFKA_BOOTSTRAP", "--bootstrap"),
+            app_kafka_config=args.app_kafka_config,
             dsn=args.dsn,
             postgres_named=named_by(args.dsn, "EOS_POSTGRES_DSN", "--dsn"),
             workdir=args.workdir or tempfile.mkdtemp(prefix="eos-chaos-"),

@@ -36,6 +36,9 @@ class ChaosConfig:
     bootstrap: str
     dsn: str
     workdir: str
+    # the job's Kafka client properties (its principal's); None: those of the toolkit's own clients
+    # (EOS_KAFKA_CONFIG, --kafka-config), none on a broker of the run's own
+    app_kafka_config: str | None = None
     partitions: int = 2
     max_offsets: int = 1000
     master: str = "local[2,2]"

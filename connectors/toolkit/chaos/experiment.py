@@ -245,6 +245,8 @@ def reproduce_command(cfg: ChaosConfig, kills: Sequence[int] | None) -> str:
         argv += ["--payload", ",".join(cfg.payload_fields)]
     if cfg.dead_letters:
         argv += ["--dead-letters", cfg.dead_letters]
+    if cfg.app_kafka_config:
+        argv += ["--app-kafka-config", cfg.app_kafka_config]
     argv += [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
     return shlex.join(argv)
 

@@ -38,6 +38,7 @@ CLI_NAMES: dict[str, str] = {
     "partitions": "--partitions",
     "max_offsets": "--max-offsets",
     "bootstrap": "--bootstrap",
+    "app_kafka_config": "--app-kafka-config",
     "dsn": "--dsn",
     "dead_letters": "--dead-letters",
     "generator": "--generator",
@@ -92,6 +93,7 @@ class Asked:
     faults: str | Mapping[str, int] | None = None
     bootstrap: str | None = None
     kafka_named: str | None = None
+    app_kafka_config: str | None = None
     dsn: str | None = None
     postgres_named: str | None = None
     options: Mapping[str, str] | None = None
@@ -141,6 +143,7 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
         raise ConfigError(
             f"{n['report_dir']} {a.report_dir!r}: a file is there; name a directory (it is created if missing)"
         )
+    _check_kafka_config(n, a.app_kafka_config)
     bootstrap, dsn, pg_service = a.bootstrap, a.dsn, None
     if "own-broker" in kinds.needed(weights):
         bootstrap = ""  # the run starts a broker of its own (kit.FaultKit)
@@ -185,6 +188,17 @@ def _check_faults(n: Mapping[str, str], a: Asked) -> dict[str, int]:
     )
     kinds.refuse(weights, setup)
     return weights
+
+
+def _check_kafka_config(names: Mapping[str, str], path: str | None) -> None:
+    """The job's Kafka client properties must be a file it can read (the runs would each fail on it)."""
+    from eos_core.kafka_config import read_properties
+
+    if path:
+        try:
+            read_properties(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{names['app_kafka_config']}: {exc}") from None
 
 
 def _check_numbers(names: Mapping[str, str], **values: int) -> None:

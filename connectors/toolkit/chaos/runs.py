@@ -117,6 +117,9 @@ def runner_argv(
     common = ["--bootstrap", state.bootstrap, "--topic", topic, "--dsn", dsn_arg, "--table", table]
     common += ["--checkpoint", checkpoint, "--max-offsets", str(cfg.max_offsets), "--trigger", trigger]
     common += ["--master", master, "--timeout", str(timeout or cfg.timeout)]
+    kafka_config = job_kafka_config(cfg)
+    if kafka_config:
+        common += ["--kafka-config", kafka_config]
     if not cfg.app:
         return python_argv("integration.harness.runner", "--sink", cfg.pipeline, *common, "--sink-id", table, *confs)
     options = [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
@@ -124,6 +127,16 @@ def runner_argv(
     if cfg.kafka_sink:
         options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
     return python_argv("connectors.toolkit.app_runner", "--app", cfg.app, *common, *options, *confs)
+
+
+def job_kafka_config(cfg: ChaosConfig) -> str | None:
+    """The Kafka client properties the job runs with: ``--app-kafka-config``, else the toolkit's own
+    (``EOS_KAFKA_CONFIG``); none on a broker of the run's own (``cfg.bootstrap`` empty), which is plaintext."""
+    from eos_core.kafka_config import CONFIG_ENV
+
+    if not cfg.bootstrap:
+        return None
+    return cfg.app_kafka_config or os.environ.get(CONFIG_ENV) or None
 
 
 def started(proc: PipelineProcess) -> bool:
