@@ -18,6 +18,7 @@ __all__ = [
     "__version__",
     "error_cause",
     "kafka_batch",
+    "kafka_options",
     "postgres_options",
     "query_error",
     "redact_secrets",
@@ -105,6 +106,16 @@ def postgres_options(dsn: str) -> dict[str, str]:
     from sinks.postgres.connection import postgres_options as split
 
     return split(dsn)
+
+
+def kafka_options(bootstrap: str, config: str | None = None) -> dict[str, str]:
+    """The ``kafka.*`` options of a secured cluster from a Java client properties file (``config``, else the
+    file ``EOS_KAFKA_CONFIG`` names, e.g. ``spark-eos services env``'s; else only the bootstrap):
+    ``.options(**connectors.kafka_options(os.environ["EOS_KAFKA_BOOTSTRAP"]))``. Spark hides the secrets
+    among them (``kafka.sasl.jaas.config``, passwords, PEM keys) once ``register`` ran."""
+    from eos_core.kafka_config import kafka_options as options
+
+    return options(bootstrap, config)
 
 
 def upsert_batch(**options: Any) -> Any:

@@ -311,6 +311,14 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(1)), text)
 
 
+def kafka_options(bootstrap: str, path: str | None = None) -> dict[str, str]:
+    """The ``kafka.*`` options of a kafka-eos source or sink on a cluster: ``kafka.bootstrap.servers`` and the
+    settings of a Java client properties file (``path``, else the file ``EOS_KAFKA_CONFIG`` names, else none)."""
+    named = path or os.environ.get(CONFIG_ENV)
+    settings = read_properties(named) if named else {}
+    return {"kafka.bootstrap.servers": bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
+
+
 def client_settings(path: str | None = None, *, context: str = "spark-eos") -> dict[str, str]:
     """librdkafka's settings (security and connection ones) from a Java client properties file: ``path``,
     else the file ``EOS_KAFKA_CONFIG`` names, else none ({}). Java names are mapped as the connectors map

@@ -7,10 +7,12 @@ lines, parsed from the README):
     eval "$(spark-eos services env)"
     python examples/quickstart.py --produce 1000
 
-It reads its addresses from ``EOS_KAFKA_BOOTSTRAP`` and ``EOS_POSTGRES_DSN`` (what ``spark-eos
-services env`` exports; set them to your own Kafka and Postgres instead), keeps the password out of
-the ``dsn`` option (``connectors.postgres_options`` moves it to the ``password`` option, which Spark
-hides in every plan; libpq's ``PGPASSWORD`` or a passfile work too), runs the query with an
+It reads its addresses from ``EOS_KAFKA_BOOTSTRAP`` and ``EOS_POSTGRES_DSN``, and the Kafka cluster's
+security settings from the Java client properties file ``EOS_KAFKA_CONFIG`` names (what ``spark-eos
+services env`` exports for the embedded SASL_SSL broker and TLS Postgres; set them to your own Kafka and
+Postgres instead), keeps the password out of the ``dsn`` option (``connectors.postgres_options`` moves one
+to the ``password`` option, which Spark hides in every plan; libpq's passfile, which ``services env``
+exports as ``PGPASSFILE``, or ``PGPASSWORD`` keep it out of the DSN altogether), runs the query with an
 available-now trigger and blocks until it has drained the topic. Run it again after producing more:
 the query resumes from its checkpoint and writes only the new records.
 """
@@ -29,14 +31,17 @@ def produce(bootstrap: str, topic: str, count: int, partitions: int = 2) -> None
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from eos_core.kafka_config import client_settings
+
+    cluster = {"bootstrap.servers": bootstrap, **client_settings()}  # EOS_KAFKA_CONFIG's security settings
+    admin = AdminClient(cluster)
     if topic not in admin.list_topics(timeout=15).topics:
         admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(15)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "quickstart-count"})
+    consumer = Consumer({**cluster, "group.id": "quickstart-count"})
     meta = consumer.list_topics(topic, timeout=15).topics[topic]
     first = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in meta.partitions)
     consumer.close()
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer = Producer({**cluster, "enable.idempotence": True})
     for i in range(first, first + count):
         account = f"acct-{i % 10}"
         payment = {"id": i, "account": account, "amount": (i * 37) % 1000}
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     payment = F.from_json(F.col("value").cast("string"), "id long, account string, amount long")
     events = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**connectors.kafka_options(bootstrap))  # + EOS_KAFKA_CONFIG's settings, hidden in plans
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", 50_000)

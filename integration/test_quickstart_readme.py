@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eos_core.kafka_config import client_settings
+
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = 1000
 
@@ -78,7 +80,10 @@ def test_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
         assert [r[0] for r in rows] == list(range(RECORDS))
         assert all(r[1] == f"acct-{r[0] % 10}" and r[2] == (r[0] * 37) % 1000 for r in rows), rows[:5]
         # ... from every position of the topic once: the broker showed each partition up to its end
-        consumer = Consumer({"bootstrap.servers": services["kafka"]["bootstrap"], "group.id": "quickstart-test"})
+        kafka = services["kafka"]  # secured by default: the admin's settings the services recorded
+        assert kafka["security"] == "sasl_ssl"
+        settings = client_settings(kafka["client_config"])
+        consumer = Consumer({"bootstrap.servers": kafka["bootstrap"], **settings, "group.id": "quickstart-test"})
         try:
             ends = {p: consumer.get_watermark_offsets(TopicPartition("payments", p), timeout=15)[1] for p in (0, 1)}
         finally:

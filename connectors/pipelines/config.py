@@ -62,7 +62,7 @@ from typing import Any
 from connectors.pipelines.restart import parse_strategy
 from eos_core.conninfo import redact_dsn
 from eos_core.errors import ConfigError
-from eos_core.kafka_config import CONFIG_ENV, read_properties, redact_options
+from eos_core.kafka_config import CONFIG_ENV, kafka_options, redact_options
 from eos_core.options import parse_duration
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "load_config", "parse_config", "parse_trigger"]
@@ -171,11 +171,12 @@ class PipelineConfig:
     def kafka_options(self) -> dict[str, str]:
         """The ``kafka.*`` options of the pipeline's source and Kafka sink: the bootstrap and ``kafka_config``'s
         settings (``source.options`` / ``sink.options`` given beside them win)."""
+        if not self.kafka_config:
+            return {"kafka.bootstrap.servers": self.bootstrap}
         try:
-            settings = read_properties(self.kafka_config) if self.kafka_config else {}
+            return kafka_options(self.bootstrap, self.kafka_config)
         except ConfigError as exc:
             raise ConfigError(f"config: 'source.kafka_config': {exc}", option="source.kafka_config") from None
-        return {"kafka.bootstrap.servers": self.bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
 
     def _check_topics(self) -> None:
         """transfers: the output and dead-letter topics are Kafka topic names, distinct from each other and

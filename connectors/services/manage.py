@@ -1,4 +1,10 @@
-"""``spark-eos services up|down|status|env``: keep embedded Kafka and Postgres running for manual use."""
+"""``spark-eos services up|down|status|env``: keep embedded Kafka and Postgres running for manual use.
+
+Both are secured as users deploy them: Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512, a CA of its own,
+ACLs enforced; ``--kafka-security plaintext`` or ``EOS_KAFKA_SECURITY=plaintext`` for none) and Postgres with
+TLS and scram-sha-256. ``env`` exports what a client needs: the bootstrap and ``EOS_KAFKA_CONFIG`` (the
+admin's client properties), a DSN that verifies the server's certificate and ``PGPASSFILE`` (a passfile
+beside the state: no password in the DSN, the environment or ``ps``)."""
 
 from __future__ import annotations
 
@@ -111,11 +117,14 @@ def up(
     kafka_port: int | None = None,
     postgres_port: int | None = None,
     kafka_broker: str | None = None,
+    kafka_security: str | None = None,
     out: Any = None,
 ) -> dict[str, Any]:
     """Start the embedded services that are not running yet, detached from this process; return the state.
 
-    ``kafka_broker`` is ``apache`` or ``tansu`` (default: ``EOS_KAFKA_EMBEDDED``, else apache).
+    ``kafka_broker`` is ``apache`` or ``tansu`` (default: ``EOS_KAFKA_EMBEDDED``, else apache);
+    ``kafka_security`` ``sasl_ssl`` or ``plaintext`` (default: ``EOS_KAFKA_SECURITY``, else sasl_ssl for
+    Apache Kafka; tansu has no SASL_SSL listener).
     """
     from connectors.services import embedded_kafka_kind
     from connectors.services.embedded_postgres import EmbeddedPostgres
@@ -131,7 +140,7 @@ def up(
                 print(f"kafka     already up (pid {entry['pid']})", file=out)
             else:
                 broker = embedded_kafka_kind({"EOS_KAFKA_EMBEDDED": kafka_broker} if kafka_broker else None)
-                state["kafka"] = _start_kafka(broker, kafka_port, started)
+                state["kafka"] = _start_kafka(broker, kafka_port, started, _kafka_security(broker, kafka_security))
         if postgres:
             entry = state.get("postgres")
             if entry and _is_ours(entry):
@@ -151,6 +160,7 @@ def up(
                     "log": str(p.log_path),
                     "run_as": p.run_as.user if p.run_as else None,
                     "start_seconds": round(p.start_seconds, 2),
+                    "passfile": str(_write_passfile(path.parent, p.dsn)),
                 }
     except BaseException:
         for service in started:  # never leave half of an "up" running without a record of it
@@ -162,7 +172,37 @@ def up(
     return state
 
 
-def _start_kafka(broker: str, port: int | None, started: list[Any]) -> dict[str, Any]:
+def _kafka_security(broker: str, asked: str | None) -> str:
+    from connectors.services import KAFKA_SECURITY_ENV, embedded_kafka_security
+
+    security = asked or (embedded_kafka_security() if os.environ.get(KAFKA_SECURITY_ENV) else "sasl_ssl")
+    if broker == "tansu":
+        if asked == "sasl_ssl":
+            raise ServiceError("tansu has no SASL_SSL listener: use the apache broker, or --kafka-security plaintext")
+        return "plaintext"
+    return security
+
+
+def _write_passfile(directory: Path, dsn: str) -> Path:
+    """libpq's passfile (mode 0600) for ``dsn``'s host, port and user: ``env`` exports ``PGPASSFILE`` and a DSN
+    without the password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(dsn)
+
+    def field(value: object) -> str:
+        return str(value).replace("\\", "\\\\").replace(":", "\\:")
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "pgpass"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(":".join(field(parts[k]) for k in ("host", "port")) + ":*:")
+        f.write(":".join(field(parts[k]) for k in ("user", "password")) + "\n")
+    return path
+
+
+def _start_kafka(broker: str, port: int | None, started: list[Any], security: str = "plaintext") -> dict[str, Any]:
     """Start a detached embedded broker (appended to ``started`` at once) and return its state entry."""
     if broker == "tansu":
         from connectors.services.embedded_kafka import EmbeddedKafka
@@ -181,9 +221,12 @@ def _start_kafka(broker: str, port: int | None, started: list[Any]) -> dict[str,
         }
     from connectors.services.apache_kafka import ApacheKafka
 
-    a = ApacheKafka(port=port, detached=True)
+    a = ApacheKafka(port=port, detached=True, security=security)
     started.append(a)
+    properties = a.client_properties()
     return {
+        "security": security,
+        "client_config": str(properties) if properties else None,
         "kind": "embedded",
         "broker": "apache",
         "version": a.version,
@@ -204,7 +247,8 @@ def _print_state(state: dict[str, Any], out: Any) -> None:
     if "kafka" in state:
         k = state["kafka"]
         if k.get("broker") == "apache":
-            what = f"Apache Kafka {k.get('version')}, data {k.get('data_dir')}"
+            secured = ", SASL_SSL + ACLs" if k.get("security") == "sasl_ssl" else ", plaintext"
+            what = f"Apache Kafka {k.get('version')}{secured}, data {k.get('data_dir')}"
         else:
             what = "tansu, memory storage: data is lost on stop"
         print(f"kafka     bootstrap {k['bootstrap']}   ({what})   pid {k['pid']}", file=out)
@@ -287,11 +331,22 @@ def status(*, state_dir: str | None = None, out: Any = None) -> dict[str, bool]:
 def _env_lines(state: dict[str, Any], path: Path | None = None) -> list[str]:
     import shlex
 
+    from eos_core.kafka_config import CONFIG_ENV
+    from sinks.postgres.connection import postgres_options
+
     lines = []
     if "kafka" in state:
         lines.append(f"export EOS_KAFKA_BOOTSTRAP={shlex.quote(state['kafka']['bootstrap'])}")
+        if state["kafka"].get("client_config"):  # the admin's client properties: SASL_SSL and the CA
+            lines.append(f"export {CONFIG_ENV}={shlex.quote(state['kafka']['client_config'])}")
     if "postgres" in state:
-        lines.append(f"export EOS_POSTGRES_DSN={shlex.quote(state['postgres']['dsn'])}")
+        pg = state["postgres"]
+        if pg.get("passfile"):  # the password stays in a 0600 file libpq reads, out of the DSN and ps
+            dsn = postgres_options(pg["dsn"], option="dsn")["dsn"]
+            lines.append(f"export EOS_POSTGRES_DSN={shlex.quote(dsn)}")
+            lines.append(f"export PGPASSFILE={shlex.quote(pg['passfile'])}")
+        else:
+            lines.append(f"export EOS_POSTGRES_DSN={shlex.quote(pg['dsn'])}")
     if path is not None:  # later commands in this shell find the same state, whatever their directory
         lines.append(f"export {STATE_ENV}={shlex.quote(str(path.parent.resolve()))}")
     return lines
@@ -306,6 +361,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         kafka_port=args.kafka_port,
         postgres_port=args.postgres_port,
         kafka_broker=args.kafka_broker,
+        kafka_security=args.kafka_security,
     )
     return 0
 
@@ -350,6 +406,13 @@ def _add_commands(sub: Any) -> None:
         default=None,
         help="the embedded broker: Apache Kafka (jars from Maven Central) or tansu (default $EOS_KAFKA_EMBEDDED or apache)",
     )
+    p.add_argument(
+        "--kafka-security",
+        choices=("sasl_ssl", "plaintext"),
+        default=None,
+        help="Apache Kafka's listener: SASL_SSL with SCRAM-SHA-512 and ACLs (the default, or $EOS_KAFKA_SECURITY), "
+        "or plaintext",
+    )
     p.add_argument("--no-postgres", action="store_true", help="do not start Postgres")
     p.add_argument("--kafka-port", type=int, default=None, help="port for Kafka (default: a free one)")
     p.add_argument("--postgres-port", type=int, default=None, help="port for Postgres (default: a free one)")
@@ -361,7 +424,10 @@ def _add_commands(sub: Any) -> None:
         sub.add_parser("status", help="show whether the services started by 'up' run and answer (exit 3 if not)")
     ).set_defaults(func=_cmd_status)
     common(
-        sub.add_parser("env", help="print export lines for EOS_KAFKA_BOOTSTRAP and EOS_POSTGRES_DSN (with password)")
+        sub.add_parser(
+            "env",
+            help="print export lines: EOS_KAFKA_BOOTSTRAP, EOS_KAFKA_CONFIG (secured Kafka), EOS_POSTGRES_DSN, PGPASSFILE",
+        )
     ).set_defaults(func=_cmd_env)
 
 

@@ -109,10 +109,13 @@ class Job:
     @property
     def kafka_options(self) -> dict[str, str]:
         """The ``kafka.*`` options of the run's cluster: its bootstrap and the ``--kafka-config`` settings."""
-        from eos_core.kafka_config import read_properties
+        from eos_core.kafka_config import kafka_options
 
-        settings = read_properties(self.kafka_config) if self.kafka_config else {}
-        return {"kafka.bootstrap.servers": self.bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
+        return (
+            kafka_options(self.bootstrap, self.kafka_config)
+            if self.kafka_config
+            else {"kafka.bootstrap.servers": self.bootstrap}
+        )
 
     @property
     def out_topic(self) -> str:

@@ -174,10 +174,11 @@ def _parsed(spark: Any, args: argparse.Namespace) -> Any:
 
 def _kafka_options(args: argparse.Namespace) -> dict[str, str]:
     """The ``kafka.*`` options of the job's source and Kafka sink: the bootstrap and ``--kafka-config``'s settings."""
-    from eos_core.kafka_config import read_properties
+    from eos_core.kafka_config import kafka_options
 
-    settings = read_properties(args.kafka_config) if args.kafka_config else {}
-    return {"kafka.bootstrap.servers": args.bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
+    if not args.kafka_config:
+        return {"kafka.bootstrap.servers": args.bootstrap}
+    return kafka_options(args.bootstrap, args.kafka_config)
 
 
 def _broken_batch(dsn: str, table: str) -> Any:
