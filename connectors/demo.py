@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Kill", "fault_points", "main", "plan"]
@@ -142,15 +143,25 @@ def say(text: str) -> None:
 
 
 def _config(
-    path: str, name: str, bootstrap: str, topic: str, dsn: str, table: str, checkpoint: str, max_offsets: int
+    path: str,
+    name: str,
+    bootstrap: str,
+    topic: str,
+    dsn: str,
+    table: str,
+    checkpoint: str,
+    max_offsets: int,
+    kafka_config: str = "",
 ) -> None:
-    """The pipeline's TOML config; ``table`` is the output topic for transfers (which has no dsn)."""
+    """The pipeline's TOML config; ``table`` is the output topic for transfers (which has no dsn);
+    ``kafka_config``: the app principal's client properties on a secured Kafka."""
     sink = f'topic = "{table}"' if name == "transfers" else f'dsn = "{dsn}"\ntable = "{table}"'
     body = f"""# written by spark-eos demo
 pipeline = "{name}"
 
 [source]
 bootstrap = "{bootstrap}"
+kafka_config = "{kafka_config}"
 topic = "{topic}"
 max_offsets_per_trigger = {max_offsets}
 
@@ -249,16 +260,28 @@ def _drive(
         track.seconds = time.monotonic() - started
 
 
-def _services(stack: list[Any]) -> tuple[str, str, str]:
+def _services(stack: list[Any]) -> tuple[Any, str, str]:
+    """The services the demo runs on, secured as users deploy them when embedded: Apache Kafka with SASL_SSL
+    and ACLs (the demo's own clients as its admin, through ``EOS_KAFKA_CONFIG``; the pipelines as an app
+    principal, ``_app_principal``) and TLS Postgres with an app role. -> (kafka, dsn, what)."""
     from connectors import services
+    from eos_core.kafka_config import CONFIG_ENV
 
     t = time.monotonic()
-    kafka = services.kafka()
+    secured = {}
+    if services.choose("kafka") == "embedded" and services.embedded_kafka_kind() == "apache":
+        secured["security"] = os.environ.get(services.KAFKA_SECURITY_ENV) or "sasl_ssl"
+    kafka = services.kafka(**secured)
     stack.append(kafka)
+    properties = kafka.client_properties() if getattr(kafka, "secured", False) else None
+    if properties is not None:
+        os.environ[CONFIG_ENV] = str(properties)  # the demo's producer, topic admin and checkers: the admin
     pg = services.postgres()
     stack.append(pg)
     version = getattr(kafka, "version", None)  # the embedded Apache Kafka's
     broker = " (tansu)" if kafka.is_tansu else (f" (Apache Kafka {version})" if version else "")
+    if properties is not None:
+        broker += ", SASL_SSL + ACLs, the pipelines as an app principal"
     dsn, shown = pg.dsn, pg.dsn_redacted
     if pg.kind == "embedded" and pg.secured:
         from connectors.services.pg_security import owner_grants
@@ -271,7 +294,7 @@ def _services(stack: list[Any]) -> tuple[str, str, str]:
     what = (
         f"Kafka {kafka.kind}{broker} at {kafka.bootstrap}; Postgres {pg.kind} at {shown} ({time.monotonic() - t:.1f}s)"
     )
-    return kafka.bootstrap, dsn, what
+    return kafka, dsn, what
 
 
 def _row(label: str, value: Any, ok: bool | None = None) -> str:
@@ -306,14 +329,27 @@ def _fill_topic(args: argparse.Namespace, bootstrap: str, topic: str) -> tuple[l
     return events, poison
 
 
+def _app_principal(kafka: Any, workdir: str) -> tuple[Any, str]:
+    """On a secured Kafka, a principal for the pipelines holding no ACL yet, and its client properties file
+    (the pipelines' ``source.kafka_config``); (None, "") otherwise."""
+    if not getattr(kafka, "secured", False):
+        return None, ""
+    principal = kafka.add_principal(f"eos-demo-{os.getpid()}-{int(time.time())}", [])
+    return principal, str(principal.properties(Path(workdir) / "app.properties"))
+
+
 def _run_pipelines(
-    args: argparse.Namespace, workdir: str, bootstrap: str, topic: str, dsn: str, tables: dict[str, str], wall: float
+    args: argparse.Namespace, workdir: str, kafka: Any, topic: str, dsn: str, tables: dict[str, str], wall: float
 ) -> tuple[list[tuple[Track, str]], dict[str, list[Any]]]:
     """The pipelines side by side, each killed by its share of the schedule and drained at the end:
     ([(track, checkpoint)], schedule). ``tables``: each pipeline's table (transfers: output topic)."""
     from connectors import postgres_options
+    from connectors.pipelines import load_config
+    from connectors.pipelines.privileges import pipeline_acls
 
     schedule = plan(args.kills, args.seed, args.records)
+    principal, kafka_config = _app_principal(kafka, workdir)
+    acls = []
     tracks, threads = [], []
     # the pipelines' config (a file) names the server without the password: they get it from
     # PGPASSWORD, which libpq reads in every process, so no option, plan or command line holds it
@@ -323,7 +359,8 @@ def _run_pipelines(
         checkpoint = os.path.join(workdir, f"checkpoint-{name}")
         cfg_path = os.path.join(workdir, f"{name}.toml")
         max_offsets = batch_rows(args.records, len(schedule[name]))
-        _config(cfg_path, name, bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets)
+        _config(cfg_path, name, kafka.bootstrap, topic, connection["dsn"], table, checkpoint, max_offsets, kafka_config)
+        acls += pipeline_acls(load_config(cfg_path))
         track = Track(name)
         tracks.append((track, checkpoint))
         threads.append(
@@ -334,6 +371,8 @@ def _run_pipelines(
                 daemon=True,
             )
         )
+    if principal is not None:  # exactly what the pipelines declare, granted before any of them starts
+        kafka.grant(principal.name, acls)
     say(
         "[3/4] running ledger (postgres-2pc), balances (transformWithStateInPandas -> postgres-upsert) and transfers "
         "(kafka-eos sink, visibility=batch); kills: "
@@ -522,7 +561,8 @@ def main(args: argparse.Namespace) -> int:
     say(f"spark-eos demo: {args.records} payment events, {args.kills} kills, seed {args.seed}  (work dir {workdir})")
     stack: list[Any] = []
     try:
-        bootstrap, dsn, what = _services(stack)
+        kafka, dsn, what = _services(stack)
+        bootstrap = kafka.bootstrap
         say(f"[1/4] services: {what}")
         tag = f"demo_{args.seed}_{int(time.time())}"
         topic, ledger_table, balances_table = f"payments_{tag}", f"ledger_{tag}", f"balances_{tag}"
@@ -533,7 +573,7 @@ def main(args: argparse.Namespace) -> int:
             "topic)"
         )
         tables = {"ledger": ledger_table, "transfers": f"transfers_{tag}", "balances": balances_table}
-        tracks, schedule = _run_pipelines(args, workdir, bootstrap, topic, dsn, tables, wall)
+        tracks, schedule = _run_pipelines(args, workdir, kafka, topic, dsn, tables, wall)
         say("[4/4] checking exactly-once")
         ckpt = {track.name: path for track, path in tracks}
         rep_l = checker.verify(

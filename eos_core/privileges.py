@@ -21,6 +21,7 @@ __all__ = [
     "acl_held",
     "acl_table",
     "describe_missing",
+    "distinct",
     "grant_command",
     "grant_table",
 ]
@@ -78,6 +79,14 @@ class PgGrant:
         return f"{self.privilege} on {where}" + (
             f", while {self.unless[0]} {self.unless[1]} does not exist" if self.unless else ""
         )
+
+
+def distinct(acls: Iterable[KafkaAcl]) -> list[KafkaAcl]:
+    """``acls`` each once (one ``why`` of those alike kept: Kafka refuses a request binding an ACL twice)."""
+    seen: dict[tuple[str, str, str, bool], KafkaAcl] = {}
+    for acl in acls:
+        seen.setdefault((acl.resource, acl.name, acl.operation, acl.prefixed), acl)
+    return list(seen.values())
 
 
 def acl_command(acl: KafkaAcl, principal: str, bootstrap: str = "<bootstrap>") -> str:

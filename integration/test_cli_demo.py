@@ -14,13 +14,11 @@ from eos_core import faults
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
 
-def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_path) -> None:
-    env = dict(
-        os.environ,
-        EOS_KAFKA_BOOTSTRAP=kafka_service.bootstrap,
-        EOS_POSTGRES_DSN=postgres_service.dsn,
-        SPARK_LOCAL_IP="127.0.0.1",
-    )
+def test_demo_kills_restarts_and_verifies(tmp_path) -> None:
+    # make demo's services: embedded and secured (SASL_SSL with ACLs, the pipelines as an app principal granted
+    # what they declare; TLS Postgres, an app role), whatever the session's brokers are
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EOS_KAFKA", "EOS_POSTGRES"))}
+    env.update(EOS_SERVICES="embedded", SPARK_LOCAL_IP="127.0.0.1")
     # 3 kills, dealt round-robin: ledger a SIGKILL, transfers a fault point of the Kafka sink, balances a SIGKILL
     out = subprocess.run(
         [
@@ -43,8 +41,11 @@ def test_demo_kills_restarts_and_verifies(kafka_service, postgres_service, tmp_p
         timeout=1500,
         env=env,
     )
+    assert "{\n" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads(out.stdout[out.stdout.index("{\n") :])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "SASL_SSL + ACLs, the pipelines as an app principal" in out.stdout, out.stdout[:2000]
+    assert "(an app role, not a superuser)" in out.stdout
     assert report["ok"] is True
     assert report["events"] == 400 and report["ledger_rows"] == 400
     assert report["duplicates"] == 0 and report["missing"] == 0 and report["balances_wrong"] == 0

@@ -656,3 +656,27 @@ def test_demo_deals_kills_round_robin_one_kill_and_one_fault_point_per_pipeline(
     assert points == set(demo.fault_points("transfers"))
     kill = demo.Kill("transfers", "fault-point", point="sink.publish.mid", skip=1)
     assert kill.spec(4) == "sink.publish.mid:batch=6:action=kill-group:once"
+
+
+def test_each_pipeline_declares_the_acls_of_its_principal() -> None:
+    """spark-eos run's pipelines grant from one declaration: the source's ACLs on source.topic, and for
+    transfers the kafka-eos sink's on the output and dead-letter topics (each row names one of them), plus
+    CREATE on both and DESCRIBE_CONFIGS on the source topic for prepare()."""
+    from connectors.pipelines.privileges import pipeline_acls
+    from sinks.kafka.privileges import ROW_TOPICS
+
+    ledger = {(a.resource, a.name, a.operation) for a in pipeline_acls(parse_config(GOOD))}
+    assert ("topic", "t", "READ") in ledger and all(name == "t" for _, name, _ in ledger), ledger
+    acls = pipeline_acls(parse_config(TRANSFERS))
+    held = {(a.resource, a.name, a.operation, a.prefixed) for a in acls}
+    assert len(held) == len(acls)  # each once
+    for topic in ("transfers", "transfers-dead-letters"):
+        for op in ("WRITE", "DESCRIBE_CONFIGS", "CREATE"):
+            assert ("topic", topic, op, False) in held, (topic, op)
+    assert ("topic", "transfers", "READ", False) in held  # the marker topic
+    assert ("topic", "payments", "READ", False) in held and ("topic", "payments", "DESCRIBE_CONFIGS", False) in held
+    assert ("transactional_id", "spark-eos:transfers:", "WRITE", True) in held
+    assert not any(ROW_TOPICS in a.name for a in acls)
+    sized = pipeline_acls(parse_config({**TRANSFERS, "transfers": {"partitions": 3, "malformed": "fail"}}))
+    assert ("topic", "payments", "DESCRIBE_CONFIGS") not in {(a.resource, a.name, a.operation) for a in sized}
+    assert "transfers-dead-letters" not in {a.name for a in sized}

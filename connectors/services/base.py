@@ -89,10 +89,11 @@ class KafkaService:
             future.result(30)
 
     def grant(self, name: str, acls: Iterable[KafkaAcl]) -> None:
-        """Add ``acls`` (allow) for ``User:<name>``."""
+        """Add ``acls`` (allow) for ``User:<name>``; one alike another is added once."""
         from connectors.services.kafka_security import binding
+        from eos_core.privileges import distinct
 
-        acls = list(acls)
+        acls = distinct(acls)
         bindings = [binding(name, acl) for acl in acls]
         if bindings:
             admin = self._admin()

@@ -14,7 +14,9 @@ from eos_core.privileges import KafkaAcl
 from sinks.kafka.markers import sink_names
 from sinks.kafka.options import KafkaSinkOptions
 
-__all__ = ["sink_acls", "staging_size"]
+__all__ = ["ROW_TOPICS", "sink_acls", "staging_size"]
+
+ROW_TOPICS = "<each topic the rows name>"  # the topic of sink_acls' row ACLs when no option names it
 
 STAGING_HEADER = 1024  # bytes a staged record may grow by (the staging header): the staging topic's headroom
 
@@ -29,7 +31,7 @@ def sink_acls(opts: KafkaSinkOptions) -> list[KafkaAcl]:
     """The ACLs of the sink's principal. Without option ``topic`` the rows name their topics: WRITE and
     DESCRIBE_CONFIGS on each of them (shown here for the marker topic, which is required then)."""
     names = sink_names(opts.sink_id)
-    topic = opts.topic or "<each topic the rows name>"
+    topic = opts.topic or ROW_TOPICS
     marker = opts.marker_topic or opts.topic or "<marker.topic>"
     acls = [
         KafkaAcl("topic", topic, "WRITE", why="write the rows (WRITE implies DESCRIBE)"),
