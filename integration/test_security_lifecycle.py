@@ -157,6 +157,31 @@ def test_a_scram_password_rotated_under_a_running_query_then_a_restart_with_the_
     _exactly_once(records, _out(secured_kafka, p))
 
 
+def test_a_broker_certificate_reissued_by_the_same_ca_under_a_running_query_changes_nothing(
+    secured_kafka: ApacheKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, item 6 on Kafka: the broker's listener takes a new certificate of the same CA while a Kafka ->
+    Kafka query runs as an app principal (a dynamic reconfiguration: open connections go on, new ones verify
+    the new certificate against the CA the clients trust); the query goes on and ends exactly once."""
+    p = _kafka_pipeline(secured_kafka, monkeypatch)
+    records = make_records(60, seed=49, prefix="kcert-")
+    produce_records(secured_kafka.bootstrap, p["src"], records[:30], partitions=2)
+    query = _start_kafka(spark, p, tmp_path / "cp")
+    try:
+        assert _wait(query, lambda: len(_out(secured_kafka, p)) >= 30, "the first 30 records"), _ended(query)
+        before = secured_kafka.certificate_serial()
+        secured_kafka.reissue_certificate()
+        assert secured_kafka.certificate_serial() != before, "the broker still presents its old certificate"
+        # a client that connects now verifies the new certificate (the action happened for new connections)
+        assert spark.read.format("kafka-eos").options(**p["app"].kafka_options(), subscribe=p["src"]).load().count()
+        produce_records(secured_kafka.bootstrap, p["src"], records[30:], partitions=2)
+        assert _wait(query, lambda: len(_out(secured_kafka, p)) >= 60, "the next 30 records"), _ended(query)
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    _exactly_once(records, _out(secured_kafka, p))
+
+
 def test_an_acl_revoked_mid_stream_fails_the_query_at_once_and_a_restart_after_the_grant_resumes_exactly_once(
     secured_kafka: ApacheKafka, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

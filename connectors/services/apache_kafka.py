@@ -670,6 +670,55 @@ class ApacheKafka(KafkaService):
         """The Java client's settings of ``client_config`` (a ``kafka.*`` option each, prefix left out)."""
         return {} if self.tls is None else self.tls.java_config()
 
+    def reissue_certificate(self, timeout: float = 30.0) -> None:
+        """A new server certificate of the same CA (same names), written over the listener's PEM key store and
+        taken up by a dynamic reconfiguration of the listener while the broker runs: open connections go on,
+        new ones see the new certificate (a rotation clients that trust the CA survive)."""
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]
+            AlterConfigOpType,
+            ConfigEntry,
+            ConfigResource,
+            ResourceType,
+        )
+
+        if self.tls is None:
+            raise ServiceError("reissue_certificate(): this embedded Kafka runs without TLS (security='plaintext')")
+        before = self.certificate_serial()
+        self.tls.cert = self.tls.ca.issue(self.tls.dir / "tls")
+        entry = ConfigEntry(
+            "listener.name.sasl_ssl.ssl.keystore.location",
+            str(self.tls.cert.chain),  # the same file, modified: Kafka loads it again
+            incremental_operation=AlterConfigOpType.SET,
+        )
+        resource = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[entry])
+        admin = self._admin()  # held until the answer: a client let go of ends its requests
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout)
+        # the listener's network threads take it up one by one a moment after the answer: done when a run of
+        # new connections all see the new certificate
+        deadline, seen_new = time.monotonic() + timeout, 0
+        while seen_new < 10:
+            seen_new = seen_new + 1 if self.certificate_serial() != before else 0
+            if time.monotonic() > deadline:
+                raise ServiceError(f"the broker at {self.bootstrap} still presents its old certificate after {timeout}s")
+            time.sleep(0.05 if seen_new else 0.2)
+
+    def certificate_serial(self) -> int:
+        """The serial number of the certificate the client listener presents now (a TLS handshake's)."""
+        import socket
+        import ssl
+
+        from cryptography import x509
+
+        if self.tls is None:
+            raise ServiceError("certificate_serial(): this embedded Kafka runs without TLS (security='plaintext')")
+        context = ssl.create_default_context(cafile=str(self.tls.cert.ca))
+        with socket.create_connection(("127.0.0.1", self.port), 10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return int(x509.load_der_x509_certificate(der).serial_number)
+
     def client_properties(self) -> Path | None:
         """A Java client properties file (mode 0600) of ``java_config`` for tools and ``EOS_KAFKA_CONFIG``
         (``spark-eos --kafka-config``); None without security."""
