@@ -85,7 +85,7 @@ def test_up_status_env_down(tmp_path: Path) -> None:
         stopped = _cli(state_dir, "down")
     assert stopped.returncode == 0 and stopped.stdout.count("stopped") == 2, stopped.stdout
     assert _proc.wait_until(lambda: not [p for p in pids if _proc.pid_alive(p)], 15)
-    assert not Path(pg["base"]).exists()
+    assert not Path(pg["base"]).exists() and not Path(passfile).exists()
     after = _cli(state_dir, "status")
     assert after.returncode == 3 and "no services recorded" in after.stdout
 

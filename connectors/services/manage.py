@@ -274,6 +274,8 @@ def _stop_entry(name: str, entry: dict[str, Any]) -> None:
             _proc.stop_group(None, pid, grace=10.0)
         if entry.get("base"):
             shutil.rmtree(entry["base"], ignore_errors=True)
+        if entry.get("passfile"):
+            Path(entry["passfile"]).unlink(missing_ok=True)
     elif entry.get("broker") == "apache":
         if _is_ours(entry):  # SIGTERM: Kafka's clean shutdown, which takes a few seconds
             from connectors.services.apache_kafka import STOP_GRACE
