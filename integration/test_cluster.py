@@ -47,7 +47,13 @@ def _config(path: Path, pipeline: str, kafka: Any, pg: Any, topic: str, table: s
         json.dumps(
             {  # JSON is YAML
                 "pipeline": pipeline,
-                "source": {"bootstrap": kafka.bootstrap, "topic": topic, "max_offsets_per_trigger": PER_TRIGGER},
+                "source": {
+                    "bootstrap": kafka.bootstrap,
+                    "topic": topic,
+                    "max_offsets_per_trigger": PER_TRIGGER,
+                    # the suite's app principal on a secured broker (granted what the pipeline declares)
+                    "kafka_config": getattr(kafka, "app_config", None) or "",
+                },
                 "sink": {"dsn": pg.dsn, "table": table, "options": {"faults": spec}},
                 "spark": {
                     "checkpoint": str(path.parent / "checkpoint"),
@@ -59,6 +65,10 @@ def _config(path: Path, pipeline: str, kafka: Any, pg: Any, topic: str, table: s
             }
         )
     )
+    from connectors.pipelines import load_config
+    from connectors.pipelines.privileges import pipeline_acls
+
+    getattr(kafka, "grant_acls", lambda acls: None)(pipeline_acls(load_config(str(path))))
     return path
 
 

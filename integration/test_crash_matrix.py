@@ -40,6 +40,7 @@ from connectors.toolkit.harness import (
     truncate_file,
     wait_until,
 )
+from eos_core.kafka_config import CONFIG_ENV, client_settings
 from integration.harness.matrix import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -105,9 +106,9 @@ def make_pipeline(kafka_service, postgres_service, grant_topic, tmp_path):
             options = (*options, "errors.tolerance=all", f"errors.table={name}_refused")
         bootstrap = bootstrap or kafka_service.bootstrap
         topic = topic or name
+        grant_topic(topic)  # before it exists too: a test may create it itself
         if produce:
             create_topic(bootstrap, topic, 2)
-            grant_topic(topic)
             recs = make_records(records, seed=len(name), prefix=f"{name}-")
             if aborted:  # F15: half the input in a committed transaction, then an aborted one
                 bad = [dict(r, id=r["id"] + "-aborted") for r in make_records(aborted, seed=15, prefix=f"{name}-")]
@@ -134,7 +135,8 @@ def make_pipeline(kafka_service, postgres_service, grant_topic, tmp_path):
             PER_TRIGGER,
             options=options,
             dead_letters=f"{name}_refused" if dead_letters else None,
-            kafka_config=getattr(kafka_service, "app_config", None),
+            # the app principal's settings on the session's broker; none on a plaintext broker of the test's own
+            kafka_config=getattr(kafka_service, "app_config", None) if bootstrap == kafka_service.bootstrap else None,
         )
         pipe.proxy = proxies[-1] if proxy_pg else None
         return pipe
@@ -301,7 +303,8 @@ def _cut_for(proxy: TcpProxy, seconds: float) -> int:
 
 
 @pytest.mark.parametrize("visibility", ["batch", "partition"])
-def test_f9_f10_network_cuts(visibility, make_pipeline, postgres_service):
+def test_f9_f10_network_cuts(visibility, make_pipeline, postgres_service, monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)  # the toolkit's clients: the test's own broker is plaintext
     broker_port = free_port()
     with (
         TcpProxy("127.0.0.1", broker_port) as kafka_proxy,
@@ -393,7 +396,7 @@ def test_f11_f12_f14_damaged_checkpoint_and_lost_input_fail_loudly(visibility, m
     # F14: the topic deleted and re-created (offsets went back) with failOnDataLoss=true
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": pipe.bootstrap})
+    admin = AdminClient({"bootstrap.servers": pipe.bootstrap, **client_settings()})  # the admin's (secured)
     admin.delete_topics([pipe.topic])[pipe.topic].result(30)
     wait_until(lambda: pipe.topic not in admin.list_topics(timeout=10).topics, timeout=30, what="topic deleted")
     create_topic(pipe.bootstrap, pipe.topic, 2)
@@ -519,6 +522,7 @@ def _read_uncommitted(bootstrap: str, topic: str) -> tuple[dict[int, list[str]],
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            **client_settings(),
             "group.id": f"f15-{uuid.uuid4().hex[:8]}",
             "isolation.level": "read_uncommitted",
             "enable.partition.eof": True,

@@ -41,14 +41,16 @@ def _fired(spec: str) -> set[str]:
     return {rule.point for rule in faults.parse_spec(spec) if (state / f"{rule.key}.0").exists()}
 
 
-def _source(spark: Any, bootstrap: str, spec: str | None = None) -> Any:
-    """kafka-eos on a new topic of RECORDS records, as (k, v) strings (v, the record's JSON, is unique)."""
+def _source(spark: Any, kafka: Any, spec: str | None = None) -> Any:
+    """kafka-eos on a new topic of RECORDS records, as (k, v) strings (v, the record's JSON, is unique), read as
+    the suite's app principal."""
     topic = f"fp-{uuid.uuid4().hex[:10]}"
-    create_topic(bootstrap, topic, 2)
-    produce_records(bootstrap, topic, make_records(RECORDS, seed=5, prefix=f"{topic}-"), partitions=2)
+    create_topic(kafka.bootstrap, topic, 2)
+    kafka.grant_topic(topic)
+    produce_records(kafka.bootstrap, topic, make_records(RECORDS, seed=5, prefix=f"{topic}-"), partitions=2)
     reader = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**kafka.app_options)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
     )
@@ -70,7 +72,7 @@ def test_the_source_and_the_2pc_sink_reach_every_point_they_declare(
     spec = _spec(declared, uuid.uuid4().hex)
     table = f"fp_{uuid.uuid4().hex[:10]}"
     writer = (
-        _source(spark, kafka_service.bootstrap, spec)
+        _source(spark, kafka_service, spec)
         .writeStream.format("postgres-2pc")
         .options(**connectors.postgres_options(postgres_service.dsn))
         .option("table", table)
@@ -89,7 +91,7 @@ def test_the_upsert_sink_reaches_every_point_it_declares(
     spec = _spec(declared, uuid.uuid4().hex)
     table = f"fp_{uuid.uuid4().hex[:10]}"
     writer = (
-        _source(spark, kafka_service.bootstrap)
+        _source(spark, kafka_service)
         .writeStream.format("postgres-upsert")
         .options(**connectors.postgres_options(postgres_service.dsn))
         .option("table", table)
@@ -109,8 +111,9 @@ def test_the_kafka_sink_reaches_every_point_it_declares(
     spec = _spec(points.kills, uuid.uuid4().hex)  # partition: the publish's points only replay a partial batch
     out = f"fp-out-{uuid.uuid4().hex[:10]}"
     create_topic(kafka_service.bootstrap, out, 2)
+    kafka_service.grant_topic(out)
     writer = (
-        _source(spark, kafka_service.bootstrap)
+        _source(spark, kafka_service)
         .select(F.col("k").alias("key"), F.col("v").alias("value"))
         .writeStream.format("kafka-eos")
         .options(**kafka_service.app_options)
@@ -129,7 +132,7 @@ def test_a_foreach_batch_function_is_run_between_the_points_around_batch_declare
     spec = _spec(faults.FOREACH_BATCH.fired, uuid.uuid4().hex)
     monkeypatch.setenv(faults.ENV_SPEC, spec)  # foreachBatch runs in this process (the query's driver)
     seen: list[int] = []
-    writer = _source(spark, kafka_service.bootstrap).writeStream.foreachBatch(
+    writer = _source(spark, kafka_service).writeStream.foreachBatch(
         faults.around_batch(lambda df, batch_id: seen.append(df.count()))
     )
     _drain(writer, tmp_checkpoint)

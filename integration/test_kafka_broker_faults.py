@@ -34,7 +34,7 @@ from connectors.toolkit.chaos import make_records
 from connectors.toolkit.harness import PipelineProcess, wait_until
 from integration.harness.matrix import Pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_plaintext_broker")]
 
 BROKER_CONFIG = {
     "log.retention.check.interval.ms": "500",  # F22: retention deletes segments within a second ...

@@ -27,7 +27,7 @@ from connectors.services.apache_kafka import ApacheKafka
 from sinks.kafka.client import TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("own_plaintext_broker")]
 
 ROOT = Path(__file__).resolve().parents[1]
 

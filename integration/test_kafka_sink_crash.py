@@ -39,7 +39,7 @@ from connectors.toolkit.harness import wait_until
 from integration.harness.matrix import Pipeline
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, slot_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_plaintext_broker")]
 
 RECORDS = 1000  # 2 partitions, 200 per trigger: 5 batches for F26's kills, one per batch
 MORE = 400  # produced before each later fault's run: it has batches to run (the run before drained the topic)

@@ -33,7 +33,7 @@ from sinks.kafka.plan import KafkaSinkPlan, build_plan
 from sinks.kafka.spark import check_services
 from sinks.kafka.writer import write_task
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("own_plaintext_broker")]
 
 HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 SCHEMA = StructType(

@@ -35,6 +35,26 @@ from connectors.toolkit.topic_checker import verify_topic
 pytestmark = [pytest.mark.integration]
 
 
+_APP: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def _app(kafka_service: Any) -> None:
+    """The connectors run as the suite's app principal: its kafka.* options, and every topic a test creates
+    granted to it (``_create``); the toolkit's own clients set up and check as the admin."""
+    _APP["kafka"] = kafka_service
+
+
+def _kafka(bootstrap: str) -> dict[str, str]:
+    kafka = _APP["kafka"]
+    return dict(kafka.app_options) if bootstrap == kafka.bootstrap else {"kafka.bootstrap.servers": bootstrap}
+
+
+def _create(bootstrap: str, topic: str, partitions: int) -> None:
+    create_topic(bootstrap, topic, partitions)
+    _APP["kafka"].grant_topic(topic)
+
+
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
@@ -42,7 +62,7 @@ def _name(prefix: str) -> str:
 def _source(bootstrap: str, n: int, *, seed: int = 0, topic: str | None = None) -> str:
     topic = topic or _name("klc-in")
     if seed == 0:
-        create_topic(bootstrap, topic, 2)
+        _create(bootstrap, topic, 2)
     produce_records(bootstrap, topic, make_records(n, seed=seed, prefix=f"{topic}-{seed}-"), partitions=2)
     return topic
 
@@ -64,7 +84,7 @@ def _run(
     """One availableNow run of kafka-eos -> (key, value) -> the kafka-eos sink; the exception it ended with."""
     reader = (
         spark.readStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**_kafka(bootstrap))
         .option("subscribe", src)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", str(max_offsets))
@@ -75,7 +95,7 @@ def _run(
         reader.load()
         .select("key", "value")
         .writeStream.format("kafka-eos")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**_kafka(bootstrap))
         .option("topic", out)
         .option("sink.id", sink_id)
         .option("visibility", visibility)
@@ -111,7 +131,7 @@ def test_l_k1_an_older_savepoint_is_refused_and_the_latest_finishes(
 ) -> None:
     b = kafka_service.bootstrap
     src, out, sink = _source(b, 400), _name("klc-out"), _name("k1")
-    create_topic(b, out, 2)
+    _create(b, out, 2)
     ck, saved = str(tmp_path / "ck"), str(tmp_path / "savepoint")
     assert _run(spark, b, src, out, sink, ck, visibility=visibility) is None  # batches 1-2 of 200
     shutil.copytree(ck, saved)  # the savepoint: batch 2 committed
@@ -133,7 +153,7 @@ def test_l_k2_partitioning_changed_between_a_crash_and_the_restart(
 ) -> None:
     b = kafka_service.bootstrap
     src, out, sink = _source(b, 400), _name("klc-out"), _name("k2")
-    create_topic(b, out, 2)
+    _create(b, out, 2)
     ck = str(tmp_path / "ck")
     # batch 1: slot 1 waits, then fails in both its attempts; slot 0 commits meanwhile (partition) or stages
     crash = (
@@ -158,7 +178,7 @@ def test_l_k2_partitioning_changed_between_a_crash_and_the_restart(
 def test_l_k3_a_second_query_on_the_same_sink_id_is_refused(spark: Any, kafka_service: Any, tmp_path: Path) -> None:
     b = kafka_service.bootstrap
     src, out, sink = _source(b, 100), _name("klc-out"), _name("k3")
-    create_topic(b, out, 2)
+    _create(b, out, 2)
     assert _run(spark, b, src, out, sink, str(tmp_path / "ck"), visibility="batch") is None
     other = _source(b, 100)
     failed = _run(spark, b, other, out, sink, str(tmp_path / "ck2"), visibility="batch")
@@ -170,10 +190,11 @@ def test_l_k3_a_second_query_on_the_same_sink_id_is_refused(spark: Any, kafka_se
 def test_l_k4_a_record_the_broker_refuses(spark: Any, kafka_service: Any, tmp_path: Path) -> None:
     b = kafka_service.bootstrap
     src, out, dlq, sink = _name("klc-in"), _name("klc-out"), _name("klc-dlq"), _name("k4")
-    admin = AdminClient({"bootstrap.servers": b})
+    admin = AdminClient(kafka_service.admin_config())
     admin.create_topics([NewTopic(out, 2, 1, config={"max.message.bytes": "2000"})])[out].result(30)
-    create_topic(b, dlq, 1)
-    create_topic(b, src, 2)
+    _APP["kafka"].grant_topic(out)
+    _create(b, dlq, 1)
+    _create(b, src, 2)
     records = make_records(300, seed=4, prefix=f"{src}-")
     records[150] = dict(records[150], pad="x" * 5000)  # over the sink topic's max.message.bytes
     produce_records(b, src, records, partitions=2)
@@ -193,8 +214,8 @@ def test_l_k4_a_record_the_broker_refuses(spark: Any, kafka_service: Any, tmp_pa
 def test_l_k5_batch_jobs_and_the_columns_sparks_sink_takes(spark: Any, kafka_service: Any, visibility: str) -> None:
     b = kafka_service.bootstrap
     out, other, sink = _name("klc-out"), _name("klc-other"), _name("k5")
-    create_topic(b, out, 3)
-    create_topic(b, other, 1)
+    _create(b, out, 3)
+    _create(b, other, 1)
     # every tenth row names its own topic (1 partition, the partitioner chooses), the rest their partition of out
     rows = [
         (f"k{i}", json.dumps({"id": f"r{i}"}), other, None)
@@ -212,7 +233,7 @@ def test_l_k5_batch_jobs_and_the_columns_sparks_sink_takes(spark: Any, kafka_ser
     def write(batch_id: int) -> None:
         (
             df.write.format("kafka-eos")
-            .option("kafka.bootstrap.servers", b)
+            .options(**_kafka(b))
             .option("marker.topic", out)
             .option("sink.id", sink)
             .option("visibility", visibility)
@@ -237,16 +258,16 @@ def test_l_k5_batch_jobs_and_the_columns_sparks_sink_takes(spark: Any, kafka_ser
 def test_l_k6_foreach_batch_replays_a_failed_batch_once(spark: Any, kafka_service: Any, tmp_path: Path) -> None:
     b = kafka_service.bootstrap
     src, out, sink = _source(b, 300), _name("klc-out"), _name("k6")
-    create_topic(b, out, 2)
+    _create(b, out, 2)
     ck = str(tmp_path / "ck")
 
     def run(faults: str | None) -> Exception | None:
-        opts = {"kafka.bootstrap.servers": b, "topic": out, "sink.id": sink, "checkpointLocation": ck}
+        opts = {**_kafka(b), "topic": out, "sink.id": sink, "checkpointLocation": ck}
         if faults:
             opts["faults"] = f"{faults};pipeline.batch:run={uuid.uuid4().hex}"
         q = (
             spark.readStream.format("kafka-eos")
-            .option("kafka.bootstrap.servers", b)
+            .options(**_kafka(b))
             .option("subscribe", src)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", "100")
@@ -276,12 +297,12 @@ def test_l_k7_operator_commands_show_the_markers_and_reset_them_knowingly(
 
     b = kafka_service.bootstrap
     out, sink = _name("klc-out"), _name("k7")
-    create_topic(b, out, 2)
+    _create(b, out, 2)
     df = spark.createDataFrame([(f"k{i}", json.dumps({"id": i})) for i in range(20)], "key string, value string")
     for batch in (3, 4):
         (
             df.write.format("kafka-eos")
-            .option("kafka.bootstrap.servers", b)
+            .options(**_kafka(b))
             .option("topic", out)
             .option("sink.id", sink)
             .option("batch.id", str(batch))
@@ -303,7 +324,7 @@ def test_l_k7_operator_commands_show_the_markers_and_reset_them_knowingly(
     # reset knowingly: batch 3 (written before) is written again
     (
         df.write.format("kafka-eos")
-        .option("kafka.bootstrap.servers", b)
+        .options(**_kafka(b))
         .option("topic", out)
         .option("sink.id", sink)
         .option("batch.id", "3")

@@ -14,7 +14,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from connectors import cli
-from connectors.pipelines import PipelineConfig, prepare, start
+from connectors.pipelines import PipelineConfig, load_config, prepare, start
 from connectors.pipelines.balances import STATE_CONF
 from connectors.pipelines.events import generate, produce
 from connectors.savepoint import restore
@@ -44,6 +44,7 @@ def _cfg(
     base = dict(
         pipeline=name,
         bootstrap=kafka_service.bootstrap,
+        kafka_config=_app_config(kafka_service),
         topic=topic,
         dsn=postgres_service.dsn,
         table=table,
@@ -53,7 +54,20 @@ def _cfg(
         master="local[2,2]",
     )
     base.update(kw)
-    return PipelineConfig(**base)
+    return _granted(kafka_service, PipelineConfig(**base))
+
+
+def _app_config(kafka_service: Any) -> str:
+    """The suite's app principal's client properties ("" on a broker without security)."""
+    return getattr(kafka_service, "app_config", None) or ""
+
+
+def _granted(kafka_service: Any, cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg``, its principal (the suite's app principal) granted exactly what the pipeline declares."""
+    from connectors.pipelines.privileges import pipeline_acls
+
+    getattr(kafka_service, "grant_acls", lambda acls: None)(pipeline_acls(cfg))
+    return cfg
 
 
 def _run(spark: Any, cfg: PipelineConfig) -> None:
@@ -340,9 +354,11 @@ def test_run_command_on_local_cluster(kafka_service, postgres_service, new_topic
     config = tmp_path / "ledger.yaml"
     config.write_text(
         f"pipeline: ledger\nsource:\n  bootstrap: {kafka_service.bootstrap}\n  topic: {topic}\n  max_offsets_per_trigger: 50\n"
+        f'  kafka_config: "{_app_config(kafka_service)}"\n'
         f'sink:\n  dsn: "{postgres_service.dsn}"\n  table: {table}\nspark:\n  checkpoint: {tmp_path / "ck"}\n'
         "  trigger: available-now\n  master: local-cluster[2,1,1024]\nrestart:\n  strategy: fixed-delay:1:1s\nlog:\n  format: json\n"
     )
+    _granted(kafka_service, load_config(str(config)))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     out = subprocess.run(
         [sys.executable, "-m", "connectors.cli", "run", "ledger", "--config", str(config)],
@@ -397,9 +413,12 @@ def _read_uncommitted_ids(bootstrap: str, topic: str) -> list[str]:
     """Every record id in ``topic``'s log, aborted and open transactions' records included (read_uncommitted)."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from eos_core.kafka_config import client_settings
+
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            **client_settings(),  # the admin's, on a secured broker (EOS_KAFKA_CONFIG)
             "group.id": f"uncommitted-{topic}",
             "enable.auto.commit": False,
             "isolation.level": "read_uncommitted",
@@ -449,11 +468,12 @@ def test_transfers_killed_mid_publish_and_restarted_writes_every_record_once(
     config = tmp_path / "transfers.toml"
     config.write_text(
         f'pipeline = "transfers"\n[source]\nbootstrap = "{kafka_service.bootstrap}"\ntopic = "{topic}"\n'
+        f'kafka_config = "{_app_config(kafka_service)}"\n'
         f'max_offsets_per_trigger = 150\n[sink]\ntopic = "{out}"\n[spark]\nmaster = "local[2,2]"\n'
         f'trigger = "available-now"\ncheckpoint = "{tmp_path / "ck"}"\n[restart]\nstrategy = "fixed-delay:1:1s"\n'
         '[log]\nformat = "json"\n'
     )
-    cfg = load_config(str(config))
+    cfg = _granted(kafka_service, load_config(str(config)))
     assert cfg.dead_letter_topic == f"{out}-dead-letters" and cfg.effective_sink_id == out.replace("-", "_")
     fault_log = str(tmp_path / "faults.jsonl")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", EOS_FAULTS_LOG=fault_log)

@@ -36,11 +36,11 @@ def kafka_service(request: pytest.FixtureRequest, kafka_service: KafkaService) -
 
 @pytest.fixture(scope="module")
 def kafka_admin(kafka_service: KafkaService) -> AdminClient:
-    return AdminClient({"bootstrap.servers": kafka_service.bootstrap})
+    return AdminClient({"bootstrap.servers": kafka_service.bootstrap, **kafka_service.client_config()})
 
 
 def _consume(
-    bootstrap: str,
+    kafka: KafkaService,
     topic: str,
     partition: int,
     offset: int,
@@ -54,7 +54,8 @@ def _consume(
 
     c = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            "bootstrap.servers": kafka.bootstrap,
+            **kafka.client_config(),
             "group.id": f"g-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "isolation.level": isolation,
@@ -94,7 +95,7 @@ def test_create_produce_consume_from_offset_and_watermarks(
     assert [o for p, o in written if p == 0] == list(range(5))
     assert [o for p, o in written if p == 1] == list(range(5))
 
-    c = Consumer({"bootstrap.servers": kafka_service.bootstrap, "group.id": "wm"})
+    c = Consumer({"bootstrap.servers": kafka_service.bootstrap, **kafka_service.client_config(), "group.id": "wm"})
     try:
         for part in (0, 1):
             low, high = c.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
@@ -105,13 +106,19 @@ def test_create_produce_consume_from_offset_and_watermarks(
     finally:
         c.close()
 
-    assert _consume(kafka_service.bootstrap, topic, 0, 3) == [(3, b"v6"), (4, b"v8")]
-    assert _consume(kafka_service.bootstrap, topic, 1, 0) == [(i, b"v%d" % (2 * i + 1)) for i in range(5)]
+    assert _consume(kafka_service, topic, 0, 3) == [(3, b"v6"), (4, b"v8")]
+    assert _consume(kafka_service, topic, 1, 0) == [(i, b"v%d" % (2 * i + 1)) for i in range(5)]
 
 
 def test_transactions_committed_visible_aborted_not(kafka_service: KafkaService, new_topic: Callable[..., str]) -> None:
     topic = new_topic(prefix="svc-tx")
-    p = Producer({"bootstrap.servers": kafka_service.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+    p = Producer(
+        {
+            "bootstrap.servers": kafka_service.bootstrap,
+            **kafka_service.client_config(),
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+        }
+    )
     p.init_transactions(30)
     p.begin_transaction()
     for i in range(3):
@@ -125,7 +132,7 @@ def test_transactions_committed_visible_aborted_not(kafka_service: KafkaService,
     p.produce(topic, value=b"after", partition=0)
     p.commit_transaction(30)
 
-    committed = [v for _, v in _consume(kafka_service.bootstrap, topic, 0, 0, isolation="read_committed", expect=4)]
+    committed = [v for _, v in _consume(kafka_service, topic, 0, 0, isolation="read_committed", expect=4)]
     assert committed == [b"committed-0", b"committed-1", b"committed-2", b"after"]
     # Neither broker shows aborted records under read_committed (tansu does not even store them).
     assert not any(v and v.startswith(b"aborted") for v in committed)

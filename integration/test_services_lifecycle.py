@@ -68,7 +68,11 @@ def test_env_kafka_reuses_running_broker(kafka_service: KafkaService, auto_mode:
     # stop() of a named broker leaves it running
     from confluent_kafka.admin import AdminClient
 
-    assert AdminClient({"bootstrap.servers": kafka_service.bootstrap}).list_topics(timeout=10).brokers
+    assert (
+        AdminClient({"bootstrap.servers": kafka_service.bootstrap, **kafka_service.client_config()})
+        .list_topics(timeout=10)
+        .brokers
+    )
 
 
 def test_env_postgres_reuses_running_server(postgres_service: PostgresService, auto_mode: pytest.MonkeyPatch) -> None:

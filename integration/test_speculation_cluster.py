@@ -41,7 +41,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _driver(
-    master: str, dsn: str, table: str, sink_id: str, work: str, visibility: str, sink: str = "postgres-2pc"
+    master: str,
+    dsn: str,
+    table: str,
+    sink_id: str,
+    work: str,
+    visibility: str,
+    sink: str = "postgres-2pc",
+    kafka_config: str = "",
 ) -> None:
     """The query, run in a process of its own (``python -m integration.test_speculation_cluster``).
 
@@ -93,7 +100,7 @@ def _driver(
             writer = (
                 rows.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id)) AS value")
                 .writeStream.format("kafka-eos")
-                .option("kafka.bootstrap.servers", dsn)
+                .options(**connectors.kafka_options(dsn, kafka_config or None))
                 .option("topic", table)
                 # attempt 0 of partition 0 is slow with its rows sent (partition) or staged (batch)
                 .option("faults", "sink.after_write:partition=0:attempt=0:action=sleep:seconds=15")
@@ -176,7 +183,9 @@ def test_f30_the_kafka_sink_under_speculation_on_another_host_ends_exactly_once(
         os.utime(part, (time.time() - 100 + b, time.time() - 100 + b))
     topic, sink_id = f"spec-{visibility}-{os.getpid()}-{time.time_ns()}", f"spec-k-{visibility}-{time.time_ns()}"
     create_topic(kafka_service.bootstrap, topic, 2)
+    kafka_service.grant_topic(topic)  # the query runs as the suite's app principal
     args = [standalone_cluster.url, kafka_service.bootstrap, topic, sink_id, str(tmp_path), visibility, "kafka-eos"]
+    args.append(getattr(kafka_service, "app_config", None) or "")
     driver = subprocess.run(
         [sys.executable, "-m", "integration.test_speculation_cluster", *args],
         cwd=Path(__file__).resolve().parent.parent,
@@ -198,4 +207,4 @@ def test_f30_the_kafka_sink_under_speculation_on_another_host_ends_exactly_once(
 
 
 if __name__ == "__main__":
-    _driver(*sys.argv[1:8])
+    _driver(*sys.argv[1:9])
