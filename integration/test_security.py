@@ -11,6 +11,7 @@ password is in the error.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import uuid
 from pathlib import Path
@@ -360,3 +361,23 @@ def test_doctor_names_each_acl_a_principal_lacks_and_the_sinks_settings(
         missing = [line for line in text.splitlines() if line.startswith("MISSING")]
         assert code == 1 and len(missing) == 1 and acl.describe() in missing[0], (acl, text)
         assert acl_command(acl, app.name, secured_kafka.bootstrap) in text, text
+
+
+def test_the_pytest_plugins_secured_broker_names_its_admins_settings_for_the_toolkit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """eos_kafka on a secured embedded broker (EOS_KAFKA_SECURITY=sasl_ssl): the chaos toolkit's own clients,
+    which read EOS_KAFKA_CONFIG, reach it while the session lasts; the variable is restored after."""
+    from connectors.toolkit.pytest_plugin import session_kafka
+    from eos_core.kafka_config import CONFIG_ENV
+
+    monkeypatch.setenv("EOS_SERVICES", "embedded")
+    monkeypatch.setenv("EOS_KAFKA_EMBEDDED", "apache")
+    monkeypatch.setenv("EOS_KAFKA_SECURITY", "sasl_ssl")
+    monkeypatch.setenv(CONFIG_ENV, "/nowhere/before.properties")
+    with session_kafka() as broker:
+        assert broker.secured and os.environ[CONFIG_ENV] == str(broker.client_properties())
+        topic = f"plugin-{uuid.uuid4().hex[:8]}"
+        create_topic(broker.bootstrap, topic, 1)  # as the admin, from EOS_KAFKA_CONFIG
+        produce_records(broker.bootstrap, topic, make_records(3, seed=2, prefix="p-"))
+    assert os.environ[CONFIG_ENV] == "/nowhere/before.properties"

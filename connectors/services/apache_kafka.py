@@ -700,7 +700,9 @@ class ApacheKafka(KafkaService):
         while seen_new < 10:
             seen_new = seen_new + 1 if self.certificate_serial() != before else 0
             if time.monotonic() > deadline:
-                raise ServiceError(f"the broker at {self.bootstrap} still presents its old certificate after {timeout}s")
+                raise ServiceError(
+                    f"the broker at {self.bootstrap} still presents its old certificate after {timeout}s"
+                )
             time.sleep(0.05 if seen_new else 0.2)
 
     def certificate_serial(self) -> int:

@@ -53,6 +53,7 @@ topic, table name and workdir (under pytest's ``tmp_path``), so runs never see e
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -60,18 +61,35 @@ from typing import Any
 
 import pytest
 
-__all__ = ["SessionServices", "eos_chaos", "eos_kafka", "eos_postgres"]
+__all__ = ["SessionServices", "eos_chaos", "eos_kafka", "eos_postgres", "session_kafka"]
 
 
 @pytest.fixture(scope="session")
 def eos_kafka() -> Iterator[Any]:
-    """A Kafka broker for the session (``.bootstrap``): yours by ``EOS_KAFKA_BOOTSTRAP``, else embedded."""
+    """A Kafka broker for the session (``.bootstrap``): yours by ``EOS_KAFKA_BOOTSTRAP``, else embedded
+    (``session_kafka``)."""
+    with session_kafka() as service:
+        yield service
+
+
+@contextlib.contextmanager
+def session_kafka() -> Iterator[Any]:
+    """``eos_kafka``'s broker, stopped at the end. An embedded one secured (``EOS_KAFKA_SECURITY=sasl_ssl``)
+    names its admin's client properties in ``EOS_KAFKA_CONFIG`` meanwhile, which the chaos toolkit's clients
+    and the jobs it runs read."""
     from connectors import services
+    from eos_core.kafka_config import CONFIG_ENV
 
     service = services.kafka()
+    before = os.environ.get(CONFIG_ENV)
+    properties = service.client_properties() if getattr(service, "secured", False) else None
+    if properties is not None:
+        os.environ[CONFIG_ENV] = str(properties)
     try:
         yield service
     finally:
+        if properties is not None:
+            os.environ.pop(CONFIG_ENV, None) if before is None else os.environ.__setitem__(CONFIG_ENV, before)
         service.stop()
 
 
