@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 from typing import Any
 
@@ -113,9 +114,10 @@ def kafka_options(bootstrap: str, config: str | None = None) -> dict[str, str]:
     file ``EOS_KAFKA_CONFIG`` names, e.g. ``spark-eos services env``'s; else only the bootstrap):
     ``.options(**connectors.kafka_options(os.environ["EOS_KAFKA_BOOTSTRAP"]))``. Spark hides the secrets
     among them (``kafka.sasl.jaas.config``, passwords, PEM keys) once ``register`` ran."""
+    from eos_core.kafka_config import CONFIG_ENV
     from eos_core.kafka_config import kafka_options as options
 
-    return options(bootstrap, config)
+    return options(bootstrap, config or os.environ.get(CONFIG_ENV))
 
 
 def upsert_batch(**options: Any) -> Any:

@@ -313,9 +313,8 @@ def _unescape(text: str) -> str:
 
 def kafka_options(bootstrap: str, path: str | None = None) -> dict[str, str]:
     """The ``kafka.*`` options of a kafka-eos source or sink on a cluster: ``kafka.bootstrap.servers`` and the
-    settings of a Java client properties file (``path``, else the file ``EOS_KAFKA_CONFIG`` names, else none)."""
-    named = path or os.environ.get(CONFIG_ENV)
-    settings = read_properties(named) if named else {}
+    settings of the Java client properties file ``path`` (none: a plaintext cluster)."""
+    settings = read_properties(path) if path else {}
     return {"kafka.bootstrap.servers": bootstrap, **{f"kafka.{k}": v for k, v in settings.items()}}
 
 

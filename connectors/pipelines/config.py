@@ -171,8 +171,6 @@ class PipelineConfig:
     def kafka_options(self) -> dict[str, str]:
         """The ``kafka.*`` options of the pipeline's source and Kafka sink: the bootstrap and ``kafka_config``'s
         settings (``source.options`` / ``sink.options`` given beside them win)."""
-        if not self.kafka_config:
-            return {"kafka.bootstrap.servers": self.bootstrap}
         try:
             return kafka_options(self.bootstrap, self.kafka_config)
         except ConfigError as exc:

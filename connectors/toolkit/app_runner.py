@@ -111,11 +111,7 @@ class Job:
         """The ``kafka.*`` options of the run's cluster: its bootstrap and the ``--kafka-config`` settings."""
         from eos_core.kafka_config import kafka_options
 
-        return (
-            kafka_options(self.bootstrap, self.kafka_config)
-            if self.kafka_config
-            else {"kafka.bootstrap.servers": self.bootstrap}
-        )
+        return kafka_options(self.bootstrap, self.kafka_config)
 
     @property
     def out_topic(self) -> str:

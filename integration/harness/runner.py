@@ -176,8 +176,6 @@ def _kafka_options(args: argparse.Namespace) -> dict[str, str]:
     """The ``kafka.*`` options of the job's source and Kafka sink: the bootstrap and ``--kafka-config``'s settings."""
     from eos_core.kafka_config import kafka_options
 
-    if not args.kafka_config:
-        return {"kafka.bootstrap.servers": args.bootstrap}
     return kafka_options(args.bootstrap, args.kafka_config)
 
 
