@@ -270,7 +270,7 @@ def _services(stack: list[Any]) -> tuple[Any, str, str]:
     t = time.monotonic()
     secured = {}
     if services.choose("kafka") == "embedded" and services.embedded_kafka_kind() == "apache":
-        secured["security"] = os.environ.get(services.KAFKA_SECURITY_ENV) or "sasl_ssl"
+        secured["security"] = services.embedded_kafka_security(default="sasl_ssl")
     kafka = services.kafka(**secured)
     stack.append(kafka)
     properties = kafka.client_properties() if getattr(kafka, "secured", False) else None

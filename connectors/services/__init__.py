@@ -126,13 +126,13 @@ def start_embedded_kafka(broker: EmbeddedBroker | None = None, **options: Any) -
     return ApacheKafka(**options)
 
 
-def embedded_kafka_security(environ: dict[str, str] | None = None) -> str:
-    """The embedded Apache Kafka's client listener: ``EOS_KAFKA_SECURITY`` = ``plaintext`` (the default) or
-    ``sasl_ssl`` (SCRAM-SHA-512 over TLS, ACLs enforced)."""
+def embedded_kafka_security(environ: dict[str, str] | None = None, default: str = "plaintext") -> str:
+    """The embedded Apache Kafka's client listener: ``EOS_KAFKA_SECURITY`` = ``plaintext`` or ``sasl_ssl``
+    (SCRAM-SHA-512 over TLS, ACLs enforced), else ``default`` (``sasl_ssl`` for services up and the demo)."""
     from connectors.services.kafka_security import SECURITY
 
     env = os.environ if environ is None else environ
-    raw = (env.get(KAFKA_SECURITY_ENV) or "plaintext").strip().lower()
+    raw = (env.get(KAFKA_SECURITY_ENV) or default).strip().lower()
     if raw not in SECURITY:
         raise ServiceError(f"{KAFKA_SECURITY_ENV}={env.get(KAFKA_SECURITY_ENV)!r} is not one of {', '.join(SECURITY)}")
     return raw

@@ -173,9 +173,9 @@ def up(
 
 
 def _kafka_security(broker: str, asked: str | None) -> str:
-    from connectors.services import KAFKA_SECURITY_ENV, embedded_kafka_security
+    from connectors.services import embedded_kafka_security
 
-    security = asked or (embedded_kafka_security() if os.environ.get(KAFKA_SECURITY_ENV) else "sasl_ssl")
+    security = asked or embedded_kafka_security(default="sasl_ssl")
     if broker == "tansu":
         if asked == "sasl_ssl":
             raise ServiceError("tansu has no SASL_SSL listener: use the apache broker, or --kafka-security plaintext")
