@@ -10,6 +10,7 @@ connectors asks ``Watch.check`` before it tries again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -23,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 from eos_core.errors import ConfigError, FatalError
 from eos_core.privileges import KafkaAcl, acl_command, describe_missing
 
-__all__ = ["Watch", "admin", "connect", "consumer", "principal", "producer", "refused_access", "refused_login"]
+__all__ = ["Watch", "admin", "check", "connect", "consumer", "principal", "producer", "refused_access", "refused_login"]
 
 LOG = "eos.librdkafka"
 _REPEAT_SECONDS = 60.0
@@ -220,11 +221,31 @@ def refused_access(conf: Mapping[str, Any], err: Any, acls: list[KafkaAcl], cont
     )
 
 
+class _WatchedConsumer(Consumer):
+    """A consumer that keeps the ``Watch`` it was made with (``check``)."""
+
+    watch: Watch
+
+
+class _WatchedProducer(Producer):
+    watch: Watch
+
+
+class _WatchedAdmin(AdminClient):
+    watch: Watch
+
+
+_WATCHED = {Consumer: _WatchedConsumer, Producer: _WatchedProducer, AdminClient: _WatchedAdmin}
+
+
 def _made(kind: Any, conf: Mapping[str, Any], watch: Watch, what: str) -> Any:
     try:
-        return kind(watch.configure(conf))
+        made = _WATCHED.get(kind, kind)(watch.configure(conf))  # a test's fake client class is made as it is
     except KafkaException as exc:
         raise ConfigError(f"{watch.context}: the kafka.* options are not a valid {what} configuration: {exc}") from None
+    with contextlib.suppress(AttributeError):
+        made.watch = watch
+    return made
 
 
 def consumer(conf: Mapping[str, Any], watch: Watch) -> Consumer:
@@ -240,6 +261,15 @@ def producer(conf: Mapping[str, Any], watch: Watch) -> Producer:
 def admin(conf: Mapping[str, Any], watch: Watch) -> AdminClient:
     made: AdminClient = _made(AdminClient, conf, watch, "client")
     return made
+
+
+def check(client: Any) -> None:
+    """A FatalError when the broker refused the login or TLS handshake of ``client`` (one made here), as its
+    ``Watch`` recorded it; for a retry loop to ask between its tries. It does not poll: a consumer's messages
+    are its caller's, and the loop's own calls (``consume``, ``poll``, ``committed``) serve the callbacks."""
+    watch = getattr(client, "watch", None)
+    if isinstance(watch, Watch):
+        watch.check()
 
 
 def connect(client: Any, watch: Watch, timeout: float) -> Any:

@@ -74,6 +74,33 @@ def test_a_wrong_password_fails_the_kafka_sink_within_seconds_as_fatal(
     assert app.password not in text
 
 
+def test_a_new_marker_reader_with_a_wrong_password_fails_within_seconds_not_after_the_timeout(
+    secured_kafka: ApacheKafka,
+) -> None:
+    """A marker read by a reader made after a rotation (a task in a new Python worker, the driver's publish)
+    fails within seconds, naming the login; it waited out kafkaProducer.timeoutMs (2 minutes) before, a
+    coordinator away to it (CI: the rotation row of test_security_lifecycle timed out so)."""
+    from eos_core.errors import FatalError
+    from sinks.kafka.markers import read_marker
+
+    topic = _topic(secured_kafka, 0)
+    group = f"{topic}-marker"
+    app = secured_kafka.add_principal(
+        "marker-reader", [KafkaAcl("topic", topic, "READ"), KafkaAcl("group", group, "READ")]
+    )
+    assert read_marker(app.client_config(), group, topic, timeout=30) is None  # the principal can read it
+    bad = "wrong-" + uuid.uuid4().hex
+    wrong = dict(app.client_config(), **{"sasl.password": bad})
+    for cached in (False, True):
+        began = time.monotonic()
+        with pytest.raises(FatalError) as info:
+            read_marker(wrong, group, topic, timeout=120, cached=cached)
+        assert time.monotonic() - began < FAIL_FAST, (cached, time.monotonic() - began)
+        text = str(info.value)
+        assert "refused the login of principal 'marker-reader' with SCRAM-SHA-512" in text and bad not in text
+    assert read_marker(app.client_config(), group, topic, timeout=30) is None  # a fixed login reads again
+
+
 def test_a_broker_certificate_from_another_ca_fails_within_seconds_naming_the_trust_store(
     secured_kafka: ApacheKafka, spark: Any, tmp_path: Path
 ) -> None:

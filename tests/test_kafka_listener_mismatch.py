@@ -14,6 +14,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -162,3 +163,20 @@ def test_a_broker_that_refuses_connections_is_no_refusal() -> None:
     watch.on_error(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed"))
     watch.on_log("FAIL [x] [thrd:127.0.0.1:1/bootstrap]: 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed")
     watch.check()  # no FatalError
+
+
+@pytest.mark.parametrize("make", [kafka_clients.consumer, kafka_clients.producer, kafka_clients.admin])
+def test_every_client_made_here_answers_check_with_the_refusal_its_watch_recorded(make: Any) -> None:
+    """A retry loop holding only the client (the sink's marker readers, the publish's reader, the source's
+    kept consumers) asks ``kafka_clients.check(client)`` between its tries."""
+    conf = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "security.protocol": "SASL_SSL"}
+    conf |= {"sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "app", "sasl.password": "secret-pw"}
+    settings = conf if make is kafka_clients.consumer else {k: v for k, v in conf.items() if k != "group.id"}
+    watch = kafka_clients.Watch(settings, "kafka-eos sink marker reader")
+    client = make(settings, watch)
+    kafka_clients.check(client)  # nothing refused yet
+    watch.on_error(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: invalid credentials"))
+    with pytest.raises(FatalError, match="refused the login of principal 'app' with SCRAM-SHA-512") as caught:
+        kafka_clients.check(client)
+    assert "secret-pw" not in str(caught.value)
+    kafka_clients.check(object())  # a client made elsewhere has no watch to ask

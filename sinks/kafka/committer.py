@@ -186,6 +186,7 @@ class _Publish:
             # never ask for more than the range holds: consume() waits its whole timeout for a count it cannot fill
             batch = consumer.consume(num_messages=max(1, min(10_000, last - position + 1)), timeout=1.0)
             if not batch:
+                kafka_clients.check(consumer)  # a refused login fails the publish now, not after the timeout
                 if time.monotonic() > deadline:
                     raise RetriableError(
                         f"{self.plan.context}: the staged records of batch {self.batch}, task {m.slot} ({topic}-{part} "

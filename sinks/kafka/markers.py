@@ -288,6 +288,14 @@ def read_marker(
             refused = event.error() if event is not None else None
             if refused is not None and refused.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
                 raise _refused(group, topic, refused, conf)
+            # a refused login (a rotated password) fails the read now, not after the timeout of fetches that
+            # read as a coordinator away; the reader is let go, a fixed login makes a new one
+            try:
+                kafka_clients.check(consumer)
+            except FatalError:
+                if cached:
+                    _forget_reader(consumer)
+                raise
             if time.monotonic() + 0.2 > deadline:
                 if cached:  # a reader that kept failing may hold a stale coordinator: the next read makes a new one
                     _forget_reader(consumer)

@@ -82,22 +82,10 @@ def _consumer(settings: ReadSettings) -> Consumer:
                 "enable.partition.eof": True,  # tells us we are past the end when the range ends in a gap
             }
         )
-        watch = kafka_clients.Watch(conf, "kafka-eos")
-        c = kafka_clients.consumer(conf, watch)  # its log lines to eos.librdkafka, a refused login to the watch
-        _WATCHES[id(c)] = watch
+        # its log lines to eos.librdkafka, a refused login to its watch (kafka_clients.check)
+        c = kafka_clients.consumer(conf, kafka_clients.Watch(conf, "kafka-eos"))
         _CONSUMERS[key] = c
     return c
-
-
-_WATCHES: dict[int, kafka_clients.Watch] = {}
-
-
-def _check_login(consumer: Consumer) -> None:
-    """A FatalError when the broker refused the consumer's login or TLS handshake (e.g. its credentials
-    were deleted), instead of a poll timeout that reads as an unreachable broker."""
-    watch = _WATCHES.get(id(consumer))
-    if watch is not None:
-        watch.check()
 
 
 class _Columns:
@@ -301,7 +289,7 @@ class KafkaPartitionReader:
                 elif out.position < r.end:
                     # a refused login (e.g. a rotated password) fails the read within a second, not after
                     # pollTimeoutMs (2 minutes by default) of empty polls that read as an unreachable broker
-                    _check_login(consumer)
+                    kafka_clients.check(consumer)
                     if time.monotonic() > deadline:  # no progress for pollTimeoutMs: never hang
                         self._timed_out(consumer, ctp, out.position, timeout)
             if len(out.cols):
