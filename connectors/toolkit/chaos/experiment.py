@@ -22,6 +22,7 @@ from connectors.toolkit.chaos.schedule import chunks, plan_kills, planned_kills
 from connectors.toolkit.chaos.verdict import checked, reference_verdict
 from connectors.toolkit.chaos.workload import Producer, create_topic, load, make_out_topics, topics_of
 from connectors.toolkit.harness import password_apart
+from eos_core.kafka_config import CONFIG_ENV
 
 __all__ = ["Experiment", "conduct", "minimise", "reproduce_command", "run", "write_results"]
 
@@ -70,6 +71,9 @@ class Experiment:
             if kit.cluster is not None:  # our cluster's executors run on this machine: this interpreter
                 env.setdefault("PYSPARK_PYTHON", sys.executable)
             state.bootstrap = kit.bootstrap  # a broker of the run's own when the faults need one
+            if kit.kafka_config is not None:  # ... and its client properties, in the jobs' environment too
+                env.pop(CONFIG_ENV, None)
+                env.update({CONFIG_ENV: kit.kafka_config} if kit.kafka_config else {})
             report = _run_with(cfg, state, kit, env, root)
         self.references = state.reference_rows
         report.info.update(

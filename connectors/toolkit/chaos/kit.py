@@ -147,6 +147,7 @@ class FaultKit:
         self.workdir = workdir
         self.fault_log = os.path.join(workdir, "faults.jsonl")
         self.broker: Any = None
+        self.kafka_config: str | None = None  # a broker of its own: its client properties ("" plaintext)
         self.kafka_proxy: Any = None
         self.pg_proxy: Any = None
         self.cluster: Any = None
@@ -174,18 +175,23 @@ class FaultKit:
         from connectors.toolkit.chaos.proxy import TcpProxy
 
         if "own-broker" in self.needs:
+            from connectors.services import embedded_kafka_security
             from connectors.services._proc import free_port
             from connectors.services.apache_kafka import ApacheKafka
 
+            security = embedded_kafka_security()  # as the embedded services: EOS_KAFKA_SECURITY
             if "kafka-proxy" in self.needs:
                 port = free_port()
                 self.kafka_proxy = TcpProxy("127.0.0.1", port).start()
                 self._stops.append(self.kafka_proxy.close)
-                self.broker = ApacheKafka(port=port, advertised_port=self.kafka_proxy.port, heap="384m")
+                self.broker = ApacheKafka(
+                    port=port, advertised_port=self.kafka_proxy.port, heap="384m", security=security
+                )
             else:
-                self.broker = ApacheKafka(heap="384m")
+                self.broker = ApacheKafka(heap="384m", security=security)
             self._stops.append(self.broker.stop)
             self.bootstrap = self.broker.bootstrap
+            self._name_kafka_config(self.broker.client_properties() if self.broker.secured else None)
         if "pg-server" in self.needs and (self.postgres is None or getattr(self.postgres, "kind", "env") == "env"):
             server = next(k for k in self.weights if "pg-server" in KINDS[k].needs)
             raise ConfigError(
@@ -210,6 +216,27 @@ class FaultKit:
             self.conf = {"spark.executor.memory": "768m"}
         if "small-disk" in self.needs:
             self._mount_small_disk()
+
+    def _name_kafka_config(self, path: Any) -> None:
+        """While the kit is up its own broker is the run's: ``EOS_KAFKA_CONFIG`` names that broker's admin
+        properties (none on a plaintext one) in this process, for the toolkit's producers and checkers, and
+        ``kafka_config`` for the jobs' runs; the variable is restored at ``close``."""
+        from eos_core.kafka_config import CONFIG_ENV
+
+        before = os.environ.get(CONFIG_ENV)
+        self.kafka_config = str(path) if path is not None else ""
+        if self.kafka_config:
+            os.environ[CONFIG_ENV] = self.kafka_config
+        else:
+            os.environ.pop(CONFIG_ENV, None)
+
+        def restore() -> None:
+            if before is None:
+                os.environ.pop(CONFIG_ENV, None)
+            else:
+                os.environ[CONFIG_ENV] = before
+
+        self._stops.append(restore)
 
     @property
     def checkpoint(self) -> str:

@@ -131,12 +131,11 @@ def runner_argv(
 
 def job_kafka_config(cfg: ChaosConfig) -> str | None:
     """The Kafka client properties the job runs with: ``--app-kafka-config``, else the toolkit's own
-    (``EOS_KAFKA_CONFIG``); none on a broker of the run's own (``cfg.bootstrap`` empty), which is plaintext."""
+    (``EOS_KAFKA_CONFIG``); on a broker of the run's own (``cfg.bootstrap`` empty) that broker's, which the
+    fault kit names in ``EOS_KAFKA_CONFIG`` while it runs (none on a plaintext one; no app principal there)."""
     from eos_core.kafka_config import CONFIG_ENV
 
-    if not cfg.bootstrap:
-        return None
-    return cfg.app_kafka_config or os.environ.get(CONFIG_ENV) or None
+    return (cfg.app_kafka_config if cfg.bootstrap else None) or os.environ.get(CONFIG_ENV) or None
 
 
 def started(proc: PipelineProcess) -> bool:
