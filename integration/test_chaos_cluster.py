@@ -32,6 +32,10 @@ def test_slow_task_on_the_toolkit_cluster_and_broker_and_postgres_faults_are_pro
     work = tmp_path / "chaos"
     env = {k: v for k, v in os.environ.items() if k not in ("EOS_KAFKA_BOOTSTRAP", "EOS_POSTGRES_DSN")}
     env.update(EOS_SERVICES="embedded", PYSPARK_PYTHON=sys.executable)  # the command starts what it restarts
+    # ... secured as `spark-eos services up` starts them: the run's own broker is SASL_SSL with ACLs, and the job
+    # and the toolkit's clients reach it with its admin's properties (a plaintext session names none)
+    env["EOS_KAFKA_SECURITY"] = "sasl_ssl"
+    env.pop("EOS_KAFKA_CONFIG", None)
     out = subprocess.run(
         [
             sys.executable,
@@ -74,6 +78,7 @@ def test_slow_task_on_the_toolkit_cluster_and_broker_and_postgres_faults_are_pro
         **{k.split(":")[0]: 1 for k in FAULTS.split(",")},
     }
     assert report["info"]["master"].startswith("spark://127.0.0.1:"), report["info"]
+    assert report["info"]["own_broker"] == "sasl_ssl", report["info"]
     logged = {
         e["action"]: e
         for e in map(json.loads, (work / "faults.jsonl").read_text().splitlines())
