@@ -380,7 +380,8 @@ def test_the_job_runs_with_its_own_kafka_config_else_the_toolkits_and_none_on_a_
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A secured cluster: the job's kafka.* options carry --app-kafka-config's settings (its own principal),
-    else the toolkit's own file (EOS_KAFKA_CONFIG); a broker the run starts itself is plaintext."""
+    else the toolkit's own file (EOS_KAFKA_CONFIG); on a broker the run starts itself, that broker's
+    properties, which the fault kit names in EOS_KAFKA_CONFIG while it runs (none on a plaintext one)."""
     app_props, toolkit_props = tmp_path / "app.properties", tmp_path / "admin.properties"
     app_props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n")
     toolkit_props.write_text("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\n")
@@ -399,9 +400,12 @@ def test_the_job_runs_with_its_own_kafka_config_else_the_toolkits_and_none_on_a_
     assert _flag(chaos.runs.runner_argv(toolkit, _state(), "t", "/c", "available-now"), "--kafka-config") == str(
         toolkit_props
     )
-    own = _cfg("2pc", bootstrap="")  # the faults need a broker of the run's own (kit.FaultKit)
+    # the faults need a broker of the run's own (kit.FaultKit): --app-kafka-config's principal is not on it
+    own = _cfg("2pc", bootstrap="", app_kafka_config=str(app_props))
+    own_argv = chaos.runs.runner_argv(own, _state(cfg=own), "t", "/c", "available-now")
+    assert _flag(own_argv, "--kafka-config") == str(toolkit_props)
+    monkeypatch.delenv("EOS_KAFKA_CONFIG")  # a plaintext broker of the run's own, or a plaintext cluster
     assert "--kafka-config" not in chaos.runs.runner_argv(own, _state(cfg=own), "t", "/c", "available-now")
-    monkeypatch.delenv("EOS_KAFKA_CONFIG")
     assert "--kafka-config" not in chaos.runs.runner_argv(_cfg("2pc"), _state(), "t", "/c", "available-now")
     assert app_runner.Job("b:1", "t", "", "x").kafka_options == {"kafka.bootstrap.servers": "b:1"}
     with pytest.raises(ConfigError, match="--app-kafka-config: Kafka client properties"):
