@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from psycopg import sql
-
 __all__ = [
     "AclBinding",
     "KafkaAcl",
@@ -105,6 +103,10 @@ def acl_command(acl: KafkaAcl, principal: str, bootstrap: str = "<bootstrap>") -
 
 def grant_command(grant: PgGrant, role: str, database: str = "<database>", *, revoke: bool = False) -> str:
     """The SQL that grants ``grant`` to ``role`` (``revoke``: takes it back), identifiers quoted."""
+    # psycopg here, not at the top: every Kafka client imports this module for its ACL advice, and a Kafka-only
+    # process (the source's planner, a Kafka sink's task) would load psycopg for nothing (0.15 s a process)
+    from psycopg import sql
+
     ident = sql.Identifier
     name = grant.name
     if grant.privilege == "OWNER":
