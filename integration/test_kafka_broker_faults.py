@@ -33,6 +33,8 @@ from connectors.toolkit import checker
 from connectors.toolkit.chaos import make_records
 from connectors.toolkit.harness import PipelineProcess, wait_until
 from integration.harness.matrix import Pipeline
+from sources.kafka.offsets import TopicPartition as OffsetsTP
+from sources.kafka.offsets import batch_start
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_plaintext_broker")]
 
@@ -490,10 +492,11 @@ def test_f25_records_deleted_before_the_first_batch_is_replayed_are_data_loss(
     out = pipe.run("source.read.start:action=kill-group:once", state="F25")
     assert out.killed and pipe.fired("source.read.start", action="kill-group"), pipe.describe()
     planned = _planned(pipe.checkpoint, topic)
-    first = min(b for b, ends in planned.items() if ends.get(0, 0) > 0)
-    assert planned[first - 1] == {0: 0} and planned[first] == {0: 60}, planned  # pinned at 0, then [0, 60)
+    assert planned == {0: {0: 60}}, planned  # batch 0 reads [0, 60) ...
+    with open(os.path.join(pipe.checkpoint, "offsets", "0"), encoding="utf-8") as fh:
+        assert batch_start(fh.read().splitlines()[-1]) == {OffsetsTP(topic, 0): 0}  # ... from the start it recorded
     before = _sink_state(pipe)
-    assert before[:3] == (0, first - 1, []), before
+    assert before[:3] == (0, None, []), before
     # the oldest 20 records go (DeleteRecords, as retention would) before the batch is replayed
     admin = _admin(bootstrap)  # kept: the futures fail if their client is gone
     admin.delete_records([TopicPartition(topic, 0, 20)])[TopicPartition(topic, 0, 20)].result(30)

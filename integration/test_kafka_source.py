@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from eos_core import faults
 from eos_core.kafka_config import client_settings
 from eos_core.privileges import KafkaAcl
-from sources.kafka.offsets import ID_KEY, topic_ids
+from sources.kafka.offsets import ID_KEY, START_KEY, TopicPartition, batch_start, topic_ids
 
 pytestmark = pytest.mark.integration
 
@@ -57,8 +57,9 @@ def topic_content(bootstrap: str, topic: str, *, committed: bool = False) -> lis
 
 
 def planned_offsets(planned: dict[str, Any]) -> dict[str, Any]:
-    """An ``offsets/n`` source entry of kafka-eos as Spark's own source reads it: without the topic ids."""
-    return {k: v for k, v in planned.items() if not k.startswith(ID_KEY)}
+    """An ``offsets/n`` source entry of kafka-eos as Spark's own source reads it: without the topic ids (and the
+    start a first batch records), kafka-eos's own keys that give Spark's parser no partition."""
+    return {k: v for k, v in planned.items() if not (k.startswith(ID_KEY) or k.startswith(START_KEY))}
 
 
 def base_options(kafka: Any, **extra: str) -> dict[str, str]:
@@ -314,11 +315,12 @@ def test_available_now_with_max_offsets_reads_everything_in_several_batches(
     assert q.exception() is None
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
     assert len(sizes) >= 6 and max(sizes) <= 10, sizes
-    pin, first = q.recentProgress[:2]
-    # earliest is pinned by an empty batch 0 (its end: each partition's earliest offset), then (3 x 3) records
-    assert (pin["batchId"], pin["numInputRows"], first["batchId"], first["numInputRows"]) == (0, 0, 1, 9), (pin, first)
+    first = q.recentProgress[0]
+    # batch 0 reads (3 x 3) records at once, as Spark's source does; its end records the resolved earliest start
+    assert (first["batchId"], first["numInputRows"]) == (0, 9), first
     planned = json.loads(Path(tmp_checkpoint, "offsets", "0").read_text().splitlines()[-1])
-    assert planned_offsets(planned) == {topic: {"0": 0, "1": 0, "2": 0}} and topic in topic_ids(planned), planned
+    assert planned_offsets(planned) == {topic: {"0": 3, "1": 3, "2": 3}} and topic in topic_ids(planned), planned
+    assert batch_start(planned) == {TopicPartition(topic, p): 0 for p in range(3)}, planned
     assert memory_rows(spark, name, tmp_checkpoint) == truth
     # offsets/n holds the source state in Spark's JVM shape (and the topic's id, which Spark's parser passes over)
     last = max(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
@@ -641,13 +643,14 @@ def test_latest_start_is_pinned_and_group_offsets(
     )
     assert [r[1] for r in rows_of(by_group)] == list(range(committed, 7))
 
-    # without startingOffsetsLocation an empty batch 0 pins "latest" in offsets/0
+    # without startingOffsetsLocation batch 0 records the resolved "latest" in its end (offsets/0)
     name2 = "pin_" + uuid.uuid4().hex[:6]
     cp2 = os.path.join(tmp_checkpoint, "cp2")
     q = run_available_now(spark, base_options(kafka_service, subscribe=topic), cp2, name2)
     assert q.exception() is None and memory_rows(spark, name2, cp2) == []
     planned = json.loads(Path(cp2, "offsets", "0").read_text().splitlines()[-1])
     assert planned_offsets(planned) == {topic: {"0": 7}} and topic in topic_ids(planned), planned
+    assert batch_start(planned) == {TopicPartition(topic, 0): 7}, planned
 
 
 # ---- checkpoint interchange with Spark's own Kafka source: integration/spark_peer/test_interchange.py runs

@@ -16,7 +16,7 @@ from eos_core import kafka_clients
 from eos_core.errors import ConfigError, DataLossError
 from sources.kafka import KafkaEosDataSource, kafka_schema, parse_options
 from sources.kafka.datasource import KafkaBatchReader, KafkaStreamReader
-from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition, dumps, from_json, to_json
+from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition, batch_start, dumps, from_json, to_json
 from sources.kafka.options import OPTIONS, consumer_config
 from sources.kafka.planner import Limits, limits_from, rate_limit
 from sources.kafka.reader import _Columns, arrow_schema
@@ -412,17 +412,28 @@ class _FakePlanner:
         return [(tp, start[tp], e) for tp, e in end.items() if start.get(tp, e) < e]  # non-empty ranges
 
 
-def test_symbolic_start_is_pinned_by_an_empty_batch_zero() -> None:
+def test_symbolic_start_is_resolved_once_and_batch_zero_reads_from_it_recorded_in_its_end() -> None:
     reader = KafkaStreamReader(opts(subscribe="t"))
     tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
-    fake = _FakePlanner({}, {tp0: 7, tp1: 3})
+    fake = _FakePlanner({tp0: 9, tp1: 3}, {tp0: 7, tp1: 3})
     reader.planner = fake  # type: ignore[assignment]
     reader._initial = to_json({tp0: LATEST, tp1: LATEST}, symbolic=True)
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
-    assert end == {"t": {"0": 7, "1": 3}}
+    assert end == {"kafka-eos:start:t=0:7,1:3": {}, "t": {"0": 9, "1": 3}}  # offsets/0: the end and its start
     assert reader.latestOffset(start, ReadAllAvailable()) == end and fake.resolves == 1  # resolved once
-    assert reader.partitions(start, end) == []  # batch 0 reads nothing: it only pins the start
+    assert reader.partitions(start, end) == [(tp0, 7, 9)]  # batch 0 reads at once, no empty pinning batch
+    # nothing new after batch 0: its end as Spark gave it back (an end without the recorded start would be a
+    # new end to Spark: an empty batch 1)
+    assert reader.latestOffset(json.loads(json.dumps(end)), ReadAllAvailable()) == end
+    fake.end = {tp0: 12, tp1: 3}
+    assert reader.latestOffset(json.loads(json.dumps(end)), ReadAllAvailable()) == {"t": {"0": 12, "1": 3}}
+    # a restart replays batch 0: initialOffset gives the symbolic start again, latest is elsewhere by now
+    restarted = KafkaStreamReader(opts(subscribe="t"))
+    restarted.planner = _FakePlanner({tp0: 20, tp1: 20}, {tp0: 20, tp1: 20})  # type: ignore[assignment]
+    assert restarted.partitions(start, json.loads(json.dumps(end))) == [(tp0, 7, 9)]  # the range it was planned
+    # offsets/0 of kafka-eos 0.1.0, whose empty batch 0 pinned the start (its end): its replay reads nothing
+    assert restarted.partitions(start, {"t": {"0": 7, "1": 3}}) == []
 
 
 def test_min_offsets_wait_until_max_trigger_delay() -> None:
@@ -502,12 +513,13 @@ def test_available_now_resolves_the_start_before_the_snapshot(start: dict[str, s
     reader.prepareForTriggerAvailableNow()
     first = _spark(reader.initialOffset())
     limit = reader.getDefaultReadLimit()
-    pinned = _spark(reader.latestOffset(first, limit))
-    assert reader.partitions(first, pinned) == []
-    end = _spark(reader.latestOffset(pinned, limit))  # used to fail: "offsets of t-0 went back"
-    assert reader._target is not None and end == to_json(reader._target)  # ends exactly at the snapshot
-    assert all(end["t"][p] >= pinned["t"][p] for p in ("0", "1"))
-    assert len(reader.partitions(pinned, end)) == 2
+    end = _spark(reader.latestOffset(first, limit))  # used to fail: "offsets of t-0 went back"
+    resolved = batch_start(end)  # batch 0 reads from the start it resolved, recorded in its end
+    assert reader._target is not None and from_json(end) == reader._target  # ends exactly at the snapshot
+    assert all(reader._target[tp] >= resolved[tp] for tp in (tp0, tp1)), (resolved, end)
+    assert {(p.range.partition, p.range.start) for p in reader.partitions(first, end)} == {  # type: ignore[attr-defined]
+        (tp.partition, off) for tp, off in resolved.items()
+    }
     client._tick()  # producers went on writing
     assert client.ends[tp0] > end["t"]["0"]
     assert reader.latestOffset(end, limit) == end  # caught up: no batch beyond the snapshot
@@ -522,16 +534,16 @@ def test_earliest_start_is_pinned_so_retention_cannot_move_a_replay(start: str) 
     reader, client = _fake_reader({tp0: 10, tp1: 10}, startingOffsets=start)
     first = _spark(reader.initialOffset())
     assert first == {"t": {"0": EARLIEST, "1": EARLIEST if start == "earliest" else 4}}
-    pinned = _spark(reader.latestOffset(first, ReadAllAvailable()))
-    assert pinned == {"t": {"0": 0, "1": 0 if start == "earliest" else 4}}
-    assert reader.partitions(first, pinned) == []  # the pinning batch reads nothing
-    end = _spark(reader.latestOffset(pinned, ReadAllAvailable()))
+    end = _spark(reader.latestOffset(first, ReadAllAvailable()))
+    assert batch_start(end) == {tp0: 0, tp1: 0 if start == "earliest" else 4}  # resolved, recorded in offsets/0
+    assert from_json(end) == {tp0: 10, tp1: 10}
     client.earliest = lambda tps: {tp: 5 for tp in tps}  # type: ignore[method-assign]  # retention ran
     restarted, _ = _fake_reader({tp0: 10, tp1: 10}, startingOffsets=start)
     restarted.planner.client = client  # type: ignore[assignment]
-    planned = restarted.partitions(pinned, end)  # Spark replays batch 1 from offsets/0 and offsets/1
+    planned = restarted.partitions(first, end)  # Spark replays batch 0 from initialOffset() and offsets/0
     starts = {(p.range.partition, p.range.start) for p in planned}  # type: ignore[attr-defined]
     assert starts == {(0, 0), (1, 0 if start == "earliest" else 4)}
+    end = {"t": end["t"]}  # an end that records no start: Spark's source's (below)
     # a batch 0 that Spark's format("kafka") planned from this start and did not commit (its start is in
     # sources/0/0, out of kafka-eos's reach): earliest partitions are read from their earliest offset, as Spark would
     spark_batch_0 = restarted.partitions(first, end)
@@ -1328,6 +1340,24 @@ def test_offsets_record_topic_ids_where_sparks_source_sees_no_partition() -> Non
     assert list(written) == sorted(written)  # one text for equal offsets
     assert topic_ids({"t": {"0": 5}}) == {}  # Spark's offsets: no ids
     assert kafka_uuid("muRobJfERH6n/OvY7UJojA") == "muRobJfERH6n_OvY7UJojA"  # Kafka's own text of an id
+
+
+def test_a_first_batchs_end_records_its_start_where_sparks_source_sees_no_partition() -> None:
+    from sources.kafka.offsets import with_ids, with_start
+
+    tp0, tp1, u0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+    written = with_start(with_ids(to_json({tp0: 50, tp1: 70, u0: 1}), {"t": "ID"}), {tp0: 5, tp1: 7, u0: 0})
+    assert list(written) == sorted(written)  # one text for equal offsets
+    text = json.dumps(written, separators=(",", ":"))
+    assert "kafka-eos:start:t=0:5,1:7" in written and "kafka-eos:start:u=0:0" in written
+    assert _spark_partition_offsets(text) == {("t", 0): 50, ("t", 1): 70, ("u", 0): 1}  # Spark reads the end
+    assert from_json(text) == {tp0: 50, tp1: 70, u0: 1}  # so does kafka-eos (and 0.1.0: a topic with no partition)
+    assert batch_start(text) == {tp0: 5, tp1: 7, u0: 0}
+    assert batch_start({"t": {"0": 5}}) == {} and batch_start("not json") == {}  # a later batch's end, Spark's
+    with pytest.raises(ConfigError, match="kafka-eos:start:t=0:x"):
+        batch_start({"kafka-eos:start:t=0:x": {}})
+    with pytest.raises(ConfigError, match=">= 0"):
+        batch_start({"kafka-eos:start:t=0:-2": {}})  # a recorded start is concrete
 
 
 def _ids_reader(fail_on_data_loss: str) -> tuple[KafkaStreamReader, _FakeClient, dict]:

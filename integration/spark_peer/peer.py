@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sources.kafka.offsets import EARLIEST, ID_KEY, LATEST
+from sources.kafka.offsets import ID_KEY, START_KEY
 
 SPARK, EOS = "kafka", "kafka-eos"
 FORMATS = (SPARK, EOS)
@@ -65,11 +65,12 @@ def _last_json(path: Path) -> Any:
 
 
 def partition_offsets(value: Any) -> Any:
-    """An offset as Spark's own source reads it: without the topic ids kafka-eos records beside the offsets
-    (``sources.kafka.offsets.ID_KEY``: keys whose empty maps give Spark no partition)."""
+    """An offset as Spark's own source reads it: without the topic ids and the first batch's start kafka-eos
+    records beside the offsets (``sources.kafka.offsets.ID_KEY``, ``START_KEY``: keys whose empty maps give Spark
+    no partition)."""
     if not isinstance(value, dict):
         return value
-    return {k: v for k, v in value.items() if not (k.startswith(ID_KEY) and v == {})}
+    return {k: v for k, v in value.items() if not (k.startswith((ID_KEY, START_KEY)) and v == {})}
 
 
 def offsets(checkpoint: str, *, raw: bool = False) -> dict[int, Any]:
@@ -177,34 +178,20 @@ def progress_of(events: list[Any]) -> list[Progress]:
     return out
 
 
-def pins(start: int) -> int:
-    """1 when kafka-eos pins a start with an empty batch 0, else 0: its batch n + pins is Spark's batch n.
-    Every non-concrete start is pinned (``EARLIEST``, ``LATEST``; timestamps and group resolve through LATEST)."""
-    return 1 if start in (EARLIEST, LATEST) else 0
-
-
-def assert_same_stream(spark_cp: str, eos_cp: str, spark_run: Run, eos_run: Run, shift: int) -> None:
-    """kafka-eos's batch n + shift is Spark's batch n: rows, offsets/n, progress; with shift 1 its batch 0 is
-    empty and ends at the start Spark resolved (``sources/0/0``)."""
+def assert_same_stream(spark_cp: str, eos_cp: str, spark_run: Run, eos_run: Run) -> None:
+    """kafka-eos's batch n is Spark's batch n: rows, offsets/n (as Spark's source reads them), progress."""
     assert spark_run.error is None and eos_run.error is None, (spark_run.error, eos_run.error)
     so, eo = offsets(spark_cp), offsets(eos_cp)
-    assert sorted(eo) == list(range(shift)) + [n + shift for n in sorted(so)], (so, eo)
+    assert sorted(eo) == sorted(so), (so, eo)
     assert sorted(spark_run.batches) == sorted(so) and sorted(eos_run.batches) == sorted(eo)
-    if shift:
-        assert eos_run.batches[0] == [] and eo[0] == spark_initial(spark_cp), (eo[0], spark_initial(spark_cp))
     for n in so:
-        assert eos_run.batches[n + shift] == spark_run.batches[n], f"rows of Spark's batch {n}"
-        assert eo[n + shift] == so[n], f"offsets/{n}: {so[n]} vs kafka-eos offsets/{n + shift}: {eo[n + shift]}"
+        assert eos_run.batches[n] == spark_run.batches[n], f"rows of Spark's batch {n}"
+        assert eo[n] == so[n], f"offsets/{n}: {so[n]} vs kafka-eos's {eo[n]}"
     sp = {p.batch: p for p in spark_run.progress}
     ep = {p.batch: p for p in eos_run.progress}
-    assert sorted(ep) == list(range(shift)) + [n + shift for n in sorted(sp)], (sp, ep)
+    assert sorted(ep) == sorted(sp), (sp, ep)
     for n, p in sp.items():
-        ours = ep[n + shift]
-        if n == 0 and shift:
-            # a progress event has no startOffset for batch 0 (Spark's source keeps it in sources/0/0): kafka-eos's
-            # batch 1 starts where its pinning batch 0 ended, Spark's resolved start
-            assert p.start is None and ours.start == spark_initial(spark_cp), (p, ours)
-            p = Progress(p.batch, p.rows, ours.start, p.end, p.latest, p.metrics)
+        ours = ep[n]
         assert ours.same_as() == p.same_as(), (n, p, ours)
         assert_behind_metrics(p, ours)
 
@@ -285,10 +272,8 @@ def java_partition(key: bytes, partitions: int) -> int:
 
 
 __all__ = [
-    "EARLIEST",
     "EOS",
     "FORMATS",
-    "LATEST",
     "SPARK",
     "Progress",
     "Read",
@@ -300,7 +285,6 @@ __all__ = [
     "murmur2",
     "offsets",
     "options",
-    "pins",
     "read",
     "send",
     "spark_initial",

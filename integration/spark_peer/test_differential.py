@@ -4,8 +4,9 @@ same batch boundaries (offsets/n) and progress (numInputRows, startOffset, endOf
 offsets-behind metrics, which kafka-eos cannot report and which its offsets give).
 
 Differences on purpose are asserted here and explained in docs/kafka-source.md ("Differences from Spark's
-source"): a non-concrete start costs kafka-eos an empty pinning batch 0 (``pins``), and a partition added
-under a running query is read one batch later.
+source"): a partition added under a running query is read one batch later. (kafka-eos 0.1.0 also pinned a
+non-concrete start with an empty batch 0 of its own; batch 0's end now records the start it resolved, and the
+batch ids are Spark's for every start.)
 """
 
 from __future__ import annotations
@@ -23,16 +24,13 @@ from confluent_kafka import TopicPartition as CkTP
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from integration.spark_peer.peer import (
-    EARLIEST,
     EOS,
-    LATEST,
     SPARK,
     assert_same_stream,
     commits,
     create_topic,
     offsets,
     options,
-    pins,
     read,
     send,
     spark_initial,
@@ -152,7 +150,7 @@ def test_stream_earliest_with_max_offsets_per_trigger(
     s, e, scp, ecp = _both(spark, tmp_path, opts)
     assert len(s.batches) == 5  # 45 records, 10 a batch, split by backlog
     assert sum(len(rows) for rows in s.batches.values()) == N  # AvailableNow reads everything, whatever min says
-    assert_same_stream(scp, ecp, s, e, pins(EARLIEST))
+    assert_same_stream(scp, ecp, s, e)
 
 
 def test_stream_subscribe_pattern_and_headers(
@@ -167,7 +165,7 @@ def test_stream_subscribe_pattern_and_headers(
     )
     s, e, scp, ecp = _both(spark, tmp_path, opts)
     assert sum(len(rows) for rows in s.batches.values()) == N + 5
-    assert_same_stream(scp, ecp, s, e, pins(EARLIEST))
+    assert_same_stream(scp, ecp, s, e)
 
 
 def test_stream_assign_with_concrete_json_start(
@@ -181,7 +179,7 @@ def test_stream_assign_with_concrete_json_start(
         maxOffsetsPerTrigger="5",
     )
     s, e, scp, ecp = _both(spark, tmp_path, opts)
-    assert_same_stream(scp, ecp, s, e, 0)  # a concrete start: no pinning batch, the same batch ids
+    assert_same_stream(scp, ecp, s, e)  # the same batch ids
     assert spark_initial(scp) == {a: {"1": 3, "2": 9}}
     assert s.progress[0].start is None and e.progress[0].start is None  # batch 0: no startOffset in either
 
@@ -193,8 +191,7 @@ def test_stream_latest_start(spark: Any, kafka_service: Any, admin: AdminClient,
     cps = str(tmp_path / "spark"), str(tmp_path / "eos")
     first = {SPARK: stream(spark, SPARK, opts, cps[0]), EOS: stream(spark, EOS, opts, cps[1])}
     # Spark resolves latest when the query starts (sources/0/0) and runs batch 0 at the first trigger, empty
-    # when nothing arrived in between; kafka-eos's batch 0 is its pinning batch, always empty: here the
-    # same batch, so the batch ids stay aligned (they shift by one only when Spark's batch 0 reads records)
+    # when nothing arrived in between; kafka-eos resolves it at its first trigger and records it in offsets/0
     assert spark_initial(cps[0]) == {topic: {"0": 5, "1": 5}}
     assert first[SPARK].batches == first[EOS].batches == {0: []}
     assert offsets(cps[0]) == offsets(cps[1]) == {0: {topic: {"0": 5, "1": 5}}}
@@ -203,8 +200,7 @@ def test_stream_latest_start(spark: Any, kafka_service: Any, admin: AdminClient,
     e = stream(spark, EOS, opts, cps[1], sink=first[EOS].batches)
     assert {r[1] for rows in s.batches.values() for r in rows} == {b"new%d" % i for i in range(12)}
     s.progress, e.progress = first[SPARK].progress + s.progress, first[EOS].progress + e.progress
-    assert pins(LATEST) == 1
-    assert_same_stream(*cps, s, e, 0)
+    assert_same_stream(*cps, s, e)
 
 
 @pytest.mark.parametrize("how", ["startingTimestamp", "startingOffsetsByTimestamp"])
@@ -220,7 +216,7 @@ def test_stream_timestamp_start(spark: Any, kafka_service: Any, data: dict[str, 
     opts = options(kafka_service.bootstrap, subscribe=a, maxOffsetsPerTrigger="6", **by_ts)
     s, e, scp, ecp = _both(spark, tmp_path, opts)
     assert s.batches, "nothing read"
-    assert_same_stream(scp, ecp, s, e, pins(LATEST))  # a timestamp start resolves like latest: pinned
+    assert_same_stream(scp, ecp, s, e)  # resolved once, recorded in offsets/0, read by batch 0 as Spark's
 
 
 # ---- transactions and compaction ----------------------------------------------------------------------
@@ -257,7 +253,7 @@ def test_isolation_levels_over_aborted_transactions(
     if isolation == "read_committed":
         # streaming: batch boundaries count offsets (markers and aborted records included), both sources alike
         s, e, scp, ecp = _both(spark, tmp_path, {**opts, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "5"})
-        assert_same_stream(scp, ecp, s, e, pins(EARLIEST))
+        assert_same_stream(scp, ecp, s, e)
 
 
 def _log_offsets(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]]:
@@ -297,7 +293,7 @@ def test_compacted_topic(spark: Any, kafka_service: Any, admin: AdminClient, tmp
     theirs, ours = read(spark, SPARK, opts), read(spark, EOS, opts)
     assert ours.rows == theirs.rows and len(ours.rows) < 62
     s, e, scp, ecp = _both(spark, tmp_path, {**opts, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "8"})
-    assert_same_stream(scp, ecp, s, e, pins(EARLIEST))
+    assert_same_stream(scp, ecp, s, e)
 
 
 # ---- partitions added, topics deleted -----------------------------------------------------------------
@@ -309,7 +305,7 @@ def test_partitions_added_between_runs(spark: Any, kafka_service: Any, admin: Ad
     cps = str(tmp_path / "spark"), str(tmp_path / "eos")
     s = stream(spark, SPARK, opts, cps[0])
     e = stream(spark, EOS, opts, cps[1])
-    assert_same_stream(*cps, s, e, 0)
+    assert_same_stream(*cps, s, e)
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
     wait_until(lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 3, "3 partitions")
     send(bootstrap, topic, [{"value": b"b%d" % i, "partition": i % 3} for i in range(9)])
@@ -345,7 +341,7 @@ def test_deleted_topic(
     )
     cps = str(tmp_path / "spark"), str(tmp_path / "eos")
     s, e = stream(spark, SPARK, opts, cps[0]), stream(spark, EOS, opts, cps[1])
-    assert_same_stream(*cps, s, e, 0)
+    assert_same_stream(*cps, s, e)
     admin.delete_topics([b])[b].result(30)
     wait_until(lambda: b not in admin.list_topics(timeout=10).topics, f"{b} deleted")
     send(bootstrap, a, [{"value": b"a-late%d" % i, "partition": 0} for i in range(3)])
@@ -360,7 +356,7 @@ def test_deleted_topic(
         assert offsets(cps[0])[1] == {a: {"0": 7}} and commits(cps[0]) == {0}
         assert sorted(offsets(cps[1])) == [0] and commits(cps[1]) == {0}
     else:
-        assert_same_stream(*cps, s2, e2, 0)
+        assert_same_stream(*cps, s2, e2)
         assert offsets(cps[1])[1] == {a: {"0": 7}}
 
 
@@ -376,7 +372,7 @@ def test_deleted_subscribed_topic_on_restart(
     opts = options(bootstrap, subscribe=f"{a},{b}", startingOffsets="earliest", failOnDataLoss="false")
     cps = str(tmp_path / "spark"), str(tmp_path / "eos")
     s, e = stream(spark, SPARK, opts, cps[0]), stream(spark, EOS, opts, cps[1])
-    assert_same_stream(*cps, s, e, pins(EARLIEST))
+    assert_same_stream(*cps, s, e)
     admin.delete_topics([b])[b].result(30)
     wait_until(lambda: b not in admin.list_topics(timeout=10).topics, f"{b} deleted")
     send(bootstrap, a, [{"value": b"late%d" % i, "partition": 0} for i in range(2)])

@@ -114,7 +114,7 @@ def test_checkpoint_moves_between_sparks_source_and_kafka_eos(
 def test_kafka_eos_pinning_batch_then_sparks_source(
     spark: Any, kafka_service: Any, admin: AdminClient, tmp_path: Path
 ) -> None:
-    # kafka-eos starts at latest (its batch 0 pins the start), Spark's source continues from offsets/0
+    # kafka-eos starts at latest (its batch 0 records the resolved start), Spark's source continues from offsets/0
     bootstrap = kafka_service.bootstrap
     topic = create_topic(admin, f"pin-{uuid.uuid4().hex[:8]}", 2)
     send(bootstrap, topic, _values(0, 6, 2))

@@ -34,11 +34,13 @@ from sources.kafka.offsets import (
     EARLIEST,
     LATEST,
     PartitionOffsets,
+    batch_start,
     from_json,
     is_symbolic,
     to_json,
     topic_ids,
     with_ids,
+    with_start,
 )
 from sources.kafka.options import OPTIONS, KafkaSourceOptions, parse_options
 from sources.kafka.planner import KafkaPlanner, limits_from
@@ -159,10 +161,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     The start of batch 0 is never written to the checkpoint by Spark and ``initialOffset`` is
     called again on restart, so a start that depends on time (latest, timestamps, group) is resolved
-    once: into ``startingOffsetsLocation`` when set, otherwise by an empty batch 0 whose end pins the
-    resolved start in ``offsets/0``. Earliest is pinned too: re-resolved on a replay of batch 0, it
-    would move past records that retention deleted meanwhile, a loss no check could see; pinned, the
-    replay reads from below the log start and failOnDataLoss decides.
+    once: into ``startingOffsetsLocation`` when set, otherwise into batch 0's end, which records the
+    resolved start beside the end in ``offsets/0`` (``with_start``): a replay of batch 0 reads the
+    range it was planned with. Earliest is pinned too: re-resolved on a replay of batch 0, it would
+    move past records that retention deleted meanwhile, a loss no check could see; pinned, the replay
+    reads from below the log start and failOnDataLoss decides. Batch 0 reads records as every later
+    batch does (no empty batch pins the start: its trigger cost a stateful query a whole empty batch),
+    so the batch ids are those of Spark's source.
     """
 
     def __init__(self, opts: KafkaSourceOptions) -> None:
@@ -218,26 +223,31 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start, symbolic=True, what="start offset")
-        end_json: dict[str, Any]
-        if is_symbolic(begin):
+        recorded = topic_ids(start)
+        first = is_symbolic(begin)
+        if first:
             key = repr(start)
             if key not in self._pinned:
-                # batch 0 reads nothing; its end is the resolved start, kept by Spark in offsets/0
+                # resolved once; batch 0's end records it (offsets/0), so a replay of batch 0 reads from it
                 ids = self.planner.client.topic_ids({tp.topic for tp in begin})
                 self._pinned[key] = with_ids(to_json(self.planner.resolve_start(sorted(begin))), ids)
-            end_json = self._pinned[key]
-            if self._available_now and self._target is None:
-                self._target = self._snapshot()  # after the start is resolved: the start is never beyond it
-            resolved = from_json(end_json, what="resolved start")
-            self._latest = self._target if self._target is not None else self.planner.client.latest(sorted(resolved))
+            resolved = from_json(self._pinned[key], what="resolved start")
+            recorded = topic_ids(self._pinned[key])
         else:
-            if self._available_now and self._target is None:
-                self._target = self._snapshot()
-            limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._available_now)
-            kept, uncapped, self._latest, ids = self.planner.planned_end(begin, topic_ids(start), target=self._target)
-            if limits.min_rows is not None and self._delay(kept, uncapped, limits.min_rows):
-                return with_ids(to_json(begin), topic_ids(start))
-            end_json = with_ids(to_json(self.planner.cap(kept, uncapped, limits)), ids)
+            resolved = begin
+        if self._available_now and self._target is None:
+            self._target = self._snapshot()  # after the start is resolved: the start is never beyond it
+        limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._available_now)
+        kept, uncapped, self._latest, ids = self.planner.planned_end(resolved, recorded, target=self._target)
+        if limits.min_rows is not None and self._delay(kept, uncapped, limits.min_rows):
+            return start
+        end_json = with_ids(to_json(self.planner.cap(kept, uncapped, limits)), ids)
+        if first:
+            end_json = with_start(end_json, kept)
+        elif from_json(end_json, what="end offset") == begin and topic_ids(end_json) == recorded:
+            # nothing new: the start as Spark gave it, whose text may hold more (batch 0's end records its start);
+            # an end of other text would be a batch to Spark, an empty one
+            return start
         if from_json(end_json, what="end offset") != begin:
             faults.point("source.plan", spec=self.opts.faults)
         return end_json
@@ -266,12 +276,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = from_json(start, symbolic=True, what="start offset")
         end_offsets = from_json(end, what="end offset")
+        start_ids = topic_ids(start)
+        planned_from = batch_start(end)
+        if is_symbolic(begin) and planned_from:
+            # batch 0 (or its replay): the start it was planned from, resolved once and recorded in its end
+            begin, start_ids = planned_from, topic_ids(end)
         # a topic deleted and re-created under its name (topic ids, kept in the offsets) is not read on blindly
-        begin, end_offsets = self.planner.replayable(begin, topic_ids(start), end_offsets, topic_ids(end))
+        begin, end_offsets = self.planner.replayable(begin, start_ids, end_offsets, topic_ids(end))
         if is_symbolic(begin):
-            # Batch 0 of a start that is pinned (see the class docstring). kafka-eos's own pinning batch reads
-            # nothing: its end is the resolved start. A batch 0 that Spark's format("kafka") planned and did not
-            # commit keeps its start in sources/0/0, which a Python data source cannot read: an earliest
+            # Batch 0 whose end records no start. kafka-eos 0.1.0 pinned the start with an empty batch 0:
+            # its end is the resolved start, nothing is read. A batch 0 that Spark's format("kafka") planned and
+            # did not commit keeps its start in sources/0/0, which a Python data source cannot read: an earliest
             # partition is read from its earliest offset to that end, as Spark would; a latest one cannot be.
             known = {tp: (end_offsets.get(tp, 0) if off == LATEST else off) for tp, off in begin.items()}
             concrete = {tp: off for tp, off in known.items() if off != EARLIEST}  # earliest: read as new partitions

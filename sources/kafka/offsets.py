@@ -5,6 +5,11 @@ deleted and re-created under its name is told apart from the one the offsets are
 of its own whose value is an empty map, ``"kafka-eos:topic-id:<topic>=<id>": {}``: Spark's own Kafka source
 reads an offset as ``Map[String, Map[Int, Long]]`` (``JsonUtils.partitionOffsets``) and an empty map gives
 it no partition, so a checkpoint stays readable by either source; ``:`` and ``=`` are in no topic name.
+
+The end of a stream's first batch also records where that batch starts, ``"kafka-eos:start:<topic>=<p>:<offset>,
+..."``: {}`` (``with_start``, ``batch_start``). Spark keeps no start of batch 0 for a Python source (it asks
+``initialOffset`` again on a restart), and a start such as latest or earliest means other offsets later; kept in
+``offsets/0``, the start makes a replay of batch 0 read exactly what the batch was planned to read.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ __all__ = [
     "EARLIEST",
     "ID_KEY",
     "LATEST",
+    "START_KEY",
     "PartitionOffsets",
     "TopicPartition",
+    "batch_start",
     "dumps",
     "from_json",
     "is_symbolic",
@@ -28,10 +35,14 @@ __all__ = [
     "to_json",
     "topic_ids",
     "with_ids",
+    "with_start",
 ]
 
 ID_KEY = "kafka-eos:topic-id:"
 """The prefix of a topic id's key in an offset dict: ``kafka-eos:topic-id:<topic>=<id>`` -> ``{}``."""
+START_KEY = "kafka-eos:start:"
+"""The prefix of a first batch's start in its end: ``kafka-eos:start:<topic>=<p>:<offset>,...`` -> ``{}``."""
+_OWN = "kafka-eos:"  # keys of kafka-eos's own (ids, a first batch's start), each mapped to {}: no partition
 
 EARLIEST = -2
 """Sentinel offset: the earliest offset still in the log (Spark's JSON uses -2)."""
@@ -90,8 +101,8 @@ def from_json(value: Any, *, symbolic: bool = False, what: str = "offsets") -> P
         raise ConfigError(f"{what}: expected a JSON object of topic -> {{partition: offset}}, got {value!r}")
     out: PartitionOffsets = {}
     for topic, parts in value.items():
-        if str(topic).startswith(ID_KEY) and parts == {}:
-            continue  # a topic id (topic_ids), no partition
+        if str(topic).startswith(_OWN) and parts == {}:
+            continue  # a topic id (topic_ids) or a first batch's start (batch_start), no partition
         if not isinstance(parts, dict):
             raise ConfigError(f"{what}: topic {topic!r} must map partitions to offsets, got {parts!r}")
         for p, off in parts.items():
@@ -149,3 +160,38 @@ def with_ids(offsets: dict[str, dict[str, int]], ids: Mapping[str, str]) -> dict
         if topic in ids:
             merged[f"{ID_KEY}{topic}={ids[topic]}"] = {}
     return {k: merged[k] for k in sorted(merged)}
+
+
+def with_start(offsets: dict[str, Any], start: Mapping[TopicPartition, int]) -> dict[str, Any]:
+    """A first batch's end (``to_json``'s or ``with_ids``' dict) that also records the batch's concrete ``start``
+    (``batch_start`` reads it back), keys sorted: equal offsets give the same text."""
+    merged: dict[str, Any] = dict(offsets)
+    for topic, parts in to_json(start).items():
+        merged[f"{START_KEY}{topic}=" + ",".join(f"{p}:{off}" for p, off in parts.items())] = {}
+    return {k: merged[k] for k in sorted(merged)}
+
+
+def batch_start(value: Any) -> PartitionOffsets:
+    """The start a first batch's end records (``with_start``); {} for any other offsets (a later batch's end,
+    offsets of Spark's source or of a kafka-eos that pinned its start with an empty batch 0)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    out: PartitionOffsets = {}
+    for key, parts in value.items():
+        if not (str(key).startswith(START_KEY) and parts == {} and "=" in key):
+            continue
+        topic, _, listed = key[len(START_KEY) :].rpartition("=")
+        for item in listed.split(","):
+            p, _, off = item.partition(":")
+            try:
+                tp, offset = TopicPartition(topic, int(p)), int(off)
+                _check(tp, offset, symbolic=False)
+            except ValueError as exc:
+                raise ConfigError(f"first batch's start: {key!r}: {exc}") from None
+            out[tp] = offset
+    return out
