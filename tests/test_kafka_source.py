@@ -432,8 +432,25 @@ def test_symbolic_start_is_resolved_once_and_batch_zero_reads_from_it_recorded_i
     restarted = KafkaStreamReader(opts(subscribe="t"))
     restarted.planner = _FakePlanner({tp0: 20, tp1: 20}, {tp0: 20, tp1: 20})  # type: ignore[assignment]
     assert restarted.partitions(start, json.loads(json.dumps(end))) == [(tp0, 7, 9)]  # the range it was planned
+    # a restart whose startingOffsets changed meanwhile replays batch 0 as planned too (Spark's source keeps
+    # sources/0/0 whatever the options say then)
+    assert restarted.partitions(to_json({tp0: 2, tp1: 1}), json.loads(json.dumps(end))) == [(tp0, 7, 9)]
     # offsets/0 of kafka-eos 0.1.0, whose empty batch 0 pinned the start (its end): its replay reads nothing
     assert restarted.partitions(start, {"t": {"0": 7, "1": 3}}) == []
+
+
+def test_batch_zero_never_waits_for_min_offsets_its_end_is_concrete() -> None:
+    """Spark builds batch 0 from whatever the first latestOffset gives: a symbolic end (the start given back by a
+    wait) would be in offsets/0 for good, and every replay would fail on it."""
+    import time as _time
+
+    reader = KafkaStreamReader(opts(subscribe="t", minOffsetsPerTrigger="100", maxTriggerDelay="1h"))
+    tp0 = TopicPartition("t", 0)
+    reader.planner = _FakePlanner({tp0: 9}, {tp0: 7})  # type: ignore[assignment]
+    reader._last_trigger = _time.monotonic()  # as if a trigger had just run: a later batch would wait
+    start = to_json({tp0: LATEST}, symbolic=True)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {"kafka-eos:start:t=0:7": {}, "t": {"0": 9}}, end
 
 
 def test_min_offsets_wait_until_max_trigger_delay() -> None:

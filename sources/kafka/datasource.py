@@ -239,7 +239,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._target = self._snapshot()  # after the start is resolved: the start is never beyond it
         limits = limits_from(limit, self.getDefaultReadLimit(), self.opts, available_now=self._available_now)
         kept, uncapped, self._latest, ids = self.planner.planned_end(resolved, recorded, target=self._target)
-        if limits.min_rows is not None and self._delay(kept, uncapped, limits.min_rows):
+        # batch 0 never waits (Spark's source neither): its end must be concrete, as Spark builds batch 0 from it
+        if not first and limits.min_rows is not None and self._delay(kept, uncapped, limits.min_rows):
             return start
         end_json = with_ids(to_json(self.planner.cap(kept, uncapped, limits)), ids)
         if first:
@@ -278,8 +279,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end_offsets = from_json(end, what="end offset")
         start_ids = topic_ids(start)
         planned_from = batch_start(end)
-        if is_symbolic(begin) and planned_from:
-            # batch 0 (or its replay): the start it was planned from, resolved once and recorded in its end
+        if planned_from:
+            # batch 0 (or its replay): the start it was planned from, resolved once and recorded in its end, whatever
+            # initialOffset() gives now (a start option changed before a restart: Spark's source, too, keeps the
+            # start of a batch 0 it planned)
             begin, start_ids = planned_from, topic_ids(end)
         # a topic deleted and re-created under its name (topic ids, kept in the offsets) is not read on blindly
         begin, end_offsets = self.planner.replayable(begin, start_ids, end_offsets, topic_ids(end))
