@@ -1312,7 +1312,8 @@ def test_reader_out_of_range_inside_the_log_is_retried_and_truncation_is_a_loss(
 
 def test_read_consumer_settings_bound_the_prefetch_and_never_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     """A read task's consumer: bounded prefetch, no 1 s wait when its queue fills (librdkafka's default
-    fetch.queue.backoff.ms), never a silent offset jump; a user's kafka.* value wins where it may."""
+    fetch.queue.backoff.ms), no 500 ms wait behind a fetch past the range's end (fetch.wait.max.ms), never a
+    silent offset jump; a user's kafka.* value wins where it may."""
     from sources.kafka import reader as reader_mod
 
     made: list[dict] = []
@@ -1320,10 +1321,18 @@ def test_read_consumer_settings_bound_the_prefetch_and_never_idle(monkeypatch: p
     monkeypatch.setattr(reader_mod.kafka_clients, "consumer", lambda conf, watch: made.append(conf) or object())
     reader_mod._consumer(ReadSettings({"bootstrap.servers": "b:9"}))
     reader_mod._consumer(
-        ReadSettings({"bootstrap.servers": "b:9", "fetch.queue.backoff.ms": "500", "auto.offset.reset": "earliest"})
+        ReadSettings(
+            {
+                "bootstrap.servers": "b:9",
+                "fetch.queue.backoff.ms": "500",
+                "fetch.wait.max.ms": "100",
+                "auto.offset.reset": "earliest",
+            }
+        )
     )
     default, user = made
     assert default["fetch.queue.backoff.ms"] == 10 and default["queued.max.messages.kbytes"] == 16384
+    assert default["fetch.wait.max.ms"] == 10 and user["fetch.wait.max.ms"] == "100"
     assert default["auto.offset.reset"] == "error" and default["enable.auto.commit"] is False
     assert user["fetch.queue.backoff.ms"] == "500" and user["auto.offset.reset"] == "error"
     reader_mod._consumer(ReadSettings({"bootstrap.servers": "b:9"}))

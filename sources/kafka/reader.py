@@ -72,6 +72,12 @@ def _consumer(settings: ReadSettings) -> Consumer:
         # fetches again, however soon the queue drains: a task draining its range at full speed then
         # idles most of the time (2-3x slower on one partition, measured in bench/kafka_source.py)
         conf.setdefault("fetch.queue.backoff.ms", 10)
+        # a task reads up to its range's end, which is mostly the log's end: librdkafka's prefetch past it waits at
+        # the broker for fetch.wait.max.ms (500 ms by default), and the next batch's task on this consumer cannot
+        # fetch until that request returns (one fetch in flight per broker). 10 ms: a read task of 5,000 records
+        # took 54 -> 25 ms (its first records 42 -> 21 ms), a micro-batch behind kafka-eos 70-80 ms less
+        # (docs/benchmarks.md, "Micro-batch profile"). The consumer is unassigned between tasks: no idle polling.
+        conf.setdefault("fetch.wait.max.ms", 10)
         if "message.max.bytes" not in conf:
             conf.setdefault("fetch.max.bytes", 16 * 1024 * 1024)
         conf.update(
