@@ -51,14 +51,14 @@ def _subtree(table: dict[int, tuple[int, int, int]], root: int) -> set[int]:
 
 
 class CpuMeter:
-    def __init__(self, spark: Any, dsn: str) -> None:
+    def __init__(self, spark: Any, dsn: str | None) -> None:
         import psycopg
 
         self.available = Path("/proc/self/stat").exists()
         proc = getattr(spark.sparkContext._gateway, "proc", None)
         self.jvm = proc.pid if proc is not None else None
         self.postmaster: int | None = None
-        if self.available:
+        if self.available and dsn is not None:  # None: no Postgres in the load
             with psycopg.connect(dsn, autocommit=True) as conn:
                 row = conn.execute("SELECT pg_backend_pid()").fetchone()
                 table = _table()  # while the backend lives
