@@ -26,7 +26,7 @@ digits and 88 ``x`` (``--size`` 100 bytes), keyed, into fresh topics of ``--part
    ``--repeat`` rounds (3), interleaved; per round each writes into a fresh topic.
 2. Stream: the records in an input topic (partition p holds the p-th range of ids), read by
    ``readStream.format("kafka-eos")`` from earliest with ``maxOffsetsPerTrigger`` = records / ``--batches``
-   (10) and ``trigger(availableNow=True)`` (kafka-eos's source adds an empty batch 0 that pins earliest),
+   (10) and ``trigger(availableNow=True)``,
    ``select("key", "value")`` into each sink: Spark's ``noop`` (the source alone), the noop Python writer
    (PySpark's floor for a Python sink: "- Python floor" is a pipeline's seconds less its), kafka-eos in both modes, Spark's sink (``--spark-sink``), and with ``--spark-sink`` also Spark's source into Spark's
    sink (what users run today). Timed from ``start()`` to the end of ``awaitTermination()``; per micro-batch
