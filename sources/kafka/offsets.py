@@ -137,18 +137,24 @@ def kafka_uuid(uuid: Any) -> str:
 def topic_ids(value: Any) -> dict[str, str]:
     """The topic ids an offset dict (or its JSON text) records: topic -> id; {} for offsets written by Spark's
     source or an earlier kafka-eos."""
+    return dict(_own_keys(value, ID_KEY))
+
+
+def _own_keys(value: Any, prefix: str) -> list[tuple[str, str]]:
+    """``(topic, what)`` of each key ``<prefix><topic>=<what>`` mapped to ``{}`` in an offset dict or its JSON text
+    (kafka-eos's own keys: ids, a first batch's start); none in anything else."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            return {}
+            return []
     if not isinstance(value, dict):
-        return {}
-    out = {}
+        return []
+    out = []
     for key, parts in value.items():
-        if str(key).startswith(ID_KEY) and parts == {} and "=" in key:
-            topic, _, tid = key[len(ID_KEY) :].rpartition("=")
-            out[topic] = tid
+        if str(key).startswith(prefix) and parts == {} and "=" in key:
+            topic, _, what = key[len(prefix) :].rpartition("=")
+            out.append((topic, what))
     return out
 
 
@@ -174,24 +180,14 @@ def with_start(offsets: dict[str, Any], start: Mapping[TopicPartition, int]) -> 
 def batch_start(value: Any) -> PartitionOffsets:
     """The start a first batch's end records (``with_start``); {} for any other offsets (a later batch's end,
     offsets of Spark's source or of a kafka-eos that pinned its start with an empty batch 0)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    if not isinstance(value, dict):
-        return {}
     out: PartitionOffsets = {}
-    for key, parts in value.items():
-        if not (str(key).startswith(START_KEY) and parts == {} and "=" in key):
-            continue
-        topic, _, listed = key[len(START_KEY) :].rpartition("=")
+    for topic, listed in _own_keys(value, START_KEY):
         for item in listed.split(","):
             p, _, off = item.partition(":")
             try:
                 tp, offset = TopicPartition(topic, int(p)), int(off)
                 _check(tp, offset, symbolic=False)
             except ValueError as exc:
-                raise ConfigError(f"first batch's start: {key!r}: {exc}") from None
+                raise ConfigError(f"first batch's start: {START_KEY}{topic}={listed}: {exc}") from None
             out[tp] = offset
     return out
