@@ -133,14 +133,14 @@ def test_l_k1_an_older_savepoint_is_refused_and_the_latest_finishes(
     src, out, sink = _source(b, 400), _name("klc-out"), _name("k1")
     _create(b, out, 2)
     ck, saved = str(tmp_path / "ck"), str(tmp_path / "savepoint")
-    assert _run(spark, b, src, out, sink, ck, visibility=visibility) is None  # batches 1-2 of 200
-    shutil.copytree(ck, saved)  # the savepoint: batch 2 committed
+    assert _run(spark, b, src, out, sink, ck, visibility=visibility) is None  # batches 0-1 of 200
+    shutil.copytree(ck, saved)  # the savepoint: batch 1 committed
     _source(b, 400, seed=1, topic=src)
-    assert _run(spark, b, src, out, sink, ck, visibility=visibility, max_offsets=300) is None  # batches 3 (300), 4
+    assert _run(spark, b, src, out, sink, ck, visibility=visibility, max_offsets=300) is None  # batches 2 (300), 3
     written = _count(b, out)
     assert written == 800
-    failed = _run(spark, b, src, out, sink, saved, visibility=visibility)  # plans batch 3 as 200 records
-    assert failed is not None and "later than batch 3" in str(failed) and "Nothing was written" in str(failed), failed
+    failed = _run(spark, b, src, out, sink, saved, visibility=visibility)  # plans batch 2 as 200 records
+    assert failed is not None and "later than batch 2" in str(failed) and "Nothing was written" in str(failed), failed
     assert "LineageMismatch" in connectors.error_cause(failed)
     assert _count(b, out) == written  # the refusal changed nothing
     assert _run(spark, b, src, out, sink, ck, visibility=visibility) is None  # the latest checkpoint: nothing to do
@@ -155,10 +155,10 @@ def test_l_k2_partitioning_changed_between_a_crash_and_the_restart(
     src, out, sink = _source(b, 400), _name("klc-out"), _name("k2")
     _create(b, out, 2)
     ck = str(tmp_path / "ck")
-    # batch 1: slot 1 waits, then fails in both its attempts; slot 0 commits meanwhile (partition) or stages
+    # batch 0: slot 1 waits, then fails in both its attempts; slot 0 commits meanwhile (partition) or stages
     crash = (
-        f"sink.before_write:batch=1:partition=1:attempt=0:sink={sink}:action=sleep:seconds=4:once;"
-        f"sink.after_write:batch=1:partition=1:sink={sink}:action=raise"
+        f"sink.before_write:batch=0:partition=1:attempt=0:sink={sink}:action=sleep:seconds=4:once;"
+        f"sink.after_write:batch=0:partition=1:sink={sink}:action=raise"
     )
     failed = _run(spark, b, src, out, sink, ck, visibility=visibility, faults=crash)
     assert failed is not None and "fault injected at sink.after_write" in str(failed), failed
@@ -171,7 +171,7 @@ def test_l_k2_partitioning_changed_between_a_crash_and_the_restart(
         assert _count(b, out) == partly  # the other slots staged: nothing more is visible
         assert _run(spark, b, src, out, sink, ck, visibility=visibility) is None  # restored as it was
     else:
-        assert changed is None, changed  # the publish is atomic: nothing of batch 1 was visible
+        assert changed is None, changed  # the publish is atomic: nothing of batch 0 was visible
     _ok(b, src, out, sink, ck, 400)
 
 

@@ -491,7 +491,8 @@ def test_topic_recreated_past_the_checkpoint_fails_or_is_read_from_its_earliest_
         old = _topic_id(admin, topic)
         last = max(int(p.name) for p in Path(cp, "offsets").iterdir() if p.name.isdigit())
         planned = json.loads(Path(cp, "offsets", str(last)).read_text().splitlines()[-1])
-        assert planned == {topic: {"0": 3}, f"kafka-eos:topic-id:{topic}={old}": {}}, planned
+        # one batch, batch 0: its end also records the start it read from
+        assert planned == {topic: {"0": 3}, f"kafka-eos:topic-id:{topic}={old}": {}, f"{START_KEY}{topic}=0:0": {}}
         new = _recreate(admin, topic, old)
         assert new != old  # the fault happened: another topic under the same name
         produce(topic, [(None, b"new%d" % i) for i in range(6)])  # past the checkpoint's offset 3
@@ -548,12 +549,13 @@ def test_available_now_from_latest_while_producers_write(
         live.stop()
     assert q.exception() is None, q.exception()
     logs = sorted(int(f) for f in os.listdir(os.path.join(tmp_checkpoint, "offsets")) if f.isdigit())
-    first = json.loads(Path(tmp_checkpoint, "offsets", str(logs[0])).read_text().splitlines()[-1])[topic]
+    zero = json.loads(Path(tmp_checkpoint, "offsets", str(logs[0])).read_text().splitlines()[-1])
+    first = {str(tp.partition): off for tp, off in batch_start(zero).items()}  # the start batch 0 recorded
     last = json.loads(Path(tmp_checkpoint, "offsets", str(logs[-1])).read_text().splitlines()[-1])[topic]
     truth = [
         (p, o, v) for p, o, v in topic_content(kafka_service.bootstrap, topic) if first[str(p)] <= o < last[str(p)]
     ]
-    assert memory_rows(spark, name, tmp_checkpoint) == truth  # exactly [pinned start, snapshot), no gap
+    assert memory_rows(spark, name, tmp_checkpoint) == truth  # exactly [resolved start, snapshot), no gap
     assert all(v.startswith(b"live") for *_, v in truth)  # latest: nothing from before the start
 
 
