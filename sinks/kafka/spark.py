@@ -32,6 +32,7 @@ _CHECK_TTL = 300.0
 # (bootstrap, sink id, query) whose task slots this driver process fenced, at its first survey (K2)
 _FENCED: set[tuple[str, str, str]] = set()
 _DEFAULT_BATCH_SIZE = 1_000_000  # librdkafka's batch.size
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588  # a broker's message.max.bytes (a new topic's max.message.bytes)
 
 
 def check_services(opts: KafkaSinkOptions) -> tuple[tuple[str, str], ...]:
@@ -125,7 +126,14 @@ def _survey(plan: KafkaSinkPlan) -> KafkaSinkPlan:
 def ensure_staging(lookups: KafkaLookups, opts: KafkaSinkOptions, conf: dict[str, str]) -> None:
     """The staging topic, created when missing, able to take every record the target topic takes."""
     target = lookups.require(opts.topic, "topic") if opts.topic else None
-    wanted = max(target.max_message_bytes if target else 0, int(conf.get("message.max.bytes", 1_000_000)))
+    # at least what a topic made with Kafka's defaults takes: the staging topic is shared by every sink of the
+    # cluster, and the first one to make it (one without a topic option, whose records name theirs) must not
+    # make it too small for the next one's target (its check below would refuse that sink)
+    wanted = max(
+        target.max_message_bytes if target else 0,
+        int(conf.get("message.max.bytes", 1_000_000)),
+        KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
+    )
     # created with more headroom than the check asks (a producer's message.max.bytes over the target's too)
     staging = lookups.ensure_topic(
         opts.staging_topic,
