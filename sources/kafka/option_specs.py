@@ -73,7 +73,7 @@ class KafkaSourceOptions:
     starting_offsets_location: str | None = option(
         "startingOffsetsLocation",
         "str",
-        description="File where the resolved start is persisted once (else batch 0 pins it in the checkpoint, see docs/kafka-source.md).",
+        description="File where the resolved start is persisted once (else batch 0's end records it in the checkpoint, see docs/kafka-source.md).",
     )
     ending_offsets: str | None = option(
         "endingOffsets", "str", description='Batch only: latest or JSON {"t":{"0":50}} (-1 latest). Default latest.'
