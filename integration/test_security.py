@@ -317,6 +317,10 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
     for acl in needs:
         if acl.operation == "CREATE":
             continue  # needed only while the staging topic is missing (it exists now)
+        if visibility == "partition" and acl.name == "spark-eos-staging":
+            # needed only by a replay of a batch a crash left partly written: proven by F26's "one task committed"
+            # on a secured broker with exactly the declared ACLs (test_kafka_sink_crash.py)
+            continue
         secured_kafka.revoke(app.name, [acl])
         try:
             text, seconds = _failure(write)

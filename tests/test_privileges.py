@@ -110,14 +110,11 @@ def test_the_kafka_connectors_declare_their_acls_by_option_set() -> None:
         ("topic", "out", "READ", False),  # the marker: a TxnOffsetCommit against it
         ("transactional_id", "spark-eos:orders:", "WRITE", True),
         ("group", "spark-eos:orders:", "READ", True),
+        # a replay of a batch a crash left partly written stages the other slots' rows (F26, "one task committed")
+        *(("topic", "spark-eos-staging", op, False) for op in ("WRITE", "READ", "DESCRIBE_CONFIGS", "CREATE")),
     }
     batch = ops(sink_acls(sink_options(sink, streaming=False)))
-    assert {(r, o) for r, n, o, p in batch - partition if n == "spark-eos-staging"} == {
-        ("topic", "WRITE"),
-        ("topic", "READ"),
-        ("topic", "DESCRIBE_CONFIGS"),
-        ("topic", "CREATE"),
-    }
+    assert batch == partition  # visibility=batch stages every batch: the same ACLs
     letters = ops(sink_acls(sink_options({**sink, "errors.tolerance": "all", "errors.topic": "bad"}, streaming=False)))
     assert {("topic", "bad", "WRITE", False), ("topic", "bad", "DESCRIBE_CONFIGS", False)} <= letters
     assert staging_size(1048588) == 1049612  # the broker's default max.message.bytes plus the staging header

@@ -53,21 +53,28 @@ def sink_acls(opts: KafkaSinkOptions) -> list[KafkaAcl]:
             why="the marker groups: commit markers in transactions, read them back, list the sink's slots",
         ),
     ]
-    if opts.visibility == "batch":
-        staging = opts.staging_topic
-        acls += [
-            KafkaAcl("topic", staging, "WRITE", why="tasks stage their rows (staging.topic)"),
-            KafkaAcl("topic", staging, "READ", why="the publish reads the staged rows"),
-            KafkaAcl(
-                "topic", staging, "DESCRIBE_CONFIGS", why="check the staging topic takes every record the target does"
-            ),
-            KafkaAcl(
-                "topic",
-                staging,
-                "CREATE",
-                why="create the staging topic when it is missing (or an admin creates it: docs/security.md)",
-            ),
-        ]
+    # visibility=batch stages every batch; visibility=partition stages too when it replays a batch that a crash
+    # left partly written (some task slots committed): the other slots stage and the driver publishes them
+    # (spark._survey). Without these ACLs such a replay failed on a refused staging topic.
+    staging = opts.staging_topic
+    stages = (
+        "tasks stage their rows"
+        if opts.visibility == "batch"
+        else "a replay of a batch a crash left partly written stages its other task slots' rows"
+    )
+    acls += [
+        KafkaAcl("topic", staging, "WRITE", why=f"{stages} (staging.topic)"),
+        KafkaAcl("topic", staging, "READ", why="the publish reads the staged rows"),
+        KafkaAcl(
+            "topic", staging, "DESCRIBE_CONFIGS", why="check the staging topic takes every record the target does"
+        ),
+        KafkaAcl(
+            "topic",
+            staging,
+            "CREATE",
+            why="create the staging topic when it is missing (or an admin creates it: docs/security.md)",
+        ),
+    ]
     if opts.errors_tolerance == "all" and opts.errors_topic:
         acls += [
             KafkaAcl("topic", opts.errors_topic, "WRITE", why="divert refused rows (errors.tolerance=all)"),
