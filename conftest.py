@@ -18,7 +18,8 @@ os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSeria
 # The suite runs as users deploy: the session's embedded Apache Kafka has a SASL_SSL listener with ACLs
 # enforced (issue 44), as `spark-eos services up` and `make demo` start it; the connectors log in as app
 # principals. EOS_KAFKA_SECURITY=plaintext is the explicit lab choice. Modules that crash a broker of their
-# own (integration/fixtures/kafka.py: own_plaintext_broker) and the peer suite run theirs plaintext.
+# own secure it alike (integration/fixtures/kafka.py: module_broker, own_broker); the peer suite (Spark's own
+# source beside ours) and test_kafka_marker_reads.py (its reader runs before its broker exists) run plaintext.
 os.environ.setdefault("EOS_KAFKA_SECURITY", "sasl_ssl")
 # ... and Spark's JVMs map Spark's classes from a class-data-sharing archive (built once per machine, about
 # 40 s): a local session's start and first query 8.9 -> 4.8 s. EOS_SPARK_CDS=0 leaves it out.

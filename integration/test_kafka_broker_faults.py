@@ -2,7 +2,9 @@
 
 The broker is a module-scoped embedded Apache Kafka of these tests alone (``ApacheKafka``, never tansu),
 with settings small enough that retention and the log cleaner act within a second, so crashing it or
-deleting its segments disturbs no other test. Each pipeline is the crash matrix's runner (``kafka-eos``
+deleting its segments disturbs no other test. It is secured as the session's is (SASL_SSL, ACLs enforced):
+the tests set up and check as its admin, each pipeline runs as a principal holding exactly the ACLs the
+kafka-eos source declares for it (READ on its topic; ``Pipeline.kafka_acls``). Each pipeline is the crash matrix's runner (``kafka-eos``
 -> JSON parse -> ``postgres-2pc``) in its own process group; each test proves that its fault really
 happened (the broker JVM's SIGKILL exit status, records of aborted transactions and markers in the
 log, the log start offset past the query's position, the cleaner's gaps, the new partitions) and ends
@@ -33,11 +35,13 @@ from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit import checker
 from connectors.toolkit.chaos import make_records
 from connectors.toolkit.harness import PipelineProcess, wait_until
+from eos_core.kafka_config import client_settings
+from integration.fixtures.kafka import module_broker, module_principal
 from integration.harness.matrix import Pipeline
 from sources.kafka.offsets import TopicPartition as OffsetsTP
 from sources.kafka.offsets import batch_start
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_plaintext_broker")]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_broker")]
 
 BROKER_CONFIG = {
     "log.retention.check.interval.ms": "500",  # F22: retention deletes segments within a second ...
@@ -51,7 +55,7 @@ LOSS_WORDS = ("are gone", "went back", "is gone", "data may have been lost", "fa
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[ApacheKafka]:
-    kafka = ApacheKafka(config=BROKER_CONFIG, heap="256m")
+    kafka = module_broker(config=BROKER_CONFIG, heap="256m")
     try:
         yield kafka
     finally:
@@ -65,12 +69,24 @@ def _broker_running(broker: ApacheKafka) -> None:
         broker.start()
 
 
+@pytest.fixture(scope="module")
+def app(broker: ApacheKafka, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str | None]:
+    """The pipelines' principal: READ on each pipeline's topic, what the kafka-eos source declares, nothing else."""
+    return module_principal(broker, "bf", tmp_path_factory.mktemp("bf-app"))
+
+
 @pytest.fixture
-def make_pipeline(broker: ApacheKafka, postgres_service: Any, tmp_path: Any) -> Any:
+def make_pipeline(broker: ApacheKafka, app: tuple[Any, str | None], postgres_service: Any, tmp_path: Any) -> Any:
+    principal, properties = app
+
     def make(fid: str, *, max_offsets: int) -> Pipeline:
         name = f"bf_{fid}_{uuid.uuid4().hex[:8]}"
         dsn = postgres_service.dsn
-        return Pipeline("2pc", broker.bootstrap, name, dsn, dsn, name, str(tmp_path / name), max_offsets)
+        workdir = str(tmp_path / name)
+        pipe = Pipeline("2pc", broker.bootstrap, name, dsn, dsn, name, workdir, max_offsets, kafka_config=properties)
+        if principal is not None:
+            broker.grant(principal.name, pipe.kafka_acls())
+        return pipe
 
     return make
 
@@ -79,7 +95,7 @@ def make_pipeline(broker: ApacheKafka, postgres_service: Any, tmp_path: Any) -> 
 
 
 def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+    return AdminClient({"bootstrap.servers": bootstrap, **client_settings()})
 
 
 def _create_topic(bootstrap: str, topic: str, partitions: int, config: Mapping[str, str] | None = None) -> None:
@@ -134,7 +150,9 @@ def _produce(
     timestamp: int | None = None,
     **conf: Any,
 ) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, **conf})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, **client_settings(), "linger.ms": 5, "enable.idempotence": True, **conf}
+    )
     _send(producer, topic, records, partitions, partition=partition, timestamp=timestamp)
     assert producer.flush(60) == 0, f"records to {topic} not delivered in 60 s"
 
@@ -144,6 +162,7 @@ def _log_records(bootstrap: str, topic: str, isolation: str) -> list[tuple[int, 
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            **client_settings(),
             "group.id": f"bf-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "isolation.level": isolation,
@@ -171,7 +190,7 @@ def _log_records(bootstrap: str, topic: str, isolation: str) -> list[tuple[int, 
 
 def _marks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
     """Each partition's (log start offset, high watermark): every offset the log has, markers and aborted too."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}"})
+    c = Consumer({"bootstrap.servers": bootstrap, **client_settings(), "group.id": f"bf-{uuid.uuid4().hex[:8]}"})
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
         return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
@@ -182,7 +201,12 @@ def _marks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
 def _ends(bootstrap: str, topic: str) -> dict[int, int]:
     """Each partition's last stable offset: where a read_committed reader (the query) ends."""
     c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bf-{uuid.uuid4().hex[:8]}", "isolation.level": "read_committed"}
+        {
+            "bootstrap.servers": bootstrap,
+            **client_settings(),
+            "group.id": f"bf-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+        }
     )
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
@@ -332,6 +356,7 @@ def test_f21_broker_restarted_with_a_transaction_open(broker: ApacheKafka, make_
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
+            **client_settings(),
             "transactional.id": f"{pipe.table}-tx",
             "linger.ms": 5,
             "transaction.timeout.ms": 60000,

@@ -8,6 +8,11 @@ SIGABRT) on a routine broker restart. The markers are now read by consumers of t
 (``committed()``): a child process reads them in a loop, every way the product does, while a fresh embedded
 Apache Kafka creates and loads its offsets topic, then while it restarts cleanly and after a SIGKILL, and
 must end by itself with every failure a RetriableError.
+
+This module's broker is plaintext, the one left so in the suite: the reader must be running before the broker
+exists (its fresh start is the first window), and a principal of a secured broker can only be made once the
+broker runs. What is proven is the group protocol's coordinator errors, which a SASL_SSL session meets alike;
+the marker reads' ACLs are proven on the secured broker (test_security.py, the Kafka sink's declared ACLs).
 """
 
 from __future__ import annotations
@@ -24,12 +29,19 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors.services.apache_kafka import ApacheKafka
+from eos_core.kafka_config import CONFIG_ENV
 from sinks.kafka.client import TxnProducer
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, read_marker, slot_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("own_plaintext_broker")]
+pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _plaintext_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toolkit's clients (EOS_KAFKA_CONFIG) leave the session broker's security settings aside here."""
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
 
 
 def _free_port() -> int:

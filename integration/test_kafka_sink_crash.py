@@ -2,7 +2,9 @@
 
 Each pipeline is ``integration.harness.runner --sink kafka`` in its own process group: Kafka (kafka-eos)
 -> JSON parse -> the ``kafka-eos`` sink into a topic of its own, on an Apache Kafka broker of this
-module alone (crashing it disturbs no other test; it aborts timed-out transactions within a second).
+module alone (crashing it disturbs no other test; it aborts timed-out transactions within a second), secured
+as the session's (SASL_SSL, ACLs enforced): each query runs as a principal holding exactly the ACLs the source
+and the sink declare for its options (``Pipeline.kafka_acls``), the zombies and checks as the broker's admin.
 To stay inside the CI budget, one query per visibility mode lives through every fault in turn, at
 distinct batches, restarted from its checkpoint after each:
 
@@ -36,10 +38,12 @@ from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit import checker
 from connectors.toolkit.chaos import create_topic, make_records, produce_records
 from connectors.toolkit.harness import wait_until
+from eos_core.kafka_config import client_settings
+from integration.fixtures.kafka import module_broker, module_principal
 from integration.harness.matrix import Pipeline
 from sinks.kafka.markers import Marker, marker_offsets, publish_name, slot_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_plaintext_broker")]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.usefixtures("own_broker")]
 
 RECORDS = 1000  # 2 partitions, 200 per trigger: 5 batches for F26's kills, one per batch
 MORE = 400  # produced before each later fault's run: it has batches to run (the run before drained the topic)
@@ -78,20 +82,28 @@ HELD = {"partition": "sink.after_write:partition=0", "batch": "sink.publish.mid:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[ApacheKafka]:
-    kafka = ApacheKafka(config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"}, heap="256m")
+    kafka = module_broker(config={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000"}, heap="256m")
     try:
         yield kafka
     finally:
         kafka.stop()
 
 
+@pytest.fixture(scope="module")
+def app(broker: ApacheKafka, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str | None]:
+    """The queries' principal, granted exactly what the source and the sink declare for each query's options."""
+    return module_principal(broker, "ks", tmp_path_factory.mktemp("ks-app"))
+
+
 @pytest.fixture
-def make_pipeline(broker: ApacheKafka, tmp_path: Any) -> Any:
+def make_pipeline(broker: ApacheKafka, app: tuple[Any, str | None], tmp_path: Any) -> Any:
+    principal, properties = app
+
     def make(visibility: str) -> Pipeline:
         name = f"ks_{visibility}_{uuid.uuid4().hex[:8]}"
         create_topic(broker.bootstrap, name, 2)
         _more(broker.bootstrap, name, RECORDS, seed=0)
-        return Pipeline(
+        pipe = Pipeline(
             "kafka",
             broker.bootstrap,
             name,
@@ -101,7 +113,11 @@ def make_pipeline(broker: ApacheKafka, tmp_path: Any) -> Any:
             str(tmp_path / name),
             PER_TRIGGER,
             options=(f"visibility={visibility}",),
+            kafka_config=properties,
         )
+        if principal is not None:
+            broker.grant(principal.name, pipe.kafka_acls())
+        return pipe
 
     return make
 
@@ -142,14 +158,20 @@ def _zombie(bootstrap: str, name: str, topic: str, junk: int) -> Producer:
     """A producer with transactional id ``name`` that sent ``junk`` records and a marker for batch 99 in a
     transaction it leaves open (a writer that lost its connection or hung, and comes back later)."""
     p = Producer(
-        {"bootstrap.servers": bootstrap, "transactional.id": name, "transaction.timeout.ms": 120000, "log_level": 0}
+        {
+            "bootstrap.servers": bootstrap,
+            **client_settings(),
+            "transactional.id": name,
+            "transaction.timeout.ms": 120000,
+            "log_level": 0,
+        }
     )
     p.init_transactions(30)
     p.begin_transaction()
     for i in range(junk):
         p.produce(topic, b'{"id": "zombie-%d", "key": "z", "amount": 0}' % i, key=b"z")
     assert p.flush(30) == 0
-    group = Consumer({"bootstrap.servers": bootstrap, "group.id": name})
+    group = Consumer({"bootstrap.servers": bootstrap, **client_settings(), "group.id": name})
     m = Marker(batch=99, lineage="zombie", query="zombie", rows=junk, digest="z", mode="partition")
     p.send_offsets_to_transaction(marker_offsets(topic, m), group.consumer_group_metadata(), 30)
     group.close()
@@ -158,7 +180,7 @@ def _zombie(bootstrap: str, name: str, topic: str, junk: int) -> Producer:
 
 def _logged(bootstrap: str, topic: str) -> int:
     """Offsets in the topic's log: committed and aborted records and transaction markers."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}"})
+    c = Consumer({"bootstrap.servers": bootstrap, **client_settings(), "group.id": f"r-{uuid.uuid4().hex}"})
     try:
         return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(2))
     finally:

@@ -11,6 +11,7 @@ from typing import Any
 from connectors.toolkit import checker
 from connectors.toolkit.harness import Outcome, PipelineProcess, password_apart
 from eos_core import faults
+from eos_core.privileges import KafkaAcl, distinct
 
 __all__ = ["REPO", "Pipeline"]
 
@@ -100,6 +101,24 @@ class Pipeline:
         for kv in (*self.options, *extra):
             args += ["--extra", kv]
         return args
+
+    def kafka_acls(self) -> list[KafkaAcl]:
+        """The Kafka ACLs the runner's connectors declare for this pipeline's options (the kafka-eos source's, and
+        with ``sink="kafka"`` the kafka-eos sink's): what its principal holds on a secured broker, nothing more.
+        The runner's own set-up (the Kafka sink's topic, when missing) is the toolkit's, as EOS_KAFKA_CONFIG's."""
+        from sources.kafka.options import parse_options as parse_source
+        from sources.kafka.privileges import source_acls
+
+        kafka = {"kafka.bootstrap.servers": self.bootstrap}
+        acls = source_acls(parse_source({**kafka, "subscribe": self.topic}, streaming=True))
+        if self.sink == "kafka":
+            from sinks.kafka.options import parse_options as parse_sink
+            from sinks.kafka.privileges import sink_acls
+
+            options = dict(kv.split("=", 1) for kv in self.options)
+            raw = {**kafka, **options, "topic": self.table, "sink.id": self.sink_id, "checkpointLocation": "/c"}
+            acls += sink_acls(parse_sink(raw, streaming=True))
+        return distinct(acls)
 
     def env(self, fault_spec: str | None, state: str) -> dict[str, str]:
         env = dict(os.environ)
