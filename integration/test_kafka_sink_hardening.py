@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
 
 from connectors.toolkit.checker import read_topic
+from connectors.toolkit.harness import wait_until
 from eos_core.errors import ConfigError, RetriableError
 from integration.fixtures.kafka import module_broker, module_principal
 from integration.fixtures.services import AppKafka
@@ -139,6 +140,8 @@ def test_an_internal_topic_is_refused_as_the_topic_option_and_diverted_as_a_rows
     )
     message = write_task(plan, rows)
     assert message.diverted == 2 and message.rows == 3
+    # a read_committed reader sees the commit a moment after commit_transaction returns (its markers): waited for
+    wait_until(lambda: read_topic(broker.bootstrap, out, parse_json=False), timeout=10, what=f"the row in {out}")
     assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"good"]
     letters = read_topic(broker.bootstrap, dead, parse_json=False)
     assert [r["value"] for r in letters] == [b"internal", b"internal too"]
