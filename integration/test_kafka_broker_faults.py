@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from connectors.services.apache_kafka import ApacheKafka
 from connectors.toolkit import checker
 from connectors.toolkit.chaos import make_records
-from connectors.toolkit.harness import PipelineProcess, wait_until
+from connectors.toolkit.harness import PipelineProcess, descendants, process_state, wait_until
 from eos_core.kafka_config import client_settings
 from integration.fixtures.kafka import module_broker, module_principal
 from integration.harness.matrix import Pipeline
@@ -616,39 +616,20 @@ def _frozen(proc: PipelineProcess) -> Iterator[None]:
         os.killpg(g, signal.SIGSTOP)
     try:
         time.sleep(1)  # a call under way in a process not yet stopped (a planner's look-up) ends before the block
-        assert _state(proc.pid) == "T", f"the query's driver (pid {proc.pid}) was not stopped"
+        assert process_state(proc.pid) == "T", f"the query's driver (pid {proc.pid}) was not stopped"
         yield
     finally:
         for g in groups:
             os.killpg(g, signal.SIGCONT)
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def _daemon_groups(leader: int) -> set[int]:
     """Process groups other than ``leader``'s holding its descendants (Spark's Python daemon makes its own)."""
-    children: dict[int, list[int]] = {}
-    pgid: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        pgid[int(entry)] = int(fields[2])
-    out, todo = set(), [leader]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            if pgid[child] != leader:
-                out.add(pgid[child])
-    return out
+    groups = set()
+    for pid in descendants(leader):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            groups.add(os.getpgid(pid))
+    return groups - {leader}
 
 
 def _wait_topic_gone(admin: AdminClient, topic: str) -> None:
