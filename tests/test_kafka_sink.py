@@ -631,6 +631,29 @@ def test_k3_a_row_bound_for_an_internal_topic_is_refused_row_by_row() -> None:
     assert list(found) == [1] and "is internal to Kafka" in found[1]
 
 
+def test_kafkas_internal_topics_are_known_by_name_without_a_look_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A principal that may not describe __transaction_state still gets its row diverted, not a FatalError: the
+    internal topics' names are known, so limits() asks the cluster nothing of them."""
+    from sinks.kafka import client
+
+    lookups = client.KafkaLookups({"bootstrap.servers": "127.0.0.1:1"}, timeout=1, context="t")
+
+    def no_admin(self: object) -> None:
+        raise AssertionError("an internal topic was looked up")
+
+    monkeypatch.setattr(client.KafkaLookups, "admin", property(no_admin))
+    found = lookups.limits(["__transaction_state", "__consumer_offsets", "__share_group_state"])
+    assert all(lim is not None and lim.internal for lim in found.values()), found
+    with pytest.raises(ConfigError, match="internal to Kafka") as e:
+        lookups.require("__transaction_state", "errors.topic")
+    assert e.value.option == "errors.topic"
+    with pytest.raises(ConfigError, match="internal to Kafka") as e:
+        lookups.ensure_topic("__consumer_offsets", 1, {}, "staging.topic")
+    assert e.value.option == "staging.topic"
+    with pytest.raises(AssertionError, match="looked up"):  # any other name is asked of the cluster
+        lookups.limits(["__my_topic"])
+
+
 def test_only_the_sinks_own_staging_header_is_taken_off_a_staged_record() -> None:
     from sinks.kafka.records import STAGE_HEADER, split_stage_header
 

@@ -40,6 +40,13 @@ log = logging.getLogger("sinks.kafka")
 T = TypeVar("T")
 
 _DEFAULT_MAX_MESSAGE_BYTES = 1048588  # the broker's message.max.bytes default (a topic's max.message.bytes)
+# Kafka's internal topics (org.apache.kafka.common.internals.Topic): known by name, so a row naming one is
+# diverted (or refused) whether or not the principal may describe it; other names beginning with "__" are
+# asked of the cluster's metadata (_internal)
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+# what limits() says of an internal topic, without a look-up: no record may be written to it, so its
+# partitions and limits never matter
+_INTERNAL_LIMITS = TopicLimits(partitions=0, max_message_bytes=0, compacted=False, internal=True)
 # how long past its own timeout a librdkafka call that may not honour it is waited for (TxnProducer._bounded)
 _GRACE = 5.0
 
@@ -477,6 +484,8 @@ class KafkaLookups:
 
     def limits(self, topics: list[str]) -> dict[str, TopicLimits | None]:
         """Each topic's partitions, max.message.bytes and cleanup policy; None for a topic that does not exist."""
+        for t in INTERNAL_TOPICS.intersection(topics):
+            self._limits[t] = _INTERNAL_LIMITS
         wanted = [t for t in topics if t not in self._limits]
         if wanted:
             meta = self._retry("topic metadata", lambda left: self.admin.list_topics(timeout=left))
@@ -555,12 +564,15 @@ class KafkaLookups:
                 option=option,
             )
         if found.internal and option in ("topic", "errors.topic"):
-            raise ConfigError(
-                f"{self.context}: topic {topic!r} (option '{option}') is internal to Kafka: the broker refuses every "
-                "record written to it. Name a topic of your own",
-                option=option,
-            )
+            raise self._internal_topic(topic, option)
         return found
+
+    def _internal_topic(self, topic: str, option: str) -> ConfigError:
+        return ConfigError(
+            f"{self.context}: topic {topic!r} (option '{option}') is internal to Kafka: the broker refuses every "
+            "record written to it. Name a topic of your own",
+            option=option,
+        )
 
     def transaction_max_timeout_ms(self) -> int | None:
         """The broker's transaction.max.timeout.ms (None when the principal may not describe the cluster)."""
@@ -580,6 +592,8 @@ class KafkaLookups:
     def ensure_topic(self, topic: str, partitions: int, config: dict[str, str], option: str) -> TopicLimits:
         """The topic, created with ``partitions`` and ``config`` when missing."""
         found = self.limits([topic])[topic]
+        if found is not None and found.internal:
+            raise self._internal_topic(topic, option)
         if found is not None:
             return found
         future = self.admin.create_topics(
