@@ -15,6 +15,11 @@ from eos_core import faults
 # and its first queries by a third to a half on 2 cores (measured: a local session's start 18 -> 10 s,
 # two small queries 15 -> 9 s, under load). Set before any JVM starts; a user's own value is kept.
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# ... and each spark-submit (every session the suite starts) finds Spark without asking Python: unset,
+# PySpark's bin/find-spark-home runs find_spark_home.py through `python3` (on a pyenv machine three bash
+# scripts first) for every JVM start. The suite's Spark is the venv's PySpark; a test that runs another
+# installation (test_toolkit_wheel.py's venv) drops it from its children's environment.
+os.environ.setdefault("SPARK_HOME", str(spark_cds.spark_home()))
 # The suite runs as users deploy: the session's embedded Apache Kafka has a SASL_SSL listener with ACLs
 # enforced (issue 44), as `spark-eos services up` and `make demo` start it; the connectors log in as app
 # principals. EOS_KAFKA_SECURITY=plaintext is the explicit lab choice. Modules that crash a broker of their

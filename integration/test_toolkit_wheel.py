@@ -73,8 +73,10 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _outside(**extra: str) -> dict[str, str]:
-    """The environment without the clone's Python settings (the wheel's package, not the clone's)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "EOS_FAULTS"))}
+    """The environment without the clone's Python and Spark settings (the wheel's package and Spark, not the clone's)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "EOS_FAULTS", "SPARK_HOME"))
+    }
     return {**env, **extra}
 
 
