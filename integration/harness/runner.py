@@ -97,6 +97,11 @@ def create_tables(dsn: str, sink: str, table: str, bootstrap: str = "") -> None:
 
 
 def _spark(args: argparse.Namespace) -> Any:
+    # On a local master Spark's Python processes (workers, planner) run this interpreter, as the chaos toolkit's
+    # app runner has them do: unset, they ran `python3` from PATH (on a pyenv machine its shim's bash scripts
+    # before each, and another interpreter that found the packages only through PYTHONPATH)
+    if args.master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = (
