@@ -23,8 +23,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
 
-from connectors.toolkit.checker import read_topic
-from connectors.toolkit.harness import wait_until
+from connectors.toolkit.checker import read_topic, read_topic_settled
 from eos_core.errors import ConfigError, RetriableError
 from integration.fixtures.kafka import module_broker, module_principal
 from integration.fixtures.services import AppKafka
@@ -139,9 +138,7 @@ def test_an_internal_topic_is_refused_as_the_topic_option_and_diverted_as_a_rows
     )
     message = write_task(plan, rows)
     assert message.diverted == 2 and message.rows == 3
-    # a read_committed reader sees the commit a moment after commit_transaction returns (its markers): waited for
-    wait_until(lambda: read_topic(broker.bootstrap, out, parse_json=False), timeout=10, what=f"the row in {out}")
-    assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"good"]
+    assert [r["value"] for r in read_topic_settled(broker.bootstrap, out, 1, parse_json=False)] == [b"good"]
     letters = read_topic(broker.bootstrap, dead, parse_json=False)
     assert [r["value"] for r in letters] == [b"internal", b"internal too"]
     reasons = [dict(r["headers"])["eos.error.reason"].decode() for r in letters]
@@ -163,7 +160,7 @@ def test_a_warm_producers_transaction_begins_at_the_first_row(broker: AppKafka) 
     message = write_task(_plan(broker, 2, **options), _rows({"value": b"two"}, delay=7.0))
     assert time.monotonic() - begun >= 7.0 and message.rows == 1 and not message.skipped
     assert list(client._WARM.values()) == [kept]  # the warm producer wrote it: its proof held, no new producer
-    assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"one", b"two"]
+    assert [r["value"] for r in read_topic_settled(broker.bootstrap, out, 2, parse_json=False)] == [b"one", b"two"]
 
 
 # ---- 5: the warm producer's edge paths ----------------------------------------------------------------------
@@ -188,7 +185,7 @@ def test_a_warm_producer_whose_begin_failed_is_not_kept(broker: AppKafka, monkey
     message = write_task(_plan(broker, 2, **options), _rows({"value": b"two"}))  # a new producer takes over
     assert failed == [kept] and message.rows == 1
     assert kept not in client._WARM.values() and len(client._WARM) == 1
-    assert [r["value"] for r in read_topic(broker.bootstrap, out, parse_json=False)] == [b"one", b"two"]
+    assert [r["value"] for r in read_topic_settled(broker.bootstrap, out, 2, parse_json=False)] == [b"one", b"two"]
 
 
 def test_a_lineage_mismatch_leaves_no_transaction_open(broker: AppKafka) -> None:
@@ -217,5 +214,5 @@ def test_a_rows_header_named_like_the_staging_header_is_kept(broker: AppKafka, v
     mine = [("spark-eos.stage", b"the user's own"), ("other", b"x")]
     message = write_task(plan, _rows({"value": b"v", "headers": [{"key": k, "value": v} for k, v in mine]}))
     commit_batch(plan, [message], 1)
-    (record,) = read_topic(broker.bootstrap, out, parse_json=False)
+    (record,) = read_topic_settled(broker.bootstrap, out, 1, parse_json=False)
     assert record["headers"] == mine

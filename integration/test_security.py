@@ -273,7 +273,7 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
     kafka-acls command, with nothing of the batch visible. Finding 5: a staging topic made by an admin at the
     broker's default size is refused naming the exact max.message.bytes and the command that sets it."""
     from connectors import error_cause
-    from connectors.toolkit.checker import read_topic
+    from connectors.toolkit.checker import read_topic_settled
     from eos_core.kafka_config import CONFIG_ENV
     from sinks.kafka.options import parse_options
     from sinks.kafka.privileges import sink_acls
@@ -301,14 +301,7 @@ def test_the_kafka_sink_writes_with_exactly_its_declared_acls_and_each_missing_o
         df.write.format("kafka-eos").options(**options).option("batch.id", str(next(batches))).mode("append").save()
 
     def committed(expected: int) -> int:
-        """The topic's committed records, waited for up to 10 s to be ``expected`` (the transaction markers
-        are written after commit_transaction returns: a read_committed reader sees them a moment later)."""
-        deadline = time.monotonic() + 10
-        while True:
-            got = len(read_topic(secured_kafka.bootstrap, out, parse_json=False))
-            if got == expected or time.monotonic() > deadline:
-                return got
-            time.sleep(0.2)
+        return len(read_topic_settled(secured_kafka.bootstrap, out, expected, parse_json=False))
 
     write()
     expected = 10

@@ -33,6 +33,7 @@ __all__ = [
     "prepared_gids",
     "read_table",
     "read_topic",
+    "read_topic_settled",
     "verify",
 ]
 
@@ -537,6 +538,22 @@ def read_topic(
         return out
     finally:
         consumer.close()
+
+
+def read_topic_settled(
+    bootstrap: str, topic: str, expected: int, *, wait: float = 10.0, **kw: Any
+) -> list[dict[str, Any]]:
+    """``read_topic`` once ``expected`` committed records are visible, waited for up to ``wait`` seconds: a
+    transaction's markers are written after ``commit_transaction`` returns, so a read_committed reader sees its
+    records a moment later. When time runs out, the last read (the caller's assertion says what is missing)."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        got = read_topic(bootstrap, topic, **kw)
+        if len(got) >= expected or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
 
 
 def _parse(value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
