@@ -61,7 +61,8 @@ POINTS: dict[str, str] = {
     "source.read.start": "executor, before a Kafka read task polls its first record",
     "source.read.mid": "executor, after a Kafka read task yielded half of its range",
     "sink.before_write": "executor, before a sink task writes its first row",
-    "sink.after_write": "executor, rows written (Kafka: produced or staged), before PREPARE / COMMIT of the task transaction",
+    "sink.after_write": "executor, rows written (Kafka: in the task's transaction, rows=transaction, or staged, rows=staged), "
+    "before PREPARE / COMMIT of the task transaction",
     "sink.after_prepare": "executor, after PREPARE TRANSACTION, before the task returns",
     "sink.commit.before_decision": "driver, in commit(), before the decision row is written (Kafka: before the publish)",
     "sink.commit.after_decision": "driver, decision durable, before any COMMIT PREPARED",

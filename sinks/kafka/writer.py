@@ -123,7 +123,7 @@ class _TaskRun:
             except BaseException:
                 producer.abort_quietly()
                 raise
-            faults.point("sink.after_write", spec=self.opts.faults, **self.fctx)
+            faults.point("sink.after_write", spec=self.opts.faults, **self.fctx, rows="transaction")
             written = Marker(
                 batch=self.batch,
                 lineage=self.plan.lineage,
@@ -253,7 +253,7 @@ class _TaskRun:
                 staged.append((staging_topic, value, key, [*(headers or ()), (STAGE_HEADER, route)], target))
             producer.send(staged)
         ranges = producer.finish()
-        faults.point("sink.after_write", spec=self.opts.faults, **self.fctx)
+        faults.point("sink.after_write", spec=self.opts.faults, **self.fctx, rows="staged")
         return self.message(
             tag=tag, staged=tuple((p, first, last, n) for p, (first, last, n) in sorted(ranges.items()))
         )
