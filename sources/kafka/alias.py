@@ -6,6 +6,9 @@ import logging
 import weakref
 from typing import Any
 
+from eos_core.errors import ConfigError
+from eos_core.spark_connect import over_connect
+
 __all__ = ["install_kafka_alias", "jvm_kafka_available"]
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,13 @@ def install_kafka_alias(spark: Any) -> bool:
     languages still look up the JVM source, which Python cannot serve.
     """
     global _PATCHED
+    if over_connect(spark):
+        raise ConfigError(
+            "kafka_alias=True: format('kafka') cannot be redirected to kafka-eos on a Spark Connect session (the "
+            "alias patches the classic session's Python readers; over Connect the server resolves the format). "
+            "Write .format('kafka-eos') with the same options, and register without kafka_alias",
+            option="kafka_alias",
+        )
     if jvm_kafka_available(spark):
         log.info("kafka-eos: Spark's JVM Kafka connector is present; format('kafka') left to it")
         return False

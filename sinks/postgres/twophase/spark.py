@@ -15,6 +15,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from eos_core.errors import ConfigError
+from eos_core.spark_connect import over_connect
 from sinks.postgres.connection import close_quietly, setup_connect
 from sinks.postgres.options import option_text
 from sinks.postgres.twophase.committer import Committer
@@ -117,13 +118,24 @@ def twopc_batch(**options: Any) -> Callable[[Any, int], None]:
 
     def write_batch(df: Any, batch_id: int) -> None:
         df.sparkSession.dataSource.register(Postgres2pcDataSource)
-        partitions = df.rdd.getNumPartitions()
-        conn = setup_connect(opts.connection, f"spark-eos {FORMAT} check")
-        try:
-            check_max_prepared(conn, partitions, where=f" (sink {opts.sink_id!r})")
-        finally:
-            close_quietly(conn)
+        partitions = _partitions(df)
+        if partitions is not None:
+            conn = setup_connect(opts.connection, f"spark-eos {FORMAT} check")
+            try:
+                check_max_prepared(conn, partitions, where=f" (sink {opts.sink_id!r})")
+            finally:
+                close_quietly(conn)
         df.write.format(FORMAT).options(**raw).option("batch.id", str(batch_id)).mode("append").save()
 
     write_batch.__name__ = f"twopc_batch[{opts.sink_id}]"
     return write_batch
+
+
+def _partitions(df: Any) -> int | None:
+    """The micro-batch's partitions (its concurrent PREPAREs), checked against ``max_prepared_transactions``
+    before any task runs; None over Spark Connect, which has no RDD API (counting them would run the batch's
+    plan twice): there the sink's own set-up refuses a server with prepared transactions off, and a task over
+    the limit fails its PREPARE, naming the setting."""
+    if over_connect(df):
+        return None
+    return int(df.rdd.getNumPartitions())
