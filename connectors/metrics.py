@@ -216,6 +216,7 @@ class EosMetrics:
         self._lock = threading.Lock()
         self.server: Any = None
         self.listener: Any = None  # install(): the registered listener (spark.streams.removeListener(it))
+        self.streams: Any = None  # install(): the session's StreamingQueryManager the listener is registered with
         if http_port is not None:
             self.server = _serve(self, http_port)
 
@@ -256,6 +257,15 @@ class EosMetrics:
             return prometheus_text(self.latest, self.totals)
 
     def close(self) -> None:
+        """Stop serving ``/metrics`` and remove the listener from its session. Over Spark Connect the listener runs
+        in the client, on a thread of PySpark's that keeps the process alive until the listener is removed (or
+        the session stopped): call this (or ``spark.stop()``) when the job's queries are done."""
+        if self.streams is not None and self.listener is not None:
+            try:
+                self.streams.removeListener(self.listener)
+            except Exception:  # a stopped session, a server gone: nothing left to remove it from
+                log.debug("spark-eos metrics: the listener could not be removed", exc_info=True)
+            self.streams = None
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -298,6 +308,8 @@ def install(
     http_port: int | None = None,
 ) -> EosMetrics:
     """Register the metrics listener on ``spark``; returns the exporter (``.text()``, ``.latest``, ``.close()``).
+    On a Spark Connect session the listener runs in the client: ``.close()`` it when the queries are done, or the
+    client process does not exit (a thread of PySpark's Connect client waits for the listener's events).
 
     ``sink_id``: the ``sink.id`` of the session's query, or ``{query name: sink id}`` for several;
     with ``dsn`` the sink's decisions, dead letters (``errors_table``) and prepared transactions are
@@ -337,4 +349,5 @@ def install(
 
     exporter.listener = Listener()
     spark.streams.addListener(exporter.listener)
+    exporter.streams = spark.streams
     return exporter

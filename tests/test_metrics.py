@@ -69,3 +69,28 @@ def test_a_failing_database_never_fails_the_batch(caplog) -> None:
     m = exporter.record(PROGRESS)
     assert m.sink_rows == 120 and m.prepared_transactions is None
     assert "reading the sink's records failed" in caplog.text and "Sekr3t" not in caplog.text
+
+
+def test_close_removes_the_listener_it_installed() -> None:
+    """Over Spark Connect the listener runs in the client on a thread of PySpark's that keeps the process alive
+    until the listener is removed (integration/test_spark_connect.py): ``close()`` removes it, once."""
+
+    class Streams:
+        def __init__(self) -> None:
+            self.listeners: list[object] = []
+
+        def addListener(self, listener: object) -> None:
+            self.listeners.append(listener)
+
+        def removeListener(self, listener: object) -> None:
+            self.listeners.remove(listener)
+
+    class Session:
+        streams = Streams()
+
+    spark = Session()
+    exporter = metrics.install(spark)
+    assert spark.streams.listeners == [exporter.listener]
+    exporter.close()
+    assert spark.streams.listeners == []
+    exporter.close()  # again: nothing left to remove, no error
