@@ -36,6 +36,7 @@ class Pipeline:
     options: tuple[str, ...] = ()  # sink options key=value of every run (e.g. visibility=partition)
     dead_letters: str | None = None  # the errors.table of the sink, when it diverts refused rows
     kafka_config: str | None = None  # the job's Kafka client properties (an app principal's), if the broker is secured
+    remote: str | None = None  # a Spark Connect server (sc://...) the runner runs the query in, as its client
 
     def __post_init__(self) -> None:
         os.makedirs(self.workdir, exist_ok=True)
@@ -98,6 +99,8 @@ class Pipeline:
         ]
         if self.kafka_config:
             args += ["--kafka-config", self.kafka_config]
+        if self.remote:
+            args += ["--remote", self.remote]
         for kv in (*self.options, *extra):
             args += ["--extra", kv]
         return args

@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="give up (exit 3) after this many seconds")
     p.add_argument("--extra", action="append", default=[], help="extra sink option key=value (repeatable)")
     p.add_argument("--conf", action="append", default=[], help="a Spark setting key=value (repeatable; chaos --faults)")
+    p.add_argument(
+        "--remote",
+        default=None,
+        help="a Spark Connect server (sc://host:port) to run the query in, instead of a Spark of this process; the "
+        "fault spec (EOS_FAULTS) and the Postgres password (PGPASSWORD) travel as the connectors' options",
+    )
     return p
 
 
@@ -97,6 +103,8 @@ def create_tables(dsn: str, sink: str, table: str, bootstrap: str = "") -> None:
 
 
 def _spark(args: argparse.Namespace) -> Any:
+    if args.remote:
+        return _register(_remote(args), args)
     # On a local master Spark's Python processes (workers, planner) run this interpreter, as the chaos toolkit's
     # app runner has them do: unset, they ran `python3` from PATH (on a pyenv machine its shim's bash scripts
     # before each, and another interpreter that found the packages only through PYTHONPATH)
@@ -127,6 +135,26 @@ def _spark(args: argparse.Namespace) -> Any:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return _register(spark, args)
+
+
+def _remote(args: argparse.Namespace) -> Any:
+    """A Spark Connect session on ``--remote``: the server's Spark (its master, its Python) runs the query; the
+    session's SQL settings are the run's."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(args.remote).getOrCreate()
+    spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
+    spark.conf.set(
+        "spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    )
+    for key, value in (kv.split("=", 1) for kv in args.conf):
+        spark.conf.set(key, value)
+    return spark
+
+
+def _register(spark: Any, args: argparse.Namespace) -> Any:
     # register only what this run needs, so one sink's pipeline never depends on the other sink
     from sources.kafka import KafkaEosDataSource
 
@@ -153,6 +181,7 @@ def _parsed(spark: Any, args: argparse.Namespace) -> Any:
         .option("maxOffsetsPerTrigger", str(args.max_offsets))
         .option("failOnDataLoss", args.fail_on_data_loss)
         .option("kafka.isolation.level", args.isolation)
+        .options(**_remote_options(args, source=True))
         .load()
     )
     schema = "id string, key string, amount long"
@@ -182,6 +211,18 @@ def _kafka_options(args: argparse.Namespace) -> dict[str, str]:
     from eos_core.kafka_config import kafka_options
 
     return kafka_options(args.bootstrap, args.kafka_config)
+
+
+def _remote_options(args: argparse.Namespace, *, source: bool = False) -> dict[str, str]:
+    """Over Spark Connect the query runs in the server's processes, which see none of this process's environment:
+    the run's fault spec goes to each connector as its ``faults`` option, and the sink gets the Postgres password
+    as its ``password`` option (Spark redacts it by key). Nothing on a Spark of this process."""
+    if not args.remote:
+        return {}
+    options = {"faults": os.environ[faults.ENV_SPEC]} if os.environ.get(faults.ENV_SPEC) else {}
+    if not source and args.sink != "kafka" and os.environ.get("PGPASSWORD"):
+        options["password"] = os.environ["PGPASSWORD"]
+    return options
 
 
 def _broken_batch(dsn: str, table: str) -> Any:
@@ -215,6 +256,7 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
     extra = dict(kv.split("=", 1) for kv in args.extra)
     if args.sink == "stateful":
         agg = df.groupBy("key").agg(F.sum("amount").alias("total"), F.count(F.lit(1)).alias("events"))
+        extra.update(_remote_options(args))
         writer = agg.writeStream.outputMode("update").foreachBatch(_stateful_batch(args.dsn, args.table, extra))
     elif args.sink == "broken":
         writer = df.writeStream.foreachBatch(_broken_batch(args.dsn, args.table))
@@ -222,13 +264,14 @@ def _query(spark: Any, args: argparse.Namespace) -> Any:
         row = F.to_json(F.struct("id", "key", "amount", "src_partition", "src_offset"))
         writer = df.select(F.col("key"), row.alias("value")).writeStream.format("kafka-eos")
         writer = writer.options(**_kafka_options(args)).option("topic", args.table)
-        writer = writer.option("sink.id", sink_id)
+        writer = writer.option("sink.id", sink_id).options(**_remote_options(args))
         for k, v in extra.items():
             writer = writer.option(k, v)
     else:
         fmt = "postgres-2pc" if args.sink == "2pc" else "postgres-upsert"
         writer = df.writeStream.format(fmt).option("dsn", args.dsn).option("table", args.table)
         writer = writer.option("sink.id", sink_id) if args.sink == "2pc" else writer.option("key", "id")
+        writer = writer.options(**_remote_options(args))
         for k, v in extra.items():
             writer = writer.option(k, v)
     return with_trigger(writer.option("checkpointLocation", args.checkpoint), args.trigger).start()
@@ -240,18 +283,21 @@ def _stateful_batch(dsn: str, table: str, extra: dict[str, str]) -> Any:
 
     write = connectors.upsert_batch(dsn=dsn, table=table, key="key", **extra)
 
+    spec = extra.get("faults")  # over Spark Connect this function runs in the server, without the run's EOS_FAULTS
+
     def batch(df: Any, batch_id: int) -> None:
-        faults.point("pipeline.batch", batch=batch_id)
+        faults.point("pipeline.batch", spec=spec, batch=batch_id)
         write(df, batch_id)
         # every task committed, Spark's commits/n not yet written: the window replays must cover
-        faults.point("sink.after_commit", batch=batch_id)
+        faults.point("sink.after_commit", spec=spec, batch=batch_id)
 
     return batch
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    mark_process_group()  # before the JVM starts: kill-group fault points in executors need it
+    if not args.remote:  # a Connect server's fault points kill the server's group (its own EOS_FAULTS_PGID)
+        mark_process_group()  # before the JVM starts: kill-group fault points in executors need it
     create_tables(args.dsn, args.sink, args.table, args.bootstrap)
     spark = _spark(args)
     return serve(lambda: _query(spark, args), args.timeout)

@@ -1,0 +1,57 @@
+"""Spark Connect (issue 50), without a server: what differs from a classic session in the connectors' own code.
+The server, the queries over it and their kills are integration/test_spark_connect.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.services.spark_connect import SERVER_CLASS, ConnectServer
+from eos_core.errors import ConfigError
+from sinks.postgres.twophase import spark as twophase_spark
+from sources.kafka.alias import install_kafka_alias
+
+
+def _frame(module: str, partitions: int) -> Any:
+    class Rdd:
+        def getNumPartitions(self) -> int:
+            return partitions
+
+    class Frame:
+        @property
+        def rdd(self) -> Rdd:
+            if module.startswith("pyspark.sql.connect"):
+                raise AssertionError("a Connect DataFrame has no RDD API: twopc_batch must not ask it")
+            return Rdd()
+
+    Frame.__module__ = module
+    return Frame()
+
+
+def test_twopc_batch_counts_partitions_on_a_classic_session_only() -> None:
+    assert twophase_spark._partitions(_frame("pyspark.sql.classic.dataframe", 7)) == 7
+    assert twophase_spark._partitions(_frame("pyspark.sql.connect.dataframe", 7)) is None
+
+
+def test_connect_server_runs_pysparks_own_server_on_loopback(tmp_path: Path) -> None:
+    server = ConnectServer(tmp_path, conf={"spark.sql.shuffle.partitions": "3"})
+    argv = server.argv()
+    assert argv[0].endswith("/bin/spark-submit") and argv[-1] == "spark-internal"
+    assert argv[argv.index("--class") + 1] == SERVER_CLASS
+    confs = {argv[i + 1] for i, a in enumerate(argv) if a == "--conf"}
+    assert "spark.connect.grpc.binding.address=127.0.0.1" in confs
+    assert f"spark.connect.grpc.binding.port={server.port}" in confs
+    assert "spark.sql.shuffle.partitions=3" in confs and "spark.ui.enabled=false" in confs
+    assert server.remote == f"sc://127.0.0.1:{server.port}" and not server.running()
+
+
+def test_the_kafka_alias_is_refused_on_a_connect_session_naming_the_format_to_write() -> None:
+    class ConnectSession:
+        pass
+
+    ConnectSession.__module__ = "pyspark.sql.connect.session"
+    with pytest.raises(ConfigError) as err:
+        install_kafka_alias(ConnectSession())
+    assert err.value.option == "kafka_alias" and ".format('kafka-eos')" in str(err.value)
