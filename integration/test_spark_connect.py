@@ -40,20 +40,30 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash]
 RECORDS = 600  # 2 partitions, 200 per trigger: 3 batches
 PER_TRIGGER = 200
 
-# sink -> (sink options, the fault that kills the server, the point whose firing proves it)
+# case -> (the runner's sink, sink options, the fault that kills the server, the point whose firing proves it)
 CASES = {
     # the driver dies with the batch decided, before its COMMIT PREPAREDs: the restart commits the killed run's rows
-    "2pc": ((), "sink.commit.after_decision:batch=1:action=kill-group:once", "sink.commit.after_decision"),
+    "2pc": ("2pc", (), "sink.commit.after_decision:batch=1:action=kill-group:once", "sink.commit.after_decision"),
+    # visibility=partition: the server killed from a task that has PREPAREd its rows
+    "2pc-partition": (
+        "2pc",
+        ("visibility=partition",),
+        "sink.after_prepare:batch=1:partition=1:action=kill-group:once",
+        "sink.after_prepare",
+    ),
     # a task of the upsert sink killed with its rows written, its transaction open: the server goes with it
-    "upsert": ((), "sink.after_write:batch=1:partition=1:action=kill-group:once", "sink.after_write"),
+    "upsert": ("upsert", (), "sink.after_write:batch=1:partition=1:action=kill-group:once", "sink.after_write"),
     # the foreachBatch helper (connectors.upsert_batch) of a keyed aggregation, killed before the batch's write
-    "stateful": ((), "pipeline.batch:batch=1:action=kill-group:once", "pipeline.batch"),
+    "stateful": ("stateful", (), "pipeline.batch:batch=1:action=kill-group:once", "pipeline.batch"),
     # the Kafka sink, visibility=partition: one task's transaction committed, the batch not
-    "kafka": (
+    "kafka-partition": (
+        "kafka",
         ("visibility=partition",),
         "sink.task.after_commit:batch=1:partition=0:action=kill-group:once",
         "sink.task.after_commit",
     ),
+    # the Kafka sink, visibility=batch: half the batch sent in the driver's publish, its transaction open
+    "kafka-batch": ("kafka", (), "sink.publish.mid:batch=1:k=100:action=kill-group:once", "sink.publish.mid"),
 }
 
 
@@ -80,11 +90,11 @@ def _pipeline(sink: str, options: tuple[str, ...], kafka_service: Any, postgres_
     return pipe
 
 
-@pytest.mark.parametrize("sink", list(CASES))
+@pytest.mark.parametrize("case", list(CASES))
 def test_query_over_spark_connect_survives_the_server_killed_and_restarted(
-    sink: str, kafka_service: Any, postgres_service: Any, tmp_path: Path
+    case: str, kafka_service: Any, postgres_service: Any, tmp_path: Path
 ) -> None:
-    options, spec, point = CASES[sink]
+    sink, options, spec, point = CASES[case]
     pipe = _pipeline(sink, options, kafka_service, postgres_service, tmp_path)
     # the server's processes log their faults where the pipeline's checker reads them
     env = {faults.ENV_LOG: pipe.fault_log, faults.ENV_STATE: os.path.join(pipe.workdir, "fault-state")}
