@@ -223,3 +223,36 @@ def test_foreach_batch_helpers_metrics_error_cause_and_redaction_over_spark_conn
     leaked = [k for k, v in got.items() if password in json.dumps(v)]
     assert not leaked, f"the password is in {leaked}"
     assert password not in done.stdout + done.stderr
+
+
+def test_chaos_toolkit_runs_a_users_job_through_a_connect_session(
+    kafka_service: Any, postgres_service: Any, tmp_path: Path
+) -> None:
+    """``spark-eos chaos --app orders_job:build --connect``: each run of the example job is a Connect client of a
+    server the run starts (its driver); a kill of the job's group takes the server too (it dies with its starter),
+    and a fault point inside the server kills the job's group. Exactly once, every fault proven."""
+    import json
+    import subprocess
+    import sys
+
+    from connectors.toolkit import chaos
+
+    work = tmp_path / "chaos"
+    faults_given = "kill:1,fault-point:1"
+    planned = chaos.plan_kills("2pc", 2, 3, faults=faults_given)
+    assert sorted(p.kind for p in planned) == ["fault-point", "kill"], planned
+    argv = [sys.executable, "-m", "connectors.toolkit.chaos", "--app", "orders_job:build", "--connect"]
+    argv += ["--kills", "2", "--seed", "3", "--faults", faults_given, "--records", "400", "--max-offsets", "80"]
+    argv += ["--payload", "key,amount", "--bootstrap", kafka_service.bootstrap, "--dsn", postgres_service.dsn]
+    argv += ["--workdir", str(work), "--json", "--quiet"]
+    orders = Path(__file__).resolve().parents[1] / "examples" / "orders"
+    out = subprocess.run(argv, cwd=orders, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["ok"] is True, json.dumps(report["checks"], indent=1)
+    events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+    assert [e["exit"] for e in events] == ["killed by SIGKILL"] * 2, events
+    # the job ran as a Connect client: each run started a server and named it in its log
+    log = (work / "pipeline.log").read_text(errors="replace")
+    assert log.count("RUNNER CONNECT sc://127.0.0.1:") >= 3, log[-3000:]
+    assert "SparkConnectServer" in "".join(p.read_text(errors="replace") for p in work.rglob("connect-server.log"))

@@ -55,3 +55,45 @@ def test_the_kafka_alias_is_refused_on_a_connect_session_naming_the_format_to_wr
     with pytest.raises(ConfigError) as err:
         install_kafka_alias(ConnectSession())
     assert err.value.option == "kafka_alias" and ".format('kafka-eos')" in str(err.value)
+
+
+class _NoServices:
+    def kafka(self) -> None:
+        pytest.fail("a broker was asked for")
+
+    def postgres(self) -> None:
+        pytest.fail("a Postgres was asked for")
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        ({"pipeline": "2pc"}, "--connect needs --app"),
+        ({"app": "j:build", "faults": "kill:1,executor-loss:1"}, "--faults executor-loss: not with --connect"),
+        ({"app": "j:build", "faults": "slow-task:1"}, "--faults slow-task: not with --connect"),
+    ],
+)
+def test_chaos_connect_refuses_what_it_cannot_run_naming_the_flag(given: dict[str, Any], needle: str) -> None:
+    from connectors.toolkit import chaos
+
+    base = {"bootstrap": "127.0.0.1:9092", "dsn": "postgresql://u@127.0.0.1:5/db", "workdir": "/nonexistent"}
+    with pytest.raises(ConfigError) as err:
+        chaos.prepare(_NoServices(), connect=True, **base, **given)  # refused before any service is asked for
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_chaos_connect_runs_the_app_runner_as_a_connect_client() -> None:
+    from connectors.toolkit.chaos import inputs
+    from connectors.toolkit.chaos.runs import runner_argv
+
+    base = {"bootstrap": "127.0.0.1:9092", "dsn": "postgresql://u@127.0.0.1:5/db", "workdir": "/nonexistent"}
+    cfg = inputs.prepare(_NoServices(), app="j:build", connect=True, **base)
+    assert cfg.connect
+
+    class State:
+        topic, bootstrap, topics = "t", "127.0.0.1:9092", {}
+
+    argv = runner_argv(cfg, State(), "tbl", "/ck", "available-now")  # type: ignore[arg-type]
+    assert "connectors.toolkit.app_runner" in argv and "--connect" in argv
+    plain = inputs.prepare(_NoServices(), app="j:build", **base)
+    assert "--connect" not in runner_argv(plain, State(), "tbl", "/ck", "available-now")  # type: ignore[arg-type]

@@ -44,10 +44,14 @@ class ConnectServer:
         master: str = "local[2,2]",
         conf: dict[str, str] | None = None,
         env: dict[str, str] | None = None,
+        faults_group: int | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.master, self.conf, self.env = master, {**DEFAULT_CONF, **(conf or {})}, dict(env or {})
+        # the process group fault points inside the server kill: its own (None), or its starter's (a job run under
+        # the chaos toolkit: a kill of the job's group must take the server, and the server's kills the job)
+        self.faults_group = faults_group
         self.port = _proc.free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -87,8 +91,11 @@ class ConnectServer:
         before = self._ready_lines()
         self._closed()  # a server a fault point killed from inside: its log file was left open
         self._log = open(self.log_path, "ab")  # kept open while the server runs
-        # the shell's pid is the group's (a new session): fault points in the server's processes kill that group
-        argv = ["sh", "-c", f'export {ENV_PGID}=$$; exec "$@"', "sh", *self.argv()]
+        if self.faults_group is None:
+            # the shell's pid is the group's (a new session): fault points in the server's processes kill that group
+            argv = ["sh", "-c", f'export {ENV_PGID}=$$; exec "$@"', "sh", *self.argv()]
+        else:
+            argv, env[ENV_PGID] = self.argv(), str(self.faults_group)
         self.proc = _proc.spawn(argv, log=self._log, env=env, cwd=str(self.workdir))
         self.starts += 1
         _proc.register_cleanup(id(self), self.stop)

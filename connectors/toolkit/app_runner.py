@@ -191,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--topics", action="append", default=[], help="name=topic: the run's topic of that name (repeatable)"
     )
     p.add_argument("--conf", action="append", default=[], help="key=value: a Spark setting of the session (repeatable)")
+    p.add_argument(
+        "--connect",
+        action="store_true",
+        help="run the job as a Spark Connect client: a Connect server (--master, --conf) starts beside this process, "
+        "its driver, and dies with it; its fault points kill this process's group",
+    )
     return p
 
 
@@ -230,6 +236,41 @@ def _spark(master: str, conf: dict[str, str] | None = None) -> Any:
     spark.sparkContext.setLogLevel("ERROR")
     connectors.register(spark)
     return spark
+
+
+def _connect_spark(master: str, conf: dict[str, str], workdir: str) -> Any:
+    """A Spark Connect session on a Connect server this process starts (``--connect``): the server is the job's
+    driver on ``master``; it inherits the run's fault spec, state and log, names this process's group as the one
+    its fault points kill, and is SIGKILLed by the kernel when this process dies (a kill of the job's group)."""
+    from pyspark.sql import SparkSession
+
+    import connectors
+    from connectors.services.spark_connect import ConnectServer
+
+    settings = {
+        "spark.sql.shuffle.partitions": "2",
+        "spark.executorEnv.PYTHONPATH": os.pathsep.join(sys.path),
+        **pyspark_daemon.CONF,
+        **executor_env(master),
+        **conf,
+    }
+    server = ConnectServer(workdir, master=master, conf=settings, faults_group=os.getpgrp()).start()
+    print(f"RUNNER CONNECT {server.remote} server pid={server.proc.pid if server.proc else 0}", flush=True)
+    spark = SparkSession.builder.remote(server.remote).getOrCreate()
+    connectors.register(spark)
+    return spark
+
+
+def _writer_classes(connect: bool) -> list[Any]:
+    """The DataStreamWriter classes a job's ``build`` uses: the classic session's; with ``connect`` Spark
+    Connect's too."""
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    if not connect:
+        return [DataStreamWriter]
+    from pyspark.sql.connect.streaming.readwriter import DataStreamWriter as ConnectWriter
+
+    return [DataStreamWriter, ConnectWriter]
 
 
 def mark_process_group() -> None:
@@ -335,11 +376,15 @@ def foreach_batch_with_fault_points(func: Callable[[Any, int], Any]) -> Callable
     return faults.around_batch(func)
 
 
-def _wrap_foreach_batch() -> None:
-    """Every ``foreachBatch`` the user's ``build`` sets gets the fault points (this process only)."""
-    from pyspark.sql.streaming.readwriter import DataStreamWriter
+def _wrap_foreach_batch(connect: bool = False) -> None:
+    """Every ``foreachBatch`` the user's ``build`` sets gets the fault points (this process only; over Spark
+    Connect the wrapped function runs in the server, whose environment holds the run's fault spec)."""
+    for cls in _writer_classes(connect):
+        _wrap_foreach_batch_of(cls)
 
-    original = DataStreamWriter.foreachBatch
+
+def _wrap_foreach_batch_of(writer_class: Any) -> None:
+    original = writer_class.foreachBatch
     if getattr(original, "_eos_wrapped", False):
         return
 
@@ -348,7 +393,7 @@ def _wrap_foreach_batch() -> None:
         return original(self, foreach_batch_with_fault_points(func))
 
     foreachBatch._eos_wrapped = True  # type: ignore[attr-defined]
-    DataStreamWriter.foreachBatch = foreachBatch  # type: ignore[method-assign]
+    writer_class.foreachBatch = foreachBatch
 
 
 def sink_of(writer: Any) -> dict[str, Any]:
@@ -356,14 +401,17 @@ def sink_of(writer: Any) -> dict[str, Any]:
     return writer.__dict__.setdefault("_eos_sink", {"format": "", "options": {}})  # type: ignore[no-any-return]
 
 
-def record_sink() -> None:
+def record_sink(connect: bool = False) -> None:
     """Every DataStreamWriter remembers its format and options (this process only; Spark keeps them in
     the JVM, out of Python's reach), for ``sink_refusal``. Spark's own methods still do the work."""
-    from pyspark.sql.streaming.readwriter import DataStreamWriter
+    for cls in _writer_classes(connect):
+        _record_sink_of(cls)
 
-    if getattr(DataStreamWriter.format, "_eos_wrapped", False):
+
+def _record_sink_of(writer_class: Any) -> None:
+    if getattr(writer_class.format, "_eos_wrapped", False):
         return
-    fmt, opt, opts = DataStreamWriter.format, DataStreamWriter.option, DataStreamWriter.options
+    fmt, opt, opts = writer_class.format, writer_class.option, writer_class.options
 
     def format(self: Any, source: str) -> Any:  # Spark's names
         sink_of(self)["format"] = source
@@ -381,7 +429,7 @@ def record_sink() -> None:
     wrapper: Any
     for wrapper in (format, option, options):
         wrapper._eos_wrapped = True
-    DataStreamWriter.format, DataStreamWriter.option, DataStreamWriter.options = format, option, options  # type: ignore[method-assign]
+    writer_class.format, writer_class.option, writer_class.options = format, option, options
 
 
 # what a kafka-eos sink job's writer must be given, and why (sink_refusal)
@@ -467,9 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     def start() -> Any:
         if setup is not None:
             setup(job)
-        spark = _spark(args.master, conf)
-        _wrap_foreach_batch()
-        record_sink()
+        if args.connect:
+            spark = _connect_spark(args.master, conf, os.path.join(os.path.dirname(args.checkpoint), "connect-server"))
+        else:
+            spark = _spark(args.master, conf)
+        _wrap_foreach_batch(args.connect)
+        record_sink(args.connect)
         writer = build(spark, job)
         if not hasattr(writer, "start") or not hasattr(writer, "trigger"):
             raise TypeError(

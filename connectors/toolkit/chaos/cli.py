@@ -66,6 +66,12 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
         "kafka-partition: the kafka-eos sink with visibility=batch / partition, writing job.out_topic, "
         "which is read back read_committed)",
     )
+    p.add_argument(
+        "--connect",
+        action="store_true",
+        help="with --app: run your job as a Spark Connect client (SparkSession.builder.remote) of a Connect server "
+        "each run starts on loopback, its driver; the kills take the server with the job (needs spark-eos[connect])",
+    )
     p.add_argument("--id-field", default="id", help="with --app: the record field / column identifying a record")
     p.add_argument("--payload", default="", help="with --app: comma-separated fields the table must hold unchanged")
     p.add_argument("--option", action="append", default=[], help="with --app: key=value handed to the job")
@@ -212,6 +218,7 @@ def _command(args: argparse.Namespace) -> int:
             minimise=args.minimise,
             report_dir=args.report,
             progress=not args.quiet,
+            connect=args.connect,
         )
         report = conduct(cfg)
         print(report.to_json() if args.json else report.table())

@@ -64,6 +64,7 @@ class ChaosConfig:
     postgres_service: Any = None  # the PostgresService to restart/crash/stop (pg-restart, pg-crash, pg-stop)
     minimise: bool = False  # a failing run is re-run dropping kills one at a time
     report_dir: str | None = None  # where report.html and junit.xml go (None: none)
+    connect: bool = False  # the job runs as a Spark Connect client of a server its run starts (app_runner --connect)
 
     @property
     def planned(self) -> int:

@@ -50,6 +50,7 @@ CLI_NAMES: dict[str, str] = {
     "only_kills": "--only-kills",
     "minimise": "--minimise",
     "report_dir": "--report",
+    "connect": "--connect",
 }
 PLUGIN_NAMES: dict[str, str] = {
     **{k: f"{k}=" for k in CLI_NAMES},
@@ -111,6 +112,7 @@ class Asked:
     report_dir: str | None = None
     timeout: float = 300.0
     progress: bool = True
+    connect: bool = False
 
 
 # what ChaosConfig takes of Asked as it is (prepare makes the rest: the job, the services, parsed values)
@@ -135,6 +137,11 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
         ) from None
     _check_numbers(n, kills=a.kills, records=a.records, partitions=a.partitions, max_offsets=a.max_offsets)
     _check_job(n, a.pipeline, a.app, a.sink_kind)
+    if a.connect and not a.app:
+        raise ConfigError(
+            f"{n['connect']} needs {n['app']}: it runs your job as a Spark Connect client (the reference pipelines "
+            "run on a Spark of their own process)"
+        )
     _check_workload(n, a.app, a.generator, a.records_file, a.oracle)
     mode, key = _check_oracle(n, a.oracle, a.tolerance, a.ignore_columns, a.reference_runs)
     only = _check_kills(n, a.kills, a.only_kills, a.minimise)
@@ -185,6 +192,7 @@ def _check_faults(n: Mapping[str, str], a: Asked) -> dict[str, int]:
         partitions=a.partitions,
         sink_kind=a.sink_kind if a.app else None,
         names=n,
+        connect=a.connect,
     )
     kinds.refuse(weights, setup)
     return weights

@@ -95,6 +95,7 @@ class Setup:
     partitions: int = 2
     sink_kind: str | None = None
     names: Mapping[str, str] | None = None
+    connect: bool = False  # the job runs as a Spark Connect client (--connect)
 
     def name(self, what: str) -> str:
         """How the run's caller names input ``what`` (``faults`` -> ``--faults`` or ``faults=``)."""
@@ -413,6 +414,11 @@ def refuse(weights: Mapping[str, int], setup: Setup) -> None:
     cannot inject: first what cannot apply to a job writing with the kafka-eos sink (its own refusals say
     more than the general ones), then each kind's ``NEEDS`` in turn."""
     listed = [KINDS[k] for k, w in weights.items() if w > 0]
+    for kind in (k for k in listed if setup.connect and {"local-cluster", "two-hosts"} & set(k.needs)):
+        raise ConfigError(
+            f"{setup.name('faults')} {kind.name}: not with {setup.name('connect')} (it moves the job to a cluster of "
+            f"its own, which is untested behind a Spark Connect server); drop {kind.name} or {setup.name('connect')}"
+        )
     if setup.kafka_sink:
         for kind in (k for k in listed if k.postgres):
             if "pg-proxy" in kind.needs and setup.dsn:

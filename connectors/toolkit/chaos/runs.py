@@ -126,6 +126,8 @@ def runner_argv(
     options += [a for k, v in state.topics.items() if k for a in ("--topics", f"{k}={v}")]
     if cfg.kafka_sink:
         options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
+    if cfg.connect:
+        options.append("--connect")
     return python_argv("connectors.toolkit.app_runner", "--app", cfg.app, *common, *options, *confs)
 
 
