@@ -3,10 +3,10 @@
 
 The server is the driver: a query a client starts runs in it, with its Python data sources, planner
 processes and ``foreachBatch`` functions in Python processes the server starts (``PYSPARK_PYTHON``: this
-interpreter, so they see spark-eos). It runs as the leader of its own process group; ``crash()`` SIGKILLs
-the group (the driver and its Python processes at once, as a lost driver node), ``start()`` brings up a new
-server on the same port, so a client reconnects to the same address and restarts its query from its
-checkpoint. Fault points fired inside the server may kill its group (``EOS_FAULTS_PGID``)::
+interpreter, so they see spark-eos). It runs as the leader of its own process group, which fault points fired
+inside it kill (``EOS_FAULTS_PGID``: the driver and its Python processes at once, as a lost driver node), and
+dies with the process that started it; ``start()`` after such a kill brings up a new server on the same port,
+so a client reconnects to the same address and restarts its query from its checkpoint::
 
     with ConnectServer(workdir) as server:
         spark = SparkSession.builder.remote(server.remote).getOrCreate()
@@ -15,7 +15,6 @@ checkpoint. Fault points fired inside the server may kill its group (``EOS_FAULT
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -119,14 +118,6 @@ class ConnectServer:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def crash(self) -> int:
-        """SIGKILL the server's process group (the driver JVM and its Python processes); its exit status."""
-        assert self.proc is not None, "the server was never started"
-        proc = self.proc
-        _proc.stop_group(proc, proc.pid, grace=0, sig=signal.SIGKILL)
-        self._closed()
-        return proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL what is left after 20 s); a no-op when it is not running."""
