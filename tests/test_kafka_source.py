@@ -15,11 +15,11 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, Rea
 from eos_core import kafka_clients
 from eos_core.errors import ConfigError, DataLossError
 from sources.kafka import KafkaEosDataSource, kafka_schema, parse_options
-from sources.kafka.datasource import KafkaBatchReader, KafkaStreamReader
 from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition, batch_start, dumps, from_json, to_json
 from sources.kafka.options import OPTIONS, consumer_config
 from sources.kafka.planner import Limits, limits_from, rate_limit
 from sources.kafka.reader import _Columns, arrow_schema
+from sources.kafka.readers import KafkaBatchReader, KafkaStreamReader
 from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings, split_ranges
 
 BS = {"kafka.bootstrap.servers": "127.0.0.1:9"}

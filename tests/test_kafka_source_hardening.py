@@ -148,7 +148,7 @@ class _FakeConsumer:
 
 
 def test_batch_reader_closes_its_client_when_planning_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sources.kafka.datasource import KafkaBatchReader
+    from sources.kafka.readers import KafkaBatchReader
 
     monkeypatch.setattr(kafka_clients, "Consumer", _FakeConsumer)
     monkeypatch.setattr(_FakeConsumer, "opened", 0)

@@ -314,10 +314,9 @@ def _helpers() -> list[tuple[str, Any, Any, dict[str, Any]]]:
     """(name, helper, its option set, the options it needs) for twopc_batch, upsert_batch, kafka_batch."""
     from sinks.kafka.options import OPTIONS as KAFKA_SINK
     from sinks.kafka.spark import kafka_batch
+    from sinks.postgres.adapters import twopc_batch, upsert_batch
     from sinks.postgres.options import UPSERT_OPTIONS
     from sinks.postgres.twophase.options import TWOPC_OPTIONS
-    from sinks.postgres.twophase.spark import twopc_batch
-    from sinks.postgres.upsert import upsert_batch
     from sources.kafka.datasource import KafkaEosDataSource
 
     pg = {"dsn": "postgresql://u@h/d", "table": "t"}

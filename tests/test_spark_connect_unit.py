@@ -10,7 +10,7 @@ import pytest
 
 from connectors.services.spark_connect import SERVER_CLASS, ConnectServer
 from eos_core.errors import ConfigError
-from sinks.postgres.twophase import spark as twophase_spark
+from sinks.postgres import adapters
 from sources.kafka.alias import install_kafka_alias
 
 
@@ -31,8 +31,8 @@ def _frame(module: str, partitions: int) -> Any:
 
 
 def test_twopc_batch_counts_partitions_on_a_classic_session_only() -> None:
-    assert twophase_spark._partitions(_frame("pyspark.sql.classic.dataframe", 7)) == 7
-    assert twophase_spark._partitions(_frame("pyspark.sql.connect.dataframe", 7)) is None
+    assert adapters._partitions(_frame("pyspark.sql.classic.dataframe", 7)) == 7
+    assert adapters._partitions(_frame("pyspark.sql.connect.dataframe", 7)) is None
 
 
 def test_connect_server_runs_pysparks_own_server_on_loopback(tmp_path: Path) -> None:

@@ -9,17 +9,13 @@ import pyarrow as pa
 import pytest
 
 from eos_core.errors import ConfigError, FatalError
+from sinks.postgres.adapters import upsert_batch
+from sinks.postgres.datasources import PostgresUpsertDataSource
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, MergePlan
 from sinks.postgres.options import TableName, UpsertOptions
 from sinks.postgres.staging import prepared_rows
 from sinks.postgres.types import Column
-from sinks.postgres.upsert import (
-    PostgresUpsertDataSource,
-    UpsertBatchWriter,
-    UpsertCommitMessage,
-    UpsertStreamWriter,
-    upsert_batch,
-)
+from sinks.postgres.upsert import UpsertBatchWriter, UpsertCommitMessage, UpsertStreamWriter
 
 RAW = {"dsn": "postgresql://app:pw@127.0.0.1:1/db", "table": "t", "key": "id", "version": "ver"}
 COLS = (

@@ -58,9 +58,12 @@ PRELOAD = (
     "pyarrow.compute",
     "pandas",
     "pyspark.sql.pandas.serializers",
-    "sources.kafka",
-    "sources.kafka.reader",  # the source and the sinks import Arrow where they use it (planners never do)
-    "sinks.postgres",
+    # the formats' readers and writers, which their data sources import on demand (planners never do), and
+    # the modules those import where they use them: Arrow, the task-side reader
+    "sources.kafka.readers",
+    "sources.kafka.reader",
+    "sinks.postgres.twophase.spark",
+    "sinks.postgres.upsert",
     "sinks.kafka",
 )
 

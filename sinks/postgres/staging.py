@@ -18,6 +18,7 @@ from pyspark.sql.types import ArrayType, BinaryType, BooleanType, MapType, Struc
 from eos_core.errors import ConfigError, FatalError
 from sinks.postgres import deadletter
 from sinks.postgres.connection import close_quietly, setup_connect
+from sinks.postgres.formats import UPSERT
 from sinks.postgres.merge import DELETE_FLAG, ORDINAL, KeyTracker, MergePlan, ensure_tombstones
 from sinks.postgres.options import UpsertOptions
 from sinks.postgres.privileges import refuse_missing, upsert_grants
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SPILL_BYTES", "BatchBuffer", "Replayable", "UpsertPlanner", "prepared_rows"]
 
-FORMAT = "postgres-upsert"
+FORMAT = UPSERT
 
 
 class UpsertPlanner:

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
@@ -40,18 +39,18 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from eos_core import faults
-from eos_core.errors import ConfigError
 from eos_core.spark_task import task_identity
 from sinks.postgres import deadletter
 from sinks.postgres.connection import RetryPolicy, close_quietly, connect, rollback_quietly
 from sinks.postgres.copy import copy_arrow, create_staging
+from sinks.postgres.formats import UPSERT
 from sinks.postgres.merge import (
     KeyTracker,
     MergeCounts,
     MergePlan,
     merge_staged,
 )
-from sinks.postgres.options import UPSERT_OPTIONS, UpsertOptions, option_text, quote_ident
+from sinks.postgres.options import UpsertOptions, quote_ident
 from sinks.postgres.refusal import WHY, Screen, Unstaged
 from sinks.postgres.staging import Replayable, UpsertPlanner, prepared_rows
 
@@ -61,11 +60,9 @@ if TYPE_CHECKING:
 __all__ = [
     "FAULT_POINTS",
     "FORMAT",
-    "PostgresUpsertDataSource",
     "UpsertBatchWriter",
     "UpsertCommitMessage",
     "UpsertStreamWriter",
-    "upsert_batch",
 ]
 
 FAULT_POINTS = faults.Points(
@@ -78,7 +75,7 @@ FAULT_POINTS = faults.Points(
 )
 """The fault points ``postgres-upsert`` fires, in the order one batch meets them (``eos_core.faults``)."""
 
-FORMAT = "postgres-upsert"
+FORMAT = UPSERT
 log = logging.getLogger(__name__)
 
 
@@ -325,46 +322,3 @@ class UpsertStreamWriter(_UpsertWriterMixin, DataSourceStreamArrowWriter):
         log.warning(
             "%s %s batch %s aborted; its replay is a no-op for tasks that committed", FORMAT, self.plan.target, batchId
         )
-
-
-class PostgresUpsertDataSource(DataSource):
-    """Format ``postgres-upsert``: see the module docstring and docs/postgres-upsert.md for options."""
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def writer(self, schema: StructType, overwrite: bool) -> UpsertBatchWriter:
-        _refuse_overwrite(overwrite, streaming=False)
-        return UpsertBatchWriter(self.options, schema)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> UpsertStreamWriter:
-        # Complete mode arrives as overwrite=True: upserting the full result is what it needs.
-        return UpsertStreamWriter(self.options, schema)
-
-
-def _refuse_overwrite(overwrite: bool, *, streaming: bool) -> None:
-    if overwrite and not streaming:
-        raise ConfigError(
-            f"{FORMAT}: save mode 'overwrite' is not supported (the sink never truncates); "
-            "use mode('append'): rows are upserted by key",
-            option="mode",
-        )
-
-
-def upsert_batch(**options: Any) -> Callable[[Any, int], None]:
-    """A ``foreachBatch`` function upserting each micro-batch (use it for update mode).
-
-    Options are those of ``postgres-upsert``, each a keyword (its name in snake case: ``delete_column="op"``)
-    or a dotted name (``**{"delete.column": "op"}``). They are checked here, at once; the table is checked
-    when the first batch is written.
-    """
-    raw = {k: option_text(v) for k, v in UPSERT_OPTIONS.from_keywords(options).items()}
-    UPSERT_OPTIONS.parse(raw)  # unknown or malformed options fail when the query is built
-
-    def write_batch(df: Any, batch_id: int) -> None:
-        df.sparkSession.dataSource.register(PostgresUpsertDataSource)
-        df.write.format(FORMAT).options(**raw).mode("append").save()
-
-    write_batch.__name__ = f"upsert_batch[{raw.get('table')}]"
-    return write_batch

@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from eos_core import lazy
 from eos_core.faults import Points
-from sources.kafka.alias import install_kafka_alias, jvm_kafka_available
-from sources.kafka.datasource import FORMAT, KafkaBatchReader, KafkaEosDataSource, KafkaStreamReader, kafka_schema
-from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition
-from sources.kafka.options import OPTIONS, KafkaSourceOptions, parse_options
-from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings
+
+if TYPE_CHECKING:
+    from sources.kafka.alias import install_kafka_alias, jvm_kafka_available
+    from sources.kafka.datasource import FORMAT, KafkaEosDataSource, kafka_schema
+    from sources.kafka.offsets import EARLIEST, LATEST, TopicPartition
+    from sources.kafka.options import OPTIONS, KafkaSourceOptions, parse_options
+    from sources.kafka.readers import KafkaBatchReader, KafkaStreamReader
+    from sources.kafka.split import KafkaInputPartition, OffsetRange, ReadSettings
+
+# each name imported when first asked for (eos_core.lazy): Spark's planner processes import this package on
+# the way to the data source's class (sources.kafka.datasource) and need nothing else of it; a read imports
+# the readers, the planner and confluent-kafka itself
+__getattr__ = lazy.exports(
+    __name__,
+    {
+        "install_kafka_alias": "sources.kafka.alias",
+        "jvm_kafka_available": "sources.kafka.alias",
+        "FORMAT": "sources.kafka.datasource",
+        "KafkaEosDataSource": "sources.kafka.datasource",
+        "kafka_schema": "sources.kafka.datasource",
+        "EARLIEST": "sources.kafka.offsets",
+        "LATEST": "sources.kafka.offsets",
+        "TopicPartition": "sources.kafka.offsets",
+        "OPTIONS": "sources.kafka.options",
+        "KafkaSourceOptions": "sources.kafka.options",
+        "parse_options": "sources.kafka.options",
+        "KafkaBatchReader": "sources.kafka.readers",
+        "KafkaStreamReader": "sources.kafka.readers",
+        "KafkaInputPartition": "sources.kafka.split",
+        "OffsetRange": "sources.kafka.split",
+        "ReadSettings": "sources.kafka.split",
+    },
+)
+
 
 __all__ = [
     "EARLIEST",

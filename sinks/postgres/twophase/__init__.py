@@ -35,22 +35,47 @@ Invariants (the code and tests that keep each one cite its number):
 
 Modules, by role (Flink's sink shape): ``options`` (specs, parsed options), ``plan`` (driver-built
 plan, staging names, the task's commit message), ``writer`` (task side), ``committer`` (driver side),
-``guards`` (I1/I3 checks both sides share), ``spark`` (data source, writers, foreachBatch adapter).
+``guards`` (I1/I3 checks both sides share), ``spark`` (the Spark writers); the data source is in
+``sinks.postgres.datasources``, the foreachBatch adapter in ``sinks.postgres.adapters``.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from eos_core import lazy
 from eos_core.faults import Points
-from sinks.postgres.refusal import DataRefused
-from sinks.postgres.twophase.committer import Committer
-from sinks.postgres.twophase.guards import LineageMismatch, Superseded
-from sinks.postgres.twophase.options import FORMAT, TWOPC_OPTIONS, TwoPhaseOptions
-from sinks.postgres.twophase.plan import DIRECT, TwoPhaseMessage, TwoPhasePlan
-from sinks.postgres.twophase.spark import (
-    Postgres2pcDataSource,
-    TwoPhaseBatchWriter,
-    TwoPhaseStreamWriter,
-    twopc_batch,
+
+if TYPE_CHECKING:
+    from sinks.postgres.adapters import twopc_batch
+    from sinks.postgres.datasources import Postgres2pcDataSource
+    from sinks.postgres.refusal import DataRefused
+    from sinks.postgres.twophase.committer import Committer
+    from sinks.postgres.twophase.guards import LineageMismatch, Superseded
+    from sinks.postgres.twophase.options import FORMAT, TWOPC_OPTIONS, TwoPhaseOptions
+    from sinks.postgres.twophase.plan import DIRECT, TwoPhaseMessage, TwoPhasePlan
+    from sinks.postgres.twophase.spark import TwoPhaseBatchWriter, TwoPhaseStreamWriter
+
+# each name imported when first asked for (eos_core.lazy): Spark's planner processes pass through this package
+# on the way to the data source (sinks.postgres.datasources) and need none of the protocol
+__getattr__ = lazy.exports(
+    __name__,
+    {
+        "twopc_batch": "sinks.postgres.adapters",
+        "Postgres2pcDataSource": "sinks.postgres.datasources",
+        "DataRefused": "sinks.postgres.refusal",
+        "Committer": "sinks.postgres.twophase.committer",
+        "LineageMismatch": "sinks.postgres.twophase.guards",
+        "Superseded": "sinks.postgres.twophase.guards",
+        "FORMAT": "sinks.postgres.twophase.options",
+        "TWOPC_OPTIONS": "sinks.postgres.twophase.options",
+        "TwoPhaseOptions": "sinks.postgres.twophase.options",
+        "DIRECT": "sinks.postgres.twophase.plan",
+        "TwoPhaseMessage": "sinks.postgres.twophase.plan",
+        "TwoPhasePlan": "sinks.postgres.twophase.plan",
+        "TwoPhaseBatchWriter": "sinks.postgres.twophase.spark",
+        "TwoPhaseStreamWriter": "sinks.postgres.twophase.spark",
+    },
 )
 
 __all__ = [

@@ -15,6 +15,7 @@ from typing import Any
 
 from eos_core.errors import ConfigError
 from eos_core.options import OptionSet, group, option, reuse, spec_of
+from sinks.postgres.formats import TWOPC
 from sinks.postgres.options import (
     ConnectionOptions,
     ErrorsPolicy,
@@ -26,7 +27,7 @@ from sinks.postgres.twophase.decisions import (
 )
 from sinks.postgres.twophase.gid import check_sink_id
 
-FORMAT = "postgres-2pc"
+FORMAT = TWOPC
 BATCH_IDENTITY = "batch-jobs"  # owner identity of df.write with caller-given batch ids
 log = logging.getLogger(__name__)
 
