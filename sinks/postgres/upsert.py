@@ -1,11 +1,11 @@
-"""The ``postgres-upsert`` data source: idempotent, version-guarded upserts and deletes.
+"""The ``postgres-upsert`` writers: idempotent, version-guarded upserts and deletes.
 
-Public API:
+Public API (from ``sinks.postgres``):
 
-- ``PostgresUpsertDataSource`` (format ``postgres-upsert``): ``df.write`` (batch) and
-  ``df.writeStream`` (append and complete modes).
-- ``upsert_batch(**options)``: a ``foreachBatch(df, batch_id)`` function for update mode
-  (aggregations), which Python streaming sinks refuse.
+- ``PostgresUpsertDataSource`` (format ``postgres-upsert``, in ``sinks.postgres.datasources``): ``df.write``
+  (batch) and ``df.writeStream`` (append and complete modes), through this module's writers.
+- ``upsert_batch(**options)`` (``sinks.postgres.adapters``): a ``foreachBatch(df, batch_id)`` function for
+  update mode (aggregations), which Python streaming sinks refuse.
 - ``UpsertCommitMessage``: what each task reports (picklable).
 
 What a task stages (the planner, the prepared rows, the replayable buffer) is ``staging``'s,
