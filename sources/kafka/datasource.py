@@ -1,4 +1,4 @@
-"""The kafka-eos data source: Spark's Kafka schema and options, a replayable stream reader and a batch reader."""
+"""The kafka-eos data source: Spark's Kafka schema and options; its readers (sources.kafka.readers) and the sink's writers are imported on demand."""
 
 from __future__ import annotations
 
