@@ -69,6 +69,8 @@ _GROUPS = {
     "integration/test_kafka_sink_crash.py": "kafka-sink-crash",  # its broker with a 1 s transaction cleanup
     "integration/test_services_apache_kafka.py": "apache-kafka-broker",
     "integration/test_services_postgres.py": "own-postgres",
+    "integration/test_schema_registry.py": "schema-registry",  # one registry (~20-40 s to start), not one per worker
+    "integration/test_source_avro.py": "schema-registry",
 }
 
 

@@ -24,6 +24,7 @@ from eos_core.errors import ServiceError
 from eos_core.kafka_config import client_settings
 
 __all__ = [
+    "SERVICES",
     "STATE_ENV",
     "add_subparser",
     "default_state_dir",
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 STATE_ENV = "EOS_STATE_DIR"
+SERVICES = ("kafka", "postgres", "registry")  # the state's entries, in the order they start, stop and show
 
 
 def default_state_dir() -> Path:
@@ -100,6 +102,10 @@ def _is_ours(entry: dict[str, Any]) -> bool:
 
 
 def _healthy(name: str, entry: dict[str, Any], timeout: float = 3.0) -> bool:
+    if name == "registry":
+        from connectors.services.schema_registry import registry_answers
+
+        return registry_answers(entry["url"], timeout)
     if name == "kafka":
         from connectors.services.embedded_kafka import kafka_reachable
 
@@ -118,13 +124,16 @@ def up(
     postgres_port: int | None = None,
     kafka_broker: str | None = None,
     kafka_security: str | None = None,
+    registry: bool = False,
+    registry_port: int | None = None,
     out: Any = None,
 ) -> dict[str, Any]:
     """Start the embedded services that are not running yet, detached from this process; return the state.
 
     ``kafka_broker`` is ``apache`` or ``tansu`` (default: ``EOS_KAFKA_EMBEDDED``, else apache);
     ``kafka_security`` ``sasl_ssl`` or ``plaintext`` (default: ``EOS_KAFKA_SECURITY``, else sasl_ssl for
-    Apache Kafka; tansu has no SASL_SSL listener).
+    Apache Kafka; tansu has no SASL_SSL listener). ``registry``: a Schema Registry too (Apicurio, Confluent's
+    API; ``connectors.services.schema_registry``).
     """
     from connectors.services import embedded_kafka_kind
     from connectors.services.embedded_postgres import EmbeddedPostgres
@@ -162,6 +171,12 @@ def up(
                     "start_seconds": round(p.start_seconds, 2),
                     "passfile": str(_write_passfile(path.parent, p.dsn)),
                 }
+        if registry:
+            entry = state.get("registry")
+            if entry and _is_ours(entry):
+                print(f"registry  already up (pid {entry['pid']})", file=out)
+            else:
+                state["registry"] = _start_registry(registry_port, started)
     except BaseException:
         for service in started:  # never leave half of an "up" running without a record of it
             service.stop()
@@ -243,6 +258,26 @@ def _start_kafka(broker: str, port: int | None, started: list[Any], security: st
     }
 
 
+def _start_registry(port: int | None, started: list[Any]) -> dict[str, Any]:
+    """Start a detached Apicurio Registry (appended to ``started`` at once) and return its state entry."""
+    from connectors.services.schema_registry import ApicurioRegistry
+
+    r = ApicurioRegistry(port=port, detached=True)
+    started.append(r)
+    return {
+        "kind": "embedded",
+        "version": r.version,
+        "pid": r.pid,
+        "port": r.port,
+        "url": r.url,
+        "program": str(r.java),
+        "cmdline_contains": str(r.home / "quarkus-run.jar"),
+        "base": str(r.base),
+        "log": str(r.log_path),
+        "start_seconds": round(r.start_seconds, 2),
+    }
+
+
 def _print_state(state: dict[str, Any], out: Any) -> None:
     if "kafka" in state:
         k = state["kafka"]
@@ -255,6 +290,12 @@ def _print_state(state: dict[str, Any], out: Any) -> None:
     if "postgres" in state:
         p = state["postgres"]
         print(f"postgres  dsn {redact_dsn(p['dsn'])}   pid {p['pid']}   data {p['data_dir']}", file=out)
+    if "registry" in state:
+        r = state["registry"]
+        print(
+            f"registry  url {r['url']}   (Apicurio Registry {r.get('version')}, schemas in memory)   pid {r['pid']}",
+            file=out,
+        )
 
 
 def _stop_entry(name: str, entry: dict[str, Any]) -> None:
@@ -276,6 +317,11 @@ def _stop_entry(name: str, entry: dict[str, Any]) -> None:
             shutil.rmtree(entry["base"], ignore_errors=True)
         if entry.get("passfile"):
             Path(entry["passfile"]).unlink(missing_ok=True)
+    elif name == "registry":
+        if _is_ours(entry):
+            _proc.stop_group(None, pid, grace=10.0, sig=signal.SIGTERM)
+        if entry.get("base"):
+            shutil.rmtree(entry["base"], ignore_errors=True)
     elif entry.get("broker") == "apache":
         if _is_ours(entry):  # SIGTERM: Kafka's clean shutdown, which takes a few seconds
             from connectors.services.apache_kafka import STOP_GRACE
@@ -299,7 +345,7 @@ def down(*, state_dir: str | None = None, out: Any = None) -> int:
         print(f"no services recorded in {path}: nothing to stop{_legacy_hint(path)}", file=out)
         return 0
     n = 0
-    for name in ("kafka", "postgres"):
+    for name in SERVICES:
         entry = state.get(name)
         if entry:
             alive = _is_ours(entry)
@@ -319,13 +365,13 @@ def status(*, state_dir: str | None = None, out: Any = None) -> dict[str, bool]:
         print(f"no services recorded in {path} (start them with: spark-eos services up){_legacy_hint(path)}", file=out)
         return {}
     result = {}
-    for name in ("kafka", "postgres"):
+    for name in SERVICES:
         entry = state.get(name)
         if not entry:
             continue
         ok = _is_ours(entry) and _healthy(name, entry)
         result[name] = ok
-        where = entry["bootstrap"] if name == "kafka" else redact_dsn(entry["dsn"])
+        where = {"kafka": entry.get("bootstrap"), "registry": entry.get("url")}.get(name) or redact_dsn(entry["dsn"])
         print(f"{name:<9} {'up' if ok else 'DOWN'}   {where}   pid {entry.get('pid')}", file=out)
     return result
 
@@ -349,6 +395,10 @@ def _env_lines(state: dict[str, Any], path: Path | None = None) -> list[str]:
             lines.append(f"export PGPASSFILE={shlex.quote(pg['passfile'])}")
         else:
             lines.append(f"export EOS_POSTGRES_DSN={shlex.quote(pg['dsn'])}")
+    if "registry" in state:
+        from connectors.services.schema_registry import URL_ENV
+
+        lines.append(f"export {URL_ENV}={shlex.quote(state['registry']['url'])}")
     if path is not None:  # later commands in this shell find the same state, whatever their directory
         lines.append(f"export {STATE_ENV}={shlex.quote(str(path.parent.resolve()))}")
     return lines
@@ -364,6 +414,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         postgres_port=args.postgres_port,
         kafka_broker=args.kafka_broker,
         kafka_security=args.kafka_security,
+        registry=args.with_registry,
+        registry_port=args.registry_port,
     )
     return 0
 
@@ -418,6 +470,12 @@ def _add_commands(sub: Any) -> None:
     p.add_argument("--no-postgres", action="store_true", help="do not start Postgres")
     p.add_argument("--kafka-port", type=int, default=None, help="port for Kafka (default: a free one)")
     p.add_argument("--postgres-port", type=int, default=None, help="port for Postgres (default: a free one)")
+    p.add_argument(
+        "--with-registry",
+        action="store_true",
+        help="also start a Schema Registry (Apicurio Registry from Maven Central, Confluent's API; needs Java 21+)",
+    )
+    p.add_argument("--registry-port", type=int, default=None, help="port for the registry (default: a free one)")
     p.set_defaults(func=_cmd_up)
     common(sub.add_parser("down", help="stop the services started by 'up' and delete their data")).set_defaults(
         func=_cmd_down
@@ -428,7 +486,8 @@ def _add_commands(sub: Any) -> None:
     common(
         sub.add_parser(
             "env",
-            help="print export lines: EOS_KAFKA_BOOTSTRAP, EOS_KAFKA_CONFIG (secured Kafka), EOS_POSTGRES_DSN, PGPASSFILE",
+            help="print export lines: EOS_KAFKA_BOOTSTRAP, EOS_KAFKA_CONFIG (secured Kafka), EOS_POSTGRES_DSN, "
+            "PGPASSFILE, EOS_SCHEMA_REGISTRY_URL (--with-registry)",
         )
     ).set_defaults(func=_cmd_env)
 
