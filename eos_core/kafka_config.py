@@ -32,9 +32,11 @@ __all__ = [
 Role = Literal["consumer", "producer"]
 
 # Option names whose values are secrets (Kafka's, librdkafka's, Spark's, Hadoop's, libpq's): passwords,
-# JAAS configs (they embed the password), keys, tokens, PEM contents. Matching more than the truth is fine.
+# JAAS configs (they embed the password), keys, tokens, PEM contents, a Schema Registry's basic auth user info
+# (user:password). Matching more than the truth is fine.
 SECRET_NAME_PATTERN = (
     r"pass(?:word|wd|phrase)?(?:$|[._])|secret|jaas|token|credential|private|[._]key$|[._]pem$|keystore\.key|dsn$"
+    r"|user[._]info$"
 )
 """The pattern (Python's and Java's regex alike) of the names of options whose values are secrets."""
 _SECRET_NAME = re.compile(SECRET_NAME_PATTERN, re.I)

@@ -52,10 +52,37 @@ def validate(opts: KafkaSourceOptions, *, streaming: bool) -> None:
     if (opts.commit_offsets_to_group or opts.starting_is_group) and not opts.group_id:
         which = "commitOffsetsToGroup" if opts.commit_offsets_to_group else "startingOffsets"
         raise fail(f"option '{which}' needs the consumer group named by option 'kafka.group.id'; set it", which)
+    _validate_formats(opts)
     if opts.faults:
         from eos_core.faults import parse_spec
 
         parse_spec(opts.faults)
+
+
+def _validate_formats(opts: KafkaSourceOptions) -> None:
+    """An avro key or value needs the registry, and a subject: given, or the one topic's (TopicNameStrategy)."""
+    if not opts.decodes:
+        return
+    which = "value.format" if opts.value_format != "raw" else "key.format"
+    if not (opts.schema_registry_url or "").strip():
+        raise fail(
+            f"option {which!r} is {getattr(opts, which.replace('.', '_'))!r}, which reads each record's writer schema "
+            "from a Schema Registry: set option 'schema.registry.url' (e.g. http://registry:8081; Apicurio: "
+            "http://registry:8080/apis/ccompat/v7)",
+            "schema.registry.url",
+        )
+    for column in ("key", "value"):
+        inline = getattr(opts, f"{column}_schema").strip()[:1] in ("{", "[", '"')
+        if getattr(opts, f"{column}_format") == "raw" or getattr(opts, f"{column}_subject") or inline:
+            continue
+        topics = list(opts.subscribe or []) or (list(opts.assign) if isinstance(opts.assign, dict) else [])
+        if len(topics) != 1:
+            raise fail(
+                f"option '{column}.format' reads the reader schema of subject <topic>-{column}, and this query "
+                f"reads {'a pattern of topics' if opts.subscribe_pattern else f'{len(topics)} topics'}: name the "
+                f"subject with option '{column}.subject' (or give the schema inline in '{column}.schema')",
+                f"{column}.subject",
+            )
 
 
 def _validate_strategy(opts: KafkaSourceOptions) -> None:

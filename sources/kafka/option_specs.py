@@ -188,6 +188,51 @@ class KafkaSourceOptions:
         min=1024,
         description="Payload bytes per Arrow record batch a read task yields (bounds a worker's memory).",
     )
+    value_format: str = option(
+        "value.format",
+        "choice",
+        default="raw",
+        choices=("raw", "avro"),
+        description="raw: the value column holds the record's bytes (Spark's Kafka schema). avro: Confluent wire-format Avro, each record decoded with its writer schema (by id, from the Schema Registry) onto the reader schema value.schema, into a struct column (docs/formats.md).",
+    )
+    key_format: str = option(
+        "key.format",
+        "choice",
+        default="raw",
+        choices=("raw", "avro"),
+        description="As value.format, for the key column (reader schema key.schema, subject key.subject).",
+    )
+    value_schema: str = option(
+        "value.schema",
+        "str",
+        default="latest",
+        description="The reader schema of value.format=avro: latest (the subject's latest version when the query is planned), version:N, id:N, or an Avro schema inline (JSON).",
+    )
+    key_schema: str = option("key.schema", "str", default="latest", description="As value.schema, for the key.")
+    value_subject: str | None = option(
+        "value.subject",
+        "str",
+        description="The subject value.schema names a version of. Default <topic>-value (Confluent's TopicNameStrategy), which needs exactly one topic.",
+    )
+    key_subject: str | None = option(
+        "key.subject", "str", description="As value.subject, for the key (default <topic>-key)."
+    )
+    schema_registry_url: str | None = option(
+        "schema.registry.url",
+        "str",
+        description="The Schema Registry (Confluent's REST API: Confluent, Karapace, Redpanda; Apicurio at .../apis/ccompat/v7) of the avro formats.",
+    )
+    schema_registry_user_info: str | None = option(
+        "schema.registry.basic.auth.user.info",
+        "str",
+        secret=True,
+        description="user:password of the registry's basic authentication (redacted everywhere).",
+    )
+    schema_registry_ca: str | None = option(
+        "schema.registry.ssl.ca.location",
+        "str",
+        description="A CA file (PEM) that signed an https registry's certificate.",
+    )
     faults: str | None = option(
         "faults",
         "str",
@@ -208,6 +253,8 @@ class KafkaSourceOptions:
             value = getattr(self, f.name)
             if f.name == "kafka":
                 value = redact_options(value)
+            elif not f.repr and value is not None:  # a secret option's value
+                value = "***"
             shown.append(f"{f.name}={value!r}")
         return f"{type(self).__name__}({', '.join(shown)})"
 
@@ -224,6 +271,11 @@ class KafkaSourceOptions:
     @property
     def read_committed(self) -> bool:
         return self.kafka.get("kafka.isolation.level", "read_uncommitted").strip().lower() == "read_committed"
+
+    @property
+    def decodes(self) -> bool:
+        """A key or value format other than raw: the columns are decoded with the Schema Registry's schemas."""
+        return self.value_format != "raw" or self.key_format != "raw"
 
     @property
     def starting_is_group(self) -> bool:

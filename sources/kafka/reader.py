@@ -459,6 +459,12 @@ class KafkaPartitionReader:
         )
 
 
-def read_partition(part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-    """Spark's read(): Arrow batches of exactly the records in the partition's range."""
-    return iter(KafkaPartitionReader(part))
+def read_partition(part: KafkaInputPartition, decoders: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+    """Spark's read(): Arrow batches of exactly the records in the partition's range, their key and value decoded
+    by ``decoders`` (``sources.kafka.formats``) when given."""
+    batches = iter(KafkaPartitionReader(part))
+    if not decoders:
+        return batches
+    from sources.kafka.formats import decode_batch
+
+    return (decode_batch(batch, decoders) for batch in batches)

@@ -58,8 +58,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     so the batch ids are those of Spark's source.
     """
 
-    def __init__(self, opts: KafkaSourceOptions) -> None:
+    def __init__(self, opts: KafkaSourceOptions, decoders: dict[str, Any] | None = None) -> None:
         self.opts = opts
+        self.decoders = decoders or {}  # key.format/value.format: sources.kafka.formats.column_decoders
         self.planner = KafkaPlanner(opts, streaming=True)
         self._initial: dict[str, Any] | None = None
         self._pinned: dict[str, dict[str, dict[str, int]]] = {}
@@ -189,7 +190,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return iter(())  # Spark reads one placeholder partition when a plan has none
         from sources.kafka.reader import read_partition  # Arrow is the executors' (planners never read)
 
-        return read_partition(partition)
+        return read_partition(partition, self.decoders)
 
     def commit(self, end: dict) -> None:
         if self.opts.commit_offsets_to_group and self.opts.group_id:
@@ -202,8 +203,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class KafkaBatchReader(DataSourceReader):
     """``spark.read.format("kafka-eos")``: the records between the starting and ending offsets."""
 
-    def __init__(self, opts: KafkaSourceOptions) -> None:
+    def __init__(self, opts: KafkaSourceOptions, decoders: dict[str, Any] | None = None) -> None:
         self.opts = opts
+        self.decoders = decoders or {}
         self.planner = KafkaPlanner(opts, streaming=False)
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -217,4 +219,4 @@ class KafkaBatchReader(DataSourceReader):
             return iter(())  # Spark reads one placeholder partition when a plan has none
         from sources.kafka.reader import read_partition  # Arrow is the executors' (planners never read)
 
-        return read_partition(partition)
+        return read_partition(partition, self.decoders)

@@ -1,0 +1,358 @@
+"""Confluent wire-format Avro with a Schema Registry: reader schemas, Avro -> Spark types, batch decoding.
+
+A record in Confluent's wire format is a magic byte 0, the writer schema's id (4 bytes, big-endian), then the
+Avro binary body. A decoder reads each record with its own writer schema (fetched by id from the registry once
+per process) and projects it onto the reader schema by Avro's resolution rules (fastavro's: added fields take
+their defaults, removed fields are skipped, int -> long -> float -> double promotions); a record that cannot be
+read so is a ``FatalError`` naming its topic, partition, offset and schema id. The Spark type of a reader
+schema is fixed when the query is planned (``spark_type``), as Spark's ``from_avro`` maps Avro (unions of null
+and one type are nullable; unions of several types are refused, naming the field).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from eos_core.errors import ConfigError, FatalError, RetriableError
+
+__all__ = ["MAGIC", "AvroDecoder", "ReaderSchema", "RegistryConf", "reader_schema", "spark_type"]
+
+MAGIC = 0
+_HEADER = 5  # magic byte + schema id
+
+
+@dataclass(frozen=True)
+class RegistryConf:
+    """How to reach a Schema Registry: its URL (Confluent's API), basic auth ``user:password``, a CA file."""
+
+    url: str
+    user_info: str | None = field(default=None, repr=False)  # a secret
+    ca_location: str | None = None
+
+    def client_config(self) -> dict[str, str]:
+        conf = {"url": self.url}
+        if self.user_info:
+            conf["basic.auth.user.info"] = self.user_info
+        if self.ca_location:
+            conf["ssl.ca.location"] = self.ca_location
+        return conf
+
+
+_CLIENTS: dict[RegistryConf, Any] = {}
+_LOCK = threading.Lock()
+
+
+_EXTRA = "pip install 'spark-eos[registry]' (confluent-kafka's Schema Registry client and fastavro)"
+
+
+def _client(conf: RegistryConf) -> Any:
+    """One registry client per configuration per process (it caches schemas by id and by subject)."""
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+    except ImportError as exc:  # its extra (httpx, authlib, ...) missing, in the driver's or a worker's Python
+        raise ConfigError(f"the avro formats need the Schema Registry client ({exc}): {_EXTRA}") from None
+
+    with _LOCK:
+        client = _CLIENTS.get(conf)
+        if client is None:
+            client = _CLIENTS[conf] = SchemaRegistryClient(conf.client_config())
+        return client
+
+
+def _registry_call(conf: RegistryConf, what: str, option: str, call: Callable[[], Any]) -> Any:
+    """``call`` against the registry; its refusals are ConfigErrors naming ``option``, an unreachable registry
+    a RetriableError naming its URL (never the credentials)."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    try:
+        return call()
+    except SchemaRegistryError as exc:
+        if exc.http_status_code in (401, 403):
+            raise ConfigError(
+                f"the Schema Registry at {conf.url} refused {what}: HTTP {exc.http_status_code} ({exc.error_message}); "
+                "check schema.registry.basic.auth.user.info and the principal's rights there",
+                option="schema.registry.basic.auth.user.info",
+            ) from None
+        raise ConfigError(
+            f"the Schema Registry at {conf.url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}",
+            option=option,
+        ) from None
+    except Exception as exc:  # httpx's connection errors, TLS failures
+        raise RetriableError(
+            f"the Schema Registry at {conf.url} could not be reached for {what}: {type(exc).__name__}: {exc}"
+            "; is schema.registry.url right and the registry up?"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ReaderSchema:
+    """The Avro schema records are projected onto: its text, and its registry id when it came from there."""
+
+    text: str
+    schema_id: int | None
+    subject: str | None
+
+
+def reader_schema(conf: RegistryConf, subject: str, spec: str, *, option: str) -> ReaderSchema:
+    """``spec``: ``latest`` (the subject's latest version), ``version:N``, ``id:N``, or an Avro schema inline."""
+    spec = spec.strip()
+    if spec[:1] in ("{", "[", '"'):
+        _parse(spec, option)
+        return ReaderSchema(spec, None, None)
+    client = _client(conf)
+    kind, _, number = spec.partition(":")
+    if spec == "latest":
+        found = _registry_call(conf, f"subject {subject!r}", option, lambda: client.get_latest_version(subject))
+        schema, sid = found.schema, found.schema_id
+    elif kind == "version" and number.isdigit():
+        what = f"version {number} of subject {subject!r}"
+        found = _registry_call(conf, what, option, lambda: client.get_version(subject, int(number)))
+        schema, sid = found.schema, found.schema_id
+    elif kind == "id" and number.isdigit():
+        schema, sid = (
+            _registry_call(conf, f"schema id {number}", option, lambda: client.get_schema(int(number))),
+            int(number),
+        )
+    else:
+        raise ConfigError(
+            f"option {option!r} is {spec[:60]!r}; expected latest, version:N, id:N or an Avro schema (JSON)",
+            option=option,
+        )
+    if schema.schema_type not in (None, "AVRO"):
+        raise ConfigError(
+            f"schema {sid} (subject {subject!r}) is {schema.schema_type}, not Avro: only Avro is read so far",
+            option=option,
+        )
+    if schema.references:
+        raise ConfigError(
+            f"schema {sid} of subject {subject!r} references other schemas "
+            f"({', '.join(r.name for r in schema.references)}): not supported yet; give the whole schema inline "
+            f"in {option!r}",
+            option=option,
+        )
+    _parse(schema.schema_str, option)
+    return ReaderSchema(schema.schema_str, sid, subject)
+
+
+def _parse(text: str, option: str) -> Any:
+    try:
+        import fastavro
+    except ImportError:
+        raise ConfigError(f"option {option!r}: reading Avro needs fastavro: {_EXTRA}", option=option) from None
+
+    try:
+        return fastavro.parse_schema(json.loads(text), _write_hint=False)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        raise ConfigError(f"option {option!r}: not an Avro schema: {exc}", option=option) from None
+
+
+_PRIMITIVES: dict[str, DataType] = {
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "bytes": BinaryType(),
+    "string": StringType(),
+}
+_LOGICAL: dict[str, DataType] = {
+    "date": DateType(),
+    "timestamp-millis": TimestampType(),
+    "timestamp-micros": TimestampType(),
+    "local-timestamp-millis": TimestampNTZType(),
+    "local-timestamp-micros": TimestampNTZType(),
+}
+
+
+def spark_type(schema_text: str, *, option: str = "value.schema") -> tuple[DataType, bool]:
+    """The Spark type of an Avro schema and whether it is nullable, as Spark's ``from_avro`` maps it."""
+    return _spark(_parse(schema_text, option), "", option)
+
+
+def _spark(s: Any, path: str, option: str) -> tuple[DataType, bool]:
+    where = path or "the schema's top level"
+    if isinstance(s, list):  # a union
+        branches = [b for b in s if b != "null" and not (isinstance(b, dict) and b.get("type") == "null")]
+        if len(branches) == 1:
+            return _spark(branches[0], path, option)[0], True
+        if not branches:
+            raise ConfigError(f"{option}: {where} is a union of null only", option=option)
+        raise ConfigError(
+            f"{option}: {where} is a union of several types ({', '.join(_name(b) for b in branches)}): not supported "
+            "yet; read that field as one type (a reader schema with one branch and null) or keep value.format=raw",
+            option=option,
+        )
+    if isinstance(s, str):
+        if s in _PRIMITIVES:
+            return _PRIMITIVES[s], False
+        raise ConfigError(f"{option}: {where} has type {s!r}, which has no Spark type", option=option)
+    kind = s.get("type")
+    logical = s.get("logicalType")
+    if logical in _LOGICAL:
+        return _LOGICAL[logical], False
+    if logical == "decimal":
+        return DecimalType(int(s["precision"]), int(s.get("scale", 0))), False
+    if kind == "record":
+        fields = []
+        for f in s["fields"]:
+            t, nullable = _spark(f["type"], f"{path}.{f['name']}" if path else f["name"], option)
+            fields.append(StructField(f["name"], t, nullable))
+        return StructType(fields), False
+    if kind == "enum":
+        return StringType(), False
+    if kind == "fixed":
+        return BinaryType(), False
+    if kind == "array":
+        t, nullable = _spark(s["items"], f"{path}[]", option)
+        return ArrayType(t, nullable), False
+    if kind == "map":
+        t, nullable = _spark(s["values"], f"{path}{{}}", option)
+        return MapType(StringType(), t, nullable), False
+    if isinstance(kind, (str, list, dict)):  # {"type": "long"}, a nested type
+        return _spark(kind, path, option)
+    raise ConfigError(f"{option}: {where} has an Avro type Spark cannot hold: {json.dumps(s)[:80]}", option=option)
+
+
+_Fix = Callable[[Any], Any]
+
+
+def _time_millis(t: dt.time) -> int:
+    return ((t.hour * 60 + t.minute) * 60 + t.second) * 1000 + t.microsecond // 1000
+
+
+def _time_micros(t: dt.time) -> int:
+    return ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
+
+
+_LOGICAL_FIXES: dict[str, _Fix] = {"uuid": str, "time-millis": _time_millis, "time-micros": _time_micros}
+
+
+def _fixer(s: Any) -> _Fix | None:
+    """What turns fastavro's values of the logical types it converts and Spark has no type for (uuid.UUID,
+    datetime.time) into the underlying string or number, where ``s`` has such a type; None where it has none."""
+    if isinstance(s, list):
+        branches = [_fixer(b) for b in s if b != "null"]
+        fix = next((f for f in branches if f is not None), None)
+        return None if fix is None else (lambda v: None if v is None else fix(v))
+    if not isinstance(s, dict):
+        return None
+    if s.get("logicalType") in _LOGICAL_FIXES:
+        return _LOGICAL_FIXES[s["logicalType"]]
+    kind = s.get("type")
+    if kind == "record":
+        fixes = {f["name"]: fx for f in s["fields"] for fx in [_fixer(f["type"])] if fx is not None}
+        if not fixes:
+            return None
+        return lambda d: {k: (fixes[k](v) if k in fixes and v is not None else v) for k, v in d.items()}
+    if kind == "array":
+        item = _fixer(s["items"])
+        return None if item is None else (lambda a: [item(x) if x is not None else None for x in a])
+    if kind == "map":
+        value = _fixer(s["values"])
+        return None if value is None else (lambda m: {k: value(v) if v is not None else None for k, v in m.items()})
+    return _fixer(kind) if isinstance(kind, (list, dict)) else None
+
+
+def _name(s: Any) -> str:
+    if isinstance(s, dict):
+        return str(s.get("name") or s.get("type"))
+    return str(s)
+
+
+class AvroDecoder:
+    """Decodes a column of wire-format records onto one reader schema, into an Arrow array of its Spark type."""
+
+    def __init__(self, conf: RegistryConf, reader: ReaderSchema, arrow_type: Any, *, column: str) -> None:
+        self.conf = conf
+        self.reader = reader
+        self.arrow_type = arrow_type
+        self.column = column
+        self._reader_parsed = _parse(reader.text, f"{column}.schema")
+        self._fix = _fixer(self._reader_parsed)
+        self._writers: dict[int, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the parsed schemas are rebuilt there
+        return {"conf": self.conf, "reader": self.reader, "arrow_type": self.arrow_type, "column": self.column}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["conf"], state["reader"], state["arrow_type"], column=state["column"])  # type: ignore[misc]
+
+    def _writer(self, schema_id: int, where: str) -> Any:
+        found = self._writers.get(schema_id)
+        if found is None:
+            client = _client(self.conf)
+            schema = _registry_call(
+                self.conf,
+                f"schema id {schema_id} (the writer schema of {where})",
+                f"{self.column}.format",
+                lambda: client.get_schema(schema_id),
+            )
+            if schema.schema_type not in (None, "AVRO"):
+                raise FatalError(
+                    f"kafka-eos: {where}: the {self.column} was written with a {schema.schema_type} schema (id "
+                    f"{schema_id}), not Avro; set {self.column}.format to its format"
+                )
+            found = self._writers[schema_id] = _parse(schema.schema_str, f"{self.column}.format")
+        return found
+
+    def decode(self, payloads: list[bytes | None], where: Callable[[int], str]) -> Any:
+        """``payloads`` (None: a null key or value, a tombstone) as an Arrow array; ``where(i)`` names record i."""
+        import fastavro
+        import pyarrow as pa
+
+        reader, fix = self._reader_parsed, self._fix
+        out: list[Any] = []
+        for i, payload in enumerate(payloads):
+            if payload is None:
+                out.append(None)
+                continue
+            if len(payload) < _HEADER or payload[0] != MAGIC:
+                raise FatalError(
+                    f"kafka-eos: {where(i)}: the {self.column} is not in Confluent's wire format (magic byte "
+                    f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
+                    f"{self.column}.format=raw, or fix what wrote it"
+                )
+            schema_id = int.from_bytes(payload[1:_HEADER], "big")
+            writer = self._writer(schema_id, where(i))
+            body = io.BytesIO(payload)
+            body.seek(_HEADER)
+            try:
+                value = fastavro.schemaless_reader(body, writer, reader)
+                out.append(value if fix is None else fix(value))
+            except Exception as exc:
+                raise FatalError(
+                    f"kafka-eos: {where(i)}: the {self.column} (writer schema id {schema_id}) cannot be read with "
+                    f"the reader schema{_of(self.reader)}: {type(exc).__name__}: {exc}"
+                ) from None
+        return pa.array(out, type=self.arrow_type)
+
+
+def _of(reader: ReaderSchema) -> str:
+    if reader.schema_id is None:
+        return " given inline"
+    return f" {reader.schema_id} (subject {reader.subject!r})" if reader.subject else f" {reader.schema_id}"

@@ -1,0 +1,189 @@
+"""Confluent wire-format Avro without a registry: the type mapping, the reader schema options, the decoder's
+projection and its refusals (a fake registry answers by id; integration/test_source_avro.py uses a real one)."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from eos_core import registry_avro as ra
+from eos_core.errors import ConfigError, FatalError
+
+V1 = {"type": "record", "name": "P", "fields": [{"name": "id", "type": "string"}, {"name": "n", "type": "int"}]}
+V2 = {**V1, "fields": [*V1["fields"], {"name": "cur", "type": "string", "default": "EUR"}]}
+
+
+def _encode(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
+    return b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+
+
+class _Schema:
+    def __init__(self, schema: dict[str, Any], kind: str = "AVRO") -> None:
+        self.schema_str, self.schema_type, self.references = json.dumps(schema), kind, []
+
+
+class _Registry:
+    def __init__(self, by_id: dict[int, _Schema]) -> None:
+        self.by_id = by_id
+        self.asked: list[int] = []
+
+    def get_schema(self, schema_id: int) -> _Schema:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        self.asked.append(schema_id)
+        if schema_id not in self.by_id:
+            raise SchemaRegistryError(404, 40403, "Schema not found")
+        return self.by_id[schema_id]
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> _Registry:
+    fake = _Registry({1: _Schema(V1), 2: _Schema(V2), 3: _Schema({"type": "string"}, kind="PROTOBUF")})
+    monkeypatch.setattr(ra, "_client", lambda conf: fake)
+    return fake
+
+
+def _decoder(reader: dict[str, Any]) -> ra.AvroDecoder:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    text = json.dumps(reader)
+    spark, _ = ra.spark_type(text)
+    return ra.AvroDecoder(
+        ra.RegistryConf("http://r"),
+        ra.ReaderSchema(text, None, None),
+        to_arrow_type(spark, timezone="UTC"),
+        column="value",
+    )
+
+
+def _where(i: int) -> str:
+    return f"topic t partition 0 offset {10 + i}"
+
+
+def test_records_of_two_writer_schemas_are_projected_onto_the_reader_and_each_id_is_fetched_once(
+    registry: _Registry,
+) -> None:
+    decoder = _decoder(V2)
+    payloads = [
+        _encode(1, V1, {"id": "a", "n": 1}),
+        None,
+        _encode(2, V2, {"id": "b", "n": 2, "cur": "USD"}),
+        _encode(1, V1, {"id": "c", "n": 3}),
+    ]
+    out = decoder.decode(payloads, _where)
+    assert out.to_pylist() == [
+        {"id": "a", "n": 1, "cur": "EUR"},
+        None,
+        {"id": "b", "n": 2, "cur": "USD"},
+        {"id": "c", "n": 3, "cur": "EUR"},
+    ]
+    assert out.type == pa.struct(
+        [pa.field("id", pa.string(), False), pa.field("n", pa.int32(), False), pa.field("cur", pa.string(), False)]
+    )
+    assert registry.asked == [1, 2]  # the writer schemas are kept per process
+
+
+def test_a_decoder_travels_to_the_executors_without_its_parsed_schemas(registry: _Registry) -> None:
+    import pickle
+
+    decoder = pickle.loads(pickle.dumps(_decoder(V1)))
+    assert decoder.decode([_encode(1, V1, {"id": "a", "n": 1})], _where).to_pylist() == [{"id": "a", "n": 1}]
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"plain text", "not in Confluent's wire format (magic byte 112, 10 bytes)"),
+        (b"\x00\x00", "not in Confluent's wire format (magic byte 0, 2 bytes)"),
+        (b"\x00\x00\x00\x00\x09abc", "has no schema id 9"),
+        (b"\x00\x00\x00\x00\x03abc", "written with a PROTOBUF schema (id 3), not Avro"),
+        (b"\x00\x00\x00\x00\x01\x02", "(writer schema id 1) cannot be read with the reader schema given inline"),
+    ],
+)
+def test_a_record_that_cannot_be_read_fails_naming_where_it_is(
+    registry: _Registry, payload: bytes, message: str
+) -> None:
+    with pytest.raises((FatalError, ConfigError)) as err:
+        _decoder(V1).decode([_encode(1, V1, {"id": "a", "n": 1}), payload], _where)
+    assert message in str(err.value) and "topic t partition 0 offset 11" in str(err.value), str(err.value)
+
+
+def test_a_writer_the_reader_cannot_be_resolved_with_is_a_decode_error(registry: _Registry) -> None:
+    reader = {**V1, "fields": [*V1["fields"], {"name": "must", "type": "string"}]}  # no default: v1 cannot fill it
+    with pytest.raises(FatalError, match=r"offset 10: the value \(writer schema id 1\) cannot be read"):
+        _decoder(reader).decode([_encode(1, V1, {"id": "a", "n": 1})], _where)
+
+
+def test_avro_types_map_to_spark_types_as_from_avro_maps_them() -> None:
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "a", "type": ["string", "null"]},
+            {"name": "b", "type": {"type": "array", "items": ["null", "long"]}},
+            {"name": "c", "type": {"type": "map", "values": "double"}},
+            {
+                "name": "d",
+                "type": {"type": "fixed", "name": "F", "size": 2, "logicalType": "decimal", "precision": 4, "scale": 1},
+            },
+            {"name": "e", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+            {"name": "f", "type": {"type": "enum", "name": "E", "symbols": ["X"]}},
+        ],
+    }
+    spark, nullable = ra.spark_type(json.dumps(schema))
+    assert not nullable
+    assert (
+        spark.simpleString()
+        == "struct<a:string,b:array<bigint>,c:map<string,double>,d:decimal(4,1),e:timestamp_ntz,f:string>"
+    )
+    assert [f.nullable for f in spark.fields] == [True, False, False, False, False, False]
+    assert spark.fields[1].dataType.containsNull
+
+
+def test_a_union_of_several_types_is_refused_naming_the_field() -> None:
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {
+                "name": "inner",
+                "type": {"type": "record", "name": "I", "fields": [{"name": "x", "type": ["null", "int", "string"]}]},
+            }
+        ],
+    }
+    with pytest.raises(ConfigError, match=r"value.schema: inner.x is a union of several types \(int, string\)"):
+        ra.spark_type(json.dumps(schema))
+
+
+def test_the_reader_schema_option_is_latest_a_version_an_id_or_inline() -> None:
+    inline = ra.reader_schema(ra.RegistryConf("http://r"), "s", json.dumps(V1), option="value.schema")
+    assert inline.schema_id is None and json.loads(inline.text) == V1
+    with pytest.raises(ConfigError, match=r"option 'value.schema': not an Avro schema"):
+        ra.reader_schema(ra.RegistryConf("http://r"), "s", '{"type": "nope"}', option="value.schema")
+    with pytest.raises(ConfigError, match=r"expected latest, version:N, id:N or an Avro schema"):
+        ra.reader_schema(ra.RegistryConf("http://r"), "s", "newest", option="value.schema")
+
+
+def test_an_unreachable_registry_is_retriable_and_names_its_url_not_the_credentials() -> None:
+    from eos_core.errors import RetriableError
+
+    conf = ra.RegistryConf("http://127.0.0.1:9", user_info="me:s3cret")
+    assert "s3cret" not in repr(conf)
+    with pytest.raises(RetriableError) as err:
+        ra.reader_schema(conf, "orders-value", "latest", option="value.schema")
+    assert "http://127.0.0.1:9" in str(err.value) and "s3cret" not in str(err.value)
+
+
+def test_an_avro_format_on_a_write_is_refused_not_dropped() -> None:
+    from sources.kafka.datasource import write_options
+
+    assert "value.format" not in write_options({"topic": "t", "value.format": "raw"})
+    with pytest.raises(ConfigError, match=r"option 'value.format' is 'avro' on a write"):
+        write_options({"topic": "t", "value.format": "avro"})
