@@ -166,7 +166,7 @@ def _parse(text: str, option: str) -> Any:
         raise ConfigError(f"option {option!r}: reading Avro needs fastavro: {_EXTRA}", option=option) from None
 
     try:
-        return fastavro.parse_schema(json.loads(text), _write_hint=False)
+        return fastavro.parse_schema(json.loads(text))  # marked parsed: a read does not parse it again
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
         raise ConfigError(f"option {option!r}: not an Avro schema: {exc}", option=option) from None
 
@@ -294,7 +294,7 @@ class AvroDecoder:
         self.column = column
         self._reader_parsed = _parse(reader.text, f"{column}.schema")
         self._fix = _fixer(self._reader_parsed)
-        self._writers: dict[int, Any] = {}
+        self._writers: dict[int, tuple[Any, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the parsed schemas are rebuilt there
         return {"conf": self.conf, "reader": self.reader, "arrow_type": self.arrow_type, "column": self.column}
@@ -302,7 +302,11 @@ class AvroDecoder:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["conf"], state["reader"], state["arrow_type"], column=state["column"])  # type: ignore[misc]
 
-    def _writer(self, schema_id: int, where: str) -> Any:
+    def _writer(self, schema_id: int, where: str) -> tuple[Any, Any]:
+        """The writer schema of ``schema_id`` and the reader schema to resolve it to: None when the two are the
+        same schema (Avro's parsing canonical form), which spares fastavro the resolution of every record."""
+        import fastavro
+
         found = self._writers.get(schema_id)
         if found is None:
             client = _client(self.conf)
@@ -317,7 +321,10 @@ class AvroDecoder:
                     f"kafka-eos: {where}: the {self.column} was written with a {schema.schema_type} schema (id "
                     f"{schema_id}), not Avro; set {self.column}.format to its format"
                 )
-            found = self._writers[schema_id] = _parse(schema.schema_str, f"{self.column}.format")
+            writer = _parse(schema.schema_str, f"{self.column}.format")
+            canonical = fastavro.schema.to_parsing_canonical_form
+            same = canonical(writer) == canonical(self._reader_parsed)
+            found = self._writers[schema_id] = (self._reader_parsed, None) if same else (writer, self._reader_parsed)
         return found
 
     def decode(self, payloads: list[bytes | None], where: Callable[[int], str]) -> Any:
@@ -325,7 +332,7 @@ class AvroDecoder:
         import fastavro
         import pyarrow as pa
 
-        reader, fix = self._reader_parsed, self._fix
+        fix, writers = self._fix, self._writers
         out: list[Any] = []
         for i, payload in enumerate(payloads):
             if payload is None:
@@ -338,7 +345,7 @@ class AvroDecoder:
                     f"{self.column}.format=raw, or fix what wrote it"
                 )
             schema_id = int.from_bytes(payload[1:_HEADER], "big")
-            writer = self._writer(schema_id, where(i))
+            writer, reader = writers.get(schema_id) or self._writer(schema_id, where(i))
             body = io.BytesIO(payload)
             body.seek(_HEADER)
             try:
