@@ -76,7 +76,9 @@ def test_the_registry_listens_on_loopback_only_and_speaks_confluents_api(registr
         assert client.get_schema(latest.schema_id).schema_str.replace(" ", "") == PAYMENT.replace(" ", "")
 
 
-def test_a_crashed_registry_is_gone_and_a_started_one_has_forgotten_every_schema(registry: ApicurioRegistry) -> None:
+def test_a_crashed_registry_is_gone_a_started_one_has_forgotten_every_schema_a_stopped_one_keeps_its_archive(
+    registry: ApicurioRegistry,
+) -> None:
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     with SchemaRegistryClient({"url": registry.url}) as client:
@@ -88,6 +90,9 @@ def test_a_crashed_registry_is_gone_and_a_started_one_has_forgotten_every_schema
     assert registry.pid != old and registry_answers(registry.url)
     with SchemaRegistryClient({"url": registry.url}) as client:
         assert client.get_subjects() == []  # in memory: a registry without storage
+    # a clean stop (restart: SIGTERM, then a new JVM) leaves the class-data archive later starts map
+    registry.restart()
+    assert registry.archive.is_file() and registry_answers(registry.url), registry.archive
 
 
 def test_services_up_with_registry_keeps_it_until_down(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ registry of the user's own instead (Confluent, Apicurio, Karapace, Redpanda); ``
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -216,6 +217,7 @@ class ApicurioRegistry:
         self._detached = detached
         self.port = port or 0
         self.management_port = 0
+        self._archive_lock: int | None = None  # held while this registry records the class-data archive
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self.start_seconds = 0.0
@@ -236,12 +238,40 @@ class ApicurioRegistry:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}{API_PATH}"
 
+    @property
+    def archive(self) -> Path:
+        """The class-data archive of this registry and Java (JDK 19+ records it at the first clean exit and maps it
+        at every later start: 7.1 s to answer without, 3.1-3.5 s with, on a quiet 2-core machine)."""
+        return cache_root() / "cds" / f"apicurio-registry-{self.version}-{self.java.resolve().parent.parent.name}.jsa"
+
+    def _cds_options(self) -> list[str]:
+        if self.archive.is_file():
+            return [f"-XX:SharedArchiveFile={self.archive}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+        if self._detached:  # its owner exits at once (services up), and could not hold the recorder's lock
+            return []
+        self.archive.parent.mkdir(parents=True, exist_ok=True)
+        if self._archive_lock is None:  # one registry records it; the others run without until it exists
+            fd = os.open(self.archive.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return []
+            self._archive_lock = fd
+        return [f"-XX:SharedArchiveFile={self.archive}", "-XX:+AutoCreateSharedArchive", "-Xlog:cds=off"]
+
+    def _release_archive(self) -> None:
+        if self._archive_lock is not None:
+            os.close(self._archive_lock)
+            self._archive_lock = None
+
     def argv(self) -> list[str]:
         return [
             str(self.java),
             f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",  # a short-lived test service: C1 only starts it sooner on 2 cores
+            *self._cds_options(),
             f"-Djava.io.tmpdir={self.base}",
             "-Dquarkus.http.host=127.0.0.1",
             f"-Dquarkus.http.port={self.port}",
@@ -287,16 +317,19 @@ class ApicurioRegistry:
         """SIGKILL the registry's JVM (its schemas are gone with it)."""
         if self.proc is not None:
             _proc.stop_group(self.proc, self.proc.pid, grace=0.0, sig=signal.SIGKILL)
+        self._release_archive()  # a killed JVM records nothing
 
     def restart(self) -> ApicurioRegistry:
         """Stop the registry (SIGTERM) and start a new one on the same port: every schema is forgotten."""
         if self.proc is not None:
             _proc.stop_group(self.proc, self.proc.pid, grace=10.0)
+        self._release_archive()
         return self.start()
 
     def stop(self, keep_log: bool = False) -> None:
         if self.proc is not None:
-            _proc.stop_group(self.proc, self.proc.pid, grace=10.0)
+            _proc.stop_group(self.proc, self.proc.pid, grace=10.0)  # SIGTERM: a clean exit records the archive
+        self._release_archive()
         if not self._detached:
             _proc.unregister_cleanup(id(self))
         if not keep_log:
