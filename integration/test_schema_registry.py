@@ -76,23 +76,26 @@ def test_the_registry_listens_on_loopback_only_and_speaks_confluents_api(registr
         assert client.get_schema(latest.schema_id).schema_str.replace(" ", "") == PAYMENT.replace(" ", "")
 
 
-def test_a_crashed_registry_is_gone_a_started_one_has_forgotten_every_schema_a_stopped_one_keeps_its_archive(
+def test_a_crashed_registry_is_gone_and_back_and_a_stopped_one_keeps_its_schemas_and_its_archive(
     registry: ApicurioRegistry,
 ) -> None:
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     with SchemaRegistryClient({"url": registry.url}) as client:
-        client.register_schema("orders-value", Schema(PAYMENT, "AVRO"))
+        sid = client.register_schema("orders-value", Schema(PAYMENT, "AVRO"))
     old = registry.pid
     registry.crash()
     assert not _proc.pid_alive(old) and not registry_answers(registry.url, timeout=1.0)
     registry.start()
     assert registry.pid != old and registry_answers(registry.url)
-    with SchemaRegistryClient({"url": registry.url}) as client:
-        assert client.get_subjects() == []  # in memory: a registry without storage
-    # a clean stop (restart: SIGTERM, then a new JVM) leaves the class-data archive later starts map
+    with SchemaRegistryClient({"url": registry.url}) as client:  # registered again after a crash that lost it
+        sid = client.register_schema("orders-value", Schema(PAYMENT, "AVRO"))
+    # a clean stop (restart: SIGTERM, then a new JVM) keeps the schemas (its H2 file) and leaves the class-data
+    # archive later starts map
     registry.restart()
     assert registry.archive.is_file() and registry_answers(registry.url), registry.archive
+    with SchemaRegistryClient({"url": registry.url}) as client:
+        assert "orders-value" in client.get_subjects() and client.get_schema(sid).schema_str
 
 
 def test_services_up_with_registry_keeps_it_until_down(tmp_path: Path) -> None:
@@ -102,7 +105,7 @@ def test_services_up_with_registry_keeps_it_until_down(tmp_path: Path) -> None:
 
     up = cli("up", "--no-kafka", "--no-postgres", "--with-registry")
     assert up.returncode == 0, up.stdout + up.stderr
-    assert "registry  url http://127.0.0.1:" in up.stdout and "Apicurio Registry" in up.stdout
+    assert "registry  url http://127.0.0.1:" in up.stdout and "Apicurio Registry" in up.stdout, up.stdout
     try:
         env = cli("env")
         url = next(ln.split("=", 1)[1] for ln in env.stdout.splitlines() if ln.startswith(f"export {URL_ENV}="))

@@ -236,3 +236,59 @@ def test_a_missing_registry_url_and_an_unknown_subject_are_config_errors_naming_
     with pytest.raises(Exception) as err:
         spark.read.format("kafka-eos").options(**options).load()
     assert f"has no subject '{topic}-value'" in str(err.value) and "HTTP 404" in str(err.value), str(err.value)[-1500:]
+
+
+def test_a_registry_down_when_a_stream_restarts_fails_it_at_once_and_it_resumes_exactly_once_when_back(
+    spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
+) -> None:
+    """Lifecycle row: the registry crashes between two runs of a stream; the restart fails within seconds with an
+    error naming the registry (never a silent skip, never a wait without end); once the registry is back, the
+    next restart writes every record exactly once (the parquet sink's own log: one row per record)."""
+    import time
+
+    from connectors.services import _proc
+
+    if not getattr(schema_registry, "persistent", False):
+        pytest.fail("this row needs the embedded registry (it crashes and starts it): unset EOS_SCHEMA_REGISTRY_URL")
+    topic = new_topic()
+    records = [{"id": f"r{i}", "amount": i} for i in range(9)]
+    payloads = _serialize(schema_registry, topic, V1, records)
+    produce(topic, [{"value": p} for p in payloads[:6]])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run() -> Any:
+        options = _options(kafka_service, schema_registry, topic, startingOffsets="earliest", maxOffsetsPerTrigger="3")
+        query = (
+            spark.readStream.format("kafka-eos")
+            .options(**options)
+            .load()
+            .select("offset", "value.id", "value.amount")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180) is not False and query.exception() is None
+        return query
+
+    run()
+    assert spark.read.parquet(str(out)).count() == 6
+    produce(topic, [{"value": p} for p in payloads[6:]])
+    time.sleep(2)  # H2 writes within a second: the schema registered at the start is on disk before the crash
+    old = schema_registry.pid
+    schema_registry.crash()
+    assert not _proc.pid_alive(old)
+
+    began = time.monotonic()
+    with pytest.raises(Exception) as err:
+        run()
+    failed_after = time.monotonic() - began
+    assert schema_registry.url in str(err.value) and "could not be reached" in str(err.value), str(err.value)[-1500:]
+    assert failed_after < 60, failed_after  # bounded: the client's few retries, then the error
+    assert spark.read.parquet(str(out)).count() == 6  # nothing written meanwhile
+
+    schema_registry.start()
+    run()
+    rows = sorted((r["id"], r["amount"]) for r in spark.read.parquet(str(out)).collect())
+    assert rows == sorted((r["id"], r["amount"]) for r in records)  # every record once

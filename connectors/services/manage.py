@@ -262,7 +262,7 @@ def _start_registry(port: int | None, started: list[Any]) -> dict[str, Any]:
     """Start a detached Apicurio Registry (appended to ``started`` at once) and return its state entry."""
     from connectors.services.schema_registry import ApicurioRegistry
 
-    r = ApicurioRegistry(port=port, detached=True)
+    r = ApicurioRegistry(port=port, detached=True, persistent=True)
     started.append(r)
     return {
         "kind": "embedded",

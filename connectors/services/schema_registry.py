@@ -4,8 +4,8 @@ Fetched once from Maven Central (``io.apicurio:apicurio-registry-app:VERSION:tar
 container image is made of), checked against the SHA-1 Maven publishes beside it, unpacked into
 ``${XDG_CACHE_HOME:-~/.cache}/spark-eos/apicurio-registry-VERSION``. It needs Java 21 or later: Spark and Kafka
 stay on the default Java (17); the registry's is ``EOS_REGISTRY_JAVA`` (a ``java`` or a JDK directory), else
-the newest JDK 21+ found (``JAVA_HOME``, ``java`` on PATH, ``/usr/lib/jvm/*``). Schemas live in memory: a
-restarted registry has forgotten them, as a registry without storage does. ``EOS_SCHEMA_REGISTRY_URL`` names a
+the newest JDK 21+ found (``JAVA_HOME``, ``java`` on PATH, ``/usr/lib/jvm/*``). Schemas live in memory, or with
+``persistent=True`` in an H2 file of the registry's directory, kept across its restarts. ``EOS_SCHEMA_REGISTRY_URL`` names a
 registry of the user's own instead (Confluent, Apicurio, Karapace, Redpanda); ``EOS_MAVEN_REPO`` a mirror.
 """
 
@@ -194,7 +194,8 @@ class ApicurioRegistry:
     ``url`` is the Confluent-compatible API (``http://127.0.0.1:PORT/apis/ccompat/v7``: what
     ``schema.registry.url`` and confluent-kafka's ``SchemaRegistryClient`` take). ``start()`` waits until it
     answers; ``crash()`` SIGKILLs it; ``stop()`` ends it and deletes its directory; ``start()`` again runs a new
-    one on the same port (``restart()`` both), with no schema (a registry without storage). Quarkus' management
+    one on the same port (``restart()`` both): with no schema, or with ``persistent=True`` with those its H2
+    database file held (H2 writes within about a second: a SIGKILL right after a registration may lose it). Quarkus' management
     interface (port 9000 on every address by default) gets a free loopback port: nothing listens beyond loopback,
     and two registries never collide.
     """
@@ -208,8 +209,10 @@ class ApicurioRegistry:
         heap: str = "256m",
         start_timeout: float = START_TIMEOUT,
         detached: bool = False,
+        persistent: bool = False,
     ) -> None:
         self.home = registry_home(version)
+        self.persistent = persistent
         self.version = version
         self.java = _as_java(java) if java else registry_java()
         self.heap = heap
@@ -278,6 +281,8 @@ class ApicurioRegistry:
             # its management interface (health, metrics) is built in and listens on 0.0.0.0:9000 unless told
             "-Dquarkus.management.host=127.0.0.1",
             f"-Dquarkus.management.port={self.management_port}",
+            # persistent: its H2 database in a file of its directory (in memory by default), kept across restarts
+            *([f"-Dapicurio.datasource.url=jdbc:h2:file:{self.base / 'db' / 'registry'}"] if self.persistent else []),
             "-jar",
             str(self.home / "quarkus-run.jar"),
         ]
