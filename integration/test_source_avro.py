@@ -136,6 +136,36 @@ def test_values_are_decoded_with_their_writer_schemas_onto_the_latest_reader_sch
     assert [r["value"] for r in _rows(pinned)][:5] == _deserialize(schema_registry, topic, V1, old + new)
 
 
+def test_a_key_is_decoded_from_its_own_subject_beside_a_raw_value(
+    spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = new_topic()
+    key_schema = {"type": "record", "name": "Key", "fields": [{"name": "account", "type": "long"}]}
+    with SchemaRegistryClient({"url": schema_registry.url}) as client:
+        ser = AvroSerializer(client, json.dumps(key_schema))
+        keys = [ser({"account": n}, SerializationContext(topic, MessageField.KEY)) for n in (7, 8)]
+        assert client.get_subjects().count(f"{topic}-key") == 1  # TopicNameStrategy: <topic>-key
+    produce(
+        topic,
+        [{"key": keys[0], "value": b"raw-1"}, {"key": None, "value": b"raw-2"}, {"key": keys[1], "value": b"raw-3"}],
+    )
+    options = {**_options(kafka_service, schema_registry, topic), "value.format": "raw", "key.format": "avro"}
+    df = spark.read.format("kafka-eos").options(**options).load()
+    assert (
+        df.schema["key"].dataType.simpleString() == "struct<account:bigint>"
+        and df.schema["value"].dataType.simpleString() == "binary"
+    )
+    assert [(r["key"], bytes(r["value"])) for r in _rows(df)] == [
+        ({"account": 7}, b"raw-1"),
+        (None, b"raw-2"),
+        ({"account": 8}, b"raw-3"),
+    ]
+
+
 def test_a_stream_decodes_its_micro_batches_as_a_batch_read_does(
     spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
 ) -> None:
