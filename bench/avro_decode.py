@@ -1,0 +1,153 @@
+"""Benchmark: kafka-eos decoding Confluent wire-format Avro (``value.format=avro``) against the same topic read raw,
+and against the peer a Python user writes: a plain confluent-kafka consumer loop with confluent-kafka's own
+``AvroDeserializer``.
+
+Run: ``.venv/bin/python -m bench.avro_decode [--quick] [--records N] [--fields F ...] [--repeat R]``.
+
+A throwaway embedded Apache Kafka (plaintext) and Apicurio Registry (``connectors.services.schema_registry``); per
+record schema width (``--fields``, default 10 and 50: strings, longs, doubles, ints, booleans in turn), one topic of
+``--records`` records (default 200,000; ``--quick`` 20,000) in 2 partitions, written with ``AvroSerializer``. Each
+reader drains the topic ``--repeat`` times (3) after one untimed read, and the median is printed in records/s:
+
+- ``kafka-eos raw``: ``spark.read.format("kafka-eos") ... .write.format("noop")``, Spark ``local[2]``: the read alone;
+- ``kafka-eos avro``: the same with ``value.format=avro`` (every record decoded onto the latest schema);
+- ``plain loop + AvroDeserializer``: this process alone, one Consumer on both partitions, ``consume(1000)`` until
+  the end, each value through ``AvroDeserializer`` (one core: no Spark, no Arrow).
+
+The ratios: avro / raw (what decoding costs a read in Spark) and avro / the plain loop (both cores of Spark
+against the one of the loop). Not measured here: Spark's JVM ``from_avro`` on the body after the 5-byte header
+(it needs the spark-avro jar, which Maven Central serves for Spark 4.2, not for this PySpark 4.3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+import uuid
+from typing import Any
+
+__all__ = ["main"]
+
+_TYPES = ("string", "long", "double", "int", "boolean")
+
+
+def schema_of(fields: int) -> dict[str, Any]:
+    return {
+        "type": "record",
+        "name": f"Wide{fields}",
+        "namespace": "bench",
+        "fields": [{"name": f"f{i}", "type": _TYPES[i % len(_TYPES)]} for i in range(fields)],
+    }
+
+
+def record(i: int, fields: int) -> dict[str, Any]:
+    values = {"string": f"value-{i}", "long": i * 7, "double": i * 0.5, "int": i % 1000, "boolean": i % 2 == 0}
+    return {f"f{k}": values[_TYPES[k % len(_TYPES)]] for k in range(fields)}
+
+
+def produce(bootstrap: str, registry: str, topic: str, fields: int, records: int) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer: a dropped client cancels it
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
+    with SchemaRegistryClient({"url": registry}) as client:
+        ser = AvroSerializer(client, json.dumps(schema_of(fields)))
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        for i in range(records):
+            while True:
+                try:
+                    producer.produce(topic, ser(record(i, fields), ctx), partition=i % 2)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
+def plain_loop(bootstrap: str, registry: str, topic: str, records: int) -> float:
+    """Seconds for one consumer to read and deserialize the whole topic."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+    with SchemaRegistryClient({"url": registry}) as client:
+        de = AvroDeserializer(client)
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        began, seen = time.perf_counter(), 0
+        while seen < records:
+            for m in consumer.consume(1000, 5.0):
+                if m.error() is None:
+                    de(m.value(), ctx)
+                    seen += 1
+        elapsed = time.perf_counter() - began
+    consumer.close()
+    return elapsed
+
+
+def spark_read(spark: Any, options: dict[str, str]) -> float:
+    began = time.perf_counter()
+    spark.read.format("kafka-eos").options(**options).load().write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - began
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.avro_decode", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="20,000 records, one run each")
+    p.add_argument("--records", type=int, default=200_000)
+    p.add_argument("--fields", type=int, nargs="+", default=[10, 50])
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    records, repeat = (20_000, 1) if args.quick else (args.records, args.repeat)
+
+    from connectors.services.apache_kafka import ApacheKafka
+    from connectors.services.schema_registry import ApicurioRegistry
+    from connectors.services.spark import local_session
+
+    broker, registry = ApacheKafka(), ApicurioRegistry()
+    spark = local_session("bench-avro", "local[2]")
+    try:
+        print(f"records {records:,} in 2 partitions, median of {repeat} (after one untimed read), records/s")
+        for fields in args.fields:
+            topic = f"avro-{fields}-{uuid.uuid4().hex[:8]}"
+            produce(broker.bootstrap, registry.url, topic, fields, records)
+            base = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": topic, "startingOffsets": "earliest"}
+            avro = {**base, "value.format": "avro", "schema.registry.url": registry.url}
+            rates: dict[str, float] = {}
+            for name, run in (
+                ("kafka-eos raw", functools.partial(spark_read, spark, base)),
+                ("kafka-eos avro", functools.partial(spark_read, spark, avro)),
+                (
+                    "plain loop + AvroDeserializer",
+                    functools.partial(plain_loop, broker.bootstrap, registry.url, topic, records),
+                ),
+            ):
+                run()  # warm: Python workers, the registry client's cache, the JVM
+                rates[name] = records / statistics.median(run() for _ in range(repeat))
+            print(f"{fields} fields:")
+            for name, rate in rates.items():
+                print(f"  {name:<32} {rate:>12,.0f}")
+            print(
+                f"  avro / raw {rates['kafka-eos avro'] / rates['kafka-eos raw']:.2f}x, "
+                f"avro / plain loop {rates['kafka-eos avro'] / rates['plain loop + AvroDeserializer']:.2f}x"
+            )
+    finally:
+        spark.stop()
+        registry.stop()
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
