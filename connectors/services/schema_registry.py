@@ -189,15 +189,15 @@ def registry_answers(url: str, timeout: float = 3.0) -> bool:
 
 
 class ApicurioRegistry:
-    """Apicurio Registry on 127.0.0.1, our child in its own process group, its schemas in memory.
+    """Apicurio Registry on 127.0.0.1, our child in its own process group.
 
     ``url`` is the Confluent-compatible API (``http://127.0.0.1:PORT/apis/ccompat/v7``: what
     ``schema.registry.url`` and confluent-kafka's ``SchemaRegistryClient`` take). ``start()`` waits until it
     answers; ``crash()`` SIGKILLs it; ``stop()`` ends it and deletes its directory; ``start()`` again runs a new
-    one on the same port (``restart()`` both): with no schema, or with ``persistent=True`` with those its H2
-    database file held (H2 writes within about a second: a SIGKILL right after a registration may lose it). Quarkus' management
-    interface (port 9000 on every address by default) gets a free loopback port: nothing listens beyond loopback,
-    and two registries never collide.
+    one on the same port (``restart()`` both). Its schemas live in memory, or with ``persistent=True`` in an H2
+    database file that a new one on the same directory reads (H2 writes within about a second: a SIGKILL right
+    after a registration may lose it). Quarkus' management interface (port 9000 on every address by default)
+    gets a free loopback port: nothing listens beyond loopback, and two registries never collide.
     """
 
     def __init__(
