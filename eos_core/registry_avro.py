@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 
 from eos_core.errors import ConfigError, FatalError, RetriableError
 
-__all__ = ["MAGIC", "AvroDecoder", "ReaderSchema", "RegistryConf", "reader_schema", "spark_type"]
+__all__ = ["MAGIC", "AvroDecoder", "ReaderSchema", "RegistryConf", "is_inline_schema", "reader_schema", "spark_type"]
 
 MAGIC = 0
 _HEADER = 5  # magic byte + schema id
@@ -118,10 +118,15 @@ class ReaderSchema:
     subject: str | None
 
 
+def is_inline_schema(spec: str) -> bool:
+    """A reader schema option that holds the schema itself (JSON: a record, a union, a primitive's name)."""
+    return spec.strip()[:1] in ("{", "[", '"')
+
+
 def reader_schema(conf: RegistryConf, subject: str, spec: str, *, option: str) -> ReaderSchema:
     """``spec``: ``latest`` (the subject's latest version), ``version:N``, ``id:N``, or an Avro schema inline."""
     spec = spec.strip()
-    if spec[:1] in ("{", "[", '"'):
+    if is_inline_schema(spec):
         _parse(spec, option)
         return ReaderSchema(spec, None, None)
     client = _client(conf)
@@ -287,20 +292,23 @@ def _name(s: Any) -> str:
 class AvroDecoder:
     """Decodes a column of wire-format records onto one reader schema, into an Arrow array of its Spark type."""
 
-    def __init__(self, conf: RegistryConf, reader: ReaderSchema, arrow_type: Any, *, column: str) -> None:
+    def __init__(self, conf: RegistryConf, reader: ReaderSchema, spark: DataType, *, column: str) -> None:
+        from pyspark.sql.pandas.types import to_arrow_type
+
         self.conf = conf
         self.reader = reader
-        self.arrow_type = arrow_type
+        self.spark = spark  # the column's Spark type, fixed when the query was planned (spark_type)
+        self.arrow_type = to_arrow_type(spark, timezone="UTC")
         self.column = column
         self._reader_parsed = _parse(reader.text, f"{column}.schema")
         self._fix = _fixer(self._reader_parsed)
         self._writers: dict[int, tuple[Any, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the parsed schemas are rebuilt there
-        return {"conf": self.conf, "reader": self.reader, "arrow_type": self.arrow_type, "column": self.column}
+        return {"conf": self.conf, "reader": self.reader, "spark": self.spark, "column": self.column}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["conf"], state["reader"], state["arrow_type"], column=state["column"])  # type: ignore[misc]
+        self.__init__(state["conf"], state["reader"], state["spark"], column=state["column"])  # type: ignore[misc]
 
     def _writer(self, schema_id: int, where: str) -> tuple[Any, Any]:
         """The writer schema of ``schema_id`` and the reader schema to resolve it to: None when the two are the

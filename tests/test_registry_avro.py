@@ -51,14 +51,12 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> _Registry:
 
 
 def _decoder(reader: dict[str, Any]) -> ra.AvroDecoder:
-    from pyspark.sql.pandas.types import to_arrow_type
-
     text = json.dumps(reader)
     spark, _ = ra.spark_type(text)
     return ra.AvroDecoder(
         ra.RegistryConf("http://r"),
         ra.ReaderSchema(text, None, None),
-        to_arrow_type(spark, timezone="UTC"),
+        spark,
         column="value",
     )
 

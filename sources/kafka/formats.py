@@ -35,10 +35,8 @@ def column_decoders(opts: KafkaSourceOptions) -> dict[str, AvroDecoder]:
     """A decoder per decoded column (``key``, ``value``), its reader schema resolved now."""
     if not opts.decodes:
         return {}
-    from pyspark.sql.pandas.types import to_arrow_type
-
     conf = registry_conf(opts)
-    topics = list(opts.subscribe or []) or (list(opts.assign) if isinstance(opts.assign, dict) else [])
+    topics = opts.named_topics
     decoders = {}
     for column in _COLUMNS:
         if getattr(opts, f"{column}_format") == "raw":
@@ -46,7 +44,7 @@ def column_decoders(opts: KafkaSourceOptions) -> dict[str, AvroDecoder]:
         subject = getattr(opts, f"{column}_subject") or (f"{topics[0]}-{column}" if topics else "")
         schema = reader_schema(conf, subject, getattr(opts, f"{column}_schema"), option=f"{column}.schema")
         spark, _ = spark_type(schema.text, option=f"{column}.schema")
-        decoders[column] = AvroDecoder(conf, schema, to_arrow_type(spark, timezone="UTC"), column=column)
+        decoders[column] = AvroDecoder(conf, schema, spark, column=column)
     return decoders
 
 
@@ -57,8 +55,7 @@ def decoded_schema(base: StructType, decoders: dict[str, AvroDecoder]) -> Struct
     fields = []
     for f in base.fields:
         if f.name in decoders:
-            spark, _ = spark_type(decoders[f.name].reader.text, option=f"{f.name}.schema")
-            fields.append(StructField(f.name, spark, True))
+            fields.append(StructField(f.name, decoders[f.name].spark, True))
         else:
             fields.append(f)
     return StructType(fields)

@@ -63,6 +63,8 @@ def _validate_formats(opts: KafkaSourceOptions) -> None:
     """An avro key or value needs the registry, and a subject: given, or the one topic's (TopicNameStrategy)."""
     if not opts.decodes:
         return
+    from eos_core.registry_avro import is_inline_schema
+
     which = "value.format" if opts.value_format != "raw" else "key.format"
     if not (opts.schema_registry_url or "").strip():
         raise fail(
@@ -72,10 +74,10 @@ def _validate_formats(opts: KafkaSourceOptions) -> None:
             "schema.registry.url",
         )
     for column in ("key", "value"):
-        inline = getattr(opts, f"{column}_schema").strip()[:1] in ("{", "[", '"')
+        inline = is_inline_schema(getattr(opts, f"{column}_schema"))
         if getattr(opts, f"{column}_format") == "raw" or getattr(opts, f"{column}_subject") or inline:
             continue
-        topics = list(opts.subscribe or []) or (list(opts.assign) if isinstance(opts.assign, dict) else [])
+        topics = opts.named_topics
         if len(topics) != 1:
             raise fail(
                 f"option '{column}.format' reads the reader schema of subject <topic>-{column}, and this query "

@@ -261,6 +261,11 @@ class KafkaSourceOptions:
     __str__ = __repr__
 
     @property
+    def named_topics(self) -> list[str]:
+        """The topics subscribe or assign name (none for subscribePattern): a default subject's ``<topic>``."""
+        return list(self.subscribe or []) or (list(self.assign) if isinstance(self.assign, dict) else [])
+
+    @property
     def bootstrap(self) -> str:
         return self.kafka.get("kafka.bootstrap.servers", "")
 
