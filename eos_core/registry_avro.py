@@ -44,18 +44,23 @@ __all__ = ["MAGIC", "AvroDecoder", "ReaderSchema", "RegistryConf", "is_inline_sc
 
 MAGIC = 0
 _HEADER = 5  # magic byte + schema id
+DEFAULT_TIMEOUT_MS = 30_000  # per request
+ATTEMPTS = 4  # confluent-kafka's client tries a request this often (max.retries=3), backing off 1-4 s between
 
 
 @dataclass(frozen=True)
 class RegistryConf:
-    """How to reach a Schema Registry: its URL (Confluent's API), basic auth ``user:password``, a CA file."""
+    """How to reach a Schema Registry: its URL (Confluent's API), basic auth ``user:password``, a CA file, and how
+    long one request may wait for an answer (confluent-kafka's client waits without end by default: a registry
+    that accepts a connection and never answers, a paused or swapping JVM, would stall a task for ever)."""
 
     url: str
     user_info: str | None = field(default=None, repr=False)  # a secret
     ca_location: str | None = None
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
 
-    def client_config(self) -> dict[str, str]:
-        conf = {"url": self.url}
+    def client_config(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout_ms / 1000, "max.retries": ATTEMPTS - 1}
         if self.user_info:
             conf["basic.auth.user.info"] = self.user_info
         if self.ca_location:
@@ -102,7 +107,13 @@ def _registry_call(conf: RegistryConf, what: str, option: str, call: Callable[[]
             f"the Schema Registry at {conf.url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}",
             option=option,
         ) from None
-    except Exception as exc:  # httpx's connection errors, TLS failures
+    except Exception as exc:  # httpx's connection errors, TLS failures, timeouts
+        if "Timeout" in type(exc).__name__:  # httpx.ConnectTimeout, ReadTimeout, WriteTimeout, PoolTimeout
+            raise RetriableError(
+                f"the Schema Registry at {conf.url} could not be reached for {what}: no answer within "
+                f"schema.registry.request.timeout.ms={conf.timeout_ms} in each of {ATTEMPTS} attempts "
+                f"({type(exc).__name__}); is the registry up and answering?"
+            ) from None
         raise RetriableError(
             f"the Schema Registry at {conf.url} could not be reached for {what}: {type(exc).__name__}: {exc}"
             "; is schema.registry.url right and the registry up?"
@@ -131,8 +142,8 @@ def reader_schema(conf: RegistryConf, subject: str, spec: str, *, option: str) -
         return ReaderSchema(spec, None, None)
     client = _client(conf)
     kind, _, number = spec.partition(":")
-    if spec == "latest":
-        found = _registry_call(conf, f"subject {subject!r}", option, lambda: client.get_latest_version(subject))
+    if spec == "latest":  # asked each time a query is planned: get_latest_version would answer from its cache
+        found = _registry_call(conf, f"subject {subject!r}", option, lambda: client.get_version(subject, "latest"))
         schema, sid = found.schema, found.schema_id
     elif kind == "version" and number.isdigit():
         what = f"version {number} of subject {subject!r}"

@@ -179,6 +179,27 @@ def test_an_unreachable_registry_is_retriable_and_names_its_url_not_the_credenti
     assert "http://127.0.0.1:9" in str(err.value) and "s3cret" not in str(err.value)
 
 
+def test_a_registry_that_accepts_and_never_answers_fails_the_call_within_its_timeout_naming_the_option() -> None:
+    """A paused or wedged registry still completes TCP handshakes (the kernel does) and then says nothing:
+    without a timeout confluent-kafka's client waits for ever (a 30-minute stall of a CI test was one)."""
+    import socket
+    import time
+
+    from eos_core.errors import RetriableError
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # never accepted, never answered
+        conf = ra.RegistryConf(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_ms=300)
+        assert conf.client_config()["timeout"] == 0.3
+        began = time.monotonic()
+        with pytest.raises(RetriableError) as err:
+            ra.reader_schema(conf, "orders-value", "latest", option="value.schema")
+        took = time.monotonic() - began
+    assert "schema.registry.request.timeout.ms=300" in str(err.value) and conf.url in str(err.value), str(err.value)
+    assert ra.ATTEMPTS * 0.3 <= took < 20, took  # every attempt waited its timeout, and no longer than the backoffs
+
+
 def test_an_avro_format_on_a_write_is_refused_not_dropped() -> None:
     from sources.kafka.datasource import write_options
 

@@ -28,6 +28,7 @@ def registry_conf(opts: KafkaSourceOptions) -> RegistryConf:
         url=(opts.schema_registry_url or "").strip(),
         user_info=opts.schema_registry_user_info,
         ca_location=opts.schema_registry_ca,
+        timeout_ms=opts.schema_registry_timeout_ms,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from eos_core.errors import ConfigError
 from eos_core.kafka_config import is_secret_option, redact_options
 from eos_core.options import OptionSet, option
+from eos_core.registry_avro import DEFAULT_TIMEOUT_MS as DEFAULT_REGISTRY_TIMEOUT_MS
 from sources.kafka.offsets import INT64_MAX
 
 __all__ = [
@@ -232,6 +233,13 @@ class KafkaSourceOptions:
         "schema.registry.ssl.ca.location",
         "str",
         description="A CA file (PEM) that signed an https registry's certificate.",
+    )
+    schema_registry_timeout_ms: int = option(
+        "schema.registry.request.timeout.ms",
+        "int",
+        default=DEFAULT_REGISTRY_TIMEOUT_MS,
+        min=1,
+        description="Longest wait for one answer of the Schema Registry; the client tries 4 times with backoff, then the read fails naming the registry.",
     )
     faults: str | None = option(
         "faults",
