@@ -51,14 +51,15 @@ def record(i: int, fields: int) -> dict[str, Any]:
 def produce(bootstrap: str, registry: str, topic: str, fields: int, records: int) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from connectors.services.schema_registry import confluent_client
 
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer: a dropped client cancels it
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
-    with SchemaRegistryClient({"url": registry}) as client:
+    with confluent_client(registry) as client:
         ser = AvroSerializer(client, json.dumps(schema_of(fields)))
         ctx = SerializationContext(topic, MessageField.VALUE)
         for i in range(records):
@@ -74,15 +75,16 @@ def produce(bootstrap: str, registry: str, topic: str, fields: int, records: int
 def plain_loop(bootstrap: str, registry: str, topic: str, records: int) -> float:
     """Seconds for one consumer to read and deserialize the whole topic."""
     from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from connectors.services.schema_registry import confluent_client
 
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", "enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
-    with SchemaRegistryClient({"url": registry}) as client:
+    with confluent_client(registry) as client:
         de = AvroDeserializer(client)
         ctx = SerializationContext(topic, MessageField.VALUE)
         began, seen = time.perf_counter(), 0

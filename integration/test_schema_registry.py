@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from connectors.services import _proc
-from connectors.services.schema_registry import URL_ENV, ApicurioRegistry, registry_answers
+from connectors.services.schema_registry import URL_ENV, ApicurioRegistry, confluent_client, registry_answers
 
 pytestmark = [pytest.mark.integration]
 
@@ -57,15 +57,16 @@ def _loopback(hex_address: str) -> bool:
 
 
 def test_the_registry_listens_on_loopback_only_and_speaks_confluents_api(registry: ApicurioRegistry) -> None:
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from connectors.services.schema_registry import confluent_client
 
     addresses = _listening(_proc.process_tree(registry.pid))
     assert addresses and all(_loopback(a) for a in addresses), addresses  # no management port on 0.0.0.0:9000
     assert registry.url.startswith("http://127.0.0.1:") and registry.url.endswith("/apis/ccompat/v7")
 
-    with SchemaRegistryClient({"url": registry.url}) as client:
+    with confluent_client(registry.url) as client:
         ctx = SerializationContext("payments", MessageField.VALUE)
         encoded = AvroSerializer(client, PAYMENT)({"id": "p-1", "amount": 42}, ctx)
         assert encoded is not None
@@ -79,22 +80,22 @@ def test_the_registry_listens_on_loopback_only_and_speaks_confluents_api(registr
 def test_a_crashed_registry_is_gone_and_back_and_a_stopped_one_keeps_its_schemas_and_its_archive(
     registry: ApicurioRegistry,
 ) -> None:
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
 
-    with SchemaRegistryClient({"url": registry.url}) as client:
+    with confluent_client(registry.url) as client:
         sid = client.register_schema("orders-value", Schema(PAYMENT, "AVRO"))
     old = registry.pid
     registry.crash()
     assert not _proc.pid_alive(old) and not registry_answers(registry.url, timeout=1.0)
     registry.start()
     assert registry.pid != old and registry_answers(registry.url)
-    with SchemaRegistryClient({"url": registry.url}) as client:  # registered again after a crash that lost it
+    with confluent_client(registry.url) as client:  # registered again after a crash that lost it
         sid = client.register_schema("orders-value", Schema(PAYMENT, "AVRO"))
     # a clean stop (restart: SIGTERM, then a new JVM) keeps the schemas (its H2 file) and leaves the class-data
     # archive later starts map
     registry.restart()
     assert registry.archive.is_file() and registry_answers(registry.url), registry.archive
-    with SchemaRegistryClient({"url": registry.url}) as client:
+    with confluent_client(registry.url) as client:
         assert "orders-value" in client.get_subjects() and client.get_schema(sid).schema_str
 
 

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from connectors.services import _proc
 from connectors.services.maven import DEFAULT_REPO, MARKER, REPO_ENV, cache_root
@@ -188,6 +189,36 @@ def registry_answers(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
+# Refusals a fresh Apicurio 3.3.3 sends before it is used: the first one of the associations API (which
+# confluent-kafka's serializers ask first) is now and then read and never answered, or its connection dropped.
+_WARM_UP = ("/associations/resources/-/eos-warm-up?resourceType=topic&associationType=value", "/schemas/ids/2147483647")
+
+
+def _warm_up(url: str, attempts: int = 5) -> int:
+    """Send each ``_WARM_UP`` request until it is refused with an HTTP answer; the number that were not answered."""
+    dropped = 0
+    for path in _WARM_UP:
+        for _ in range(attempts):
+            try:
+                urllib.request.urlopen(f"{url.rstrip('/')}{path}", timeout=3.0).close()
+                break
+            except urllib.error.HTTPError as refused:
+                refused.close()
+                break
+            except (urllib.error.URLError, OSError):  # dropped, or no answer within the timeout
+                dropped += 1
+    return dropped
+
+
+def confluent_client(url: str, timeout: float = 10.0) -> Any:
+    """confluent-kafka's ``SchemaRegistryClient`` for ``url``, with a request timeout: without one it waits for an
+    answer without end, and Apicurio 3.3.3 now and then reads a request and never answers it (seen on the first
+    refusal a fresh registry sends); with one, the client's retries send it again."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url, "timeout": timeout})
+
+
 class ApicurioRegistry:
     """Apicurio Registry on 127.0.0.1, our child in its own process group.
 
@@ -224,6 +255,7 @@ class ApicurioRegistry:
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self.start_seconds = 0.0
+        self.dropped_at_start = 0  # warm-up requests a fresh registry left unanswered (see _WARM_UP)
         if not detached:
             _proc.sweep_stale(_TMP_PREFIX)
         self.base = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX))
@@ -315,6 +347,7 @@ class ApicurioRegistry:
                     command=self.argv(),
                 )
             time.sleep(0.25)
+        self.dropped_at_start = _warm_up(self.url)
         self.start_seconds = time.monotonic() - begun
         return self
 
@@ -323,6 +356,16 @@ class ApicurioRegistry:
         if self.proc is not None:
             _proc.stop_group(self.proc, self.proc.pid, grace=0.0, sig=signal.SIGKILL)
         self._release_archive()  # a killed JVM records nothing
+
+    def pause(self) -> None:
+        """SIGSTOP the registry's JVM: the kernel still accepts connections, nothing answers them (a wedged registry,
+        a long GC pause, a frozen VM). ``resume`` lets it go on."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def restart(self) -> ApicurioRegistry:
         """Stop the registry (SIGTERM) and start a new one on the same port: every schema is forgotten."""
