@@ -72,11 +72,12 @@ def _options(kafka_service: Any, registry: Any, topic: str, **extra: str) -> dic
 
 
 def _serialize(registry: Any, topic: str, schema: dict[str, Any], records: list[dict[str, Any]]) -> list[bytes]:
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    with SchemaRegistryClient({"url": registry.url}) as client:
+    from connectors.services.schema_registry import confluent_client
+
+    with confluent_client(registry.url) as client:
         ser = AvroSerializer(client, json.dumps(schema))
         ctx = SerializationContext(topic, MessageField.VALUE)
         return [ser(r, ctx) for r in records]
@@ -84,11 +85,12 @@ def _serialize(registry: Any, topic: str, schema: dict[str, Any], records: list[
 
 def _deserialize(registry: Any, topic: str, reader: dict[str, Any], payloads: list[bytes]) -> list[Any]:
     """confluent-kafka's own AvroDeserializer with ``reader`` as its reader schema: the oracle."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    with SchemaRegistryClient({"url": registry.url}) as client:
+    from connectors.services.schema_registry import confluent_client
+
+    with confluent_client(registry.url) as client:
         de = AvroDeserializer(client, json.dumps(reader))
         ctx = SerializationContext(topic, MessageField.VALUE)
         return [de(p, ctx) for p in payloads]
@@ -139,13 +141,14 @@ def test_values_are_decoded_with_their_writer_schemas_onto_the_latest_reader_sch
 def test_a_key_is_decoded_from_its_own_subject_beside_a_raw_value(
     spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any
 ) -> None:
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
+    from connectors.services.schema_registry import confluent_client
+
     topic = new_topic()
     key_schema = {"type": "record", "name": "Key", "fields": [{"name": "account", "type": "long"}]}
-    with SchemaRegistryClient({"url": schema_registry.url}) as client:
+    with confluent_client(schema_registry.url) as client:
         ser = AvroSerializer(client, json.dumps(key_schema))
         keys = [ser({"account": n}, SerializationContext(topic, MessageField.KEY)) for n in (7, 8)]
         assert client.get_subjects().count(f"{topic}-key") == 1  # TopicNameStrategy: <topic>-key
@@ -322,3 +325,94 @@ def test_a_registry_down_when_a_stream_restarts_fails_it_at_once_and_it_resumes_
     run()
     rows = sorted((r["id"], r["amount"]) for r in spark.read.parquet(str(out)).collect())
     assert rows == sorted((r["id"], r["amount"]) for r in records)  # every record once
+
+
+V3 = {**V2, "fields": [*V2["fields"], {"name": "channel", "type": "string", "default": "web"}]}
+
+
+def test_a_running_stream_reads_a_new_writer_schema_and_fails_within_its_timeout_on_a_paused_registry(
+    spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
+) -> None:
+    """Lifecycle rows, one running stream: (1) producers move to a compatible writer schema mid-stream (a field
+    with a default): the new records are read onto the reader schema the query started with; (2) the registry
+    is paused (SIGSTOP: it accepts connections and never answers) when records of a writer schema no task has
+    seen arrive: the query fails within the registry timeout's few attempts, naming the registry and the option,
+    having written nothing of them; (3) resumed, the restarted stream writes every record exactly once."""
+    import time
+
+    from connectors.services import _proc
+
+    if not getattr(schema_registry, "persistent", False):
+        pytest.fail("this row needs the embedded registry (it pauses it): unset EOS_SCHEMA_REGISTRY_URL")
+    topic = new_topic()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    v1 = [{"id": f"a{i}", "amount": i} for i in range(3)]
+    v2 = [{"id": f"b{i}", "amount": 10 + i, "currency": "CHF", "note": None} for i in range(3)]
+    v3 = [{"id": f"c{i}", "amount": 20 + i, "currency": "USD", "note": "x", "channel": "app"} for i in range(3)]
+    produce(topic, [{"value": p} for p in _serialize(schema_registry, topic, V1, v1)])
+    options = _options(
+        kafka_service,
+        schema_registry,
+        topic,
+        startingOffsets="earliest",
+        **{"schema.registry.request.timeout.ms": "2000"},
+    )
+
+    def start(trigger: dict[str, Any]) -> Any:
+        return (
+            spark.readStream.format("kafka-eos")
+            .options(**options)
+            .load()
+            .select("offset", "value.id", "value.amount")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(**trigger)
+            .start()
+        )
+
+    def written() -> list[tuple[str, int]]:
+        return sorted((r["id"], r["amount"]) for r in spark.read.parquet(str(out)).collect())
+
+    def expected(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
+        return sorted((r["id"], r["amount"]) for r in records)
+
+    query = start({"processingTime": "500 milliseconds"})
+    try:
+        query.processAllAvailable()
+        assert written() == expected(v1)
+        # (1) a compatible writer change while the query runs: its reader schema (v1, the latest at its start) stays
+        produce(topic, [{"value": p} for p in _serialize(schema_registry, topic, V2, v2)])
+        query.processAllAvailable()
+        assert written() == expected(v1 + v2)
+        # (2) a third writer schema, registered, then the registry paused before any task has fetched it
+        v3_payloads = _serialize(schema_registry, topic, V3, v3)
+        schema_registry.pause()
+        try:
+            assert _proc_state(schema_registry.pid) == "T"  # the JVM is stopped, not gone
+            produce(topic, [{"value": p} for p in v3_payloads])
+            began = time.monotonic()
+            with pytest.raises(Exception) as failure:  # not raising: still running 240 s against a silent registry
+                query.awaitTermination(240)
+            failed_after = time.monotonic() - began
+        finally:
+            schema_registry.resume()
+    finally:
+        query.stop()
+    error = str(failure.value)
+    assert schema_registry.url in error and "schema.registry.request.timeout.ms=2000" in error, error[-1500:]
+    # each task attempt (local[2,2]: two) waits at most 4 attempts of 2 s and the client's backoffs between them
+    assert failed_after < 120, failed_after
+    assert written() == expected(v1 + v2)  # nothing of the undecodable batch was written
+    assert _proc.pid_alive(schema_registry.pid)
+
+    # (3) the registry answers again: the restart reads the v3 records onto v1, once each
+    again = start({"availableNow": True})
+    assert again.awaitTermination(180) is not False and again.exception() is None
+    assert written() == expected(v1 + v2 + v3)
+
+
+def _proc_state(pid: int) -> str:
+    """The process state letter in /proc (R, S, T: stopped, Z, ...)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
