@@ -89,14 +89,22 @@ def _client(conf: RegistryConf) -> Any:
         return client
 
 
-def _registry_call(conf: RegistryConf, what: str, option: str, call: Callable[[], Any]) -> Any:
+def _registry_call(
+    conf: RegistryConf, what: str, option: str, call: Callable[[], Any], *, record: str | None = None
+) -> Any:
     """``call`` against the registry; its refusals are ConfigErrors naming ``option``, an unreachable registry
-    a RetriableError naming its URL (never the credentials)."""
+    a RetriableError naming its URL (never the credentials). A writer schema the registry does not have (HTTP
+    404 for the ``record`` named) is that record's fault: a FatalError naming it."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     try:
         return call()
     except SchemaRegistryError as exc:
+        if exc.http_status_code == 404 and record is not None:
+            raise FatalError(
+                f"kafka-eos: {record}: the registry at {conf.url} has no {what.split(' (')[0]} (deleted, or the "
+                f"record was written against another registry): HTTP 404 {exc.error_message}"
+            ) from None
         if exc.http_status_code in (401, 403):
             raise ConfigError(
                 f"the Schema Registry at {conf.url} refused {what}: HTTP {exc.http_status_code} ({exc.error_message}); "
@@ -303,7 +311,9 @@ def _name(s: Any) -> str:
 class AvroDecoder:
     """Decodes a column of wire-format records onto one reader schema, into an Arrow array of its Spark type."""
 
-    def __init__(self, conf: RegistryConf, reader: ReaderSchema, spark: DataType, *, column: str) -> None:
+    def __init__(
+        self, conf: RegistryConf, reader: ReaderSchema, spark: DataType, *, column: str, tolerate: bool = False
+    ) -> None:
         from pyspark.sql.pandas.types import to_arrow_type
 
         self.conf = conf
@@ -311,15 +321,17 @@ class AvroDecoder:
         self.spark = spark  # the column's Spark type, fixed when the query was planned (spark_type)
         self.arrow_type = to_arrow_type(spark, timezone="UTC")
         self.column = column
+        self.tolerate = tolerate  # errors.tolerance=all: an undecodable record is a null and an error, not a failure
         self._reader_parsed = _parse(reader.text, f"{column}.schema")
         self._fix = _fixer(self._reader_parsed)
         self._writers: dict[int, tuple[Any, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the parsed schemas are rebuilt there
-        return {"conf": self.conf, "reader": self.reader, "spark": self.spark, "column": self.column}
+        return {k: getattr(self, k) for k in ("conf", "reader", "spark", "column", "tolerate")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["conf"], state["reader"], state["spark"], column=state["column"])  # type: ignore[misc]
+        conf, reader, spark = state["conf"], state["reader"], state["spark"]
+        self.__init__(conf, reader, spark, column=state["column"], tolerate=state["tolerate"])  # type: ignore[misc]
 
     def _writer(self, schema_id: int, where: str) -> tuple[Any, Any]:
         """The writer schema of ``schema_id`` and the reader schema to resolve it to: None when the two are the
@@ -334,6 +346,7 @@ class AvroDecoder:
                 f"schema id {schema_id} (the writer schema of {where})",
                 f"{self.column}.format",
                 lambda: client.get_schema(schema_id),
+                record=where,
             )
             if schema.schema_type not in (None, "AVRO"):
                 raise FatalError(
@@ -346,8 +359,15 @@ class AvroDecoder:
             found = self._writers[schema_id] = (self._reader_parsed, None) if same else (writer, self._reader_parsed)
         return found
 
-    def decode(self, payloads: list[bytes | None], where: Callable[[int], str]) -> Any:
-        """``payloads`` (None: a null key or value, a tombstone) as an Arrow array; ``where(i)`` names record i."""
+    def decode(
+        self,
+        payloads: list[bytes | None],
+        where: Callable[[int], str],
+        errors: dict[int, tuple[int | None, str]] | None = None,
+    ) -> Any:
+        """``payloads`` (None: a null key or value, a tombstone) as an Arrow array; ``where(i)`` names record i.
+        A record that cannot be read fails the batch (FatalError), or with ``errors`` given is a null there and
+        ``errors[i] = (writer schema id or None, why)``. An unreachable registry always fails (RetriableError)."""
         import fastavro
         import pyarrow as pa
 
@@ -357,24 +377,31 @@ class AvroDecoder:
             if payload is None:
                 out.append(None)
                 continue
-            if len(payload) < _HEADER or payload[0] != MAGIC:
-                raise FatalError(
-                    f"kafka-eos: {where(i)}: the {self.column} is not in Confluent's wire format (magic byte "
-                    f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
-                    f"{self.column}.format=raw, or fix what wrote it"
-                )
-            schema_id = int.from_bytes(payload[1:_HEADER], "big")
-            writer, reader = writers.get(schema_id) or self._writer(schema_id, where(i))
-            body = io.BytesIO(payload)
-            body.seek(_HEADER)
+            schema_id = None
             try:
-                value = fastavro.schemaless_reader(body, writer, reader)
+                if len(payload) < _HEADER or payload[0] != MAGIC:
+                    raise FatalError(
+                        f"kafka-eos: {where(i)}: the {self.column} is not in Confluent's wire format (magic byte "
+                        f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
+                        f"{self.column}.format=raw, or fix what wrote it"
+                    )
+                schema_id = int.from_bytes(payload[1:_HEADER], "big")
+                writer, reader = writers.get(schema_id) or self._writer(schema_id, where(i))
+                body = io.BytesIO(payload)
+                body.seek(_HEADER)
+                try:
+                    value = fastavro.schemaless_reader(body, writer, reader)
+                except Exception as exc:
+                    raise FatalError(
+                        f"kafka-eos: {where(i)}: the {self.column} (writer schema id {schema_id}) cannot be read "
+                        f"with the reader schema{_of(self.reader)}: {type(exc).__name__}: {exc}"
+                    ) from None
                 out.append(value if fix is None else fix(value))
-            except Exception as exc:
-                raise FatalError(
-                    f"kafka-eos: {where(i)}: the {self.column} (writer schema id {schema_id}) cannot be read with "
-                    f"the reader schema{_of(self.reader)}: {type(exc).__name__}: {exc}"
-                ) from None
+            except FatalError as exc:
+                if errors is None:
+                    raise
+                errors[i] = (schema_id, str(exc))
+                out.append(None)
         return pa.array(out, type=self.arrow_type)
 
 

@@ -416,3 +416,77 @@ def _proc_state(pid: int) -> str:
     """The process state letter in /proc (R, S, T: stopped, Z, ...)."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_undecodable_records_fail_the_stream_then_with_errors_tolerance_all_are_kept_with_their_error_once(
+    spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
+) -> None:
+    """Lifecycle rows: an incompatible writer schema (a field changed type, registered where compatibility is NONE),
+    a record whose schema was deleted from the registry, and bytes in no wire format arrive in a running stream.
+    By default the batch fails naming the first of them (topic, partition, offset, schema id) and writes nothing
+    of it; the operator restarts the query from its checkpoint with errors.tolerance=all and every record is
+    written exactly once, the undecodable ones with a null value and a decode_error saying why, with their bytes."""
+
+    from connectors.services.schema_registry import confluent_client
+
+    topic = new_topic()
+    incompatible = {**V1, "fields": [V1["fields"][0], {"name": "amount", "type": "string"}]}
+    gone = {"type": "record", "name": "Gone", "fields": [{"name": "x", "type": "long"}]}
+    good = _serialize(schema_registry, topic, V1, [{"id": f"g{i}", "amount": i} for i in range(5)])
+    changed = _serialize(schema_registry, topic, incompatible, [{"id": "bad", "amount": "ten"}])
+    deleted = _serialize(schema_registry, f"{topic}-gone", gone, [{"x": 1}])
+    with confluent_client(schema_registry.url) as client:
+        assert client.get_compatibility() == "NONE"  # the registry took the incompatible version
+        client.delete_subject(f"{topic}-gone-value")
+        client.delete_subject(f"{topic}-gone-value", permanent=True)
+    ids = {p: int.from_bytes(p[1:5], "big") for p in (changed[0], deleted[0])}
+    junk = b"not avro at all"
+    values = [*good[:3], changed[0], deleted[0], junk, *good[3:]]  # offsets 0-7
+    produce(topic, [{"value": v} for v in values])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run(**extra: str) -> Any:
+        options = _options(
+            kafka_service,
+            schema_registry,
+            topic,
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger="3",
+            **{"value.schema": "version:1"},  # latest is the incompatible one now
+            **extra,
+        )
+        query = (
+            spark.readStream.format("kafka-eos")
+            .options(**options)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        return query
+
+    with pytest.raises(Exception) as failure:
+        run()
+    text = str(failure.value)
+    where = f"topic {topic} partition 0 offset 3: the value (writer schema id {ids[changed[0]]}) cannot be read"
+    assert where in text, text[-2000:]
+    assert sorted(r["offset"] for r in spark.read.parquet(str(out)).collect()) == [0, 1, 2]  # batch 2: nothing
+
+    again = run(**{"errors.tolerance": "all"})
+    assert again.exception() is None
+    rows = {r["offset"]: r for r in spark.read.option("mergeSchema", "true").parquet(str(out)).collect()}
+    assert sorted(rows) == list(range(8))  # every record once: none skipped, none twice
+    assert [rows[o]["value"]["id"] for o in (0, 1, 2, 6, 7)] == ["g0", "g1", "g2", "g3", "g4"]
+    assert all(rows[o]["decode_error"] is None for o in (6, 7))
+    for offset, schema_id, why in (
+        (3, ids[changed[0]], "cannot be read with the reader schema"),
+        (4, ids[deleted[0]], f"has no schema id {ids[deleted[0]]} (deleted, or"),
+        (5, None, "not in Confluent's wire format"),
+    ):
+        error = rows[offset]["decode_error"]
+        assert rows[offset]["value"] is None and error["column"] == "value", (offset, error)
+        assert error["schema_id"] == schema_id and why in error["message"], (offset, error)
+        assert f"offset {offset}" in error["message"] and error["payload"] == values[offset]

@@ -108,9 +108,60 @@ def test_a_decoder_travels_to_the_executors_without_its_parsed_schemas(registry:
 def test_a_record_that_cannot_be_read_fails_naming_where_it_is(
     registry: _Registry, payload: bytes, message: str
 ) -> None:
-    with pytest.raises((FatalError, ConfigError)) as err:
-        _decoder(V1).decode([_encode(1, V1, {"id": "a", "n": 1}), payload], _where)
+    good = _encode(1, V1, {"id": "a", "n": 1})
+    with pytest.raises(FatalError) as err:
+        _decoder(V1).decode([good, payload], _where)
     assert message in str(err.value) and "topic t partition 0 offset 11" in str(err.value), str(err.value)
+    # errors.tolerance=all: the same record is a null and an error naming it; the others decode
+    errors: dict[int, tuple[int | None, str]] = {}
+    out = _decoder(V1).decode([good, payload, good], _where, errors)
+    assert out.to_pylist() == [{"id": "a", "n": 1}, None, {"id": "a", "n": 1}]
+    assert list(errors) == [1] and message in errors[1][1] and "offset 11" in errors[1][1], errors
+    wire = len(payload) >= 5 and payload[0] == 0
+    assert errors[1][0] == (int.from_bytes(payload[1:5], "big") if wire else None)  # the id, when it had one
+
+
+def test_an_unreachable_registry_fails_a_tolerant_decode_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """errors.tolerance=all keeps records that cannot be decoded, never records the registry could not be asked
+    about: those would be dead-lettered for a passing outage."""
+    from eos_core.errors import RetriableError
+
+    decoder = ra.AvroDecoder(
+        ra.RegistryConf("http://127.0.0.1:9"),
+        ra.ReaderSchema(json.dumps(V1), None, None),
+        ra.spark_type(json.dumps(V1))[0],
+        column="value",
+        tolerate=True,
+    )
+    with pytest.raises(RetriableError, match="could not be reached"):
+        decoder.decode([_encode(1, V1, {"id": "a", "n": 1})], _where, {})
+
+
+def test_a_tolerant_batch_keeps_undecodable_records_with_a_decode_error_column(registry: _Registry) -> None:
+    from sources.kafka.datasource import kafka_schema
+    from sources.kafka.formats import DECODE_ERROR, decode_batch, decoded_schema
+
+    text = json.dumps(V1)
+    decoder = ra.AvroDecoder(
+        ra.RegistryConf("http://r"),
+        ra.ReaderSchema(text, None, None),
+        ra.spark_type(text)[0],
+        column="value",
+        tolerate=True,
+    )
+    payloads = [_encode(1, V1, {"id": "a", "n": 1}), b"junk", None]
+    batch = pa.RecordBatch.from_pydict(
+        {"key": [None] * 3, "value": payloads, "topic": ["t"] * 3, "partition": [0] * 3, "offset": [10, 11, 12]},
+    )
+    out = decode_batch(batch, {"value": decoder})
+    assert out.schema.names == ["key", "value", "topic", "partition", "offset", "decode_error"]
+    assert out.column("value").to_pylist() == [{"id": "a", "n": 1}, None, None]  # a tombstone is no error
+    errors = out.column("decode_error").to_pylist()
+    assert errors[0] is None and errors[2] is None
+    assert errors[1]["column"] == "value" and errors[1]["payload"] == b"junk" and errors[1]["schema_id"] is None
+    assert "topic t partition 0 offset 11" in errors[1]["message"]
+    planned = decoded_schema(kafka_schema(False), {"value": decoder})
+    assert planned.fields[-1] == DECODE_ERROR and planned.names[-1] == "decode_error"
 
 
 def test_a_writer_the_reader_cannot_be_resolved_with_is_a_decode_error(registry: _Registry) -> None:
@@ -206,3 +257,20 @@ def test_an_avro_format_on_a_write_is_refused_not_dropped() -> None:
     assert "value.format" not in write_options({"topic": "t", "value.format": "raw"})
     with pytest.raises(ConfigError, match=r"option 'value.format' is 'avro' on a write"):
         write_options({"topic": "t", "value.format": "avro"})
+
+
+def test_errors_tolerance_on_a_read_applies_to_decoded_formats_only() -> None:
+    from sources.kafka import parse_options
+
+    base = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t"}
+    with pytest.raises(ConfigError, match=r"'errors.tolerance' is 'all' on a read of raw keys and values"):
+        parse_options({**base, "errors.tolerance": "all"}, streaming=True)
+    opts = parse_options(
+        {**base, "errors.tolerance": "all", "value.format": "avro", "schema.registry.url": "http://r"}, streaming=True
+    )
+    assert opts.errors_tolerance == "all"
+    with pytest.raises(ConfigError, match=r"errors.tolerance"):
+        parse_options(
+            {**base, "errors.tolerance": "some", "value.format": "avro", "schema.registry.url": "http://r"},
+            streaming=False,
+        )

@@ -62,6 +62,12 @@ def validate(opts: KafkaSourceOptions, *, streaming: bool) -> None:
 def _validate_formats(opts: KafkaSourceOptions) -> None:
     """An avro key or value needs the registry, and a subject: given, or the one topic's (TopicNameStrategy)."""
     if not opts.decodes:
+        if opts.errors_tolerance != "none":
+            raise fail(
+                "option 'errors.tolerance' is 'all' on a read of raw keys and values: it keeps the records "
+                "value.format/key.format=avro cannot decode, and raw bytes always read; drop it",
+                "errors.tolerance",
+            )
         return
     from eos_core.registry_avro import is_inline_schema
 

@@ -234,6 +234,13 @@ class KafkaSourceOptions:
         "str",
         description="A CA file (PEM) that signed an https registry's certificate.",
     )
+    errors_tolerance: str = option(
+        "errors.tolerance",
+        "choice",
+        default="none",
+        choices=("none", "all"),
+        description="none: a record value.format/key.format=avro cannot decode fails the batch, naming it. all: it is read with that column null and a decode_error column (column, schema_id, message, payload) to route it by.",
+    )
     schema_registry_timeout_ms: int = option(
         "schema.registry.request.timeout.ms",
         "int",
