@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
-from eos_core.registry_avro import AvroDecoder, RegistryConf, reader_schema, spark_type
+from eos_core.registry_avro import AvroDecoder, reader_schema, spark_type
 from sources.kafka.option_specs import KafkaSourceOptions
 
 if TYPE_CHECKING:
@@ -37,20 +37,11 @@ DECODE_ERROR = StructField(
 )
 
 
-def registry_conf(opts: KafkaSourceOptions) -> RegistryConf:
-    return RegistryConf(
-        url=(opts.schema_registry_url or "").strip(),
-        user_info=opts.schema_registry_user_info,
-        ca_location=opts.schema_registry_ca,
-        timeout_ms=opts.schema_registry_timeout_ms,
-    )
-
-
 def column_decoders(opts: KafkaSourceOptions) -> dict[str, AvroDecoder]:
     """A decoder per decoded column (``key``, ``value``), its reader schema resolved now."""
     if not opts.decodes:
         return {}
-    conf = registry_conf(opts)
+    conf = opts.registry_conf()
     topics = opts.named_topics
     decoders = {}
     for column in _COLUMNS:

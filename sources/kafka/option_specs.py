@@ -15,7 +15,7 @@ from typing import Any
 from eos_core.errors import ConfigError
 from eos_core.kafka_config import is_secret_option, redact_options
 from eos_core.options import OptionSet, option
-from eos_core.registry_avro import DEFAULT_TIMEOUT_MS as DEFAULT_REGISTRY_TIMEOUT_MS
+from eos_core.registry_options import RegistryOptions
 from sources.kafka.offsets import INT64_MAX
 
 __all__ = [
@@ -33,7 +33,7 @@ DEFAULT_POLL_TIMEOUT_MS = 120_000  # Spark's default: spark.network.timeout (120
 
 
 @dataclass(frozen=True, kw_only=True)
-class KafkaSourceOptions:
+class KafkaSourceOptions(RegistryOptions):
     """Every option of one kafka-eos source, typed; ``kafka`` holds the ``kafka.*`` passthrough."""
 
     subscribe: tuple[str, ...] | None = option(
@@ -218,35 +218,12 @@ class KafkaSourceOptions:
     key_subject: str | None = option(
         "key.subject", "str", description="As value.subject, for the key (default <topic>-key)."
     )
-    schema_registry_url: str | None = option(
-        "schema.registry.url",
-        "str",
-        description="The Schema Registry (Confluent's REST API: Confluent, Karapace, Redpanda; Apicurio at .../apis/ccompat/v7) of the avro formats.",
-    )
-    schema_registry_user_info: str | None = option(
-        "schema.registry.basic.auth.user.info",
-        "str",
-        secret=True,
-        description="user:password of the registry's basic authentication (redacted everywhere).",
-    )
-    schema_registry_ca: str | None = option(
-        "schema.registry.ssl.ca.location",
-        "str",
-        description="A CA file (PEM) that signed an https registry's certificate.",
-    )
     errors_tolerance: str = option(
         "errors.tolerance",
         "choice",
         default="none",
         choices=("none", "all"),
         description="none: a record value.format/key.format=avro cannot decode fails the batch, naming it. all: it is read with that column null and a decode_error column (column, schema_id, message, payload) to route it by.",
-    )
-    schema_registry_timeout_ms: int = option(
-        "schema.registry.request.timeout.ms",
-        "int",
-        default=DEFAULT_REGISTRY_TIMEOUT_MS,
-        min=1,
-        description="Longest wait for one answer of the Schema Registry; the client tries 4 times with backoff, then the read fails naming the registry.",
     )
     faults: str | None = option(
         "faults",
