@@ -71,6 +71,7 @@ _GROUPS = {
     "integration/test_services_postgres.py": "own-postgres",
     "integration/test_schema_registry.py": "schema-registry",  # one registry (~20-40 s to start), not one per worker
     "integration/test_source_avro.py": "schema-registry",
+    "integration/test_sink_avro.py": "schema-registry",
 }
 
 

@@ -40,7 +40,18 @@ from pyspark.sql.types import (
 
 from eos_core.errors import ConfigError, FatalError, RetriableError
 
-__all__ = ["MAGIC", "AvroDecoder", "ReaderSchema", "RegistryConf", "is_inline_schema", "reader_schema", "spark_type"]
+__all__ = [
+    "MAGIC",
+    "AvroDecoder",
+    "AvroEncoder",
+    "ReaderSchema",
+    "RegistryConf",
+    "avro_schema",
+    "is_inline_schema",
+    "reader_schema",
+    "register",
+    "spark_type",
+]
 
 MAGIC = 0
 _HEADER = 5  # magic byte + schema id
@@ -99,6 +110,8 @@ def _registry_call(
 
     try:
         return call()
+    except (ConfigError, FatalError):
+        raise
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404 and record is not None:
             raise FatalError(
@@ -409,3 +422,147 @@ def _of(reader: ReaderSchema) -> str:
     if reader.schema_id is None:
         return " given inline"
     return f" {reader.schema_id} (subject {reader.subject!r})" if reader.subject else f" {reader.schema_id}"
+
+
+# ---- writing: Spark types -> Avro schemas, records -> wire format --------------------------------------------
+
+_AVRO_OF: dict[str, Any] = {
+    "boolean": "boolean",
+    "tinyint": "int",
+    "smallint": "int",
+    "int": "int",
+    "bigint": "long",
+    "float": "float",
+    "double": "double",
+    "string": "string",
+    "binary": "bytes",
+    "date": {"type": "int", "logicalType": "date"},
+    "timestamp": {"type": "long", "logicalType": "timestamp-micros"},
+    "timestamp_ntz": {"type": "long", "logicalType": "local-timestamp-micros"},
+}
+
+
+def avro_schema(spark: DataType, *, name: str = "topLevelRecord", option: str = "value.format") -> dict[str, Any]:
+    """The Avro schema ``to_avro`` would write ``spark`` with (records named ``name`` and, nested, after their
+    field path), a nullable field as ``["null", T]`` with default null so later versions may drop it."""
+    out = _avro(spark, name, option)
+    if not isinstance(out, dict) or out.get("type") != "record":
+        raise ConfigError(f"{option}: the column is {spark.simpleString()}; avro writes a struct", option=option)
+    return out
+
+
+def _avro(t: DataType, name: str, option: str) -> Any:
+    if isinstance(t, StructType):
+        fields = []
+        for f in t.fields:
+            inner = _avro(f.dataType, f"{name}_{f.name}", option)
+            fields.append(
+                {"name": f.name, "type": ["null", inner], "default": None}
+                if f.nullable
+                else {"name": f.name, "type": inner}
+            )
+        return {"type": "record", "name": name, "fields": fields}
+    if isinstance(t, DecimalType):
+        return {"type": "bytes", "logicalType": "decimal", "precision": t.precision, "scale": t.scale}
+    if isinstance(t, ArrayType):
+        item = _avro(t.elementType, name, option)
+        return {"type": "array", "items": ["null", item] if t.containsNull else item}
+    if isinstance(t, MapType):
+        if not isinstance(t.keyType, StringType):
+            raise ConfigError(
+                f"{option}: {name} is {t.simpleString()}: Avro maps have string keys (cast the keys to string)",
+                option=option,
+            )
+        value = _avro(t.valueType, name, option)
+        return {"type": "map", "values": ["null", value] if t.valueContainsNull else value}
+    found = _AVRO_OF.get(t.simpleString())
+    if found is None:
+        raise ConfigError(f"{option}: {name} is {t.simpleString()}, which has no Avro type here", option=option)
+    return found
+
+
+def _maps(t: DataType) -> _Fix | None:
+    """What turns Arrow's maps (lists of key-value pairs) into dicts for fastavro, where ``t`` has maps."""
+    if isinstance(t, MapType):
+        inner = _maps(t.valueType)
+        return lambda pairs: {k: (v if inner is None or v is None else inner(v)) for k, v in pairs}
+    if isinstance(t, ArrayType):
+        item = _maps(t.elementType)
+        return None if item is None else (lambda a: [None if x is None else item(x) for x in a])
+    if isinstance(t, StructType):
+        fixes = {f.name: fx for f in t.fields for fx in [_maps(f.dataType)] if fx is not None}
+        if not fixes:
+            return None
+        return lambda d: {k: (fixes[k](v) if k in fixes and v is not None else v) for k, v in d.items()}
+    return None
+
+
+def register(conf: RegistryConf, subject: str, schema_text: str, *, option: str) -> int:
+    """The id of ``schema_text`` under ``subject``, registering it as a new version when it is not one yet; the
+    registry's compatibility check refuses an incompatible one (HTTP 409): a ConfigError naming the subject."""
+    client = _client(conf)  # first: a ConfigError naming the extra when the client is not installed
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    name = option.split(".")[0]
+
+    def call() -> int:
+        try:
+            return int(client.register_schema(subject, Schema(schema_text, "AVRO")))
+        except SchemaRegistryError as exc:
+            if exc.http_status_code != 409:
+                raise
+            raise ConfigError(
+                f"the Schema Registry at {conf.url} refused the schema of the {name} column as a new version of "
+                f"subject {subject!r}: incompatible with its latest under the subject's compatibility level "
+                f"({exc.error_message}); make the change compatible (a new field needs a default), or write to a "
+                f"new subject ({name}.subject)",
+                option=option,
+            ) from None
+
+    return int(_registry_call(conf, f"subject {subject!r}", option, call))
+
+
+class AvroEncoder:
+    """Encodes a struct column into Confluent's wire format with one registered writer schema."""
+
+    def __init__(self, schema_text: str, schema_id: int, spark: DataType, *, column: str) -> None:
+        self.schema_text = schema_text
+        self.schema_id = schema_id
+        self.spark = spark
+        self.column = column
+        self._parsed = _parse(schema_text, f"{column}.schema")
+        self._header = bytes([MAGIC]) + schema_id.to_bytes(4, "big")
+        self._fix = _maps(spark)
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the parsed schema is rebuilt there
+        return {k: getattr(self, k) for k in ("schema_text", "schema_id", "spark", "column")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        text, sid, spark = state["schema_text"], state["schema_id"], state["spark"]
+        self.__init__(text, sid, spark, column=state["column"])  # type: ignore[misc]
+
+    def encode(self, values: list[Any], where: Callable[[int], str]) -> list[bytes | None]:
+        """Each value (a dict; None stays a null key or value) as header + Avro body; a value the schema cannot
+        hold is a FatalError naming its row (``where(i)``)."""
+        import fastavro
+
+        fix, parsed, header = self._fix, self._parsed, self._header
+        out: list[bytes | None] = []
+        body = io.BytesIO()
+        for i, value in enumerate(values):
+            if value is None:
+                out.append(None)
+                continue
+            body.seek(0)
+            body.truncate()
+            body.write(header)
+            try:
+                fastavro.schemaless_writer(body, parsed, value if fix is None else fix(value))
+            except Exception as exc:
+                raise FatalError(
+                    f"kafka-eos sink: {where(i)}: the {self.column} cannot be written with schema id "
+                    f"{self.schema_id}: {type(exc).__name__}: {exc}"
+                ) from None
+            out.append(body.getvalue())
+        return out

@@ -251,12 +251,11 @@ def test_a_registry_that_accepts_and_never_answers_fails_the_call_within_its_tim
     assert ra.ATTEMPTS * 0.3 <= took < 20, took  # every attempt waited its timeout, and no longer than the backoffs
 
 
-def test_an_avro_format_on_a_write_is_refused_not_dropped() -> None:
+def test_an_avro_format_on_a_write_goes_to_the_sink() -> None:
     from sources.kafka.datasource import write_options
 
-    assert "value.format" not in write_options({"topic": "t", "value.format": "raw"})
-    with pytest.raises(ConfigError, match=r"option 'value.format' is 'avro' on a write"):
-        write_options({"topic": "t", "value.format": "avro"})
+    assert write_options({"topic": "t", "value.format": "avro"}) == {"topic": "t", "value.format": "avro"}
+    assert write_options({"topic": "t", "startingOffsets": "earliest"}) == {"topic": "t"}  # a read's own: dropped
 
 
 def test_errors_tolerance_on_a_read_applies_to_decoded_formats_only() -> None:
@@ -274,3 +273,105 @@ def test_errors_tolerance_on_a_read_applies_to_decoded_formats_only() -> None:
             {**base, "errors.tolerance": "some", "value.format": "avro", "schema.registry.url": "http://r"},
             streaming=False,
         )
+
+
+def _every_spark_type() -> Any:
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        BooleanType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    inner = StructType([StructField("city", StringType(), False), StructField("zip", IntegerType(), True)])
+    return StructType(
+        [
+            StructField("id", StringType(), False),
+            StructField("n", LongType(), False),
+            StructField("small", IntegerType(), True),
+            StructField("flag", BooleanType(), True),
+            StructField("ratio", FloatType(), True),
+            StructField("precise", DoubleType(), True),
+            StructField("blob", BinaryType(), True),
+            StructField("day", DateType(), True),
+            StructField("at", TimestampType(), True),
+            StructField("local", TimestampNTZType(), True),
+            StructField("price", DecimalType(10, 2), True),
+            StructField("tags", ArrayType(StringType(), True), True),
+            StructField("counts", MapType(StringType(), LongType(), False), True),
+            StructField("address", inner, True),
+            StructField("history", ArrayType(inner, False), True),
+        ]
+    )
+
+
+def test_a_spark_struct_maps_to_the_avro_schema_that_maps_back_to_it() -> None:
+    spark = _every_spark_type()
+    schema = ra.avro_schema(spark)
+    assert schema["name"] == "topLevelRecord"
+    assert schema["fields"][2] == {"name": "small", "type": ["null", "int"], "default": None}  # droppable later
+    back, nullable = ra.spark_type(json.dumps(schema))
+    assert back == spark and not nullable
+    from pyspark.sql.types import IntegerType, MapType, StringType, StructField, StructType
+
+    with pytest.raises(ConfigError, match=r"Avro maps have string keys"):
+        ra.avro_schema(StructType([StructField("m", MapType(IntegerType(), StringType()))]))
+    with pytest.raises(ConfigError, match=r"avro writes a struct"):
+        ra.avro_schema(StringType())
+
+
+def test_what_the_encoder_writes_the_decoder_reads_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime as dt
+    import decimal
+
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    spark = _every_spark_type()
+    text = json.dumps(ra.avro_schema(spark))
+    fake = _Registry({7: _Schema(json.loads(text))})
+    monkeypatch.setattr(ra, "_client", lambda conf: fake)
+    rows = [
+        {
+            "id": "a",
+            "n": 1,
+            "small": None,
+            "flag": True,
+            "ratio": 0.5,
+            "precise": 2.25,
+            "blob": b"\x00\xff",
+            "day": dt.date(2026, 11, 29),
+            "at": dt.datetime(2026, 11, 29, 12, 0, 1, 123456, tzinfo=dt.timezone.utc),
+            "local": dt.datetime(2026, 11, 29, 13, 0),
+            "price": decimal.Decimal("12.34"),
+            "tags": ["x", None],
+            "counts": [("k", 3), ("j", 4)],
+            "address": {"city": "Bern", "zip": None},
+            "history": [{"city": "Basel", "zip": 4000}],
+        },
+        None,  # a null value: a tombstone
+    ]
+    arrow = pa.array(rows, type=to_arrow_type(spark, timezone="UTC"))
+    encoder = pickle_roundtrip(ra.AvroEncoder(text, 7, spark, column="value"))
+    payloads = encoder.encode(arrow.to_pylist(), lambda i: f"row {i}")
+    assert payloads[1] is None and payloads[0][:5] == b"\x00\x00\x00\x00\x07"
+    decoder = ra.AvroDecoder(ra.RegistryConf("http://r"), ra.ReaderSchema(text, 7, "t-value"), spark, column="value")
+    assert decoder.decode(payloads, _where).to_pylist() == arrow.to_pylist()
+    with pytest.raises(FatalError, match=r"row 0: the value cannot be written with schema id 7"):
+        encoder.encode([{**rows[0], "id": None}], lambda i: f"row {i}")  # a null where the schema has none
+
+
+def pickle_roundtrip(obj: Any) -> Any:
+    import pickle
+
+    return pickle.loads(pickle.dumps(obj))

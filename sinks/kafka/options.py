@@ -12,6 +12,7 @@ from typing import Any
 from eos_core.errors import ConfigError
 from eos_core.kafka_config import client_config, redact_options
 from eos_core.options import REQUIRED, OptionSet, option
+from eos_core.registry_options import RegistryOptions
 
 __all__ = ["CONTEXT", "OPTIONS", "KafkaSinkOptions", "parse_options"]
 
@@ -38,7 +39,7 @@ def _sink_id(value: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class KafkaSinkOptions:
+class KafkaSinkOptions(RegistryOptions):
     """Every option of one ``kafka-eos`` write, typed; ``kafka`` holds the ``kafka.*`` producer settings."""
 
     sink_id: str = option(
@@ -137,6 +138,35 @@ class KafkaSinkOptions:
         "clear error; Spark's default network timeout.",
         min=1000,
     )
+    value_format: str = option(
+        "value.format",
+        "choice",
+        "raw",
+        "raw: the value column is written as it is (string or binary). avro: a struct value column is written in "
+        "Confluent's wire format, its schema registered in the Schema Registry (schema.registry.url) under "
+        "value.subject.",
+        choices=("raw", "avro"),
+    )
+    key_format: str = option(
+        "key.format", "choice", "raw", "As value.format, for the key column.", choices=("raw", "avro")
+    )
+    value_schema: str = option(
+        "value.schema",
+        "str",
+        "auto",
+        "The writer schema of value.format=avro: auto (derived from the column's Spark type as to_avro derives it, "
+        "registered as a version of the subject when it is not one; the registry's compatibility check refuses "
+        "an incompatible change before anything is written), latest, version:N, id:N (a registered schema the "
+        "column's type must match), or an Avro schema inline (registered).",
+    )
+    key_schema: str = option("key.schema", "str", "auto", "As value.schema, for the key.")
+    value_subject: str | None = option(
+        "value.subject",
+        "str",
+        None,
+        "The subject of value.format=avro. Default <topic>-value (TopicNameStrategy), which needs option 'topic'.",
+    )
+    key_subject: str | None = option("key.subject", "str", None, "As value.subject, for the key (default <topic>-key).")
     faults: str | None = option(
         "faults", "str", None, "Fault-injection spec for tests (see eos_core.faults); EOS_FAULTS adds to it."
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -51,6 +52,8 @@ class KafkaSinkPlan:
     written: tuple[tuple[int, int, str], ...] | None = None
     # producer settings the driver's checks derived (batch.size under the smallest max.message.bytes)
     overrides: tuple[tuple[str, str], ...] = ()
+    # key.format/value.format=avro: sinks.kafka.formats.column_encoders, their schemas registered
+    encoders: dict[str, Any] = field(default_factory=dict)
 
     @property
     def context(self) -> str:
@@ -61,13 +64,16 @@ class KafkaSinkPlan:
 
 
 def build_plan(opts: KafkaSinkOptions, schema: StructType) -> KafkaSinkPlan:
-    columns = check_schema(schema, topic_option=opts.topic, context=CONTEXT)
+    from sinks.kafka.formats import column_encoders, encoded_schema
+
+    encoders = column_encoders(opts, schema)
+    columns = check_schema(encoded_schema(schema, encoders), topic_option=opts.topic, context=CONTEXT)
     lineage, text, query, batch = None, "a batch job", BATCH_JOB, opts.batch_id
     if opts.checkpoint is not None:
         planned = planned_lineage(opts.checkpoint, opts.batch_id, context=f"{CONTEXT} {opts.sink_id}")
         lineage, text, batch = planned.digest, str(planned), planned.batch
         query = query_id(opts.checkpoint) or display(opts.checkpoint) or BATCH_JOB
-    return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6), batch)
+    return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6), batch, encoders=encoders)
 
 
 def partly_written(

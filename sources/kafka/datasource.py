@@ -63,13 +63,6 @@ def write_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     read_only = {o.name.lower() for o in OPTIONS.options} - sink
     kept: dict[str, Any] = {}
     for key, value in raw.items():
-        if str(key).lower() in ("key.format", "value.format") and str(value).strip().lower() != "raw":
-            # dropped with a log line, the sink would write the rows' bytes as they are: never in silence
-            raise ConfigError(
-                f"{FORMAT}: option '{key}' is {value!r} on a write: the Kafka sink does not encode records for a "
-                "Schema Registry yet (docs/formats.md); write bytes (e.g. Spark's to_avro) and drop the option",
-                option=str(key),
-            )
         if str(key).lower() in read_only:
             log.info("%s: ignoring option '%s': a Kafka source option, no meaning on a write", FORMAT, key)
         else:

@@ -1,0 +1,103 @@
+"""The kafka-eos sink's encoded key and value columns (``key.format``/``value.format`` = ``avro``).
+
+The writer schema is settled on the driver when Spark builds the writer, before any task runs: derived from the
+column's Spark type and registered (``auto``: the registry's compatibility check refuses an incompatible change
+there, so nothing of the batch is written), or a registered one the column's type must match. Each task turns
+the struct column into Confluent's wire format (magic byte, schema id, Avro body) before anything else sees its
+rows, so sizes, refusals, digests, staging and replays all work on the bytes written.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from eos_core.errors import ConfigError
+from eos_core.registry_avro import AvroEncoder, avro_schema, is_inline_schema, reader_schema, register, spark_type
+from sinks.kafka.options import CONTEXT, KafkaSinkOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["column_encoders", "encode_batch", "encoded_schema"]
+
+_COLUMNS = ("key", "value")
+
+
+def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, AvroEncoder]:
+    """An encoder per ``avro`` column, its writer schema registered (or found) now."""
+    wanted = [c for c in _COLUMNS if getattr(opts, f"{c}_format") == "avro"]
+    if not wanted:
+        return {}
+    if not (opts.schema_registry_url or "").strip():
+        raise ConfigError(
+            f"{CONTEXT}: option '{wanted[0]}.format' is 'avro', which registers the column's schema in a Schema "
+            "Registry: set option 'schema.registry.url'",
+            option="schema.registry.url",
+        )
+    conf = opts.registry_conf()
+    fields = {f.name: f.dataType for f in schema.fields}
+    encoders = {}
+    for column in wanted:
+        option = f"{column}.schema"
+        if column not in fields:
+            continue  # no key column: no key; check_schema names a missing value
+        subject = getattr(opts, f"{column}_subject") or (f"{opts.topic}-{column}" if opts.topic else None)
+        if subject is None:
+            raise ConfigError(
+                f"{CONTEXT}: option '{column}.format' is 'avro' and the rows name their topics: name the subject "
+                f"the schema is registered under with option '{column}.subject'",
+                option=f"{column}.subject",
+            )
+        spec = getattr(opts, f"{column}_schema").strip()
+        column_type = fields[column]
+        if spec == "auto":
+            text = _json(avro_schema(column_type, option=f"{column}.format"))
+            schema_id = register(conf, subject, text, option=option)
+        elif is_inline_schema(spec):
+            text, schema_id = spec, register(conf, subject, spec, option=option)
+        else:
+            found = reader_schema(conf, subject, spec, option=option)
+            text, schema_id = found.text, int(found.schema_id or 0)
+        written, _ = spark_type(text, option=option)
+        if written.simpleString() != column_type.simpleString():
+            raise ConfigError(
+                f"{CONTEXT}: the {column} column is {column_type.simpleString()}, and the schema {spec!r} of subject "
+                f"{subject!r} (id {schema_id}) writes {written.simpleString()}: select the column to match it, or "
+                f"let {column}.schema=auto register the column's own",
+                option=option,
+            )
+        encoders[column] = AvroEncoder(text, schema_id, column_type, column=column)
+    return encoders
+
+
+def _json(schema: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(schema, separators=(",", ":"))
+
+
+def encoded_schema(schema: StructType, encoders: dict[str, AvroEncoder]) -> StructType:
+    """The rows' schema as the rest of the sink sees it: each encoded column binary."""
+    if not encoders:
+        return schema
+    return StructType([StructField(f.name, BinaryType(), True) if f.name in encoders else f for f in schema.fields])
+
+
+def encode_batch(batch: pa.RecordBatch, encoders: dict[str, AvroEncoder]) -> pa.RecordBatch:
+    """``batch`` with each encoded column replaced by its wire-format bytes."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+
+    def where(i: int) -> str:
+        return f"row {i} of the batch"
+
+    columns = list(batch.columns)
+    fields = list(batch.schema)
+    for name, encoder in encoders.items():
+        i = names.index(name)
+        columns[i] = pa.array(encoder.encode(batch.column(i).to_pylist(), where), type=pa.binary())
+        fields[i] = pa.field(name, pa.binary())
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
