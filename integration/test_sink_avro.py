@@ -80,6 +80,12 @@ def test_the_sink_registers_the_columns_schema_and_writes_what_confluents_deseri
     # the writer's batch again: a no-op (exactly once), with the same schema id
     _write(df.repartition(2), kafka_service, schema_registry, topic, 1)
     assert len(_raw(spark, kafka_service, topic)) == 6
+    # a restarted driver registers the same schema again (auto): the registry answers its id, no new version
+    from confluent_kafka.schema_registry import Schema
+
+    with confluent_client(schema_registry.url) as client:
+        again = client.register_schema(f"{topic}-value", Schema(latest.schema.schema_str, "AVRO"))
+        assert again == latest.schema_id and client.get_versions(f"{topic}-value") == [1]
 
 
 def test_an_incompatible_column_is_refused_before_anything_is_written_and_a_compatible_one_is_the_next_version(
