@@ -27,6 +27,7 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["main"]
@@ -104,14 +105,33 @@ def spark_read(spark: Any, options: dict[str, str]) -> float:
     return time.perf_counter() - began
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.avro_decode", description=__doc__.splitlines()[0])
+def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[int, int, list[int]]:
+    """``--quick``, ``--records``, ``--fields``, ``--repeat`` of both Avro benchmarks: (records, repeat, fields)."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="20,000 records, one run each")
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--fields", type=int, nargs="+", default=[10, 50])
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
     records, repeat = (20_000, 1) if args.quick else (args.records, args.repeat)
+    return records, repeat, list(args.fields)
+
+
+def measure(runs: list[tuple[str, Callable[[], float]]], records: int, repeat: int, fields: int) -> dict[str, float]:
+    """Each run once untimed (Python workers, the registry client's cache, the JVM warm), then its median of
+    ``repeat`` in records/s; printed under the record width."""
+    rates: dict[str, float] = {}
+    for name, run in runs:
+        run()
+        rates[name] = records / statistics.median(run() for _ in range(repeat))
+    print(f"{fields} fields:")
+    for name, rate in rates.items():
+        print(f"  {name:<32} {rate:>12,.0f}")
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    records, repeat, widths = parse_args("bench.avro_decode", __doc__ or "", argv)
 
     from connectors.services.apache_kafka import ApacheKafka
     from connectors.services.schema_registry import ApicurioRegistry
@@ -121,25 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     spark = local_session("bench-avro", "local[2]")
     try:
         print(f"records {records:,} in 2 partitions, median of {repeat} (after one untimed read), records/s")
-        for fields in args.fields:
+        for fields in widths:
             topic = f"avro-{fields}-{uuid.uuid4().hex[:8]}"
             produce(broker.bootstrap, registry.url, topic, fields, records)
             base = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": topic, "startingOffsets": "earliest"}
             avro = {**base, "value.format": "avro", "schema.registry.url": registry.url}
-            rates: dict[str, float] = {}
-            for name, run in (
+            runs: list[tuple[str, Callable[[], float]]] = [
                 ("kafka-eos raw", functools.partial(spark_read, spark, base)),
                 ("kafka-eos avro", functools.partial(spark_read, spark, avro)),
                 (
                     "plain loop + AvroDeserializer",
                     functools.partial(plain_loop, broker.bootstrap, registry.url, topic, records),
                 ),
-            ):
-                run()  # warm: Python workers, the registry client's cache, the JVM
-                rates[name] = records / statistics.median(run() for _ in range(repeat))
-            print(f"{fields} fields:")
-            for name, rate in rates.items():
-                print(f"  {name:<32} {rate:>12,.0f}")
+            ]
+            rates = measure(runs, records, repeat, fields)
             print(
                 f"  avro / raw {rates['kafka-eos avro'] / rates['kafka-eos raw']:.2f}x, "
                 f"avro / plain loop {rates['kafka-eos avro'] / rates['plain loop + AvroDeserializer']:.2f}x"

@@ -18,14 +18,13 @@ one untimed write (a new sink id each time: a batch job), and the median is prin
 
 from __future__ import annotations
 
-import argparse
 import functools
-import statistics
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from bench.avro_decode import record, schema_of
+from bench.avro_decode import measure, parse_args, record, schema_of
 
 __all__ = ["main"]
 
@@ -92,13 +91,7 @@ def plain_loop(bootstrap: str, registry: str, topic: str, fields: int, records: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.avro_encode", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="20,000 records, one run each")
-    p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--fields", type=int, nargs="+", default=[10, 50])
-    p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args(argv)
-    records, repeat = (20_000, 1) if args.quick else (args.records, args.repeat)
+    records, repeat, widths = parse_args("bench.avro_encode", __doc__ or "", argv)
 
     from confluent_kafka.admin import AdminClient, NewTopic
     from pyspark.sql import functions as F
@@ -112,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     try:
         print(f"records {records:,} in 2 partitions, median of {repeat} (after one untimed write), records/s")
-        for fields in args.fields:
+        for fields in widths:
             topic = f"avro-out-{fields}-{uuid.uuid4().hex[:8]}"
             admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
             df = rows(spark, fields, records)
@@ -120,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             json_df = df.select("key", F.to_json("value").alias("value"))
             base = {"kafka.bootstrap.servers": broker.bootstrap, "topic": topic, "visibility": "partition"}
             avro = {**base, "value.format": "avro", "schema.registry.url": registry.url, "value.subject": topic}
-            rates: dict[str, float] = {}
-            for name, run in (
+            runs: list[tuple[str, Callable[[], float]]] = [
                 ("kafka-eos json (partition)", functools.partial(spark_write, json_df, base)),
                 ("kafka-eos avro (partition)", functools.partial(spark_write, df, avro)),
                 ("kafka-eos avro (batch)", functools.partial(spark_write, df, {**avro, "visibility": "batch"})),
@@ -129,13 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                     "plain loop + AvroSerializer",
                     functools.partial(plain_loop, broker.bootstrap, registry.url, topic, fields, records),
                 ),
-            ):
-                run()  # warm: Python workers, the registry client's cache, the JVM
-                rates[name] = records / statistics.median(run() for _ in range(repeat))
+            ]
+            rates = measure(runs, records, repeat, fields)
             df.unpersist()
-            print(f"{fields} fields:")
-            for name, rate in rates.items():
-                print(f"  {name:<32} {rate:>12,.0f}")
             avro_rate = rates["kafka-eos avro (partition)"]
             print(
                 f"  avro / json {avro_rate / rates['kafka-eos json (partition)']:.2f}x, "
