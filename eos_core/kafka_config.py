@@ -27,6 +27,7 @@ __all__ = [
     "is_secret_option",
     "read_properties",
     "redact_options",
+    "redacted_repr",
 ]
 
 Role = Literal["consumer", "producer"]
@@ -50,6 +51,23 @@ def is_secret_option(name: str) -> bool:
 def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` with the value of every secret option shown as ``***``, for repr and logs."""
     return {k: redact(v) if is_secret_option(str(k)) else v for k, v in options.items()}
+
+
+def redacted_repr(opts: Any) -> str:
+    """The repr of a Kafka connector's options dataclass: every option, the secret ones (a field declared
+    secret, e.g. ``schema.registry.basic.auth.user.info``; under ``kafka``: ``kafka.sasl.jaas.config``,
+    ``kafka.ssl.key.password``, ...) as ``***``."""
+    import dataclasses
+
+    shown = []
+    for f in dataclasses.fields(opts):
+        value = getattr(opts, f.name)
+        if f.name == "kafka":
+            value = redact_options(value)
+        elif not f.repr and value is not None:  # a secret option's value
+            value = "***"
+        shown.append(f"{f.name}={value!r}")
+    return f"{type(opts).__name__}({', '.join(shown)})"
 
 
 class _Refused(Exception):

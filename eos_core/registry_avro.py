@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,15 @@ class RegistryConf:
     ca_location: str | None = None
     timeout_ms: int = DEFAULT_TIMEOUT_MS
 
+    def __repr__(self) -> str:  # never the credentials, in the URL or beside it
+        return f"RegistryConf(url={self.shown_url!r}, ca_location={self.ca_location!r}, timeout_ms={self.timeout_ms})"
+
+    @property
+    def shown_url(self) -> str:
+        """The URL for messages: a ``user:password@`` in it (confluent-kafka's client takes credentials there
+        too) shown as ``***@``."""
+        return re.sub(r"(?<=://)[^/@\s]*@", "***@", self.url)
+
     def client_config(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout_ms / 1000, "max.retries": ATTEMPTS - 1}
         if self.user_info:
@@ -115,28 +125,28 @@ def _registry_call(
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404 and record is not None:
             raise FatalError(
-                f"kafka-eos: {record}: the registry at {conf.url} has no {what.split(' (')[0]} (deleted, or the "
+                f"kafka-eos: {record}: the registry at {conf.shown_url} has no {what.split(' (')[0]} (deleted, or the "
                 f"record was written against another registry): HTTP 404 {exc.error_message}"
             ) from None
         if exc.http_status_code in (401, 403):
             raise ConfigError(
-                f"the Schema Registry at {conf.url} refused {what}: HTTP {exc.http_status_code} ({exc.error_message}); "
+                f"the Schema Registry at {conf.shown_url} refused {what}: HTTP {exc.http_status_code} ({exc.error_message}); "
                 "check schema.registry.basic.auth.user.info and the principal's rights there",
                 option="schema.registry.basic.auth.user.info",
             ) from None
         raise ConfigError(
-            f"the Schema Registry at {conf.url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}",
+            f"the Schema Registry at {conf.shown_url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}",
             option=option,
         ) from None
     except Exception as exc:  # httpx's connection errors, TLS failures, timeouts
         if "Timeout" in type(exc).__name__:  # httpx.ConnectTimeout, ReadTimeout, WriteTimeout, PoolTimeout
             raise RetriableError(
-                f"the Schema Registry at {conf.url} could not be reached for {what}: no answer within "
+                f"the Schema Registry at {conf.shown_url} could not be reached for {what}: no answer within "
                 f"schema.registry.request.timeout.ms={conf.timeout_ms} in each of {ATTEMPTS} attempts "
                 f"({type(exc).__name__}); is the registry up and answering?"
             ) from None
         raise RetriableError(
-            f"the Schema Registry at {conf.url} could not be reached for {what}: {type(exc).__name__}: {exc}"
+            f"the Schema Registry at {conf.shown_url} could not be reached for {what}: {type(exc).__name__}: {exc}"
             "; is schema.registry.url right and the registry up?"
         ) from None
 
@@ -513,7 +523,7 @@ def register(conf: RegistryConf, subject: str, schema_text: str, *, option: str)
             if exc.http_status_code != 409:
                 raise
             raise ConfigError(
-                f"the Schema Registry at {conf.url} refused the schema of the {name} column as a new version of "
+                f"the Schema Registry at {conf.shown_url} refused the schema of the {name} column as a new version of "
                 f"subject {subject!r}: incompatible with its latest under the subject's compatibility level "
                 f"({exc.error_message}); make the change compatible (a new field needs a default), or write to a "
                 f"new subject ({name}.subject)",

@@ -89,6 +89,15 @@ def test_streaming_needs_the_checkpoint_and_batch_writes_a_batch_id() -> None:
 def test_secrets_stay_out_of_the_options_repr() -> None:
     o = opts(**{"kafka.sasl.password": "hunter2", "kafka.sasl.username": "u"})
     assert "hunter2" not in repr(o) and "***" in repr(o)
+    # the registry's basic auth too (a secret option of its own, not under kafka.*)
+    o = opts(
+        **{
+            "value.format": "avro",
+            "schema.registry.url": "http://r",
+            "schema.registry.basic.auth.user.info": "me:hunter2",
+        }
+    )
+    assert "hunter2" not in repr(o) and "schema_registry_user_info='***'" in repr(o) and "hunter2" not in str(o)
 
 
 # ---- names and markers (K1) -------------------------------------------------------------------------

@@ -228,6 +228,11 @@ def test_an_unreachable_registry_is_retriable_and_names_its_url_not_the_credenti
     with pytest.raises(RetriableError) as err:
         ra.reader_schema(conf, "orders-value", "latest", option="value.schema")
     assert "http://127.0.0.1:9" in str(err.value) and "s3cret" not in str(err.value)
+    in_url = ra.RegistryConf("http://me:s3cret@127.0.0.1:9")  # credentials in the URL: the client takes them too
+    assert "s3cret" not in repr(in_url) and "***@" in repr(in_url)
+    with pytest.raises(RetriableError) as err:
+        ra.reader_schema(in_url, "orders-value", "latest", option="value.schema")
+    assert "http://***@127.0.0.1:9" in str(err.value) and "s3cret" not in str(err.value), str(err.value)
 
 
 def test_a_registry_that_accepts_and_never_answers_fails_the_call_within_its_timeout_naming_the_option() -> None:

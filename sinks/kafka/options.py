@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eos_core.errors import ConfigError
-from eos_core.kafka_config import client_config, redact_options
+from eos_core.kafka_config import client_config, redacted_repr
 from eos_core.options import REQUIRED, OptionSet, option
 from eos_core.registry_options import RegistryOptions
 
@@ -173,11 +173,8 @@ class KafkaSinkOptions(RegistryOptions):
     kafka: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        shown = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            shown.append(f"{f.name}={(redact_options(value) if f.name == 'kafka' else value)!r}")
-        return f"{type(self).__name__}({', '.join(shown)})"
+        """Every option, the secret ones as ``***`` (``eos_core.kafka_config.redacted_repr``)."""
+        return redacted_repr(self)
 
     __str__ = __repr__
 

@@ -8,12 +8,11 @@ parses a raw map with both.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from eos_core.errors import ConfigError
-from eos_core.kafka_config import is_secret_option, redact_options
+from eos_core.kafka_config import is_secret_option, redact_options, redacted_repr
 from eos_core.options import OptionSet, option
 from eos_core.registry_options import RegistryOptions
 from sources.kafka.offsets import INT64_MAX
@@ -239,16 +238,8 @@ class KafkaSourceOptions(RegistryOptions):
     kafka: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        """Every option, the secret ones (``kafka.sasl.jaas.config``, ``kafka.ssl.key.password``, ...) as ``***``."""
-        shown = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "kafka":
-                value = redact_options(value)
-            elif not f.repr and value is not None:  # a secret option's value
-                value = "***"
-            shown.append(f"{f.name}={value!r}")
-        return f"{type(self).__name__}({', '.join(shown)})"
+        """Every option, the secret ones as ``***`` (``eos_core.kafka_config.redacted_repr``)."""
+        return redacted_repr(self)
 
     __str__ = __repr__
 
