@@ -389,7 +389,8 @@ def test_a_running_stream_reads_a_new_writer_schema_and_fails_within_its_timeout
         v3_payloads = _serialize(schema_registry, topic, V3, v3)
         schema_registry.pause()
         try:
-            assert _proc_state(schema_registry.pid) == "T"  # the JVM is stopped, not gone
+            stopped = _proc.wait_until(lambda: _proc_state(schema_registry.pid) == "T", 10)  # SIGSTOP is async
+            assert stopped, _proc_state(schema_registry.pid)  # the JVM is stopped, not gone
             produce(topic, [{"value": p} for p in v3_payloads])
             began = time.monotonic()
             with pytest.raises(Exception) as failure:  # not raising: still running 240 s against a silent registry
