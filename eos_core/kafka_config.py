@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from eos_core.errors import ConfigError
-from eos_core.options import redact
+from eos_core.options import redact, redact_userinfo
 
 __all__ = [
     "CONFIG_ENV",
@@ -66,6 +66,8 @@ def redacted_repr(opts: Any) -> str:
             value = redact_options(value)
         elif not f.repr and value is not None:  # a secret option's value
             value = "***"
+        elif isinstance(value, str) and "://" in value:  # a URL may carry user:password@
+            value = redact_userinfo(value)
         shown.append(f"{f.name}={value!r}")
     return f"{type(opts).__name__}({', '.join(shown)})"
 

@@ -117,6 +117,12 @@ def redact(value: object) -> str:
     return "***" if value not in (None, "") else repr(value)
 
 
+def redact_userinfo(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL in it (with or without a scheme) shown as ``***@``, up to
+    the last ``@`` before the host: a password may hold one."""
+    return re.sub(r"(^|://|\s)[^/\s]*@", r"\1***@", text)  # also a URL given without its scheme
+
+
 @dataclass(frozen=True)
 class Option:
     """One option: its documented name, type, default and description.

@@ -14,8 +14,8 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ from pyspark.sql.types import (
 )
 
 from eos_core.errors import ConfigError, FatalError, RetriableError
+from eos_core.options import redact_userinfo
 
 __all__ = [
     "MAGIC",
@@ -57,6 +58,7 @@ __all__ = [
 MAGIC = 0
 _HEADER = 5  # magic byte + schema id
 DEFAULT_TIMEOUT_MS = 30_000  # per request
+_MISSING_RETRY_S = 1.0
 ATTEMPTS = 4  # confluent-kafka's client tries a request this often (max.retries=3), backing off 1-4 s between
 
 
@@ -78,7 +80,7 @@ class RegistryConf:
     def shown_url(self) -> str:
         """The URL for messages: a ``user:password@`` in it (confluent-kafka's client takes credentials there
         too) shown as ``***@``."""
-        return re.sub(r"(?<=://)[^/@\s]*@", "***@", self.url)
+        return redact_userinfo(self.url)
 
     def client_config(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout_ms / 1000, "max.retries": ATTEMPTS - 1}
@@ -106,7 +108,14 @@ def _client(conf: RegistryConf) -> Any:
     with _LOCK:
         client = _CLIENTS.get(conf)
         if client is None:
-            client = _CLIENTS[conf] = SchemaRegistryClient(conf.client_config())
+            try:
+                client = _CLIENTS[conf] = SchemaRegistryClient(conf.client_config())
+            except ValueError as exc:  # "Invalid url ...": names the URL as given, credentials and all
+                raise ConfigError(
+                    f"option 'schema.registry.url' is {conf.shown_url!r}: {redact_userinfo(str(exc))} (expected "
+                    "http(s)://host:port[/path])",
+                    option="schema.registry.url",
+                ) from None
         return client
 
 
@@ -123,7 +132,9 @@ def _registry_call(
     except (ConfigError, FatalError):
         raise
     except SchemaRegistryError as exc:
-        if exc.http_status_code == 404 and record is not None:
+        # 40403: Confluent's "schema not found" (Apicurio answers it too); a bare 404 (a proxy, a wrong base path)
+        # is the configuration's fault, never a record's
+        if exc.http_status_code == 404 and exc.error_code == 40403 and record is not None:
             raise FatalError(
                 f"kafka-eos: {record}: the registry at {conf.shown_url} has no {what.split(' (')[0]} (deleted, or the "
                 f"record was written against another registry): HTTP 404 {exc.error_message}"
@@ -133,6 +144,16 @@ def _registry_call(
                 f"the Schema Registry at {conf.shown_url} refused {what}: HTTP {exc.http_status_code} ({exc.error_message}); "
                 "check schema.registry.basic.auth.user.info and the principal's rights there",
                 option="schema.registry.basic.auth.user.info",
+            ) from None
+        if exc.http_status_code in (408, 429) or exc.http_status_code >= 500:  # still so after the client's retries
+            raise RetriableError(
+                f"the Schema Registry at {conf.shown_url} could not answer {what}: HTTP {exc.http_status_code} "
+                f"{exc.error_message} (after {ATTEMPTS} attempts); is the registry healthy?"
+            ) from None
+        if exc.http_status_code == 422:
+            raise ConfigError(
+                f"the Schema Registry at {conf.shown_url} refused {what} as invalid: HTTP 422 {exc.error_message}",
+                option=option,
             ) from None
         raise ConfigError(
             f"the Schema Registry at {conf.shown_url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}",
@@ -146,7 +167,8 @@ def _registry_call(
                 f"({type(exc).__name__}); is the registry up and answering?"
             ) from None
         raise RetriableError(
-            f"the Schema Registry at {conf.shown_url} could not be reached for {what}: {type(exc).__name__}: {exc}"
+            f"the Schema Registry at {conf.shown_url} could not be reached for {what}: {type(exc).__name__}: "
+            f"{redact_userinfo(str(exc))}"
             "; is schema.registry.url right and the registry up?"
         ) from None
 
@@ -364,17 +386,26 @@ class AvroDecoder:
         found = self._writers.get(schema_id)
         if found is None:
             client = _client(self.conf)
-            schema = _registry_call(
-                self.conf,
-                f"schema id {schema_id} (the writer schema of {where})",
-                f"{self.column}.format",
-                lambda: client.get_schema(schema_id),
-                record=where,
-            )
+
+            def fetch() -> Any:
+                return _registry_call(
+                    self.conf,
+                    f"schema id {schema_id} (the writer schema of {where})",
+                    f"{self.column}.format",
+                    lambda: client.get_schema(schema_id),
+                    record=where,
+                )
+
+            try:
+                schema = fetch()
+            except FatalError:  # not found: asked once more, a second later (a replica that lags a registration)
+                time.sleep(_MISSING_RETRY_S)
+                schema = fetch()
             if schema.schema_type not in (None, "AVRO"):
                 raise FatalError(
                     f"kafka-eos: {where}: the {self.column} was written with a {schema.schema_type} schema (id "
-                    f"{schema_id}), not Avro; set {self.column}.format to its format"
+                    f"{schema_id}), not Avro, which this source does not decode yet: read it with "
+                    f"{self.column}.format=raw, or keep such records aside with errors.tolerance=all"
                 )
             writer = _parse(schema.schema_str, f"{self.column}.format")
             canonical = fastavro.schema.to_parsing_canonical_form

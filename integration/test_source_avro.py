@@ -426,7 +426,7 @@ def test_undecodable_records_fail_the_stream_then_with_errors_tolerance_all_are_
     a record whose schema was deleted from the registry, and bytes in no wire format arrive in a running stream.
     By default the batch fails naming the first of them (topic, partition, offset, schema id) and writes nothing
     of it; the operator restarts the query from its checkpoint with errors.tolerance=all and every record is
-    written exactly once, the undecodable ones with a null value and a decode_error saying why, with their bytes."""
+    written exactly once, the undecodable ones with a null value and decode_errors saying why, with their bytes."""
 
     from connectors.services.schema_registry import confluent_client
 
@@ -481,13 +481,13 @@ def test_undecodable_records_fail_the_stream_then_with_errors_tolerance_all_are_
     rows = {r["offset"]: r for r in spark.read.option("mergeSchema", "true").parquet(str(out)).collect()}
     assert sorted(rows) == list(range(8))  # every record once: none skipped, none twice
     assert [rows[o]["value"]["id"] for o in (0, 1, 2, 6, 7)] == ["g0", "g1", "g2", "g3", "g4"]
-    assert all(rows[o]["decode_error"] is None for o in (6, 7))
+    assert all(rows[o]["decode_errors"] is None for o in (6, 7))
     for offset, schema_id, why in (
         (3, ids[changed[0]], "cannot be read with the reader schema"),
         (4, ids[deleted[0]], f"has no schema id {ids[deleted[0]]} (deleted, or"),
         (5, None, "not in Confluent's wire format"),
     ):
-        error = rows[offset]["decode_error"]
+        (error,) = rows[offset]["decode_errors"]
         assert rows[offset]["value"] is None and error["column"] == "value", (offset, error)
         assert error["schema_id"] == schema_id and why in error["message"], (offset, error)
         assert f"offset {offset}" in error["message"] and error["payload"] == values[offset]

@@ -47,6 +47,7 @@ class _Registry:
 def registry(monkeypatch: pytest.MonkeyPatch) -> _Registry:
     fake = _Registry({1: _Schema(V1), 2: _Schema(V2), 3: _Schema({"type": "string"}, kind="PROTOBUF")})
     monkeypatch.setattr(ra, "_client", lambda conf: fake)
+    monkeypatch.setattr(ra, "_MISSING_RETRY_S", 0.0)
     return fake
 
 
@@ -137,31 +138,46 @@ def test_an_unreachable_registry_fails_a_tolerant_decode_too(monkeypatch: pytest
         decoder.decode([_encode(1, V1, {"id": "a", "n": 1})], _where, {})
 
 
-def test_a_tolerant_batch_keeps_undecodable_records_with_a_decode_error_column(registry: _Registry) -> None:
+def test_a_tolerant_batch_keeps_undecodable_records_with_every_columns_error_and_bytes(registry: _Registry) -> None:
     from sources.kafka.datasource import kafka_schema
-    from sources.kafka.formats import DECODE_ERROR, decode_batch, decoded_schema
+    from sources.kafka.formats import DECODE_ERRORS, decode_batch, decoded_schema
 
     text = json.dumps(V1)
-    decoder = ra.AvroDecoder(
-        ra.RegistryConf("http://r"),
-        ra.ReaderSchema(text, None, None),
-        ra.spark_type(text)[0],
-        column="value",
-        tolerate=True,
-    )
-    payloads = [_encode(1, V1, {"id": "a", "n": 1}), b"junk", None]
+
+    def decoder(column: str) -> ra.AvroDecoder:
+        reader = ra.ReaderSchema(text, None, None)
+        return ra.AvroDecoder(ra.RegistryConf("http://r"), reader, ra.spark_type(text)[0], column=column, tolerate=True)
+
+    good = _encode(1, V1, {"id": "a", "n": 1})
     batch = pa.RecordBatch.from_pydict(
-        {"key": [None] * 3, "value": payloads, "topic": ["t"] * 3, "partition": [0] * 3, "offset": [10, 11, 12]},
+        {
+            "key": [good, good, b"KEYJUNK", None],
+            "value": [good, b"junk", b"VALUEJUNK", None],
+            "topic": ["t"] * 4,
+            "partition": [0] * 4,
+            "offset": [10, 11, 12, 13],
+        },
     )
-    out = decode_batch(batch, {"value": decoder})
-    assert out.schema.names == ["key", "value", "topic", "partition", "offset", "decode_error"]
-    assert out.column("value").to_pylist() == [{"id": "a", "n": 1}, None, None]  # a tombstone is no error
-    errors = out.column("decode_error").to_pylist()
-    assert errors[0] is None and errors[2] is None
-    assert errors[1]["column"] == "value" and errors[1]["payload"] == b"junk" and errors[1]["schema_id"] is None
-    assert "topic t partition 0 offset 11" in errors[1]["message"]
-    planned = decoded_schema(kafka_schema(False), {"value": decoder})
-    assert planned.fields[-1] == DECODE_ERROR and planned.names[-1] == "decode_error"
+    out = decode_batch(batch, {"key": decoder("key"), "value": decoder("value")})
+    assert out.schema.names == ["key", "value", "topic", "partition", "offset", "decode_errors"]
+    assert out.column("value").to_pylist() == [{"id": "a", "n": 1}, None, None, None]  # a tombstone is no error
+    errors = out.column("decode_errors").to_pylist()
+    assert errors[0] is None and errors[3] is None
+    assert [(e["column"], e["payload"], e["schema_id"]) for e in errors[1]] == [("value", b"junk", None)]
+    assert "topic t partition 0 offset 11" in errors[1][0]["message"]
+    # both columns of one record undecodable: both errors, both payloads kept (nothing of the record is lost)
+    assert [(e["column"], e["payload"]) for e in errors[2]] == [("key", b"KEYJUNK"), ("value", b"VALUEJUNK")]
+    planned = decoded_schema(kafka_schema(False), {"value": decoder("value")})
+    assert planned.fields[-1] == DECODE_ERRORS and planned.names[-1] == "decode_errors"
+
+
+def test_a_schema_id_the_registry_does_not_have_is_asked_twice_before_the_record_is_blamed(
+    registry: _Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ra, "_MISSING_RETRY_S", 0.0)
+    errors: dict[int, tuple[int | None, str]] = {}
+    _decoder(V1).decode([b"\x00\x00\x00\x00\x09abc"], _where, errors)
+    assert registry.asked == [9, 9] and "has no schema id 9" in errors[0][1]  # a lagging replica gets a second ask
 
 
 def test_a_writer_the_reader_cannot_be_resolved_with_is_a_decode_error(registry: _Registry) -> None:
@@ -380,3 +396,47 @@ def pickle_roundtrip(obj: Any) -> Any:
     import pickle
 
     return pickle.loads(pickle.dumps(obj))
+
+
+def test_auto_writes_small_integers_as_avro_ints_without_a_false_type_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.types import ByteType, ShortType, StructField, StructType
+
+    from sinks.kafka import formats
+    from sinks.kafka.options import parse_options
+
+    monkeypatch.setattr(formats, "register", lambda conf, subject, text, option: 5)
+    opts = parse_options(
+        {
+            "kafka.bootstrap.servers": "b:1",
+            "topic": "t",
+            "sink.id": "s",
+            "batch.id": "1",
+            "value.format": "avro",
+            "schema.registry.url": "http://r",
+        },
+        streaming=False,
+    )
+    small = StructType([StructField("b", ByteType(), False), StructField("s", ShortType(), True)])
+    encoders = formats.column_encoders(opts, StructType([StructField("value", small)]))
+    assert encoders["value"].schema_id == 5
+    assert encoders["value"].encode([{"b": 1, "s": None}], lambda i: f"row {i}")[0] == b"\x00\x00\x00\x00\x05\x02\x00"
+
+
+def test_credentials_in_a_registry_url_stay_out_of_reprs_and_errors() -> None:
+    from sinks.kafka.options import parse_options
+
+    opts = parse_options(
+        {
+            "kafka.bootstrap.servers": "b:1",
+            "topic": "t",
+            "sink.id": "s",
+            "batch.id": "1",
+            "value.format": "avro",
+            "schema.registry.url": "https://u:p@ss@reg:8081",
+        },
+        streaming=False,
+    )
+    assert "p@ss" not in repr(opts) and "https://***@reg:8081" in repr(opts), repr(opts)
+    with pytest.raises(ConfigError) as err:
+        ra._client(ra.RegistryConf("u:s3cret@reg:8081"))  # no scheme: the client refuses it, naming the URL
+    assert "s3cret" not in str(err.value) and "schema.registry.url" in str(err.value), str(err.value)

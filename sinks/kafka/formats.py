@@ -61,7 +61,7 @@ def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, Avr
             found = reader_schema(conf, subject, spec, option=option)
             text, schema_id = found.text, int(found.schema_id or 0)
         written, _ = spark_type(text, option=option)
-        if written.simpleString() != column_type.simpleString():
+        if spec != "auto" and written.simpleString() != column_type.simpleString():  # auto: derived from the column
             raise ConfigError(
                 f"{CONTEXT}: the {column} column is {column_type.simpleString()}, and the schema {spec!r} of subject "
                 f"{subject!r} (id {schema_id}) writes {written.simpleString()}: select the column to match it, or "

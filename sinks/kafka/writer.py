@@ -215,7 +215,9 @@ class _TaskRun:
                 f"the partition {self.digest.rows} other rows: the query's partitioning or its transformations changed "
                 "between the crash and the restart (minPartitions, maxRecordsPerPartition, repartition, the code). "
                 "With visibility=partition a replay must give each task the rows it had. Nothing more was written. "
-                "Restore the query as it was to finish this batch, then change it. " + replay_help(self.opts.sink_id),
+                "Restore the query as it was to finish this batch, then change it. "
+                + _schema_hint(self.plan)
+                + replay_help(self.opts.sink_id),
                 batch_id=self.batch,
                 partition=self.who.partition,
             )
@@ -261,3 +263,16 @@ class _TaskRun:
         return self.message(
             tag=tag, staged=tuple((p, first, last, n) for p, (first, last, n) in sorted(ranges.items()))
         )
+
+
+def _schema_hint(plan: KafkaSinkPlan) -> str:
+    """With encoded columns the bytes also follow the writer schema: a new version between the crash and this
+    replay changes them though the rows are the same (key.schema/value.schema latest)."""
+    if not plan.encoders:
+        return ""
+    ids = ", ".join(f"{c}.schema=id:{e.schema_id}" for c, e in sorted(plan.encoders.items()))
+    return (
+        f"The {'/'.join(sorted(plan.encoders))} column is encoded with this replay's writer schema ({ids}): if the "
+        "subject got a new version since the crash (latest), pin the schema the batch was written with "
+        "(id:N, found in the records already written) instead of resetting the sink, which would write rows twice. "
+    )

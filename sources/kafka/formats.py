@@ -4,15 +4,16 @@ The reader schema is looked up when the query is planned and fixes the column's 
 its records onto it (``eos_core.registry_avro``) after they are read, so the offsets a batch covers, and what
 it replays, are those of the raw records: a record that cannot be decoded fails the batch, naming its topic,
 partition, offset and writer schema id, and is never skipped. With ``errors.tolerance=all`` it is kept instead,
-its decoded column null and a ``decode_error`` column (``DECODE_ERROR``) saying which column, the writer schema
-id, why, and the undecoded bytes, for the query to route where it wants (a dead-letter table or topic).
+its decoded column null and a ``decode_errors`` column (``DECODE_ERRORS``) saying, for each column that did not
+decode, the writer schema id, why, and its bytes, for the query to route where it wants (a dead-letter table or
+topic).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
 
 from eos_core.registry_avro import AvroDecoder, reader_schema, spark_type
 from sources.kafka.option_specs import KafkaSourceOptions
@@ -20,20 +21,23 @@ from sources.kafka.option_specs import KafkaSourceOptions
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DECODE_ERROR", "column_decoders", "decode_batch", "decoded_schema"]
+__all__ = ["DECODE_ERRORS", "column_decoders", "decode_batch", "decoded_schema"]
 
 _COLUMNS = ("key", "value")
-DECODE_ERROR = StructField(
-    "decode_error",
-    StructType(
-        [
-            StructField("column", StringType(), False),  # key or value
-            StructField("schema_id", IntegerType(), True),  # the writer schema id, when the header had one
-            StructField("message", StringType(), False),  # why, naming topic, partition and offset
-            StructField("payload", BinaryType(), False),  # the bytes that could not be decoded
-        ]
+DECODE_ERRORS = StructField(
+    "decode_errors",
+    ArrayType(
+        StructType(
+            [
+                StructField("column", StringType(), False),  # key or value
+                StructField("schema_id", IntegerType(), True),  # the writer schema id, when the header had one
+                StructField("message", StringType(), False),  # why, naming topic, partition and offset
+                StructField("payload", BinaryType(), False),  # the bytes that could not be decoded
+            ]
+        ),
+        False,
     ),
-    True,  # null: the record decoded
+    True,  # null: the record decoded; else one entry per column that did not (key first)
 )
 
 
@@ -57,7 +61,7 @@ def column_decoders(opts: KafkaSourceOptions) -> dict[str, AvroDecoder]:
 
 def decoded_schema(base: StructType, decoders: dict[str, AvroDecoder]) -> StructType:
     """Spark's Kafka schema with each decoded column's type (nullable: a null key, a tombstone), and
-    ``decode_error`` last with errors.tolerance=all."""
+    ``decode_errors`` last with errors.tolerance=all."""
     if not decoders:
         return base
     fields = []
@@ -67,7 +71,7 @@ def decoded_schema(base: StructType, decoders: dict[str, AvroDecoder]) -> Struct
         else:
             fields.append(f)
     if any(d.tolerate for d in decoders.values()):
-        fields.append(DECODE_ERROR)
+        fields.append(DECODE_ERRORS)
     return StructType(fields)
 
 
@@ -84,7 +88,7 @@ def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder]) -> pa.
     columns: list[Any] = list(batch.columns)
     fields = list(batch.schema)
     tolerate = any(d.tolerate for d in decoders.values())
-    failed: dict[int, dict[str, Any]] = {}  # row -> its decode_error (the first column that failed: key, then value)
+    failed: dict[int, list[dict[str, Any]]] = {}  # row -> its decode_errors, one per column that failed
     for name, decoder in decoders.items():
         i = names.index(name)
         payloads = batch.column(i).to_pylist()
@@ -92,13 +96,12 @@ def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder]) -> pa.
         columns[i] = decoder.decode(payloads, where, errors)
         fields[i] = pa.field(name, decoder.arrow_type)
         for row, (schema_id, message) in (errors or {}).items():
-            failed.setdefault(
-                row, {"column": name, "schema_id": schema_id, "message": message, "payload": payloads[row]}
-            )
+            entry = {"column": name, "schema_id": schema_id, "message": message, "payload": payloads[row]}
+            failed.setdefault(row, []).append(entry)
     if tolerate:
         from pyspark.sql.pandas.types import to_arrow_type
 
-        arrow = to_arrow_type(DECODE_ERROR.dataType, timezone="UTC")
+        arrow = to_arrow_type(DECODE_ERRORS.dataType, timezone="UTC")
         columns.append(pa.array([failed.get(row) for row in range(batch.num_rows)], type=arrow))
-        fields.append(pa.field(DECODE_ERROR.name, arrow))
+        fields.append(pa.field(DECODE_ERRORS.name, arrow))
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))

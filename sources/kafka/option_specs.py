@@ -222,7 +222,7 @@ class KafkaSourceOptions(RegistryOptions):
         "choice",
         default="none",
         choices=("none", "all"),
-        description="none: a record value.format/key.format=avro cannot decode fails the batch, naming it. all: it is read with that column null and a decode_error column (column, schema_id, message, payload) to route it by.",
+        description="none: a record value.format/key.format=avro cannot decode fails the batch, naming it. all: it is read with that column null and a decode_errors column (per column that failed: column, schema_id, message, payload) to route it by.",
     )
     faults: str | None = option(
         "faults",
