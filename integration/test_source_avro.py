@@ -137,6 +137,27 @@ def test_values_are_decoded_with_their_writer_schemas_onto_the_latest_reader_sch
     assert [f.name for f in pinned.schema["value"].dataType.fields] == ["id", "amount"]
     assert [r["value"] for r in _rows(pinned)][:5] == _deserialize(schema_registry, topic, V1, old + new)
 
+    # value.layout=flat: the same records, the value's fields as columns in its place (a tombstone nulls them all)
+    flat = (
+        spark.read.format("kafka-eos")
+        .options(**_options(kafka_service, schema_registry, topic, **{"value.layout": "flat"}))
+        .load()
+    )
+    assert flat.columns == [
+        "key",
+        "id",
+        "amount",
+        "currency",
+        "note",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]
+    fields = ("id", "amount", "currency", "note")
+    assert [{f: r[f] for f in fields} for r in _rows(flat)] == [*expected, dict.fromkeys(fields)]
+
 
 def test_a_key_is_decoded_from_its_own_subject_beside_a_raw_value(
     spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any
@@ -169,20 +190,27 @@ def test_a_key_is_decoded_from_its_own_subject_beside_a_raw_value(
     ]
 
 
-def test_a_stream_decodes_its_micro_batches_as_a_batch_read_does(
+def test_a_stream_decodes_its_micro_batches_as_a_batch_read_does_into_flat_columns(
     spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
 ) -> None:
     topic = new_topic(partitions=2)
     records = [{"id": f"s{i}", "amount": i} for i in range(9)]
     payloads = _serialize(schema_registry, topic, V1, records)
     produce(topic, [{"value": p, "partition": i % 2} for i, p in enumerate(payloads)])
-    options = _options(kafka_service, schema_registry, topic, startingOffsets="earliest", maxOffsetsPerTrigger="3")
+    options = _options(
+        kafka_service,
+        schema_registry,
+        topic,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="3",
+        **{"value.layout": "flat"},
+    )
     name = f"avro_{topic.replace('-', '_')}"
     query = (
         spark.readStream.format("kafka-eos")
         .options(**options)
         .load()
-        .select("partition", "offset", "value")
+        .select("partition", "offset", "id", "amount")  # value.layout=flat: the value's fields are columns
         .writeStream.format("memory")
         .queryName(name)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
@@ -192,7 +220,7 @@ def test_a_stream_decodes_its_micro_batches_as_a_batch_read_does(
     assert query.awaitTermination(180) is not False and query.exception() is None
     batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sum(batches) == 9 and len(batches) >= 3 and max(batches) <= 3, batches  # micro-batches of at most 3
-    streamed = sorted((r["value"]["id"], r["value"]["amount"]) for r in spark.table(name).collect())
+    streamed = sorted((r["id"], r["amount"]) for r in spark.table(name).collect())
     assert streamed == sorted((r["id"], r["amount"]) for r in records)
 
 

@@ -171,6 +171,80 @@ def test_a_tolerant_batch_keeps_undecodable_records_with_every_columns_error_and
     assert planned.fields[-1] == DECODE_ERRORS and planned.names[-1] == "decode_errors"
 
 
+def test_a_flat_layout_puts_the_values_fields_in_its_place_nulled_by_a_tombstone_or_a_decode_error(
+    registry: _Registry,
+) -> None:
+    from sources.kafka.datasource import kafka_schema
+    from sources.kafka.formats import decode_batch, decoded_schema
+
+    text = json.dumps(V2)
+    reader = ra.ReaderSchema(text, None, None)
+    decoder = ra.AvroDecoder(ra.RegistryConf("http://r"), reader, ra.spark_type(text)[0], column="value", tolerate=True)
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": [b"k1", b"k2", b"k3"],
+            "value": [_encode(1, V1, {"id": "a", "n": 1}), None, b"junk"],
+            "topic": ["t"] * 3,
+            "partition": [0] * 3,
+            "offset": [10, 11, 12],
+        },
+    )
+    out = decode_batch(batch, {"value": decoder}, flat=True)
+    assert out.schema.names == ["key", "id", "n", "cur", "topic", "partition", "offset", "decode_errors"]
+    # the writer's record projected onto the reader (cur: its default); a tombstone and an undecodable record null
+    # every field, and only the undecodable one has an error, with its bytes
+    assert out.column("id").to_pylist() == ["a", None, None]
+    assert out.column("cur").to_pylist() == ["EUR", None, None]
+    assert out.column("key").to_pylist() == [b"k1", b"k2", b"k3"]
+    errors = out.column("decode_errors").to_pylist()
+    assert errors[:2] == [None, None] and errors[2][0]["payload"] == b"junk"
+    planned = decoded_schema(kafka_schema(False), {"value": decoder}, flat=True)
+    assert planned.names == [
+        "key",
+        "id",
+        "n",
+        "cur",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "decode_errors",
+    ]
+    assert all(f.nullable for f in planned.fields[1:4])  # id and n are required in Avro, not in the columns
+    assert [f.name for f in out.schema] == [*planned.names[:7], "decode_errors"]
+
+
+def test_a_flat_layout_is_refused_for_a_raw_value_a_non_record_or_a_field_named_like_kafkas_columns(
+    registry: _Registry,
+) -> None:
+    from sources.kafka import parse_options
+    from sources.kafka.datasource import kafka_schema
+    from sources.kafka.formats import decoded_schema
+
+    base = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t", "value.layout": "flat"}
+    with pytest.raises(ConfigError, match=r"'value.layout' is 'flat'.*read raw: set option 'value.format'") as err:
+        parse_options(base, streaming=True)
+    assert err.value.option == "value.layout"
+
+    def planned(schema: dict[str, Any] | str, headers: bool = False) -> Any:
+        text = json.dumps(schema)
+        decoder = ra.AvroDecoder(
+            ra.RegistryConf("http://r"), ra.ReaderSchema(text, None, None), ra.spark_type(text)[0], column="value"
+        )
+        return decoded_schema(kafka_schema(headers), {"value": decoder}, flat=True)
+
+    with pytest.raises(ConfigError, match=r"reader schema is string, not a record"):
+        planned("string")
+    clash = {**V1, "fields": [*V1["fields"], {"name": "Offset", "type": "long"}]}
+    with pytest.raises(ConfigError, match=r"field\(s\) Offset would take the name of Kafka's column"):
+        planned(clash)
+    named_headers = {**V1, "fields": [*V1["fields"], {"name": "headers", "type": "string"}]}
+    assert "headers" in planned(named_headers).names  # no headers column without includeHeaders
+    with pytest.raises(ConfigError, match=r"field\(s\) headers would"):
+        planned(named_headers, headers=True)
+
+
 def test_a_schema_id_the_registry_does_not_have_is_asked_twice_before_the_record_is_blamed(
     registry: _Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -112,9 +112,8 @@ class KafkaEosDataSource(DataSource):
         from sources.kafka.formats import column_decoders, decoded_schema
         from sources.kafka.options import parse_options
 
-        return decoded_schema(
-            kafka_schema(self._headers()), column_decoders(parse_options(dict(self.options), streaming=False))
-        )
+        opts = parse_options(dict(self.options), streaming=False)
+        return decoded_schema(kafka_schema(self._headers()), column_decoders(opts), flat=opts.value_layout == "flat")
 
     def _decoders(self, schema: StructType, opts: Any) -> dict[str, Any]:
         """The decoders of the read, checked against the schema Spark planned with."""
@@ -123,7 +122,7 @@ class KafkaEosDataSource(DataSource):
             from sources.kafka.formats import column_decoders, decoded_schema
 
             decoders = column_decoders(opts)
-            expected = decoded_schema(kafka_schema(opts.include_headers), decoders)
+            expected = decoded_schema(kafka_schema(opts.include_headers), decoders, flat=opts.value_layout == "flat")
         else:
             expected = kafka_schema(opts.include_headers)
         if schema is not None and schema != expected:

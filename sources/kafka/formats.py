@@ -6,7 +6,7 @@ it replays, are those of the raw records: a record that cannot be decoded fails 
 partition, offset and writer schema id, and is never skipped. With ``errors.tolerance=all`` it is kept instead,
 its decoded column null and a ``decode_errors`` column (``DECODE_ERRORS``) saying, for each column that did not
 decode, the writer schema id, why, and its bytes, for the query to route where it wants (a dead-letter table or
-topic).
+topic). With ``value.layout=flat`` the decoded value's fields are columns of their own, in the value column's place.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
 
+from eos_core.errors import ConfigError
 from eos_core.registry_avro import AvroDecoder, reader_schema, spark_type
 from sources.kafka.option_specs import KafkaSourceOptions
 
@@ -59,24 +60,49 @@ def column_decoders(opts: KafkaSourceOptions) -> dict[str, AvroDecoder]:
     return decoders
 
 
-def decoded_schema(base: StructType, decoders: dict[str, AvroDecoder]) -> StructType:
-    """Spark's Kafka schema with each decoded column's type (nullable: a null key, a tombstone), and
-    ``decode_errors`` last with errors.tolerance=all."""
+def decoded_schema(base: StructType, decoders: dict[str, AvroDecoder], *, flat: bool = False) -> StructType:
+    """Spark's Kafka schema with each decoded column's type (nullable: a null key, a tombstone), the value's
+    fields in its place when ``flat`` (value.layout=flat), and ``decode_errors`` last with errors.tolerance=all."""
     if not decoders:
         return base
+    tolerate = any(d.tolerate for d in decoders.values())
     fields = []
     for f in base.fields:
-        if f.name in decoders:
+        if f.name == "value" and flat:
+            fields.extend(_flat_fields(decoders["value"].spark, base, tolerate))
+        elif f.name in decoders:
             fields.append(StructField(f.name, decoders[f.name].spark, True))
         else:
             fields.append(f)
-    if any(d.tolerate for d in decoders.values()):
+    if tolerate:
         fields.append(DECODE_ERRORS)
     return StructType(fields)
 
 
-def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder]) -> pa.RecordBatch:
-    """``batch`` (Kafka's columns, raw) with each decoded column replaced by its decoded values."""
+def _flat_fields(value: Any, base: StructType, tolerate: bool) -> list[StructField]:
+    """The value's fields as top-level columns, each nullable (a tombstone, an undecodable record), refused when
+    the reader schema is not a record or a field's name is one of Kafka's columns."""
+    if not isinstance(value, StructType):
+        raise ConfigError(
+            f"kafka-eos: option 'value.layout' is 'flat', and the value's reader schema is {value.simpleString()}, "
+            "not a record: only a record's fields can be columns; drop value.layout (the value column holds it)",
+            option="value.layout",
+        )
+    taken = {f.name.lower() for f in base.fields if f.name != "value"} | ({DECODE_ERRORS.name} if tolerate else set())
+    clash = [f.name for f in value.fields if f.name.lower() in taken]
+    if clash:
+        raise ConfigError(
+            f"kafka-eos: option 'value.layout' is 'flat', and the value's field(s) {', '.join(clash)} would take the "
+            f"name of Kafka's column(s) of the same name: keep value.layout=struct (select value.{clash[0]} under "
+            "a name of your choosing), or read with a reader schema (value.schema) that names them otherwise",
+            option="value.layout",
+        )
+    return [StructField(f.name, f.dataType, True, f.metadata) for f in value.fields]
+
+
+def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder], *, flat: bool = False) -> pa.RecordBatch:
+    """``batch`` (Kafka's columns, raw) with each decoded column replaced by its decoded values (the value's
+    fields in its place when ``flat``: ``decoded_schema``'s layout)."""
     import pyarrow as pa
 
     names = batch.schema.names
@@ -104,4 +130,13 @@ def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder]) -> pa.
         arrow = to_arrow_type(DECODE_ERRORS.dataType, timezone="UTC")
         columns.append(pa.array([failed.get(row) for row in range(batch.num_rows)], type=arrow))
         fields.append(pa.field(DECODE_ERRORS.name, arrow))
+    if flat:
+        i = names.index("value")
+        struct = columns[i]
+        if isinstance(struct, pa.ChunkedArray):
+            struct = struct.combine_chunks()
+        # flatten() ands each field with the struct's own validity: a null value nulls every field
+        inner = [pa.field(f.name, f.type, True) for f in struct.type]
+        columns[i : i + 1] = struct.flatten()
+        fields[i : i + 1] = inner
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))

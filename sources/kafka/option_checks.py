@@ -61,6 +61,12 @@ def validate(opts: KafkaSourceOptions, *, streaming: bool) -> None:
 
 def _validate_formats(opts: KafkaSourceOptions) -> None:
     """An avro key or value needs the registry, and a subject: given, or the one topic's (TopicNameStrategy)."""
+    if opts.value_layout == "flat" and opts.value_format == "raw":
+        raise fail(
+            "option 'value.layout' is 'flat', which lays a decoded value's fields out as columns, and the value is "
+            "read raw: set option 'value.format' (avro), or drop value.layout",
+            "value.layout",
+        )
     if not opts.decodes:
         if opts.errors_tolerance != "none":
             raise fail(

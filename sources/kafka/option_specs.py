@@ -217,6 +217,13 @@ class KafkaSourceOptions(RegistryOptions):
     key_subject: str | None = option(
         "key.subject", "str", description="As value.subject, for the key (default <topic>-key)."
     )
+    value_layout: str = option(
+        "value.layout",
+        "choice",
+        default="struct",
+        choices=("struct", "flat"),
+        description="struct: the decoded value is one struct column, value. flat: its fields are top-level columns in value's place, beside Kafka's columns (a record schema whose field names differ from them; every field nullable: a tombstone or an undecodable record nulls them all).",
+    )
     errors_tolerance: str = option(
         "errors.tolerance",
         "choice",

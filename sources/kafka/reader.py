@@ -459,12 +459,14 @@ class KafkaPartitionReader:
         )
 
 
-def read_partition(part: KafkaInputPartition, decoders: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+def read_partition(
+    part: KafkaInputPartition, decoders: dict[str, Any] | None = None, *, flat: bool = False
+) -> Iterator[pa.RecordBatch]:
     """Spark's read(): Arrow batches of exactly the records in the partition's range, their key and value decoded
-    by ``decoders`` (``sources.kafka.formats``) when given."""
+    by ``decoders`` (``sources.kafka.formats``) when given, the value's fields as columns when ``flat``."""
     batches = iter(KafkaPartitionReader(part))
     if not decoders:
         return batches
     from sources.kafka.formats import decode_batch
 
-    return (decode_batch(batch, decoders) for batch in batches)
+    return (decode_batch(batch, decoders, flat=flat) for batch in batches)

@@ -190,7 +190,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return iter(())  # Spark reads one placeholder partition when a plan has none
         from sources.kafka.reader import read_partition  # Arrow is the executors' (planners never read)
 
-        return read_partition(partition, self.decoders)
+        return read_partition(partition, self.decoders, flat=self.opts.value_layout == "flat")
 
     def commit(self, end: dict) -> None:
         if self.opts.commit_offsets_to_group and self.opts.group_id:
@@ -219,4 +219,4 @@ class KafkaBatchReader(DataSourceReader):
             return iter(())  # Spark reads one placeholder partition when a plan has none
         from sources.kafka.reader import read_partition  # Arrow is the executors' (planners never read)
 
-        return read_partition(partition, self.decoders)
+        return read_partition(partition, self.decoders, flat=self.opts.value_layout == "flat")
