@@ -6,6 +6,7 @@ subject's next version."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -86,6 +87,57 @@ def test_the_sink_registers_the_columns_schema_and_writes_what_confluents_deseri
     with confluent_client(schema_registry.url) as client:
         again = client.register_schema(f"{topic}-value", Schema(latest.schema.schema_str, "AVRO"))
         assert again == latest.schema_id and client.get_versions(f"{topic}-value") == [1]
+
+
+def test_rows_naming_their_topics_register_one_subject_by_the_record_name_strategy(
+    spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any
+) -> None:
+    """value.subject.name.strategy=record (Confluent's RecordNameStrategy): the subject is the record's full name,
+    so rows that name their own topics share it; confluent-kafka's deserializer and the source read each topic."""
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from connectors.services.schema_registry import confluent_client
+
+    topics = [new_topic(), new_topic()]
+    record = f"com.acme.Payment{uuid.uuid4().hex[:8]}"
+    rows = [(topics[i % 2], f"k{i}", (f"p{i}", i)) for i in range(6)]
+    df = spark.createDataFrame(rows, "topic string, key string, value struct<id:string not null, n:bigint not null>")
+    (
+        df.write.format("kafka-eos")
+        .options(**kafka_service.app_options)
+        .option("marker.topic", topics[0])
+        .option("sink.id", f"avro-{record}")
+        .option("batch.id", "1")
+        .option("value.format", "avro")
+        .option("schema.registry.url", schema_registry.url)
+        .option("value.subject.name.strategy", "io.confluent.kafka.serializers.subject.RecordNameStrategy")
+        .option("value.record.name", record)
+        .mode("append")
+        .save()
+    )
+    with confluent_client(schema_registry.url) as client:
+        subjects = client.get_subjects()
+        assert record in subjects and not any(t in s for t in topics for s in subjects), subjects
+        latest = client.get_latest_version(record)
+        registered = json.loads(latest.schema.schema_str)
+        full = ".".join(filter(None, (registered.get("namespace"), registered["name"])))
+        assert full == record and latest.version == 1, latest.schema.schema_str  # the record, named by the option
+        de = AvroDeserializer(client)
+        for topic in topics:
+            raw = _raw(spark, kafka_service, topic)
+            got = sorted(
+                (r["key"].decode(), de(r["value"], SerializationContext(topic, MessageField.VALUE))) for r in raw
+            )
+            assert got == [(k, {"id": v[0], "n": v[1]}) for t, k, v in rows if t == topic]
+    read = (
+        spark.read.format("kafka-eos")
+        .options(**kafka_service.app_options)
+        .options(**{"subscribe": topics[1], "value.format": "avro", "schema.registry.url": schema_registry.url})
+        .option("value.subject", record)  # the source's reader schema: the record's subject
+        .load()
+    )
+    assert sorted(tuple(r["value"]) for r in read.collect()) == [v for t, _, v in rows if t == topics[1]]
 
 
 def test_an_incompatible_column_is_refused_before_anything_is_written_and_a_compatible_one_is_the_next_version(

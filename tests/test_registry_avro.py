@@ -514,3 +514,81 @@ def test_credentials_in_a_registry_url_stay_out_of_reprs_and_errors() -> None:
     with pytest.raises(ConfigError) as err:
         ra._client(ra.RegistryConf("u:s3cret@reg:8081"))  # no scheme: the client refuses it, naming the URL
     assert "s3cret" not in str(err.value) and "schema.registry.url" in str(err.value), str(err.value)
+
+
+def test_the_sinks_subject_follows_its_naming_strategy_and_names_the_option_that_fixes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from sinks.kafka import formats
+    from sinks.kafka.options import parse_options
+
+    registered: list[tuple[str, str]] = []
+
+    def register(conf: Any, subject: str, text: str, *, option: str) -> int:
+        registered.append((subject, json.loads(text)["name"]))
+        return 5
+
+    def reader_schema(conf: Any, subject: str, spec: str, *, option: str) -> ra.ReaderSchema:
+        registered.append((subject, spec))
+        return ra.ReaderSchema(json.dumps(ra.avro_schema(value, name="com.acme.Pay")), 6, subject)
+
+    monkeypatch.setattr(formats, "register", register)
+    monkeypatch.setattr(formats, "reader_schema", reader_schema)
+    value = StructType([StructField("id", StringType(), False), StructField("n", LongType(), True)])
+    schema = StructType([StructField("value", value, True)])
+    base = {
+        "kafka.bootstrap.servers": "b:9092",
+        "sink.id": "s",
+        "checkpointLocation": "/tmp/cp",
+        "marker.topic": "markers",  # where rows name their topics
+        "value.format": "avro",
+        "schema.registry.url": "http://r",
+    }
+
+    def subject(**options: str) -> tuple[str, str]:
+        registered.clear()
+        formats.column_encoders(parse_options({**base, **options}, streaming=True), schema)
+        return registered[-1]
+
+    assert subject(topic="pay") == ("pay-value", "topLevelRecord")  # TopicNameStrategy, to_avro's record name
+    named = {"value.record.name": "com.acme.Pay"}
+    assert subject(topic="pay", **named) == ("pay-value", "com.acme.Pay")
+    assert subject(**{"value.subject.name.strategy": "record"}, **named) == ("com.acme.Pay", "com.acme.Pay")
+    assert subject(
+        topic="pay",
+        **{"value.subject.name.strategy": "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy"},
+        **named,
+    ) == ("pay-com.acme.Pay", "com.acme.Pay")
+    inline = json.dumps({**ra.avro_schema(value, name="Pay"), "namespace": "org.x"})
+    assert subject(**{"value.subject.name.strategy": "record", "value.schema": inline}) == ("org.x.Pay", "Pay")
+    latest = {"value.subject.name.strategy": "record", "value.schema": "latest", **named}
+    assert subject(**latest) == ("com.acme.Pay", "latest")  # a registered schema looked up under the record's subject
+
+    def refused(match: str, option: str, **options: str) -> None:
+        with pytest.raises(ConfigError, match=match) as err:
+            formats.column_encoders(parse_options({**base, **options}, streaming=True), schema)
+        assert err.value.option == option, err.value.option
+
+    # rows naming their own topics: only the record strategy, or a named subject, can name theirs
+    refused(r"rows name their topics, so the topic naming strategy has no topic", "value.subject")
+    refused(r"the topic-record naming", "value.subject", **{"value.subject.name.strategy": "topic-record"}, **named)
+    # the record strategy needs a record of its own: to_avro's topLevelRecord would be every topic's subject
+    refused(
+        r"record's full name, and the value column's record has none",
+        "value.record.name",
+        **{"value.subject.name.strategy": "record"},
+    )
+    refused(r"not an Avro full name", "value.record.name", topic="t", **{"value.record.name": "com.9x"})
+    refused(
+        r"both name the subject",
+        "value.subject.name.strategy",
+        topic="t",
+        **{"value.subject": "s", "value.subject.name.strategy": "record"},
+    )
+    refused(r"names its record 'org.x.Pay'", "value.record.name", topic="t", **named, **{"value.schema": inline})
+    with pytest.raises(
+        ConfigError, match=r"'value.subject.name.strategy' is 'Loose', no subject naming strategy.*RecordNameStrategy"
+    ):
+        parse_options({**base, "topic": "t", "value.subject.name.strategy": "Loose"}, streaming=True)

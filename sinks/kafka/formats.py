@@ -9,6 +9,7 @@ rows, so sizes, refusals, digests, staging and replays all work on the bytes wri
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import BinaryType, StructField, StructType
@@ -43,21 +44,26 @@ def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, Avr
         option = f"{column}.schema"
         if column not in fields:
             continue  # no key column: no key; check_schema names a missing value
-        subject = getattr(opts, f"{column}_subject") or (f"{opts.topic}-{column}" if opts.topic else None)
-        if subject is None:
-            raise ConfigError(
-                f"{CONTEXT}: option '{column}.format' is 'avro' and the rows name their topics: name the subject "
-                f"the schema is registered under with option '{column}.subject'",
-                option=f"{column}.subject",
-            )
         spec = getattr(opts, f"{column}_schema").strip()
         column_type = fields[column]
+        record_name = _record_name(opts, column)
         if spec == "auto":
-            text = _json(avro_schema(column_type, option=f"{column}.format"))
+            text = _json(avro_schema(column_type, name=record_name or "topLevelRecord", option=f"{column}.format"))
+            subject = _subject(opts, column, record_name)
             schema_id = register(conf, subject, text, option=option)
         elif is_inline_schema(spec):
+            inline_name = _full_name(spec)
+            if record_name and inline_name != record_name:
+                raise ConfigError(
+                    f"{CONTEXT}: option '{column}.record.name' is {record_name!r} and the schema given inline in "
+                    f"'{column}.schema' names its record {inline_name!r}: drop {column}.record.name (an inline "
+                    "schema names its own record), or make the two agree",
+                    option=f"{column}.record.name",
+                )
+            subject = _subject(opts, column, inline_name)
             text, schema_id = spec, register(conf, subject, spec, option=option)
         else:
+            subject = _subject(opts, column, record_name)
             found = reader_schema(conf, subject, spec, option=option)
             text, schema_id = found.text, int(found.schema_id or 0)
         written, _ = spark_type(text, option=option)
@@ -70,6 +76,67 @@ def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, Avr
             )
         encoders[column] = AvroEncoder(text, schema_id, column_type, column=column)
     return encoders
+
+
+def _subject(opts: KafkaSinkOptions, column: str, record: str | None) -> str:
+    """The subject the column's schema is registered under: option ``<column>.subject``, or by the column's subject
+    naming strategy from the topic and the record's full name (``record``: None where it is not known yet)."""
+    given = getattr(opts, f"{column}_subject")
+    strategy = getattr(opts, f"{column}_subject_strategy")
+    if given:
+        if strategy:
+            raise ConfigError(
+                f"{CONTEXT}: options '{column}.subject' and '{column}.subject.name.strategy' both name the subject; "
+                "give one",
+                option=f"{column}.subject.name.strategy",
+            )
+        return str(given)
+    strategy = strategy or "topic"
+    if strategy != "record" and not opts.topic:
+        raise ConfigError(
+            f"{CONTEXT}: option '{column}.format' is 'avro' and the rows name their topics, so the {strategy} "
+            f"naming strategy has no topic to name the subject after: set option '{column}.subject.name.strategy' "
+            f"to record (the record's full name), or name the subject with option '{column}.subject'",
+            option=f"{column}.subject",
+        )
+    if strategy == "topic":
+        return f"{opts.topic}-{column}"
+    if record is None:
+        raise ConfigError(
+            f"{CONTEXT}: option '{column}.subject.name.strategy' is {strategy!r}, which names the subject after the "
+            f"record's full name, and the {column} column's record has none of its own (to_avro's topLevelRecord "
+            f"would be every topic's): name it with option '{column}.record.name' (namespace.Name), or the subject "
+            f"with '{column}.subject'",
+            option=f"{column}.record.name",
+        )
+    return record if strategy == "record" else f"{opts.topic}-{record}"
+
+
+_FULL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _record_name(opts: KafkaSinkOptions, column: str) -> str | None:
+    """Option ``<column>.record.name``, checked to be an Avro full name."""
+    name = (getattr(opts, f"{column}_record_name") or "").strip() or None
+    if name is not None and not _FULL_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{CONTEXT}: option '{column}.record.name' is {name!r}, not an Avro full name: dot-separated names "
+            "of letters, digits and _, none starting with a digit (e.g. com.acme.Payment)",
+            option=f"{column}.record.name",
+        )
+    return name
+
+
+def _full_name(text: str) -> str | None:
+    """An inline schema's full name (``namespace.name``), None when it is not a named type."""
+    import json
+
+    schema = json.loads(text)
+    if not isinstance(schema, dict) or "name" not in schema:
+        return None
+    name = str(schema["name"])
+    namespace = schema.get("namespace")
+    return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
 def _json(schema: dict[str, Any]) -> str:

@@ -31,6 +31,34 @@ def _topic_name(option_name: str) -> Any:
     return check
 
 
+# subject naming strategies: ours, and the class names Confluent's serializers (and Kafka Connect) are configured with
+_STRATEGIES = {
+    "topic": "topic",
+    "record": "record",
+    "topic-record": "topic-record",
+    "topicnamestrategy": "topic",
+    "recordnamestrategy": "record",
+    "topicrecordnamestrategy": "topic-record",
+}
+
+
+def _strategy(name: str) -> Any:
+    """The ``convert`` of option ``name`` (a subject naming strategy)."""
+
+    def convert(value: str, context: str) -> str:
+        found = _STRATEGIES.get(str(value).strip().rsplit(".", 1)[-1].lower())
+        if found is None:
+            raise ConfigError(
+                f"{context}: option '{name}' is {value!r}, no subject naming strategy: topic (<topic>-value), record "
+                "(the record's full name) or topic-record (<topic>-<record's full name>); Confluent's class names "
+                "(TopicNameStrategy, RecordNameStrategy, TopicRecordNameStrategy) are taken too",
+                option=name,
+            )
+        return found
+
+    return convert
+
+
 def _sink_id(value: str) -> None:
     if not value.strip() or value != value.strip() or any(not ch.isprintable() for ch in value):
         raise ValueError("a printable name with no leading or trailing spaces, unique to this query")
@@ -164,9 +192,35 @@ class KafkaSinkOptions(RegistryOptions):
         "value.subject",
         "str",
         None,
-        "The subject of value.format=avro. Default <topic>-value (TopicNameStrategy), which needs option 'topic'.",
+        "The subject of value.format=avro, named outright. Default: named by value.subject.name.strategy (<topic>-value, "
+        "TopicNameStrategy, which needs option 'topic').",
     )
     key_subject: str | None = option("key.subject", "str", None, "As value.subject, for the key (default <topic>-key).")
+    value_subject_strategy: str | None = option(
+        "value.subject.name.strategy",
+        "str",
+        None,
+        "How the subject of value.format=avro is named when value.subject is not given: topic (default: "
+        "<topic>-value, needs option 'topic'), record (the record's full name: rows may name their topics), "
+        "topic-record (<topic>-<record's full name>); Confluent's class names are taken too.",
+        convert=_strategy("value.subject.name.strategy"),
+    )
+    key_subject_strategy: str | None = option(
+        "key.subject.name.strategy",
+        "str",
+        None,
+        "As value.subject.name.strategy, for the key (topic: <topic>-key).",
+        convert=_strategy("key.subject.name.strategy"),
+    )
+    value_record_name: str | None = option(
+        "value.record.name",
+        "str",
+        None,
+        "The full name (namespace.Name) of the record value.schema=auto registers (default topLevelRecord, as "
+        "to_avro names it); with value.subject.name.strategy record or topic-record and a registered schema "
+        "(latest, version:N), the record whose subject holds it.",
+    )
+    key_record_name: str | None = option("key.record.name", "str", None, "As value.record.name, for the key.")
     faults: str | None = option(
         "faults", "str", None, "Fault-injection spec for tests (see eos_core.faults); EOS_FAULTS adds to it."
     )
