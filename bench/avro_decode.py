@@ -14,9 +14,15 @@ reader drains the topic ``--repeat`` times (3) after one untimed read, and the m
 - ``plain loop + AvroDeserializer``: this process alone, one Consumer on both partitions, ``consume(1000)`` until
   the end, each value through ``AvroDeserializer`` (one core: no Spark, no Arrow).
 
-The ratios: avro / raw (what decoding costs a read in Spark) and avro / the plain loop (both cores of Spark
-against the one of the loop). Not measured here: Spark's JVM ``from_avro`` on the body after the 5-byte header
-(it needs the spark-avro jar, which Maven Central serves for Spark 4.2, not for this PySpark 4.3).
+In the peer environment (PySpark 4.2, where Maven Central serves Spark's Kafka connector and ``spark-avro``:
+``PYSPARK_PYTHON=.venv-peer/bin/python .venv-peer/bin/python -m bench.avro_decode``), the JVM's limit too:
+
+- ``Spark kafka raw``: Spark's own ``format("kafka")`` into ``noop``;
+- ``Spark kafka + from_avro``: the same, each value's body after the 5-byte header through ``from_avro`` with the
+  topic's writer schema (what ABRiS-less Spark users write: no registry, the schema given by hand).
+
+The ratios: avro / raw (what decoding costs a read in Spark), avro / the plain loop (both cores of Spark
+against the one of the loop) and, in the peer environment, avro / Spark's from_avro.
 """
 
 from __future__ import annotations
@@ -105,6 +111,34 @@ def spark_read(spark: Any, options: dict[str, str]) -> float:
     return time.perf_counter() - began
 
 
+def spark_from_avro(spark: Any, bootstrap: str, topic: str, schema: str | None) -> float:
+    """Spark's own source into noop, each value's body decoded by ``from_avro`` with ``schema`` (None: raw)."""
+    from pyspark.sql import functions as F
+
+    began = time.perf_counter()
+    df = (
+        spark.read.format("kafka")
+        .options(**{"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest"})
+        .load()
+    )
+    if schema is not None:
+        from pyspark.sql.avro.functions import from_avro
+
+        df = df.select(from_avro(F.expr("substring(value, 6, length(value) - 5)"), schema).alias("value"))
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - began
+
+
+def jvm_peer() -> dict[str, str] | None:
+    """The session conf with Spark's Kafka connector and spark-avro, where Maven Central serves them for this
+    PySpark (the peer environment); None elsewhere."""
+    import pyspark
+
+    from connectors.services.spark_kafka import SPARK_KAFKA_VERSION, session_conf
+
+    return session_conf() if pyspark.__version__ == SPARK_KAFKA_VERSION else None
+
+
 def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[int, int, list[int]]:
     """``--quick``, ``--records``, ``--fields``, ``--repeat`` of both Avro benchmarks: (records, repeat, fields)."""
     p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.splitlines()[0])
@@ -137,10 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     from connectors.services.schema_registry import ApicurioRegistry
     from connectors.services.spark import local_session
 
+    peer = jvm_peer()
     broker, registry = ApacheKafka(), ApicurioRegistry()
-    spark = local_session("bench-avro", "local[2]")
+    spark = local_session("bench-avro", "local[2]", **(peer or {}))
     try:
         print(f"records {records:,} in 2 partitions, median of {repeat} (after one untimed read), records/s")
+        if peer is None:
+            print("(Spark's from_avro: run in .venv-peer, see the module's doc)")
         for fields in widths:
             topic = f"avro-{fields}-{uuid.uuid4().hex[:8]}"
             produce(broker.bootstrap, registry.url, topic, fields, records)
@@ -154,11 +191,23 @@ def main(argv: list[str] | None = None) -> int:
                     functools.partial(plain_loop, broker.bootstrap, registry.url, topic, records),
                 ),
             ]
+            if peer is not None:
+                text = json.dumps(schema_of(fields))
+                runs += [
+                    ("Spark kafka raw", functools.partial(spark_from_avro, spark, broker.bootstrap, topic, None)),
+                    (
+                        "Spark kafka + from_avro",
+                        functools.partial(spark_from_avro, spark, broker.bootstrap, topic, text),
+                    ),
+                ]
             rates = measure(runs, records, repeat, fields)
-            print(
+            line = (
                 f"  avro / raw {rates['kafka-eos avro'] / rates['kafka-eos raw']:.2f}x, "
                 f"avro / plain loop {rates['kafka-eos avro'] / rates['plain loop + AvroDeserializer']:.2f}x"
             )
+            if peer is not None:
+                line += f", avro / Spark's from_avro {rates['kafka-eos avro'] / rates['Spark kafka + from_avro']:.2f}x"
+            print(line)
     finally:
         spark.stop()
         registry.stop()

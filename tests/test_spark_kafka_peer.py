@@ -19,3 +19,10 @@ def test_ivy_module_fetches_the_connector_and_its_non_spark_jars_intransitively(
 def test_unknown_connector_version_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(ServiceError, match=r"no jar list for Spark's Kafka connector '4\.3\.0'; known: 4\.2\.0"):
         spark_kafka.ivy_module("4.3.0")
+
+
+def test_spark_avro_is_fetched_into_a_cache_entry_of_its_own() -> None:
+    xml = spark_kafka.ivy_module("4.2.0", artifacts=spark_kafka.AVRO_ARTIFACTS)
+    assert 'name="spark-avro_2.13" rev="4.2.0"' in xml and xml.count("<dependency") == 1  # avro itself: PySpark's
+    with pytest.raises(ServiceError, match=r"no jar list for spark-avro '4\.3\.0'; known: 4\.2\.0"):
+        spark_kafka.ivy_module("4.3.0", artifacts=spark_kafka.AVRO_ARTIFACTS)

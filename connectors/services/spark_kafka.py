@@ -12,16 +12,29 @@ connector's pom names; ``kafka-clients``' own dependencies, lz4, snappy, zstd an
 (``connectors.services.apache_kafka``), into ``${XDG_CACHE_HOME:-~/.cache}/spark-eos/spark-sql-kafka-<version>/``.
 They are given to Spark with ``spark.jars`` (``session_conf()``): ``spark.jars.packages`` resolves
 through ``~/.m2`` first, where a pom without its jar makes the resolution fail.
+
+Spark's ``spark-avro`` (``from_avro``/``to_avro``, the JVM's Avro reader: the oracle and the benchmark peer of the
+``avro`` formats, issue 49) is fetched the same way into its own cache entry, ``spark-avro-<version>/``
+(``avro_jars()``); PySpark ships the Avro library it needs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from connectors.services import maven
 from eos_core.errors import ServiceError
 
-__all__ = ["ARTIFACTS", "SPARK_KAFKA_VERSION", "connector_jars", "ivy_module", "session_conf"]
+__all__ = [
+    "ARTIFACTS",
+    "AVRO_ARTIFACTS",
+    "SPARK_KAFKA_VERSION",
+    "avro_jars",
+    "connector_jars",
+    "ivy_module",
+    "session_conf",
+]
 
 SPARK_KAFKA_VERSION = "4.2.0"
 # (organisation, module, revision) of each jar, fetched without its dependencies: what
@@ -36,16 +49,24 @@ ARTIFACTS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 
-def ivy_module(version: str = SPARK_KAFKA_VERSION) -> str:
-    """The ivy.xml of the resolution: the connector's jars, each intransitive (Spark's own jars are PySpark's)."""
-    if version not in ARTIFACTS:
+# spark-avro of the same Spark (its avro dependency is in pyspark/jars)
+AVRO_ARTIFACTS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "4.2.0": (("org.apache.spark", "spark-avro_2.13", "4.2.0"),),
+}
+
+
+def ivy_module(version: str = SPARK_KAFKA_VERSION, *, artifacts: dict[str, Any] = ARTIFACTS) -> str:
+    """The ivy.xml of the resolution: the connector's jars (or ``artifacts``'), each intransitive (Spark's own
+    jars are PySpark's)."""
+    if version not in artifacts:
+        what = "Spark's Kafka connector" if artifacts is ARTIFACTS else "spark-avro"
         raise ServiceError(
-            f"no jar list for Spark's Kafka connector {version!r}; known: {', '.join(sorted(ARTIFACTS))}",
+            f"no jar list for {what} {version!r}; known: {', '.join(sorted(artifacts))}",
             version=version,
         )
     deps = "\n".join(
         f'    <dependency org="{org}" name="{name}" rev="{rev}" transitive="false" conf="default->default"/>'
-        for org, name, rev in ARTIFACTS[version]
+        for org, name, rev in artifacts[version]
     )
     return f"""<ivy-module version="2.0">
   <info organisation="spark-eos" module="spark-kafka-peer"/>
@@ -65,14 +86,25 @@ def connector_jars(
     As for the broker's jars, the cache entry is built in a temp dir and renamed into place under a
     lock, and is complete when its marker exists.
     """
-    module = ivy_module(version)
+    return _jars(version, ARTIFACTS, f"spark-sql-kafka-{version}", cache, timeout)
+
+
+def avro_jars(
+    version: str = SPARK_KAFKA_VERSION, *, cache: Path | None = None, timeout: float = maven.RESOLVE_TIMEOUT
+) -> list[Path]:
+    """The jars of ``spark-avro`` ``version`` (``from_avro``), fetched the first time, then cached."""
+    return _jars(version, AVRO_ARTIFACTS, f"spark-avro-{version}", cache, timeout)
+
+
+def _jars(version: str, artifacts: dict[str, Any], stem: str, cache: Path | None, timeout: float) -> list[Path]:
+    module = ivy_module(version, artifacts=artifacts)
     root = cache or maven.cache_root()
-    target = root / f"spark-sql-kafka-{version}"
+    target = root / stem
     if not (target / maven.MARKER).is_file():
         root.mkdir(parents=True, exist_ok=True)
         maven.resolve_module(module, root, target.name, version, timeout)
     jars = sorted(target.glob("*.jar"))
-    wanted = [name for _, name, _ in ARTIFACTS[version]]
+    wanted = [name for _, name, _ in artifacts[version]]
     missing = [n for n in wanted if not any(j.name.startswith(n + "-") for j in jars)]
     if missing:
         raise ServiceError(f"the jar cache {target} lacks {', '.join(missing)}; delete the directory to fetch again")
@@ -80,5 +112,6 @@ def connector_jars(
 
 
 def session_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
-    """The Spark conf that puts Spark's Kafka connector ``version`` on the driver's and executors' class path."""
-    return {"spark.jars": ",".join(str(p) for p in connector_jars(version))}
+    """The Spark conf that puts Spark's Kafka connector ``version`` and its ``spark-avro`` on the driver's and
+    executors' class path."""
+    return {"spark.jars": ",".join(str(p) for p in [*connector_jars(version), *avro_jars(version)])}
