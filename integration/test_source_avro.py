@@ -224,6 +224,91 @@ def test_a_stream_decodes_its_micro_batches_as_a_batch_read_does_into_flat_colum
     assert streamed == sorted((r["id"], r["amount"]) for r in records)
 
 
+def test_a_registry_topic_fills_a_table_the_sink_creates_and_an_added_field_becomes_its_column(
+    spark: Any,
+    kafka_service: Any,
+    schema_registry: Any,
+    postgres_service: Any,
+    new_topic: Any,
+    produce: Any,
+    tmp_path: Any,
+) -> None:
+    """Issue 49 item 4, a lifecycle row: a stream of registry-encoded records (value.layout=flat) into postgres-2pc
+    with table.create: the table is made from the reader schema's fields. The producers move to a compatible
+    version (two fields added); the stream, restarted on the same checkpoint, plans with the new latest and
+    schema.evolution=add-columns adds the two columns before the batch is written: every record once, the old
+    rows' new columns null, the new rows' filled."""
+    import psycopg
+
+    import connectors
+
+    topic, table = new_topic(), f"avro_pg_{uuid.uuid4().hex[:8]}"
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def run() -> None:
+        df = (
+            spark.readStream.format("kafka-eos")
+            .options(**_options(kafka_service, schema_registry, topic, startingOffsets="earliest"))
+            .option("value.layout", "flat")
+            .load()
+            .drop("key", "topic", "partition", "timestamp", "timestampType")
+            .withColumnRenamed("offset", "kafka_offset")
+        )
+        query = (
+            df.writeStream.format("postgres-2pc")
+            .options(**connectors.postgres_options(postgres_service.dsn))
+            .option("table", table)
+            .option("sink.id", table)
+            .option("table.create", "true")
+            .option("schema.evolution", "add-columns")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180) is not False and query.exception() is None, query.exception()
+
+    def columns() -> list[tuple[str, str]]:
+        with psycopg.connect(postgres_service.dsn) as conn:
+            return conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s "
+                "ORDER BY ordinal_position",
+                (table,),
+            ).fetchall()
+
+    def rows() -> list[tuple[Any, ...]]:
+        with psycopg.connect(postgres_service.dsn) as conn:
+            return conn.execute(f"SELECT * FROM {table} ORDER BY kafka_offset").fetchall()
+
+    first = [{"id": f"a{i}", "amount": i} for i in range(3)]
+    produce(topic, [{"value": p} for p in _serialize(schema_registry, topic, V1, first)])
+    run()
+    assert columns() == [("id", "text"), ("amount", "bigint"), ("kafka_offset", "bigint")]  # made by the sink
+    assert rows() == [(r["id"], r["amount"], i) for i, r in enumerate(first)]
+
+    second = [
+        {"id": "b0", "amount": 7, "currency": "USD", "note": "gift"},
+        {"id": "b1", "amount": 8, "currency": "CHF"},
+    ]
+    produce(topic, [{"value": p} for p in _serialize(schema_registry, topic, V2, second)])
+    from connectors.services.schema_registry import confluent_client
+
+    with confluent_client(schema_registry.url) as client:
+        assert client.get_versions(f"{topic}-value") == [1, 2]  # the producers did move to a new version
+    run()
+    assert columns() == [
+        ("id", "text"),
+        ("amount", "bigint"),
+        ("kafka_offset", "bigint"),
+        ("currency", "text"),
+        ("note", "text"),
+    ]
+    assert rows() == [
+        *((r["id"], r["amount"], i, None, None) for i, r in enumerate(first)),  # written before the columns existed
+        ("b0", 7, 3, "USD", "gift"),
+        ("b1", 8, 4, "CHF", None),
+    ]
+
+
 def test_every_avro_type_the_source_maps_reads_as_confluent_kafkas_deserializer_reads_it(
     spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any
 ) -> None:
