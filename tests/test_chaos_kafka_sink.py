@@ -323,7 +323,9 @@ def test_a_kafka_sink_run_is_checked_by_the_topic_checker(monkeypatch: pytest.Mo
 def test_the_oracle_reads_a_kafka_jobs_topic_and_the_run_makes_its_topics(monkeypatch: pytest.MonkeyPatch) -> None:
     read: list[tuple[str, Any]] = []
     made: list[tuple[str, int]] = []
-    monkeypatch.setattr(topic_checker, "topic_rows", lambda b, t, latest_by=None: read.append((t, latest_by)) or [])
+    monkeypatch.setattr(
+        topic_checker, "topic_rows", lambda b, t, latest_by=None, decode=None: read.append((t, latest_by)) or []
+    )
     monkeypatch.setattr(chaos.workload, "create_topic", lambda b, t, n: made.append((t, n)))
     chaos.verdict.output_rows(_cfg("kafka", oracle="upsert", oracle_key=("id",)), "b:1", "t_ref1")
     chaos.verdict.output_rows(_cfg("kafka-partition", oracle="append"), "b:1", "t")

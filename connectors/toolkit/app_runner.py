@@ -105,6 +105,7 @@ class Job:
     out_topic_name: str = ""  # a kafka-eos sink job's topic, made by the run (out_topic_of(table)); see out_topic
     visibility: str = "batch"  # a kafka-eos sink job: the sink's visibility the run's --sink-kind names
     kafka_config: str = ""  # the job's Kafka client properties (--kafka-config), "" on a plaintext cluster
+    schema_registry: str = ""  # the run's Schema Registry (--value-format avro), "" without one
 
     @property
     def kafka_options(self) -> dict[str, str]:
@@ -112,6 +113,12 @@ class Job:
         from eos_core.kafka_config import kafka_options
 
         return kafka_options(self.bootstrap, self.kafka_config)
+
+    @property
+    def registry_options(self) -> dict[str, str]:
+        """``schema.registry.url`` of the run's Schema Registry (``--value-format avro``), for the kafka-eos source
+        (``value.format=avro``) and sink; empty when the run has none."""
+        return {"schema.registry.url": self.schema_registry} if self.schema_registry else {}
 
     @property
     def out_topic(self) -> str:
@@ -171,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", required=True, help="module:function that builds the query (not started)")
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--kafka-config", default="", help="the job's Kafka client properties (job.kafka_options)")
+    p.add_argument("--schema-registry", default="", help="the run's Schema Registry (job.registry_options)")
     p.add_argument("--topic", required=True)
     p.add_argument("--dsn", default="", help="Postgres (none for a job that writes only to Kafka)")
     p.add_argument("--table", required=True)
@@ -509,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out_topic,
         args.visibility,
         args.kafka_config,
+        args.schema_registry,
     )
     build, setup = load_app(args.app)
 

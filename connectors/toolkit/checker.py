@@ -25,6 +25,7 @@ __all__ = [
     "committed_through",
     "compare_aggregates",
     "compare_records",
+    "decode_value",
     "expected_aggregates",
     "last_commit",
     "last_decided_batch",
@@ -120,6 +121,9 @@ class Report:
 
 # ---------------------------------------------------------------------------------------------
 # records
+
+# decode(topic, value) -> the record a wire-format value holds (a dict)
+ValueDecoder = Callable[[str, bytes], Any]
 
 
 def _norm(value: Any) -> Any:
@@ -468,9 +472,16 @@ def _as_held(msg: Any, partition: int, offset: int) -> dict[str, Any]:
 
 
 def read_topic(
-    bootstrap: str, topic: str, *, timeout: float = 30.0, parse_json: bool = True, with_position: bool = False
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout: float = 30.0,
+    parse_json: bool = True,
+    with_position: bool = False,
+    decode: ValueDecoder | None = None,
 ) -> list[dict[str, Any]]:
-    """Every committed record of ``topic`` (read_committed), values parsed as JSON objects.
+    """Every committed record of ``topic`` (read_committed), values parsed as JSON objects (with ``decode``, one
+    in a Schema Registry's wire format decoded by it: ``decode_value``).
 
     ``with_position``: each parsed record also holds its Kafka position as ``_topic``, ``_partition``
     and ``_offset`` (poison records always do). ``parse_json=False``: each record is
@@ -525,7 +536,9 @@ def read_topic(
                     done.add(p)
                 if off >= ends[p]:
                     continue
-                rec: dict[str, Any] = _parse(msg.value(), p, off) if parse_json else _as_held(msg, p, off)
+                rec: dict[str, Any] = (
+                    _parse(msg.value(), p, off, decode, topic) if parse_json else _as_held(msg, p, off)
+                )
                 if with_position and "_raw" not in rec:
                     rec.update(_topic=topic, _partition=p, _offset=off)
                 out.append(rec)
@@ -556,7 +569,23 @@ def read_topic_settled(
         time.sleep(0.2)
 
 
-def _parse(value: bytes | None, partition: int, offset: int) -> dict[str, Any]:
+def decode_value(decode: ValueDecoder, topic: str, value: bytes) -> Any:
+    """A wire-format value's record (a value in no wire format, or one that does not decode: the bytes, which
+    ``_parse`` then takes for what they are)."""
+    if len(value) < 5 or value[0] != 0:
+        return value
+    try:
+        return decode(topic, value)
+    except Exception:  # an undecodable record is a poison record, judged as one
+        return value
+
+
+def _parse(
+    value: bytes | None, partition: int, offset: int, decode: ValueDecoder | None = None, topic: str = ""
+) -> dict[str, Any]:
+    decoded = decode_value(decode, topic, value) if decode is not None and value is not None else value
+    if isinstance(decoded, dict):  # a record of a Schema Registry's wire format
+        return decoded
     try:
         obj = json.loads(value) if value is not None else None
     except (ValueError, UnicodeDecodeError):
@@ -702,9 +731,9 @@ def verify(
     dead_letters: str | None = None,
     poison_position: Callable[[Mapping[str, Any]], tuple[int, int] | None] | None = None,
     id_columns: Sequence[tuple[str, str]] | None = None,
+    decode: ValueDecoder | None = None,
 ) -> Report:
-    """Run every applicable check for a topic and a table and return the report.
-
+    """Run every applicable check for a topic and a table and return the report (``decode``: ``read_topic``'s).
     ``id_columns``: what identifies a record, as (record field, table column) pairs (default
     ``[(id_field, id_field)]``); a field named ``topic``, ``partition`` or ``offset`` is the record's
     Kafka position (``POSITION_FIELDS``). A table without one of the columns, or records without one
@@ -723,7 +752,7 @@ def verify(
     import psycopg
 
     idc = list(id_columns or [(id_field, id_field)])
-    raw = read_topic(bootstrap, topic, with_position=any(f in POSITION_FIELDS for f, _ in idc))
+    raw = read_topic(bootstrap, topic, with_position=any(f in POSITION_FIELDS for f, _ in idc), decode=decode)
     source = [r for r in raw if "_raw" not in r]
     report = Report(info={"source_records": len(source), "poison_records": len(raw) - len(source)})
     with psycopg.connect(dsn, autocommit=True) as conn:

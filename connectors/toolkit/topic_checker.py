@@ -20,16 +20,26 @@ from typing import Any
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from connectors.toolkit.checker import Check, Report, check_faults, compare_records, last_commit, read_topic
+from connectors.toolkit.checker import (
+    Check,
+    Report,
+    ValueDecoder,
+    check_faults,
+    compare_records,
+    decode_value,
+    last_commit,
+    read_topic,
+)
 from eos_core.kafka_config import client_settings
 from sinks.kafka.markers import Marker, list_groups, publish_name, read_markers, sink_names
 
 __all__ = ["marker_batches", "open_transactions", "read_sink_topic", "topic_rows", "verify_topic"]
 
 
-def read_sink_topic(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """The sink topic's committed records, each value's JSON object (with its Kafka position)."""
-    return read_topic(bootstrap, topic, with_position=True)
+def read_sink_topic(bootstrap: str, topic: str, *, decode: ValueDecoder | None = None) -> list[dict[str, Any]]:
+    """The sink topic's committed records, each value's JSON object, or its record in the wire format with
+    ``decode`` (with its Kafka position)."""
+    return read_topic(bootstrap, topic, with_position=True, decode=decode)
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -41,7 +51,9 @@ def _text(raw: bytes | None) -> str | None:
         return "0x" + raw.hex()
 
 
-def topic_rows(bootstrap: str, topic: str, *, latest_by: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def topic_rows(
+    bootstrap: str, topic: str, *, latest_by: Sequence[str] | None = None, decode: ValueDecoder | None = None
+) -> list[dict[str, Any]]:
     """The topic's committed records (``read_committed``) as rows for the oracle: a value that is a JSON
     object gives its fields as columns, any other value the column ``_value`` (UTF-8 text, else ``0x`` and
     its hex; None for a tombstone); ``_key`` is the key the same way, ``_headers`` the headers as
@@ -49,15 +61,16 @@ def topic_rows(bootstrap: str, topic: str, *, latest_by: Sequence[str] | None = 
     reference run writes the same records at other offsets.
 
     ``latest_by`` (the oracle's ``upsert:KEY``): what a reader of a compacted topic ends with, the last
-    record of each key in its partition's order, a tombstone removing its ``_key``."""
+    record of each key in its partition's order, a tombstone removing its ``_key``. ``decode``: a value in a
+    Schema Registry's wire format gives its record's fields (``checker.read_topic``)."""
     rows: list[dict[str, Any]] = []
     latest: dict[tuple[Any, ...], dict[str, Any]] = {}
     for rec in read_topic(bootstrap, topic, parse_json=False):
         value = rec["value"]
-        obj: Any = None
-        if value is not None:
+        obj: Any = decode_value(decode, topic, value) if decode is not None and value is not None else value
+        if isinstance(obj, bytes):
             try:
-                obj = json.loads(value)
+                obj = json.loads(obj)
             except (ValueError, UnicodeDecodeError):
                 obj = None
         row: dict[str, Any] = dict(obj) if isinstance(obj, dict) else {"_value": _text(value)}
@@ -126,16 +139,18 @@ def verify_topic(
     min_faults: int = 0,
     records: bool = True,
     visibility: str | None = None,
+    decode: ValueDecoder | None = None,
 ) -> Report:
     """Every check for a topic written by the ``kafka-eos`` sink from ``source_topic``'s JSON records.
 
     ``records=False``: the end state only (a job whose records are not 1:1 with the source's, judged
     by the oracle instead). ``visibility``: the sink's markers must say the job wrote in that mode
-    (``end.visibility``; a chaos run draws the fault points of the mode its ``--sink-kind`` names)."""
+    (``end.visibility``; a chaos run draws the fault points of the mode its ``--sink-kind`` names). ``decode``:
+    how both topics' wire-format values read (``checker.read_topic``)."""
     report = Report()
     if records:
-        source = [r for r in read_topic(bootstrap, source_topic) if "_raw" not in r]
-        rows = [r for r in read_sink_topic(bootstrap, sink_topic) if "_raw" not in r]
+        source = [r for r in read_topic(bootstrap, source_topic, decode=decode) if "_raw" not in r]
+        rows = [r for r in read_sink_topic(bootstrap, sink_topic, decode=decode) if "_raw" not in r]
         report.info.update(source_records=len(source), sink_records=len(rows))
         letters: list[dict[str, Any]] = []
         if errors_topic:

@@ -16,6 +16,12 @@ job is tested in both modes. It drops test payments, so its output is not one re
 record and the verdict comes from the reference-run oracle (``--oracle append``); with ``--option
 drop_tests=false`` every payment is written and the exact checker compares the topic with the source
 record by record (README.md has the commands; ``pytest test_rekey_chaos.py`` runs that one).
+
+With ``--option format=avro`` the payments are Avro in a Schema Registry's wire format (``payment.avsc``; the
+chaos run writes them so with ``--value-format avro --schema payment.avsc``): the job reads them decoded
+(``value.format=avro``, the fields as columns: ``value.layout=flat``) and writes its output in Avro too (the
+sink registers the output's schema under ``<out topic>-value``), in the same run's registry
+(``job.registry_options``).
 """
 
 from __future__ import annotations
@@ -47,16 +53,23 @@ def records(seed: int, n: int) -> Iterator[dict[str, Any]]:
 def build(spark: Any, job: Job) -> Any:
     from pyspark.sql import functions as F
 
-    raw = (
+    avro = job.options.get("format", "json") == "avro"
+    reader = (
         spark.readStream.format("kafka-eos")
         .options(**job.kafka_options)
         .option("subscribe", job.topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", job.max_offsets)
-        .load()
     )
-    schema = "id string, account string, cents long, currency string, test boolean"
-    p = F.from_json(F.col("value").cast("string"), schema)
+    if avro:  # each payment decoded with its writer schema; its fields are columns beside Kafka's
+        reader = reader.options(**job.registry_options).option("value.format", "avro").option("value.layout", "flat")
+    raw = reader.load()
+    if avro:
+        p = F.struct("id", "account", "cents", "currency", "test")
+    else:
+        p = F.from_json(
+            F.col("value").cast("string"), "id string, account string, cents long, currency string, test boolean"
+        )
     bad = F.concat(F.lit("malformed payment at offset "), F.col("offset").cast("string"))
     rate = F.create_map(*[x for cur, r in sorted(RATES.items()) for x in (F.lit(cur), F.lit(r))])
     payments = raw.select(
@@ -73,15 +86,19 @@ def build(spark: Any, job: Job) -> Any:
     enriched = payments.withColumn("eur_cents", F.floor(eur).cast("long")).withColumn(
         "band", F.when(F.col("eur_cents") >= 100_000, "large").otherwise("small")
     )
+    value = F.struct("id", "account", "cents", "currency", "eur_cents", "band")
     out = enriched.select(
         F.col("account").alias("key"),  # re-keyed: each account's payments on one partition, in order
-        F.to_json(F.struct("id", "account", "cents", "currency", "eur_cents", "band")).alias("value"),
+        (value if avro else F.to_json(value)).alias("value"),
         F.array(F.struct(F.lit("src").alias("key"), F.col("src").cast("binary").alias("value"))).alias("headers"),
     )
-    return (
+    writer = (
         out.writeStream.format("kafka-eos")
         .options(**job.kafka_options)
         .option("topic", job.out_topic)
         .option("sink.id", job.sink_id)
         .option("visibility", job.visibility)
     )
+    if avro:  # the output's schema derived from the value struct, registered under <out topic>-value
+        writer = writer.options(**job.registry_options).option("value.format", "avro")
+    return writer

@@ -51,3 +51,27 @@ def test_every_payment_once_in_the_rekeyed_topic_under_kills_at_the_sinks_steps(
     suite = ET.parse(tmp_path / "report" / "junit.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("failures") == "0", report.table()
     assert set(TOPIC_CHECKS) <= {case.get("name") for case in suite.iter("testcase")}
+
+
+def test_every_avro_payment_once_in_the_avro_topic_under_a_kill(eos_chaos, tmp_path: Path) -> None:
+    """The same job on Avro payments in a Schema Registry's wire format (``--option format=avro``): the run writes
+    them with payment.avsc, the job reads and writes Avro, and the checker reads both topics back with
+    confluent-kafka's deserializer. Needs a registry: EOS_SCHEMA_REGISTRY_URL (``spark-eos services up
+    --with-registry`` sets it) or ``schema_registry=``."""
+    report = eos_chaos(
+        "rekey_job:build",
+        generator="rekey_job:records",
+        records=60,
+        kills=1,
+        seed=46,
+        max_offsets=30,
+        sink_kind="kafka-partition",
+        options={"drop_tests": "false", "format": "avro"},
+        payload=("account", "cents", "currency"),
+        value_format="avro",
+        schema="payment.avsc",
+    )
+    assert report.ok, report.table()
+    assert report.get("chaos.kills").counts["sigkilled"] == 1, report.table()
+    assert report.info["source_records"] == report.info["sink_records"] == 60, report.info
+    assert all(report.get(name).ok for name in TOPIC_CHECKS), report.table()

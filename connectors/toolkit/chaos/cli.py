@@ -101,6 +101,24 @@ def _workload_arguments(p: argparse.ArgumentParser) -> None:
         "any other file one raw value a line (the first --records of them)",
     )
     p.add_argument(
+        "--value-format",
+        choices=("json", "avro"),
+        default="json",
+        help="with --app: the records' values as JSON objects (default), or avro: each written in a Schema "
+        "Registry's wire format with --schema under <topic>-value (your job reads value.format=avro); the "
+        "checker reads them back with confluent-kafka's deserializer",
+    )
+    p.add_argument(
+        "--schema", default=None, metavar="FILE", help="with --value-format avro: the records' schema (.avsc)"
+    )
+    p.add_argument(
+        "--schema-registry",
+        default=None,
+        metavar="URL",
+        help="with --value-format avro: the registry (default: EOS_SCHEMA_REGISTRY_URL, which spark-eos services "
+        "up --with-registry sets); the job gets it as job.registry_options",
+    )
+    p.add_argument(
         "--oracle",
         default=None,
         metavar="append|upsert:KEY[,KEY]",
@@ -219,6 +237,9 @@ def _command(args: argparse.Namespace) -> int:
             report_dir=args.report,
             progress=not args.quiet,
             connect=args.connect,
+            value_format=args.value_format,
+            schema=args.schema,
+            schema_registry=args.schema_registry,
         )
         report = conduct(cfg)
         print(report.to_json() if args.json else report.table())

@@ -65,6 +65,11 @@ class ChaosConfig:
     minimise: bool = False  # a failing run is re-run dropping kills one at a time
     report_dir: str | None = None  # where report.html and junit.xml go (None: none)
     connect: bool = False  # the job runs as a Spark Connect client of a server its run starts (app_runner --connect)
+    # the records' values: JSON objects, or (avro) those objects in a Schema Registry's wire format, written with
+    # ``schema`` (the schema's text) under <topic>-value of the registry at ``schema_registry``
+    value_format: str = "json"
+    schema: str | None = None
+    schema_registry: str | None = None
 
     @property
     def planned(self) -> int:
@@ -80,6 +85,16 @@ class ChaosConfig:
     def kafka_sink(self) -> bool:
         """The user's job writes with the kafka-eos sink into the run's topic (``job.out_topic``)."""
         return bool(self.app) and self.sink_kind in KAFKA_SINK_KINDS
+
+    @property
+    def codec(self) -> Any:
+        """The registry codec of ``value_format`` avro (``chaos.avro.RegistryCodec``), None for JSON: a new one
+        per call (its clients are not shared between threads)."""
+        if self.value_format != "avro" or not self.schema_registry:
+            return None
+        from connectors.toolkit.chaos.avro import RegistryCodec
+
+        return RegistryCodec(self.schema_registry, self.schema)
 
     def dead_letters_for(self, table: str) -> str | None:
         """The job sink's dead letters for the run writing ``table``: its ``errors.table`` (a Kafka sink job:

@@ -153,12 +153,25 @@ def conduct(cfg: ChaosConfig) -> checker.Report:
 
 
 def _run_with(cfg: ChaosConfig, state: RunState, kit: FaultKit, env: dict[str, str], root: str) -> checker.Report:
+    codec = cfg.codec  # one per run: the producer's thread and the registrations; closed with the run
+    try:
+        return _run_with_codec(cfg, state, kit, env, root, codec)
+    finally:
+        if codec is not None:
+            codec.close()
+
+
+def _run_with_codec(
+    cfg: ChaosConfig, state: RunState, kit: FaultKit, env: dict[str, str], root: str, codec: Any
+) -> checker.Report:
     checkpoint = os.path.join(cfg.workdir, "checkpoint")
     fault_log = os.path.join(cfg.workdir, "faults.jsonl")
     plans = planned_kills(cfg)
     state.topics = topics_of(state.workload or [], state.topic)
     for name in state.topics.values():
         create_topic(state.bootstrap, name, cfg.partitions)
+        if codec is not None:  # --value-format avro: the subject exists before the job plans (it reads latest)
+            codec.register(name)
     make_out_topics(cfg, state.bootstrap, state.table)
     runlog = RunLog(os.path.join(cfg.workdir, "runs.jsonl"))
     # chunks of the records released over the run (one per fault, two around a fault from outside,
@@ -174,6 +187,7 @@ def _run_with(cfg: ChaosConfig, state: RunState, kit: FaultKit, env: dict[str, s
         seed=cfg.seed,
         partitions=cfg.partitions,
         timeout=cfg.timeout,
+        codec=codec,
     )
     started = time.monotonic()
     producer.start()

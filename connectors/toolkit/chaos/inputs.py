@@ -51,12 +51,16 @@ CLI_NAMES: dict[str, str] = {
     "minimise": "--minimise",
     "report_dir": "--report",
     "connect": "--connect",
+    "value_format": "--value-format",
+    "schema": "--schema",
+    "schema_registry": "--schema-registry",
 }
 PLUGIN_NAMES: dict[str, str] = {
     **{k: f"{k}=" for k in CLI_NAMES},
     "app": "app",
     "bootstrap": "EOS_KAFKA_BOOTSTRAP",
     "dsn": "EOS_POSTGRES_DSN",
+    "schema_registry": "schema_registry= (or EOS_SCHEMA_REGISTRY_URL)",
 }
 
 
@@ -113,10 +117,24 @@ class Asked:
     timeout: float = 300.0
     progress: bool = True
     connect: bool = False
+    value_format: str = "json"
+    schema: str | None = None  # an .avsc file (value_format avro)
+    schema_registry: str | None = None  # its URL; None: EOS_SCHEMA_REGISTRY_URL
 
 
 # what ChaosConfig takes of Asked as it is (prepare makes the rest: the job, the services, parsed values)
-_MADE = {"pipeline", "bootstrap", "dsn", "options", "oracle", "ignore_columns", "only_kills", "faults"}
+_MADE = {
+    "pipeline",
+    "bootstrap",
+    "dsn",
+    "options",
+    "oracle",
+    "ignore_columns",
+    "only_kills",
+    "faults",
+    "schema",
+    "schema_registry",
+}
 _AS_GIVEN = tuple(
     f.name for f in dataclasses.fields(Asked) if f.name in {g.name for g in dataclasses.fields(ChaosConfig)} - _MADE
 )
@@ -143,6 +161,7 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
             "run on a Spark of their own process)"
         )
     _check_workload(n, a.app, a.generator, a.records_file, a.oracle)
+    schema, registry = _check_value_format(n, a)
     mode, key = _check_oracle(n, a.oracle, a.tolerance, a.ignore_columns, a.reference_runs)
     only = _check_kills(n, a.kills, a.only_kills, a.minimise)
     weights = _check_faults(n, a)
@@ -172,7 +191,48 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
         only_kills=only,
         faults=weights,
         postgres_service=pg_service,
+        schema=schema,
+        schema_registry=registry,
     )
+
+
+def _check_value_format(n: Mapping[str, str], a: Asked) -> tuple[str | None, str | None]:
+    """``value_format`` avro: the schema file's text and the registry's URL (given, else EOS_SCHEMA_REGISTRY_URL)."""
+    if a.value_format not in ("json", "avro"):
+        raise ConfigError(f"{n['value_format']} {a.value_format!r}: json (the default) or avro")
+    if a.value_format == "json":
+        for name in ("schema", "schema_registry"):
+            if getattr(a, name):
+                raise ConfigError(f"{n[name]} goes with {n['value_format']} avro; drop it, or add that")
+        return None, None
+    if not a.app:
+        raise ConfigError(
+            f"{n['value_format']} avro needs {n['app']}: the reference pipelines read JSON; your job reads the "
+            "registry-encoded records (value.format=avro)"
+        )
+    if not (a.generator or a.records_file):
+        raise ConfigError(
+            f"{n['value_format']} avro writes YOUR records' values with {n['schema']}: give {n['generator']} or "
+            f"{n['records_file']} (records whose values are JSON objects the schema fits)"
+        )
+    if a.records_file and a.records_file.endswith(".avro"):
+        raise ConfigError(
+            f"{n['records_file']} {a.records_file!r} holds plain Avro (what from_avro reads) and {n['value_format']} "
+            "avro writes JSON objects in a registry's wire format: give a *.jsonl file, or drop the value format"
+        )
+    if not a.schema:
+        raise ConfigError(f"{n['value_format']} avro needs {n['schema']} FILE: the records' Avro schema (an .avsc)")
+    from connectors.services.schema_registry import URL_ENV
+    from connectors.toolkit.chaos.avro import read_schema_file
+
+    text = read_schema_file(a.schema, option=n["schema"])
+    registry = (a.schema_registry or os.environ.get(URL_ENV) or "").strip()
+    if not registry:
+        raise ConfigError(
+            f"{n['value_format']} avro needs a Schema Registry: {n['schema_registry']} URL, or {URL_ENV} (spark-eos "
+            "services up --with-registry starts one and names it)"
+        )
+    return text, registry
 
 
 def _check_faults(n: Mapping[str, str], a: Asked) -> dict[str, int]:

@@ -24,6 +24,15 @@ def verify_output(cfg: ChaosConfig, state: RunState, checkpoint: str) -> checker
     read back read_committed, by record id against the source or, with the oracle, only its end state; no
     transaction of the sink left open; the sink's last marker = Spark's last commits/n; its markers of the
     visibility the --sink-kind names), else the table (``checker.verify``)."""
+    codec = cfg.codec  # --value-format avro: the topics' values read with the registry's deserializer
+    try:
+        return _verify_output(cfg, state, checkpoint, codec.decode if codec is not None else None)
+    finally:
+        if codec is not None:
+            codec.close()
+
+
+def _verify_output(cfg: ChaosConfig, state: RunState, checkpoint: str, decode: Any) -> checker.Report:
     topic, table = state.topic, state.table
     if cfg.kafka_sink:
         from connectors.toolkit.topic_checker import verify_topic
@@ -39,6 +48,7 @@ def verify_output(cfg: ChaosConfig, state: RunState, checkpoint: str) -> checker
             errors_topic=cfg.dead_letters_for(table),
             records=not cfg.oracle,
             visibility=KAFKA_SINK_KINDS[cfg.sink_kind],
+            decode=decode,
         )
     is_2pc = cfg.points == "2pc"
     return checker.verify(
@@ -53,6 +63,7 @@ def verify_output(cfg: ChaosConfig, state: RunState, checkpoint: str) -> checker
         decisions=is_2pc,
         aggregates={"table": table, "key": "key", "value": "amount"} if cfg.pipeline == "stateful" else None,
         dead_letters=cfg.dead_letters_for(table),
+        decode=decode,
     )
 
 
@@ -130,7 +141,14 @@ def output_rows(cfg: ChaosConfig, bootstrap: str, table: str) -> list[dict[str, 
         from connectors.toolkit.topic_checker import topic_rows
 
         latest = cfg.oracle_key if cfg.oracle == "upsert" else None
-        return topic_rows(bootstrap, out_topic_of(table), latest_by=latest)
+        codec = cfg.codec
+        try:
+            return topic_rows(
+                bootstrap, out_topic_of(table), latest_by=latest, decode=codec.decode if codec is not None else None
+            )
+        finally:
+            if codec is not None:
+                codec.close()
     import psycopg
 
     with psycopg.connect(cfg.dsn, autocommit=True) as conn:

@@ -340,10 +340,12 @@ def produce_user_records(
     partitions: int,
     first: int = 0,
     settings: Mapping[str, Any] | None = None,
+    codec: Any = None,
 ) -> None:
     """Write the user's records (``first``: the index of ``records[0]`` in the whole workload, which
     spreads keyless records). On tansu each touched partition ends with a one-record batch (see
-    ``produce_records``)."""
+    ``produce_records``). ``codec`` (``chaos.avro.RegistryCodec``): each value written in the registry's wire
+    format under its topic's subject."""
     from confluent_kafka import Producer
 
     from connectors.services.env import broker_is_tansu
@@ -365,26 +367,31 @@ def produce_user_records(
         last[where] = i
         placed.append(where)
 
-    def send(rec: Record, where: tuple[str, int]) -> None:
+    values = [
+        rec.value if codec is None else codec.encode(where[0], rec.value, f"record {first + i}")
+        for i, (rec, where) in enumerate(zip(records, placed, strict=True))
+    ]
+
+    def send(rec: Record, where: tuple[str, int], value: bytes | None) -> None:
         kw: dict[str, Any] = {"key": rec.key, "partition": where[1]}
         if rec.headers:
             kw["headers"] = list(rec.headers)
         if rec.timestamp is not None:
             kw["timestamp"] = rec.timestamp
-        producer.produce(where[0], value=rec.value, **kw)
+        producer.produce(where[0], value=value, **kw)
 
     tails = []
     for i, (rec, where) in enumerate(zip(records, placed, strict=True)):
         if tansu and last[where] == i:
-            tails.append((rec, where))
+            tails.append((rec, where, values[i]))
             continue
-        send(rec, where)
+        send(rec, where, values[i])
         if len(producer) > 50_000:
             producer.poll(0.05)
     if producer.flush(60):
         raise TimeoutError(f"producer could not deliver to {sorted(set(topics.values()))} in 60s")
-    for rec, where in tails:
-        send(rec, where)
+    for rec, where, value in tails:
+        send(rec, where, value)
         if producer.flush(30):
             raise TimeoutError(f"producer could not deliver to {where[0]!r} in 30s")
 
@@ -414,14 +421,17 @@ class Producer(threading.Thread):
         partitions: int = 2,
         timeout: float = 300.0,
         pieces: int = 4,
+        codec: Any = None,
     ) -> None:
         """``records`` of ``workload`` (the user's, to ``topics`` by name), else of ``make_records(seed)`` to
-        ``topic``, spread over ``partitions``; a broker that is down is retried for ``timeout`` seconds."""
+        ``topic``, spread over ``partitions``; a broker that is down is retried for ``timeout`` seconds.
+        ``codec``: the workload's values written in a Schema Registry's wire format (``produce_user_records``)."""
         super().__init__(name="chaos-producer", daemon=True)
         self.bootstrap, self.topic, self.chunks, self.checkpoint = bootstrap, topic, max(1, chunks), checkpoint
         self.total, self.workload, self.topics = records, workload, dict(topics or {"": topic})
         self.seed, self.partitions, self.timeout = seed, partitions, timeout
         self.pieces = max(1, pieces)
+        self.codec = codec
         self.tick = threading.Event()
         self.released = 0  # chunks the kill loop has released
         self.rest = False  # the kills are over: write everything left at once
@@ -451,7 +461,12 @@ class Producer(threading.Thread):
                 if self.workload is not None:
                     part = self.workload[self.written : self.written + n]
                     produce_user_records(
-                        self.bootstrap, self.topics, part, partitions=self.partitions, first=self.written
+                        self.bootstrap,
+                        self.topics,
+                        part,
+                        partitions=self.partitions,
+                        first=self.written,
+                        codec=self.codec,
                     )
                 else:
                     recs = make_records(n, seed=self.seed, start=self.written)
