@@ -187,22 +187,35 @@ def is_inline_schema(spec: str) -> bool:
     return spec.strip()[:1] in ("{", "[", '"')
 
 
-def reader_schema(conf: RegistryConf, subject: str, spec: str, *, option: str) -> ReaderSchema:
-    """``spec``: ``latest`` (the subject's latest version), ``version:N``, ``id:N``, or an Avro schema inline."""
+def reader_schema(
+    conf: RegistryConf,
+    subject: str,
+    spec: str,
+    *,
+    option: str,
+    kind: str = "AVRO",
+    parse: Callable[[str, str], Any] | None = None,
+) -> ReaderSchema:
+    """``spec``: ``latest`` (the subject's latest version), ``version:N``, ``id:N``, or a schema inline; an Avro
+    schema, or one of the registry's schema type ``kind`` checked by ``parse(text, option)`` (``registry_json``)."""
     spec = spec.strip()
+
+    def check(text: str) -> Any:
+        return (parse or _parse)(text, option)
+
     if is_inline_schema(spec):
-        _parse(spec, option)
+        check(spec)
         return ReaderSchema(spec, None, None)
     client = _client(conf)
-    kind, _, number = spec.partition(":")
+    how, _, number = spec.partition(":")
     if spec == "latest":  # asked each time a query is planned: get_latest_version would answer from its cache
         found = _registry_call(conf, f"subject {subject!r}", option, lambda: client.get_version(subject, "latest"))
         schema, sid = found.schema, found.schema_id
-    elif kind == "version" and number.isdigit():
+    elif how == "version" and number.isdigit():
         what = f"version {number} of subject {subject!r}"
         found = _registry_call(conf, what, option, lambda: client.get_version(subject, int(number)))
         schema, sid = found.schema, found.schema_id
-    elif kind == "id" and number.isdigit():
+    elif how == "id" and number.isdigit():
         schema, sid = (
             _registry_call(conf, f"schema id {number}", option, lambda: client.get_schema(int(number))),
             int(number),
@@ -212,9 +225,12 @@ def reader_schema(conf: RegistryConf, subject: str, spec: str, *, option: str) -
             f"option {option!r} is {spec[:60]!r}; expected latest, version:N, id:N or an Avro schema (JSON)",
             option=option,
         )
-    if schema.schema_type not in (None, "AVRO"):
+    if (schema.schema_type or "AVRO") != kind:
+        column = option.split(".")[0]
+        fits = {"AVRO": "avro", "JSON": "json-schema"}.get(schema.schema_type or "AVRO")
         raise ConfigError(
-            f"schema {sid} (subject {subject!r}) is {schema.schema_type}, not Avro: only Avro is read so far",
+            f"schema {sid} (subject {subject!r}) is {schema.schema_type or 'AVRO'}, and {column}.format reads "
+            f"{kind}: " + (f"set {column}.format={fits}" if fits else "Protobuf is not read yet: keep the format raw"),
             option=option,
         )
     if schema.references:
@@ -224,7 +240,7 @@ def reader_schema(conf: RegistryConf, subject: str, spec: str, *, option: str) -
             f"in {option!r}",
             option=option,
         )
-    _parse(schema.schema_str, option)
+    check(schema.schema_str)
     return ReaderSchema(schema.schema_str, sid, subject)
 
 
@@ -402,10 +418,11 @@ class AvroDecoder:
                 time.sleep(_MISSING_RETRY_S)
                 schema = fetch()
             if schema.schema_type not in (None, "AVRO"):
+                fits = "json-schema" if schema.schema_type == "JSON" else "raw"
                 raise FatalError(
                     f"kafka-eos: {where}: the {self.column} was written with a {schema.schema_type} schema (id "
-                    f"{schema_id}), not Avro, which this source does not decode yet: read it with "
-                    f"{self.column}.format=raw, or keep such records aside with errors.tolerance=all"
+                    f"{schema_id}), not Avro: read it with {self.column}.format={fits}, or keep such records aside "
+                    "with errors.tolerance=all"
                 )
             writer = _parse(schema.schema_str, f"{self.column}.format")
             canonical = fastavro.schema.to_parsing_canonical_form

@@ -239,6 +239,9 @@ def test_a_flat_layout_is_refused_for_a_raw_value_a_non_record_or_a_field_named_
     clash = {**V1, "fields": [*V1["fields"], {"name": "Offset", "type": "long"}]}
     with pytest.raises(ConfigError, match=r"field\(s\) Offset would take the name of Kafka's column"):
         planned(clash)
+    twins = {**V1, "fields": [*V1["fields"], {"name": "ID", "type": "string"}]}
+    with pytest.raises(ConfigError, match=r"fields ID, id differ only in case"):
+        planned(twins)
     named_headers = {**V1, "fields": [*V1["fields"], {"name": "headers", "type": "string"}]}
     assert "headers" in planned(named_headers).names  # no headers column without includeHeaders
     with pytest.raises(ConfigError, match=r"field\(s\) headers would"):

@@ -42,25 +42,35 @@ DECODE_ERRORS = StructField(
 )
 
 
-def column_decoders(opts: KafkaSourceOptions) -> dict[str, AvroDecoder]:
+def column_decoders(opts: KafkaSourceOptions) -> dict[str, Any]:
     """A decoder per decoded column (``key``, ``value``), its reader schema resolved now."""
     if not opts.decodes:
         return {}
     conf = opts.registry_conf()
     topics = opts.named_topics
-    decoders = {}
+    decoders: dict[str, Any] = {}
     for column in _COLUMNS:
         if getattr(opts, f"{column}_format") == "raw":
             continue
         subject = getattr(opts, f"{column}_subject") or (f"{topics[0]}-{column}" if topics else "")
-        schema = reader_schema(conf, subject, getattr(opts, f"{column}_schema"), option=f"{column}.schema")
-        spark, _ = spark_type(schema.text, option=f"{column}.schema")
-        tolerate = opts.errors_tolerance == "all"
+        option, tolerate = f"{column}.schema", opts.errors_tolerance == "all"
+        if getattr(opts, f"{column}_format") == "json-schema":
+            from eos_core import registry_json
+
+            spec = getattr(opts, f"{column}_schema")
+            schema = reader_schema(conf, subject, spec, option=option, kind="JSON", parse=registry_json.parse_schema)
+            json_type, _ = registry_json.spark_type(schema.text, option=option)
+            decoders[column] = registry_json.JsonSchemaDecoder(
+                conf, schema, json_type, column=column, tolerate=tolerate
+            )
+            continue
+        schema = reader_schema(conf, subject, getattr(opts, f"{column}_schema"), option=option)
+        spark, _ = spark_type(schema.text, option=option)
         decoders[column] = AvroDecoder(conf, schema, spark, column=column, tolerate=tolerate)
     return decoders
 
 
-def decoded_schema(base: StructType, decoders: dict[str, AvroDecoder], *, flat: bool = False) -> StructType:
+def decoded_schema(base: StructType, decoders: dict[str, Any], *, flat: bool = False) -> StructType:
     """Spark's Kafka schema with each decoded column's type (nullable: a null key, a tombstone), the value's
     fields in its place when ``flat`` (value.layout=flat), and ``decode_errors`` last with errors.tolerance=all."""
     if not decoders:
@@ -90,6 +100,15 @@ def _flat_fields(value: Any, base: StructType, tolerate: bool) -> list[StructFie
         )
     taken = {f.name.lower() for f in base.fields if f.name != "value"} | ({DECODE_ERRORS.name} if tolerate else set())
     clash = [f.name for f in value.fields if f.name.lower() in taken]
+    names = [f.name.lower() for f in value.fields]
+    twins = sorted({f.name for f in value.fields if names.count(f.name.lower()) > 1})
+    if twins:
+        raise ConfigError(
+            f"kafka-eos: option 'value.layout' is 'flat', and the value's fields {', '.join(twins)} differ only in "
+            "case: as columns Spark could not tell them apart; keep value.layout=struct, or read with a reader schema "
+            "(value.schema) that names them apart",
+            option="value.layout",
+        )
     if clash:
         raise ConfigError(
             f"kafka-eos: option 'value.layout' is 'flat', and the value's field(s) {', '.join(clash)} would take the "
@@ -100,7 +119,7 @@ def _flat_fields(value: Any, base: StructType, tolerate: bool) -> list[StructFie
     return [StructField(f.name, f.dataType, True, f.metadata) for f in value.fields]
 
 
-def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder], *, flat: bool = False) -> pa.RecordBatch:
+def decode_batch(batch: pa.RecordBatch, decoders: dict[str, Any], *, flat: bool = False) -> pa.RecordBatch:
     """``batch`` (Kafka's columns, raw) with each decoded column replaced by its decoded values (the value's
     fields in its place when ``flat``: ``decoded_schema``'s layout)."""
     import pyarrow as pa
@@ -132,9 +151,7 @@ def decode_batch(batch: pa.RecordBatch, decoders: dict[str, AvroDecoder], *, fla
         fields.append(pa.field(DECODE_ERRORS.name, arrow))
     if flat:
         i = names.index("value")
-        struct = columns[i]
-        if isinstance(struct, pa.ChunkedArray):
-            struct = struct.combine_chunks()
+        struct = columns[i]  # an Array (the decoder's pa.array)
         # flatten() ands each field with the struct's own validity: a null value nulls every field
         inner = [pa.field(f.name, f.type, True) for f in struct.type]
         columns[i : i + 1] = struct.flatten()

@@ -192,14 +192,14 @@ class KafkaSourceOptions(RegistryOptions):
         "value.format",
         "choice",
         default="raw",
-        choices=("raw", "avro"),
-        description="raw: the value column holds the record's bytes (Spark's Kafka schema). avro: Confluent wire-format Avro, each record decoded with its writer schema (by id, from the Schema Registry) onto the reader schema value.schema, into a struct column (docs/formats.md).",
+        choices=("raw", "avro", "json-schema"),
+        description="raw: the value column holds the record's bytes (Spark's Kafka schema). avro: Confluent wire-format Avro, each record decoded with its writer schema (by id, from the Schema Registry) onto the reader schema value.schema, into a struct column (docs/formats.md). json-schema: Confluent wire-format JSON Schema, each record's JSON read onto the reader schema's Spark type.",
     )
     key_format: str = option(
         "key.format",
         "choice",
         default="raw",
-        choices=("raw", "avro"),
+        choices=("raw", "avro", "json-schema"),
         description="As value.format, for the key column (reader schema key.schema, subject key.subject).",
     )
     value_schema: str = option(

@@ -1,0 +1,265 @@
+"""Confluent wire-format JSON Schema: a JSON Schema's Spark type, and records decoded onto it.
+
+Confluent's JSON Schema serializers (and Apicurio's, Karapace's, Kafka Connect's ``JsonSchemaConverter``) write a
+magic byte 0, the writer schema's id in 4 bytes, then the record as JSON text (UTF-8). The reader schema (the
+subject's ``latest``, a pinned version or id, or a schema inline) fixes the column's Spark type when the query is
+planned (``spark_type``); each record is parsed and checked against that type (``JsonSchemaDecoder``): a property
+the reader lacks is skipped, one it has and the record lacks is null (refused where the reader requires it), a value
+of another JSON type is a decode error naming its path. The writer schema (by id, fetched once per process) must be
+a JSON Schema; the record itself is not validated against it (its producer did), only read onto the reader.
+
+The mapping (as Kafka Connect's and Spark's ``from_json`` would hold the values):
+
+| JSON Schema | Spark |
+|---|---|
+| ``string`` (any ``format``; ``enum`` of strings) | string |
+| ``integer`` | bigint |
+| ``number`` | double |
+| ``boolean`` | boolean |
+| ``object`` with ``properties`` | struct, in the properties' order; a property not ``required``, or whose type admits ``null``, nullable |
+| ``object`` with only ``additionalProperties`` (a schema) | map<string, that schema's type> |
+| ``array`` with ``items`` | array |
+| ``["T", "null"]``, ``oneOf``/``anyOf`` of one type and ``null`` | T, nullable |
+
+Refused when the query is planned, naming the property: ``$ref`` (give the schema inline, its definitions
+inlined), a union of several non-null types, an ``object`` with neither ``properties`` nor a schema of
+``additionalProperties``, a ``type`` this mapping lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from eos_core import registry_avro
+from eos_core.errors import ConfigError, FatalError
+from eos_core.registry_avro import MAGIC, ReaderSchema, RegistryConf
+
+__all__ = ["JsonSchemaDecoder", "parse_schema", "spark_type"]
+
+_HEADER = 5
+_SCALARS: dict[str, DataType] = {
+    "string": StringType(),
+    "integer": LongType(),
+    "number": DoubleType(),
+    "boolean": BooleanType(),
+}
+
+
+def parse_schema(text: str, option: str) -> dict[str, Any]:
+    """``text`` as a JSON Schema object (a ConfigError naming ``option`` when it is no JSON object)."""
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"option {option!r}: not a JSON Schema (not JSON: {exc})", option=option) from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f"option {option!r}: a JSON Schema is a JSON object, not {text[:40]!r}", option=option)
+    return schema
+
+
+def spark_type(schema_text: str, *, option: str = "value.schema") -> tuple[DataType, bool]:
+    """The Spark type of a JSON Schema and whether it admits null."""
+    return _spark(parse_schema(schema_text, option), "", option)
+
+
+def _types(s: dict[str, Any], where: str, option: str) -> tuple[list[Any], bool]:
+    """The non-null alternatives of ``s`` (type lists, oneOf/anyOf), and whether null is one."""
+    if "$ref" in s:
+        raise ConfigError(
+            f"{option}: {where} is a reference ({s['$ref']!r}): not supported yet; give the schema inline with its "
+            "definitions inlined",
+            option=option,
+        )
+    union = s.get("oneOf") or s.get("anyOf")
+    if union is not None:
+        alternatives = [a for a in union if not (isinstance(a, dict) and a.get("type") == "null")]
+        return alternatives, len(alternatives) < len(union)
+    kind = s.get("type")
+    if isinstance(kind, list):
+        rest = [k for k in kind if k != "null"]
+        return [{**s, "type": k} for k in rest], len(rest) < len(kind)
+    if kind is None and "properties" in s:
+        return [{**s, "type": "object"}], False
+    if kind is None and "enum" in s and all(isinstance(v, str) for v in s["enum"]):
+        return [{"type": "string"}], False
+    if kind == "null":
+        return [], True
+    return [s], False
+
+
+def _spark(s: Any, path: str, option: str) -> tuple[DataType, bool]:
+    where = path or "the schema's top level"
+    if not isinstance(s, dict):
+        raise ConfigError(f"{option}: {where} is {json.dumps(s)[:60]}, not a JSON Schema", option=option)
+    alternatives, nullable = _types(s, where, option)
+    if len(alternatives) != 1:
+        kinds = ", ".join(str(a.get("type", "?")) if isinstance(a, dict) else str(a) for a in alternatives) or "null"
+        raise ConfigError(
+            f"{option}: {where} is one of several types ({kinds}): not supported; read it as one type (a reader "
+            "schema with that type and null) or keep the format raw",
+            option=option,
+        )
+    (one,) = alternatives
+    if isinstance(one, dict) and one is not s and ("oneOf" in s or "anyOf" in s):
+        t, inner = _spark(one, path, option)
+        return t, nullable or inner
+    kind = one.get("type")
+    if kind in _SCALARS:
+        return _SCALARS[kind], nullable
+    if kind == "array":
+        if "items" not in one:
+            raise ConfigError(f"{option}: {where} is an array without items: name their schema", option=option)
+        t, contains_null = _spark(one["items"], f"{path}[]", option)
+        return ArrayType(t, contains_null), nullable
+    if kind == "object":
+        props = one.get("properties")
+        if props:
+            required = set(one.get("required") or ())
+            fields = []
+            for name, sub in props.items():
+                t, field_null = _spark(sub, f"{path}.{name}" if path else name, option)
+                fields.append(StructField(name, t, field_null or name not in required))
+            return StructType(fields), nullable
+        extra = one.get("additionalProperties")
+        if isinstance(extra, dict):
+            t, value_null = _spark(extra, f"{path}{{}}", option)
+            return MapType(StringType(), t, value_null), nullable
+        raise ConfigError(
+            f"{option}: {where} is an object with neither properties nor a schema of additionalProperties: its "
+            "Spark type is unknown; name its properties",
+            option=option,
+        )
+    raise ConfigError(f"{option}: {where} has type {kind!r}, which has no Spark type here", option=option)
+
+
+def _conform(value: Any, t: DataType, nullable: bool, path: str) -> Any:
+    """``value`` (parsed JSON) as Arrow takes ``t``; a ValueError naming ``path`` when it is not one."""
+    if value is None:
+        if not nullable:
+            raise ValueError(f"{path or 'the record'} is null or missing, and the reader schema requires it")
+        return None
+    if isinstance(t, StructType):
+        if not isinstance(value, dict):
+            raise ValueError(f"{path or 'the record'} is {type(value).__name__}, not an object")
+        return {
+            f.name: _conform(value.get(f.name), f.dataType, f.nullable, f"{path}.{f.name}" if path else f.name)
+            for f in t.fields
+        }
+    if isinstance(t, ArrayType):
+        if not isinstance(value, list):
+            raise ValueError(f"{path} is {type(value).__name__}, not an array")
+        return [_conform(v, t.elementType, t.containsNull, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(t, MapType):
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} is {type(value).__name__}, not an object")
+        return [(k, _conform(v, t.valueType, t.valueContainsNull, f"{path}.{k}")) for k, v in value.items()]
+    ok = {
+        "string": isinstance(value, str),
+        "bigint": isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63,
+        "double": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+    }[t.simpleString()]
+    if not ok:
+        raise ValueError(f"{path or 'the record'} is {json.dumps(value)[:40]}, not {t.simpleString()}")
+    return float(value) if isinstance(t, DoubleType) else value
+
+
+class JsonSchemaDecoder:
+    """Decodes a column of wire-format JSON Schema records onto the reader schema's Spark type, into an Arrow
+    array (the interface of ``registry_avro.AvroDecoder``)."""
+
+    def __init__(
+        self, conf: RegistryConf, reader: ReaderSchema, spark: DataType, *, column: str, tolerate: bool = False
+    ) -> None:
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        self.conf, self.reader, self.spark, self.column, self.tolerate = conf, reader, spark, column, tolerate
+        self.arrow_type = to_arrow_type(spark, timezone="UTC")
+        self._writers: set[int] = set()  # writer ids known to be JSON Schemas
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("conf", "reader", "spark", "column", "tolerate")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        conf, reader, spark = state["conf"], state["reader"], state["spark"]
+        self.__init__(conf, reader, spark, column=state["column"], tolerate=state["tolerate"])  # type: ignore[misc]
+
+    def _writer(self, schema_id: int, where: str) -> None:
+        client = registry_avro._client(self.conf)
+
+        def fetch() -> Any:
+            return registry_avro._registry_call(
+                self.conf,
+                f"schema id {schema_id} (the writer schema of {where})",
+                f"{self.column}.format",
+                lambda: client.get_schema(schema_id),
+                record=where,
+            )
+
+        try:
+            schema = fetch()
+        except FatalError:  # not found: asked once more, a second later (a replica that lags a registration)
+            time.sleep(registry_avro._MISSING_RETRY_S)
+            schema = fetch()
+        if schema.schema_type != "JSON":
+            raise FatalError(
+                f"kafka-eos: {where}: the {self.column} was written with a {schema.schema_type or 'AVRO'} schema (id "
+                f"{schema_id}), not a JSON Schema: read it with {self.column}.format="
+                f"{'avro' if schema.schema_type in (None, 'AVRO') else 'raw'}, or keep such records aside with "
+                "errors.tolerance=all"
+            )
+        self._writers.add(schema_id)
+
+    def decode(
+        self,
+        payloads: list[bytes | None],
+        where: Callable[[int], str],
+        errors: dict[int, tuple[int | None, str]] | None = None,
+    ) -> Any:
+        """As ``AvroDecoder.decode``: None stays None; a record that cannot be read fails the batch (FatalError),
+        or with ``errors`` is a null there and its error; an unreachable registry always fails."""
+        import pyarrow as pa
+
+        out: list[Any] = []
+        for i, payload in enumerate(payloads):
+            if payload is None:
+                out.append(None)
+                continue
+            schema_id = None
+            try:
+                if len(payload) < _HEADER or payload[0] != MAGIC:
+                    raise FatalError(
+                        f"kafka-eos: {where(i)}: the {self.column} is not in Confluent's wire format (magic byte "
+                        f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
+                        f"{self.column}.format=raw, or fix what wrote it"
+                    )
+                schema_id = int.from_bytes(payload[1:_HEADER], "big")
+                if schema_id not in self._writers:
+                    self._writer(schema_id, where(i))
+                try:
+                    out.append(_conform(json.loads(payload[_HEADER:]), self.spark, True, ""))
+                except ValueError as exc:  # not JSON (JSONDecodeError), or not of the reader's types
+                    raise FatalError(
+                        f"kafka-eos: {where(i)}: the {self.column} (writer schema id {schema_id}) cannot be read "
+                        f"with the reader schema: {exc}"
+                    ) from None
+            except FatalError as exc:
+                if errors is None:
+                    raise
+                errors[i] = (schema_id, str(exc))
+                out.append(None)
+        return pa.array(out, type=self.arrow_type)
