@@ -136,7 +136,7 @@ def jvm_peer() -> dict[str, str] | None:
 
     from connectors.services.spark_kafka import SPARK_KAFKA_VERSION, session_conf
 
-    return session_conf() if pyspark.__version__ == SPARK_KAFKA_VERSION else None
+    return session_conf(avro=True) if pyspark.__version__ == SPARK_KAFKA_VERSION else None
 
 
 def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[int, int, list[int]]:

@@ -52,8 +52,9 @@ def test_rekey_example_reads_and_writes_registry_avro_under_a_kill(
     example.test_every_avro_payment_once_in_the_avro_topic_under_a_kill(eos_chaos, tmp_path)
     with confluent_client(schema_registry.url) as client:
         subjects = [s for s in client.get_subjects() if s.startswith("chaos_app_46_")]  # the run's topics: seed 46
-    (source,) = [s for s in subjects if not s.endswith("_out-value")]
-    (out,) = [s for s in subjects if s.endswith("_out-value")]
+    run = max(s.removesuffix("-value").removesuffix("_out") for s in subjects)  # the latest run's (a timestamp)
+    source, out = f"{run}-value", f"{run}_out-value"
+    assert {source, out} <= set(subjects), subjects
     for subject in (source, out):
         topic = subject.removesuffix("-value")
         consumer = Consumer(

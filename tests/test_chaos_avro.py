@@ -112,9 +112,19 @@ def test_an_avro_run_takes_the_schema_and_the_registry_and_hands_the_job_the_reg
     assert cfg.codec is not None and cfg.codec.url == "http://registry:8081"
     state = RunState(bootstrap=cfg.bootstrap, topic="src", table="t", records=3)
     argv = runs.runner_argv(cfg, state, "t", str(tmp_path / "ck"), "available-now")
-    args = app_runner.build_parser().parse_args(argv[argv.index("--app") :])
+    assert not any("registry" in a for a in argv)  # off the command line, where a user:password@ would show
+    env = pytest.MonkeyPatch()
+    try:
+        env.setenv("EOS_SCHEMA_REGISTRY_URL", cfg.schema_registry or "")  # how the run hands it to the job
+        args = app_runner.build_parser().parse_args(argv[argv.index("--app") :])
+    finally:
+        env.undo()
     job = app_runner.Job("b", "src", "", "t", schema_registry=args.schema_registry)
     assert job.registry_options == {"schema.registry.url": "http://registry:8081"}
+    from connectors.toolkit.chaos.experiment import reproduce_command
+
+    again = reproduce_command(cfg, None)
+    assert f"--value-format avro --schema {cfg.schema_file}" in again and "registry" not in again
     assert app_runner.Job("b", "src", "", "t").registry_options == {}  # a JSON run: none
     # the registry from EOS_SCHEMA_REGISTRY_URL when not given (what services up --with-registry sets)
     os_env = pytest.MonkeyPatch()
@@ -164,6 +174,8 @@ def test_a_schema_file_that_is_no_avro_record_is_refused(tmp_path: Path) -> None
 
 
 def test_the_checker_reads_wire_format_values_with_the_decoder_and_everything_else_as_before() -> None:
+    from confluent_kafka.serialization import SerializationError
+
     from connectors.toolkit.checker import decode_value
 
     seen: list[tuple[str, bytes]] = []
@@ -171,13 +183,17 @@ def test_the_checker_reads_wire_format_values_with_the_decoder_and_everything_el
     def decode(topic: str, value: bytes) -> Any:
         seen.append((topic, value))
         if value.endswith(b"bad"):
-            raise ValueError("undecodable")
+            raise SerializationError("the body does not decode")
+        if value.endswith(b"down"):
+            raise ConnectionError("the registry is down")
         return {"id": "a"}
 
     assert decode_value(decode, "t", b"\x00\x00\x00\x00\x01body") == {"id": "a"}
     assert decode_value(decode, "t", b'{"id": "j"}') == b'{"id": "j"}'  # JSON: not the wire format, not asked
     assert decode_value(decode, "t", b"\x00\x00\x00\x00\x01bad") == b"\x00\x00\x00\x00\x01bad"  # poison: its bytes
-    assert seen == [("t", b"\x00\x00\x00\x00\x01body"), ("t", b"\x00\x00\x00\x00\x01bad")]
+    with pytest.raises(ConnectionError):  # a registry that fails is never taken for a poison record
+        decode_value(decode, "t", b"\x00\x00\x00\x00\x01down")
+    assert [v for _, v in seen][:2] == [b"\x00\x00\x00\x00\x01body", b"\x00\x00\x00\x00\x01bad"]
 
 
 def test_the_codec_writes_what_confluents_serializer_writes_and_names_a_record_the_schema_does_not_fit(
@@ -211,3 +227,22 @@ def test_the_codec_writes_what_confluents_serializer_writes_and_names_a_record_t
     assert codec.encode("orders", None, "record 1") is None  # a tombstone stays one
     with pytest.raises(ConfigError, match=r"record 2: not written with --schema"):
         codec.encode("orders", b'{"sensor": 5}', "record 2")
+
+
+def test_a_record_the_schema_does_not_fit_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from connectors.toolkit.chaos import Record
+    from connectors.toolkit.chaos.avro import check_records
+
+    fits = Record(key=None, value=json.dumps(ROWS[0]).encode())
+    check_records([fits, Record(key=None, value=None)], json.dumps(SCHEMA), "--generator")
+    bad = Record(key=None, value=json.dumps({**ROWS[0], "sensor": 5}).encode())
+    with pytest.raises(ConfigError, match=r"--generator, record 1: its value does not fit --schema"):
+        check_records([fits, bad], json.dumps(SCHEMA), "--generator")
+
+
+def test_the_registrys_password_stays_out_of_the_codecs_errors() -> None:
+    from connectors.toolkit.chaos.avro import RegistryCodec
+
+    with pytest.raises(ConfigError) as err:
+        RegistryCodec("http://user:s3cret@127.0.0.1:1", json.dumps(SCHEMA)).register("t")
+    assert "s3cret" not in str(err.value) and "could not be reached" in str(err.value), err.value

@@ -595,3 +595,12 @@ def test_the_sinks_subject_follows_its_naming_strategy_and_names_the_option_that
         ConfigError, match=r"'value.subject.name.strategy' is 'Loose', no subject naming strategy.*RecordNameStrategy"
     ):
         parse_options({**base, "topic": "t", "value.subject.name.strategy": "Loose"}, streaming=True)
+
+    # id:N needs no subject: rows naming their topics may pin one without a strategy
+    assert subject(**{"value.schema": "id:6"}) == ("", "id:6")
+    refused(r"option 'value.schema': not an Avro schema", "value.schema", topic="t", **{"value.schema": '{"type": '})
+    for option in ("value.subject", "value.subject.name.strategy", "value.record.name"):
+        with pytest.raises(
+            ConfigError, match=rf"option '{option}' names the Schema Registry subject .*\(value.format=raw\)"
+        ):
+            parse_options({**base, "topic": "t", "value.format": "raw", option: "record"}, streaming=True)

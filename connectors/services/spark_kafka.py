@@ -111,7 +111,8 @@ def _jars(version: str, artifacts: dict[str, Any], stem: str, cache: Path | None
     return jars
 
 
-def session_conf(version: str = SPARK_KAFKA_VERSION) -> dict[str, str]:
-    """The Spark conf that puts Spark's Kafka connector ``version`` and its ``spark-avro`` on the driver's and
-    executors' class path."""
-    return {"spark.jars": ",".join(str(p) for p in [*connector_jars(version), *avro_jars(version)])}
+def session_conf(version: str = SPARK_KAFKA_VERSION, *, avro: bool = False) -> dict[str, str]:
+    """The Spark conf that puts Spark's Kafka connector ``version`` (and with ``avro`` its ``spark-avro``) on the
+    driver's and executors' class path."""
+    jars = [*connector_jars(version), *(avro_jars(version) if avro else ())]
+    return {"spark.jars": ",".join(str(p) for p in jars)}

@@ -178,7 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app", required=True, help="module:function that builds the query (not started)")
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--kafka-config", default="", help="the job's Kafka client properties (job.kafka_options)")
-    p.add_argument("--schema-registry", default="", help="the run's Schema Registry (job.registry_options)")
+    p.add_argument(
+        "--schema-registry",
+        default=os.environ.get("EOS_SCHEMA_REGISTRY_URL", ""),
+        help="the run's Schema Registry (job.registry_options; default EOS_SCHEMA_REGISTRY_URL, how a chaos run "
+        "hands it over: off the command line, where a user:password@ would show)",
+    )
     p.add_argument("--topic", required=True)
     p.add_argument("--dsn", default="", help="Postgres (none for a job that writes only to Kafka)")
     p.add_argument("--table", required=True)

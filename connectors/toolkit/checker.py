@@ -570,13 +570,16 @@ def read_topic_settled(
 
 
 def decode_value(decode: ValueDecoder, topic: str, value: bytes) -> Any:
-    """A wire-format value's record (a value in no wire format, or one that does not decode: the bytes, which
-    ``_parse`` then takes for what they are)."""
+    """A wire-format value's record; a value in no wire format, or whose bytes do not decode (the deserializer's
+    ``SerializationError``), as its bytes, which ``_parse`` then takes for what they are (poison). Any other
+    failure (the registry unreachable, a schema it does not have) is raised: never judged as poison."""
     if len(value) < 5 or value[0] != 0:
         return value
+    from confluent_kafka.serialization import SerializationError
+
     try:
         return decode(topic, value)
-    except Exception:  # an undecodable record is a poison record, judged as one
+    except SerializationError:
         return value
 
 

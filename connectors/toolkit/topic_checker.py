@@ -88,6 +88,17 @@ def topic_rows(
     return rows if latest_by is None else list(latest.values())
 
 
+def _undecodable(held: Sequence[dict[str, Any]]) -> Check:
+    bad = [(r["_partition"], r["_offset"]) for r in held if "_raw" in r]
+    return Check(
+        "records.undecodable",
+        not bad,
+        f"{len(bad)} records of the sink's topic do not decode with their writer schemas",
+        {"undecodable": len(bad)},
+        {"undecodable": bad[:20]},
+    )
+
+
 def open_transactions(bootstrap: str, topics: Sequence[str], *, timeout: float = 30.0) -> dict[str, int]:
     """``topic-partition`` -> offsets between its last stable offset and its high watermark (an open
     transaction holds read_committed readers there); empty when every transaction ended."""
@@ -142,16 +153,17 @@ def verify_topic(
     decode: ValueDecoder | None = None,
 ) -> Report:
     """Every check for a topic written by the ``kafka-eos`` sink from ``source_topic``'s JSON records.
-
-    ``records=False``: the end state only (a job whose records are not 1:1 with the source's, judged
-    by the oracle instead). ``visibility``: the sink's markers must say the job wrote in that mode
-    (``end.visibility``; a chaos run draws the fault points of the mode its ``--sink-kind`` names). ``decode``:
-    how both topics' wire-format values read (``checker.read_topic``)."""
+    ``records=False``: the end state only (a job whose records are not 1:1 with the source's, judged by the oracle
+    instead). ``visibility``: the sink's markers must say the job wrote in that mode (``end.visibility``; a chaos run
+    draws the fault points of the mode its ``--sink-kind`` names). ``decode``: ``checker.read_topic``'s."""
     report = Report()
     if records:
         source = [r for r in read_topic(bootstrap, source_topic, decode=decode) if "_raw" not in r]
-        rows = [r for r in read_sink_topic(bootstrap, sink_topic, decode=decode) if "_raw" not in r]
+        held = read_sink_topic(bootstrap, sink_topic, decode=decode)
+        rows = [r for r in held if "_raw" not in r]
         report.info.update(source_records=len(source), sink_records=len(rows))
+        if decode is not None:  # a record the sink wrote that its readers cannot decode is a defect, never poison
+            report.add(_undecodable(held))
         letters: list[dict[str, Any]] = []
         if errors_topic:
             for rec in read_topic(bootstrap, errors_topic, parse_json=False):

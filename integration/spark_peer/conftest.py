@@ -33,7 +33,7 @@ def kafka_service() -> Iterator[ApacheKafka]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One session for the whole run: format("kafka") (Spark's connector jars) and format("kafka-eos")."""
-    session = local_session("spark-eos-peer", **session_conf())
+    session = local_session("spark-eos-peer", **session_conf(avro=True))  # from_avro: test_avro_differential.py
     try:
         yield session
     finally:

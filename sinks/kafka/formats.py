@@ -52,6 +52,7 @@ def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, Avr
             subject = _subject(opts, column, record_name)
             schema_id = register(conf, subject, text, option=option)
         elif is_inline_schema(spec):
+            spark_type(spec, option=option)  # a ConfigError naming the option when it is no Avro schema
             inline_name = _full_name(spec)
             if record_name and inline_name != record_name:
                 raise ConfigError(
@@ -62,15 +63,17 @@ def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, Avr
                 )
             subject = _subject(opts, column, inline_name)
             text, schema_id = spec, register(conf, subject, spec, option=option)
-        else:
-            subject = _subject(opts, column, record_name)
+        else:  # a registered schema: id:N needs no subject (rows naming their topics may give none)
+            by_id = spec.lower().startswith("id:")
+            subject = (getattr(opts, f"{column}_subject") or "") if by_id else _subject(opts, column, record_name)
             found = reader_schema(conf, subject, spec, option=option)
             text, schema_id = found.text, int(found.schema_id or 0)
         written, _ = spark_type(text, option=option)
         if spec != "auto" and written.simpleString() != column_type.simpleString():  # auto: derived from the column
             raise ConfigError(
-                f"{CONTEXT}: the {column} column is {column_type.simpleString()}, and the schema {spec!r} of subject "
-                f"{subject!r} (id {schema_id}) writes {written.simpleString()}: select the column to match it, or "
+                f"{CONTEXT}: the {column} column is {column_type.simpleString()}, and the schema {spec!r}"
+                + (f" of subject {subject!r}" if subject else "")
+                + f" (id {schema_id}) writes {written.simpleString()}: select the column to match it, or "
                 f"let {column}.schema=auto register the column's own",
                 option=option,
             )

@@ -324,4 +324,20 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSinkOption
             "an existing topic against whose partition 0 it keeps its markers (e.g. one of the topics it writes)",
             option="marker.topic",
         )
+    for column in ("value", "key"):  # the subject options of a column written as it is would be ignored: refused
+        given = [
+            name
+            for name, attr in (
+                ("subject", "subject"),
+                ("subject.name.strategy", "subject_strategy"),
+                ("record.name", "record_name"),
+            )
+            if getattr(opts, f"{column}_{attr}")
+        ]
+        if given and getattr(opts, f"{column}_format") == "raw":
+            raise ConfigError(
+                f"{CONTEXT}: option '{column}.{given[0]}' names the Schema Registry subject of an encoded {column}, and "
+                f"the {column} is written as it is ({column}.format=raw): set {column}.format=avro, or drop it",
+                option=f"{column}.{given[0]}",
+            )
     return opts

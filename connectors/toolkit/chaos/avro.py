@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from eos_core.errors import ConfigError
 
-__all__ = ["RegistryCodec", "read_avro_records", "read_schema_file"]
+__all__ = ["RegistryCodec", "check_records", "read_avro_records", "read_schema_file"]
 
 
 def _fastavro(option: str, path: str) -> Any:
@@ -85,6 +86,22 @@ def read_schema_file(path: str, *, option: str = "--schema") -> str:
     return json.dumps(schema)
 
 
+def check_records(records: Sequence[Any], schema: str, option: str) -> None:
+    """Each record's value (JSON text; None: a tombstone) is an object ``schema`` writes, before anything runs: a
+    ConfigError naming the first that is not, and why."""
+    fastavro = _fastavro("--schema", "")
+    from fastavro.validation import ValidationError, validate
+
+    parsed = fastavro.parse_schema(json.loads(schema))
+    for i, rec in enumerate(records):
+        if rec.value is None:
+            continue
+        try:
+            validate(json.loads(rec.value), parsed, raise_errors=True)
+        except (ValueError, ValidationError) as exc:  # not JSON, or the fields that do not fit
+            raise ConfigError(f"{option}, record {i}: its value does not fit --schema: {exc}") from None
+
+
 class RegistryCodec:
     """Record values to and from Confluent's wire format, with the registry at ``url``: ``encode`` with the
     schema ``schema`` under ``<topic>-value`` (registered at the first record), ``decode`` by each record's own
@@ -126,11 +143,22 @@ class RegistryCodec:
         from confluent_kafka.schema_registry import Schema
 
         assert self.schema is not None, "a codec that registers is given a schema"
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        from eos_core.options import redact_userinfo
+
+        where = redact_userinfo(self.url)
         try:
             return int(self._registry().register_schema(f"{topic}-value", Schema(self.schema, "AVRO")))
-        except Exception as exc:  # unreachable, refused (incompatible with what the subject holds)
+        except SchemaRegistryError as exc:  # refused: incompatible with what the subject holds, invalid
             raise ConfigError(
-                f"--schema: the Schema Registry at {self.url} did not take it for {topic}-value: {exc}"
+                f"--schema: the Schema Registry at {where} refused it for {topic}-value: HTTP {exc.http_status_code} "
+                f"{exc.error_message}"
+            ) from None
+        except Exception as exc:  # unreachable: connection refused, timeouts
+            raise ConfigError(
+                f"--schema-registry: the Schema Registry at {where} could not be reached to register {topic}-value "
+                f"({type(exc).__name__}: {redact_userinfo(str(exc))}); is it up?"
             ) from None
 
     def encode(self, topic: str, value: bytes | None, where: str) -> bytes | None:
@@ -157,7 +185,9 @@ class RegistryCodec:
         try:
             out = self._serializer(record, SerializationContext(topic, MessageField.VALUE))
         except Exception as exc:  # a record the schema does not fit (fastavro's ValueError), a refused registration
-            raise ConfigError(f"{where}: not written with --schema: {exc}") from None
+            from eos_core.options import redact_userinfo
+
+            raise ConfigError(f"{where}: not written with --schema: {redact_userinfo(str(exc))}") from None
         return bytes(out) if out is not None else None
 
     def decode(self, topic: str, value: bytes) -> Any:
@@ -166,5 +196,8 @@ class RegistryCodec:
         from confluent_kafka.serialization import MessageField, SerializationContext
 
         if self._deserializer is None:
-            self._deserializer = AvroDeserializer(self._registry())
+            from confluent_kafka.schema_registry import topic_subject_name_strategy
+
+            conf = {"subject.name.strategy": topic_subject_name_strategy}  # no associations look-up, as for encode
+            self._deserializer = AvroDeserializer(self._registry(), conf=conf)
         return self._deserializer(value, SerializationContext(topic, MessageField.VALUE))

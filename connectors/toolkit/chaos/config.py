@@ -69,6 +69,7 @@ class ChaosConfig:
     # ``schema`` (the schema's text) under <topic>-value of the registry at ``schema_registry``
     value_format: str = "json"
     schema: str | None = None
+    schema_file: str | None = None  # where ``schema`` was read from (the reproduce command names it)
     schema_registry: str | None = None
 
     @property

@@ -58,6 +58,10 @@ class Experiment:
         )
         env.update(password_apart(cfg.dsn)[1])  # the runs' --dsn carries no password (runner_argv)
         env.pop("EOS_FAULTS", None)
+        if cfg.schema_registry:  # the job's registry (job.registry_options): never on a command line (user:password@)
+            from connectors.services.schema_registry import URL_ENV
+
+            env[URL_ENV] = cfg.schema_registry
         kit = FaultKit(
             cfg.faults,
             bootstrap=cfg.bootstrap,
@@ -266,6 +270,8 @@ def reproduce_command(cfg: ChaosConfig, kills: Sequence[int] | None) -> str:
         argv += ["--dead-letters", cfg.dead_letters]
     if cfg.app_kafka_config:
         argv += ["--app-kafka-config", cfg.app_kafka_config]
+    if cfg.value_format != "json":  # the registry itself stays EOS_SCHEMA_REGISTRY_URL's: it may hold a password
+        argv += ["--value-format", cfg.value_format, *(("--schema", cfg.schema_file) if cfg.schema_file else ())]
     argv += [a for k, v in cfg.options.items() for a in ("--option", f"{k}={v}")]
     return shlex.join(argv)
 

@@ -60,7 +60,6 @@ PLUGIN_NAMES: dict[str, str] = {
     "app": "app",
     "bootstrap": "EOS_KAFKA_BOOTSTRAP",
     "dsn": "EOS_POSTGRES_DSN",
-    "schema_registry": "schema_registry= (or EOS_SCHEMA_REGISTRY_URL)",
 }
 
 
@@ -192,6 +191,7 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
         faults=weights,
         postgres_service=pg_service,
         schema=schema,
+        schema_file=a.schema,
         schema_registry=registry,
     )
 

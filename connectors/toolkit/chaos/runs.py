@@ -128,8 +128,6 @@ def runner_argv(
         options += ["--out-topic", out_topic_of(table), "--visibility", KAFKA_SINK_KINDS[cfg.sink_kind]]
     if cfg.connect:
         options.append("--connect")
-    if cfg.schema_registry:
-        options += ["--schema-registry", cfg.schema_registry]
     return python_argv("connectors.toolkit.app_runner", "--app", cfg.app, *common, *options, *confs)
 
 

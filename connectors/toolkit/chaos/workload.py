@@ -521,6 +521,10 @@ def load(cfg: ChaosConfig) -> list[Record] | None:
         records = read_records_file(cfg.records_file, cfg.records)
     for i, rec in enumerate(records or ()):
         user_partition(rec, i, cfg.partitions)
+    if cfg.value_format == "avro" and records is not None and cfg.schema:
+        from connectors.toolkit.chaos.avro import check_records
+
+        check_records(records, cfg.schema, "--generator" if cfg.generator else "--records-file")
     return records
 
 
