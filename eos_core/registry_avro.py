@@ -49,10 +49,12 @@ __all__ = [
     "ReaderSchema",
     "RegistryConf",
     "avro_schema",
+    "decode_each",
     "is_inline_schema",
     "reader_schema",
     "register",
     "spark_type",
+    "writer_schema",
 ]
 
 MAGIC = 0
@@ -369,6 +371,60 @@ def _name(s: Any) -> str:
     return str(s)
 
 
+def writer_schema(conf: RegistryConf, schema_id: int, where: str, column: str) -> Any:
+    """The registry's schema ``schema_id``, the writer schema of the record ``where`` names; a schema the registry
+    does not have is asked for once more a second later (a replica that lags a registration), then that record's
+    fault (FatalError)."""
+    client = _client(conf)
+
+    def fetch() -> Any:
+        return _registry_call(
+            conf,
+            f"schema id {schema_id} (the writer schema of {where})",
+            f"{column}.format",
+            lambda: client.get_schema(schema_id),
+            record=where,
+        )
+
+    try:
+        return fetch()
+    except FatalError:
+        time.sleep(_MISSING_RETRY_S)
+        return fetch()
+
+
+def decode_each(
+    payloads: list[bytes | None],
+    where: Callable[[int], str],
+    errors: dict[int, tuple[int | None, str]] | None,
+    column: str,
+    read: Callable[[int, bytes, str], Any],
+) -> list[Any]:
+    """Each payload in Confluent's wire format read by ``read(schema id, payload, where)``; None stays None. A
+    record that cannot be read fails the batch (FatalError), or with ``errors`` is a None and ``errors[i]``."""
+    out: list[Any] = []
+    for i, payload in enumerate(payloads):
+        if payload is None:
+            out.append(None)
+            continue
+        schema_id = None
+        try:
+            if len(payload) < _HEADER or payload[0] != MAGIC:
+                raise FatalError(
+                    f"kafka-eos: {where(i)}: the {column} is not in Confluent's wire format (magic byte "
+                    f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
+                    f"{column}.format=raw, or fix what wrote it"
+                )
+            schema_id = int.from_bytes(payload[1:_HEADER], "big")
+            out.append(read(schema_id, payload, where(i)))
+        except FatalError as exc:
+            if errors is None:
+                raise
+            errors[i] = (schema_id, str(exc))
+            out.append(None)
+    return out
+
+
 class AvroDecoder:
     """Decodes a column of wire-format records onto one reader schema, into an Arrow array of its Spark type."""
 
@@ -401,22 +457,7 @@ class AvroDecoder:
 
         found = self._writers.get(schema_id)
         if found is None:
-            client = _client(self.conf)
-
-            def fetch() -> Any:
-                return _registry_call(
-                    self.conf,
-                    f"schema id {schema_id} (the writer schema of {where})",
-                    f"{self.column}.format",
-                    lambda: client.get_schema(schema_id),
-                    record=where,
-                )
-
-            try:
-                schema = fetch()
-            except FatalError:  # not found: asked once more, a second later (a replica that lags a registration)
-                time.sleep(_MISSING_RETRY_S)
-                schema = fetch()
+            schema = writer_schema(self.conf, schema_id, where, self.column)
             if schema.schema_type not in (None, "AVRO"):
                 fits = "json-schema" if schema.schema_type == "JSON" else "raw"
                 raise FatalError(
@@ -443,36 +484,21 @@ class AvroDecoder:
         import pyarrow as pa
 
         fix, writers = self._fix, self._writers
-        out: list[Any] = []
-        for i, payload in enumerate(payloads):
-            if payload is None:
-                out.append(None)
-                continue
-            schema_id = None
+
+        def read(schema_id: int, payload: bytes, at: str) -> Any:
+            writer, reader = writers.get(schema_id) or self._writer(schema_id, at)
+            body = io.BytesIO(payload)
+            body.seek(_HEADER)
             try:
-                if len(payload) < _HEADER or payload[0] != MAGIC:
-                    raise FatalError(
-                        f"kafka-eos: {where(i)}: the {self.column} is not in Confluent's wire format (magic byte "
-                        f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
-                        f"{self.column}.format=raw, or fix what wrote it"
-                    )
-                schema_id = int.from_bytes(payload[1:_HEADER], "big")
-                writer, reader = writers.get(schema_id) or self._writer(schema_id, where(i))
-                body = io.BytesIO(payload)
-                body.seek(_HEADER)
-                try:
-                    value = fastavro.schemaless_reader(body, writer, reader)
-                except Exception as exc:
-                    raise FatalError(
-                        f"kafka-eos: {where(i)}: the {self.column} (writer schema id {schema_id}) cannot be read "
-                        f"with the reader schema{_of(self.reader)}: {type(exc).__name__}: {exc}"
-                    ) from None
-                out.append(value if fix is None else fix(value))
-            except FatalError as exc:
-                if errors is None:
-                    raise
-                errors[i] = (schema_id, str(exc))
-                out.append(None)
+                value = fastavro.schemaless_reader(body, writer, reader)
+            except Exception as exc:
+                raise FatalError(
+                    f"kafka-eos: {at}: the {self.column} (writer schema id {schema_id}) cannot be read "
+                    f"with the reader schema{_of(self.reader)}: {type(exc).__name__}: {exc}"
+                ) from None
+            return value if fix is None else fix(value)
+
+        out = decode_each(payloads, where, errors, self.column, read)
         return pa.array(out, type=self.arrow_type)
 
 

@@ -29,7 +29,6 @@ inlined), a union of several non-null types, an ``object`` with neither ``proper
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +46,7 @@ from pyspark.sql.types import (
 
 from eos_core import registry_avro
 from eos_core.errors import ConfigError, FatalError
-from eos_core.registry_avro import MAGIC, ReaderSchema, RegistryConf
+from eos_core.registry_avro import ReaderSchema, RegistryConf
 
 __all__ = ["JsonSchemaDecoder", "parse_schema", "spark_type"]
 
@@ -199,22 +198,7 @@ class JsonSchemaDecoder:
         self.__init__(conf, reader, spark, column=state["column"], tolerate=state["tolerate"])  # type: ignore[misc]
 
     def _writer(self, schema_id: int, where: str) -> None:
-        client = registry_avro._client(self.conf)
-
-        def fetch() -> Any:
-            return registry_avro._registry_call(
-                self.conf,
-                f"schema id {schema_id} (the writer schema of {where})",
-                f"{self.column}.format",
-                lambda: client.get_schema(schema_id),
-                record=where,
-            )
-
-        try:
-            schema = fetch()
-        except FatalError:  # not found: asked once more, a second later (a replica that lags a registration)
-            time.sleep(registry_avro._MISSING_RETRY_S)
-            schema = fetch()
+        schema = registry_avro.writer_schema(self.conf, schema_id, where, self.column)
         if schema.schema_type != "JSON":
             raise FatalError(
                 f"kafka-eos: {where}: the {self.column} was written with a {schema.schema_type or 'AVRO'} schema (id "
@@ -234,32 +218,16 @@ class JsonSchemaDecoder:
         or with ``errors`` is a null there and its error; an unreachable registry always fails."""
         import pyarrow as pa
 
-        out: list[Any] = []
-        for i, payload in enumerate(payloads):
-            if payload is None:
-                out.append(None)
-                continue
-            schema_id = None
+        def read(schema_id: int, payload: bytes, at: str) -> Any:
+            if schema_id not in self._writers:
+                self._writer(schema_id, at)
             try:
-                if len(payload) < _HEADER or payload[0] != MAGIC:
-                    raise FatalError(
-                        f"kafka-eos: {where(i)}: the {self.column} is not in Confluent's wire format (magic byte "
-                        f"{payload[0] if payload else 'missing'}, {len(payload)} bytes); read it with "
-                        f"{self.column}.format=raw, or fix what wrote it"
-                    )
-                schema_id = int.from_bytes(payload[1:_HEADER], "big")
-                if schema_id not in self._writers:
-                    self._writer(schema_id, where(i))
-                try:
-                    out.append(_conform(json.loads(payload[_HEADER:]), self.spark, True, ""))
-                except ValueError as exc:  # not JSON (JSONDecodeError), or not of the reader's types
-                    raise FatalError(
-                        f"kafka-eos: {where(i)}: the {self.column} (writer schema id {schema_id}) cannot be read "
-                        f"with the reader schema: {exc}"
-                    ) from None
-            except FatalError as exc:
-                if errors is None:
-                    raise
-                errors[i] = (schema_id, str(exc))
-                out.append(None)
+                return _conform(json.loads(payload[_HEADER:]), self.spark, True, "")
+            except ValueError as exc:  # not JSON (JSONDecodeError), or not of the reader's types
+                raise FatalError(
+                    f"kafka-eos: {at}: the {self.column} (writer schema id {schema_id}) cannot be read with the "
+                    f"reader schema: {exc}"
+                ) from None
+
+        out = registry_avro.decode_each(payloads, where, errors, self.column, read)
         return pa.array(out, type=self.arrow_type)
