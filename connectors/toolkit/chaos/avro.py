@@ -1,9 +1,10 @@
 """Avro in chaos runs: sample records from an Avro container file (``--records-file events.avro``), and records
 in Confluent's wire format with a Schema Registry (``--value-format avro --schema FILE``: ``RegistryCodec``).
 
-Registry-encoded records: each record's value (a JSON object of the workload: the generator's dicts, a records
-file's objects, the default workload's) is written by confluent-kafka's own ``AvroSerializer`` with the given
-schema under the subject ``<topic>-value`` of the run's topic (Confluent's TopicNameStrategy), so a job reads them
+Registry-encoded records: each record's value (a JSON object of your workload: the generator's dicts, a records
+file's objects; each checked against the schema before anything runs, ``check_records``) is written by
+confluent-kafka's own ``AvroSerializer`` with the given schema under the subject ``<topic>-value`` of the run's topic
+(Confluent's TopicNameStrategy; registered before the job starts, ``RegistryCodec.register``), so a job reads them
 with ``value.format=avro``; the checker reads the source topic, and a Kafka sink job's output topic, back with
 confluent-kafka's ``AvroDeserializer`` (each record by its own writer schema): the oracle is not the code it judges.
 
@@ -103,9 +104,9 @@ def check_records(records: Sequence[Any], schema: str, option: str) -> None:
 
 
 class RegistryCodec:
-    """Record values to and from Confluent's wire format, with the registry at ``url``: ``encode`` with the
-    schema ``schema`` under ``<topic>-value`` (registered at the first record), ``decode`` by each record's own
-    writer schema. confluent-kafka's serializers, with a request timeout (``confluent_client``)."""
+    """Record values to and from Confluent's wire format, with the registry at ``url``: ``register`` the schema
+    ``schema`` under ``<topic>-value``, ``encode`` with it, ``decode`` by each record's own writer schema.
+    confluent-kafka's serializers, with a request timeout (``confluent_client``); ``close`` when done."""
 
     def __init__(self, url: str, schema: str | None = None) -> None:
         self.url, self.schema = url, schema
@@ -141,12 +142,11 @@ class RegistryCodec:
     def register(self, topic: str) -> int:
         """Register the schema under ``<topic>-value`` now (before the job plans: it reads ``latest``); its id."""
         from confluent_kafka.schema_registry import Schema
-
-        assert self.schema is not None, "a codec that registers is given a schema"
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         from eos_core.options import redact_userinfo
 
+        assert self.schema is not None, "a codec that registers is given a schema"
         where = redact_userinfo(self.url)
         try:
             return int(self._registry().register_schema(f"{topic}-value", Schema(self.schema, "AVRO")))
