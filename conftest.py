@@ -72,6 +72,8 @@ _GROUPS = {
     "integration/test_schema_registry.py": "schema-registry",  # one registry (~20-40 s to start), not one per worker
     "integration/test_source_avro.py": "schema-registry",
     "integration/test_sink_avro.py": "schema-registry",
+    "integration/test_sink_json_schema.py": "schema-registry",
+    "integration/test_source_json_schema.py": "schema-registry",
 }
 
 

@@ -581,9 +581,10 @@ def _maps(t: DataType) -> _Fix | None:
     return None
 
 
-def register(conf: RegistryConf, subject: str, schema_text: str, *, option: str) -> int:
-    """The id of ``schema_text`` under ``subject``, registering it as a new version when it is not one yet; the
-    registry's compatibility check refuses an incompatible one (HTTP 409): a ConfigError naming the subject."""
+def register(conf: RegistryConf, subject: str, schema_text: str, *, option: str, kind: str = "AVRO") -> int:
+    """The id of ``schema_text`` (of the registry's schema type ``kind``) under ``subject``, registering it as a new
+    version when it is not one yet; the registry's compatibility check refuses an incompatible one (HTTP 409): a
+    ConfigError naming the subject."""
     client = _client(conf)  # first: a ConfigError naming the extra when the client is not installed
     from confluent_kafka.schema_registry import Schema
     from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -592,15 +593,16 @@ def register(conf: RegistryConf, subject: str, schema_text: str, *, option: str)
 
     def call() -> int:
         try:
-            return int(client.register_schema(subject, Schema(schema_text, "AVRO")))
+            return int(client.register_schema(subject, Schema(schema_text, kind)))
         except SchemaRegistryError as exc:
             if exc.http_status_code != 409:
                 raise
+            how = "a new field needs a default" if kind == "AVRO" else "a new property is optional"
             raise ConfigError(
                 f"the Schema Registry at {conf.shown_url} refused the schema of the {name} column as a new version of "
                 f"subject {subject!r}: incompatible with its latest under the subject's compatibility level "
-                f"({exc.error_message}); make the change compatible (a new field needs a default), or write to a "
-                f"new subject ({name}.subject)",
+                f"({exc.error_message}); make the change compatible ({how}), or write to a new subject "
+                f"({name}.subject)",
                 option=option,
             ) from None
 

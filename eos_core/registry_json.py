@@ -24,31 +24,59 @@ The mapping (as Kafka Connect's and Spark's ``from_json`` would hold the values)
 Refused when the query is planned, naming the property: ``$ref`` (give the schema inline, its definitions
 inlined), a union of several non-null types, an ``object`` with neither ``properties`` nor a schema of
 ``additionalProperties``, a ``type`` this mapping lacks.
+
+Writes (the Kafka sink's ``value.format=json-schema``) go the other way: ``json_schema`` derives a column's JSON
+Schema from its Spark type (draft-07; a struct a closed ``object`` whose non-nullable fields are ``required``, a
+nullable one ``oneOf`` null and its type; integers ``integer``; float, double and decimal ``number``; date and
+timestamp strings of ``format`` date and date-time, timestamp_ntz a plain string, binary a base64 string; an array's
+``items``; a map with string keys an ``object`` of ``additionalProperties``), and ``JsonSchemaEncoder`` writes each
+value as JSON text after the wire-format header, a decimal with its exact digits. A schema the user gave (inline or
+registered) may hold constraints the Spark type does not (an enum, a pattern, a range): each value is validated
+against it, as Confluent's serializer validates, and one that breaks it fails the batch naming its row.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     BooleanType,
+    ByteType,
     DataType,
+    DateType,
+    DecimalType,
     DoubleType,
+    FloatType,
+    IntegerType,
     LongType,
     MapType,
+    ShortType,
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
+    TimestampType,
 )
 
 from eos_core import registry_avro
 from eos_core.errors import ConfigError, FatalError
 from eos_core.registry_avro import ReaderSchema, RegistryConf
 
-__all__ = ["JsonSchemaDecoder", "parse_schema", "spark_type"]
+__all__ = [
+    "JsonSchemaDecoder",
+    "JsonSchemaEncoder",
+    "canonical",
+    "json_schema",
+    "parse_schema",
+    "read_as",
+    "spark_type",
+]
 
 _HEADER = 5
 _SCALARS: dict[str, DataType] = {
@@ -231,3 +259,182 @@ class JsonSchemaDecoder:
 
         out = registry_avro.decode_each(payloads, where, errors, self.column, read)
         return pa.array(out, type=self.arrow_type)
+
+
+_DRAFT = "http://json-schema.org/draft-07/schema#"
+_INTEGERS = (ByteType, ShortType, IntegerType, LongType)
+_NUMBERS = (FloatType, DoubleType, DecimalType)
+_STRINGS: dict[type, dict[str, Any]] = {
+    StringType: {"type": "string"},
+    DateType: {"type": "string", "format": "date"},
+    TimestampType: {"type": "string", "format": "date-time"},
+    TimestampNTZType: {"type": "string"},
+    BinaryType: {"type": "string", "contentEncoding": "base64"},
+}
+
+
+def json_schema(spark: DataType, *, title: str | None = None, option: str = "value.format") -> dict[str, Any]:
+    """The JSON Schema a struct column of type ``spark`` is written with (draft-07, titled ``title`` if given)."""
+    if not isinstance(spark, StructType):
+        raise ConfigError(f"{option}: the column is {spark.simpleString()}; json-schema writes a struct", option=option)
+    head: dict[str, Any] = {"$schema": _DRAFT}
+    if title:
+        head["title"] = title
+    return {**head, **_schema_of(spark, "", option)}
+
+
+def _nullable(s: dict[str, Any], nullable: bool) -> dict[str, Any]:
+    return {"oneOf": [{"type": "null"}, s]} if nullable else s
+
+
+def _schema_of(t: DataType, path: str, option: str) -> dict[str, Any]:
+    if isinstance(t, StructType):
+        return {
+            "type": "object",
+            "properties": {
+                f.name: _nullable(_schema_of(f.dataType, f"{path}.{f.name}" if path else f.name, option), f.nullable)
+                for f in t.fields
+            },
+            "required": [f.name for f in t.fields if not f.nullable],
+            "additionalProperties": False,
+        }
+    if isinstance(t, ArrayType):
+        return {"type": "array", "items": _nullable(_schema_of(t.elementType, f"{path}[]", option), t.containsNull)}
+    if isinstance(t, MapType):
+        if not isinstance(t.keyType, StringType):
+            raise ConfigError(
+                f"{option}: {path} is {t.simpleString()}: a JSON object's keys are strings (cast the keys to string)",
+                option=option,
+            )
+        value = _schema_of(t.valueType, f"{path}{{}}", option)
+        return {"type": "object", "additionalProperties": _nullable(value, t.valueContainsNull)}
+    if isinstance(t, _INTEGERS):
+        return {"type": "integer"}
+    if isinstance(t, _NUMBERS):
+        return {"type": "number"}
+    if isinstance(t, BooleanType):
+        return {"type": "boolean"}
+    if type(t) in _STRINGS:
+        return dict(_STRINGS[type(t)])
+    raise ConfigError(f"{option}: {path} is {t.simpleString()}, which has no JSON Schema type here", option=option)
+
+
+def read_as(spark: DataType, *, option: str = "value.format") -> str:
+    """The Spark type a column of type ``spark`` is read back as through its derived JSON Schema, its structs'
+    fields by name (a JSON object's properties have no order): what a given schema's type must equal."""
+    return canonical(_spark(json_schema(spark, option=option), "", option)[0])
+
+
+def canonical(t: DataType) -> str:
+    """``t`` as a string with its structs' fields sorted by name (nullability left out)."""
+    if isinstance(t, StructType):
+        return (
+            "struct<"
+            + ",".join(f"{f.name}:{canonical(f.dataType)}" for f in sorted(t.fields, key=lambda f: f.name))
+            + ">"
+        )
+    if isinstance(t, ArrayType):
+        return f"array<{canonical(t.elementType)}>"
+    if isinstance(t, MapType):
+        return f"map<{canonical(t.keyType)},{canonical(t.valueType)}>"
+    return t.simpleString()
+
+
+def _text_of(t: DataType) -> Callable[[Any], str]:
+    """What writes a (non-null) value of ``t``, as Arrow hands it over, as JSON text."""
+    if isinstance(t, StructType):
+        parts = [(json.dumps(f.name) + ":", f.name, _text_of(f.dataType)) for f in t.fields]
+        return lambda v: "{" + ",".join(k + ("null" if v[n] is None else w(v[n])) for k, n, w in parts) + "}"
+    if isinstance(t, ArrayType):
+        item = _text_of(t.elementType)
+        return lambda v: "[" + ",".join("null" if x is None else item(x) for x in v) + "]"
+    if isinstance(t, MapType):
+        value = _text_of(t.valueType)
+        return lambda v: "{" + ",".join(json.dumps(k) + ":" + ("null" if x is None else value(x)) for k, x in v) + "}"
+    if isinstance(t, _INTEGERS):
+        return lambda v: str(int(v))
+    if isinstance(t, (FloatType, DoubleType)):
+        return _float_text
+    if isinstance(t, DecimalType):
+        return str  # a Decimal's own digits (1.50, 1E+3): JSON numbers, exactly
+    if isinstance(t, BooleanType):
+        return lambda v: "true" if v else "false"
+    if isinstance(t, BinaryType):
+        return lambda v: '"' + base64.b64encode(v).decode("ascii") + '"'
+    if isinstance(t, TimestampType):
+        return lambda v: '"' + v.isoformat().replace("+00:00", "Z") + '"'
+    if isinstance(t, (DateType, TimestampNTZType)):
+        return lambda v: '"' + v.isoformat() + '"'
+    return lambda v: json.dumps(v, ensure_ascii=False)
+
+
+def _float_text(v: float) -> str:
+    if not math.isfinite(v):
+        raise ValueError(f"{v} is not a JSON number (JSON has no NaN or infinity)")
+    return repr(float(v))
+
+
+class JsonSchemaEncoder:
+    """Encodes a struct column into Confluent's wire format with one registered JSON Schema (the interface of
+    ``registry_avro.AvroEncoder``); ``validate``: each value checked against the schema (one the user gave)."""
+
+    def __init__(self, schema_text: str, schema_id: int, spark: DataType, *, column: str, validate: bool) -> None:
+        self.schema_text, self.schema_id, self.spark, self.column, self.validate = (
+            schema_text,
+            schema_id,
+            spark,
+            column,
+            validate,
+        )
+        self._header = bytes([registry_avro.MAGIC]) + schema_id.to_bytes(4, "big")
+        self._text = _text_of(spark)
+        self._validator = _validator(schema_text, f"{column}.schema") if validate else None
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the writer and validator are rebuilt there
+        return {k: getattr(self, k) for k in ("schema_text", "schema_id", "spark", "column", "validate")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        text, sid, spark = state["schema_text"], state["schema_id"], state["spark"]
+        self.__init__(text, sid, spark, column=state["column"], validate=state["validate"])  # type: ignore[misc]
+
+    def encode(self, values: list[Any], where: Callable[[int], str]) -> list[bytes | None]:
+        """Each value (a dict; None stays a null key or value) as header + JSON text; a value that is no JSON or
+        breaks the schema is a FatalError naming its row (``where(i)``)."""
+        text, header, validator = self._text, self._header, self._validator
+        out: list[bytes | None] = []
+        for i, value in enumerate(values):
+            if value is None:
+                out.append(None)
+                continue
+            try:
+                body = text(value)
+                if validator is not None:
+                    error = next(iter(validator.iter_errors(json.loads(body))), None)
+                    if error is not None:
+                        at = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+                        raise ValueError(f"{at.lstrip('.') or 'the record'}: {error.message}")
+            except ValueError as exc:
+                raise FatalError(
+                    f"kafka-eos sink: {where(i)}: the {self.column} cannot be written with schema id "
+                    f"{self.schema_id}: {exc}"
+                ) from None
+            out.append(header + body.encode("utf-8"))
+        return out
+
+
+def _validator(schema_text: str, option: str) -> Any:
+    try:
+        import jsonschema
+    except ImportError:
+        raise ConfigError(
+            f"option {option!r}: a JSON Schema given to the sink is validated with the jsonschema package: "
+            "pip install 'spark-eos[registry]'",
+            option=option,
+        ) from None
+    schema = parse_schema(schema_text, option)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConfigError(f"option {option!r}: not a valid JSON Schema: {exc.message}", option=option) from None
+    return cls(schema)

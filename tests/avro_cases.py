@@ -123,14 +123,15 @@ def typed_rows(draw: st.DrawFn) -> tuple[StructType, list[Any]]:
 
 
 class FakeRegistry:
-    """Answers every schema id with one Avro schema (``eos_core.registry_avro._client``'s stand-in)."""
+    """Answers every schema id with one schema, Avro or of type ``kind`` (``eos_core.registry_avro._client``'s
+    stand-in)."""
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    def __init__(self, text: str, kind: str = "AVRO") -> None:
+        self.text, self.kind = text, kind
 
     def get_schema(self, schema_id: int) -> Any:
         class Schema:
-            schema_str, schema_type, references = self.text, "AVRO", []
+            schema_str, schema_type, references = self.text, self.kind, []
 
         return Schema()
 

@@ -583,7 +583,7 @@ def test_the_sinks_subject_follows_its_naming_strategy_and_names_the_option_that
         "value.record.name",
         **{"value.subject.name.strategy": "record"},
     )
-    refused(r"not an Avro full name", "value.record.name", topic="t", **{"value.record.name": "com.9x"})
+    refused(r"not a record.s full name", "value.record.name", topic="t", **{"value.record.name": "com.9x"})
     refused(
         r"both name the subject",
         "value.subject.name.strategy",

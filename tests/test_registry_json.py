@@ -189,3 +189,169 @@ def test_a_decoder_travels_to_the_executors_as_its_options(registry: _Registry) 
 
     decoder = pickle.loads(pickle.dumps(_decoder()))
     assert decoder.decode([_wire(1, {"id": "p", "amount": 1})], _where).to_pylist()[0]["amount"] == 1
+
+
+def _columns() -> Any:
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        DecimalType,
+        IntegerType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    address = StructType([StructField("city", StringType(), False), StructField("zip", IntegerType(), True)])
+    return StructType(
+        [
+            StructField("id", StringType(), False),
+            StructField("price", DecimalType(10, 3), True),
+            StructField("at", TimestampType(), True),
+            StructField("blob", BinaryType(), True),
+            StructField("tags", ArrayType(StringType(), True), True),
+            StructField("counts", MapType(StringType(), IntegerType(), False), True),
+            StructField("address", address, True),
+        ]
+    )
+
+
+def test_a_struct_column_derives_a_closed_draft7_schema_whose_nullable_fields_are_optional() -> None:
+    schema = rj.json_schema(_columns(), title="com.acme.Pay")
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#" and schema["title"] == "com.acme.Pay"
+    assert schema["required"] == ["id"] and schema["additionalProperties"] is False
+    props = schema["properties"]
+    assert props["id"] == {"type": "string"}
+    assert props["price"] == {"oneOf": [{"type": "null"}, {"type": "number"}]}
+    assert props["at"]["oneOf"][1] == {"type": "string", "format": "date-time"}
+    assert props["blob"]["oneOf"][1] == {"type": "string", "contentEncoding": "base64"}
+    assert props["tags"]["oneOf"][1] == {"type": "array", "items": {"oneOf": [{"type": "null"}, {"type": "string"}]}}
+    assert props["counts"]["oneOf"][1] == {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert props["address"]["oneOf"][1]["required"] == ["city"]
+    # read back: integers bigint, decimals double, timestamps and binary strings; fields by name
+    assert rj.read_as(_columns()) == (
+        "struct<address:struct<city:string,zip:bigint>,at:string,blob:string,counts:map<string,bigint>,id:string,"
+        "price:double,tags:array<string>>"
+    )
+    from pyspark.sql.types import IntegerType, MapType, StringType, StructField, StructType
+
+    with pytest.raises(ConfigError, match=r"m is map<int,string>: a JSON object's keys are strings"):
+        rj.json_schema(StructType([StructField("m", MapType(IntegerType(), StringType()))]))
+    with pytest.raises(ConfigError, match=r"json-schema writes a struct"):
+        rj.json_schema(StringType())
+
+
+def test_the_encoder_writes_json_text_after_the_header_a_decimal_with_its_own_digits() -> None:
+    import datetime as dt
+    import decimal
+    import pickle
+
+    row = {
+        "id": "p\u00e9",
+        "price": decimal.Decimal("12.340"),
+        "at": dt.datetime(2026, 11, 29, 12, 0, 1, 5, tzinfo=dt.timezone.utc),
+        "blob": b"\x00\xff",
+        "tags": ["x", None],
+        "counts": [("a", 1)],
+        "address": {"city": "Bern", "zip": None},
+    }
+    encoder = pickle.loads(pickle.dumps(rj.JsonSchemaEncoder("{}", 9, _columns(), column="value", validate=False)))
+    (payload, tombstone) = encoder.encode([row, None], lambda i: f"row {i}")
+    assert tombstone is None and payload is not None and payload[:5] == b"\x00\x00\x00\x00\x09"
+    assert payload[5:].decode() == (
+        '{"id":"p\u00e9","price":12.340,"at":"2026-11-29T12:00:01.000005Z","blob":"AP8=","tags":["x",null],'
+        '"counts":{"a":1},"address":{"city":"Bern","zip":null}}'
+    )
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    ratio = StructType([StructField("r", DoubleType(), True)])
+    with pytest.raises(
+        FatalError, match=r"row 1: the value cannot be written with schema id 9: inf is not a JSON number"
+    ):
+        rj.JsonSchemaEncoder("{}", 9, ratio, column="value", validate=False).encode(
+            [{"r": 1.0}, {"r": float("inf")}], lambda i: f"row {i}"
+        )
+
+
+def test_a_given_schema_checks_each_value_against_its_constraints_naming_the_row_and_the_property() -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    columns = StructType([StructField("id", StringType(), False), StructField("kind", StringType(), True)])
+    given = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": "^p[0-9]+$"}, "kind": {"enum": ["CARD", "CASH", None]}},
+        "required": ["id"],
+    }
+    encoder = rj.JsonSchemaEncoder(json.dumps(given), 3, columns, column="value", validate=True)
+    assert len(encoder.encode([{"id": "p1", "kind": "CARD"}, {"id": "p2", "kind": None}], _where)) == 2
+    with pytest.raises(
+        FatalError, match=r"offset 11: the value cannot be written with schema id 3: kind: 'GOLD' is not"
+    ):
+        encoder.encode([{"id": "p1", "kind": "CASH"}, {"id": "p2", "kind": "GOLD"}], _where)
+    with pytest.raises(FatalError, match=r"id: 'x' does not match"):
+        encoder.encode([{"id": "x", "kind": None}], _where)
+    # a schema that is no valid JSON Schema is refused when the writer is built, naming the option
+    with pytest.raises(ConfigError, match=r"option 'value.schema': not a valid JSON Schema") as err:
+        rj.JsonSchemaEncoder('{"type": 5}', 3, columns, column="value", validate=True)
+    assert err.value.option == "value.schema"
+
+
+def test_the_sink_registers_a_json_schema_and_refuses_a_given_one_its_column_does_not_read_back_as(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from sinks.kafka import formats
+    from sinks.kafka.options import parse_options
+
+    registered: list[tuple[str, str, str]] = []
+
+    def register(conf: Any, subject: str, text: str, *, option: str, kind: str = "AVRO") -> int:
+        registered.append((subject, kind, json.loads(text).get("title")))
+        return 8
+
+    monkeypatch.setattr(formats, "register", register)
+    value = StructType([StructField("id", StringType(), False), StructField("n", IntegerType(), True)])
+    schema = StructType([StructField("value", value, True)])
+    base = {
+        "kafka.bootstrap.servers": "b:1",
+        "topic": "pay",
+        "sink.id": "s",
+        "batch.id": "1",
+        "value.format": "json-schema",
+        "schema.registry.url": "http://r",
+    }
+
+    def encoder(**options: str) -> Any:
+        return formats.column_encoders(parse_options({**base, **options}, streaming=False), schema)["value"]
+
+    auto = encoder(**{"value.record.name": "com.acme.Pay"})
+    assert registered[-1] == ("pay-value", "JSON", "com.acme.Pay") and not auto.validate
+    assert auto.encode([{"id": "a", "n": 1}], _where) == [b'\x00\x00\x00\x00\x08{"id":"a","n":1}']
+    # a schema given inline: its properties in any order, integer for int; its title names the record; validated
+    given = {"title": "Pay", "type": "object", "properties": {"n": {"type": "integer"}, "id": {"type": "string"}}}
+    inline = encoder(**{"value.schema": json.dumps(given), "value.subject.name.strategy": "record"})
+    assert registered[-1] == ("Pay", "JSON", "Pay") and inline.validate
+    wrong = {**given, "properties": {"id": {"type": "string"}, "n": {"type": "string"}}}
+    with pytest.raises(
+        ConfigError, match=r"the value column is struct<id:string,n:bigint>.*writes struct<id:string,n:string>"
+    ) as err:
+        encoder(**{"value.schema": json.dumps(wrong)})
+    assert err.value.option == "value.schema"
+    # a registered schema must be a JSON Schema: an Avro one under json-schema names the format that writes it
+    monkeypatch.setattr(ra, "_client", lambda conf: _Registry())
+
+    class _Avro:
+        schema = _Schema({"type": "string"}, None)
+        schema_id = 2
+
+    monkeypatch.setattr(_Registry, "get_version", lambda self, subject, version: _Avro(), raising=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"schema 2 \(subject 'pay-value'\) is AVRO, and value.format reads JSON: set value.format=avro",
+    ):
+        encoder(**{"value.schema": "latest"})
+    with pytest.raises(ConfigError, match=r"set option 'schema.registry.url'"):
+        formats.column_encoders(parse_options({**base, "schema.registry.url": ""}, streaming=False), schema)

@@ -170,29 +170,30 @@ class KafkaSinkOptions(RegistryOptions):
         "value.format",
         "choice",
         "raw",
-        "raw: the value column is written as it is (string or binary). avro: a struct value column is written in "
-        "Confluent's wire format, its schema registered in the Schema Registry (schema.registry.url) under "
-        "value.subject.",
-        choices=("raw", "avro"),
+        "raw: the value column is written as it is (string or binary). avro, json-schema: a struct value column is "
+        "written in Confluent's wire format (Avro, or JSON text), its schema registered in the Schema Registry "
+        "(schema.registry.url) under value.subject.",
+        choices=("raw", "avro", "json-schema"),
     )
     key_format: str = option(
-        "key.format", "choice", "raw", "As value.format, for the key column.", choices=("raw", "avro")
+        "key.format", "choice", "raw", "As value.format, for the key column.", choices=("raw", "avro", "json-schema")
     )
     value_schema: str = option(
         "value.schema",
         "str",
         "auto",
-        "The writer schema of value.format=avro: auto (derived from the column's Spark type as to_avro derives it, "
-        "registered as a version of the subject when it is not one; the registry's compatibility check refuses "
-        "an incompatible change before anything is written), latest, version:N, id:N (a registered schema the "
-        "column's type must match), or an Avro schema inline (registered).",
+        "The writer schema of an encoded value: auto (derived from the column's Spark type, for avro as to_avro "
+        "derives it; registered as a version of the subject when it is not one; the registry's compatibility check "
+        "refuses an incompatible change before anything is written), latest, version:N, id:N (a registered schema "
+        "the column's type must match), or a schema inline (registered). A JSON Schema given so is also checked "
+        "value by value (its enums, patterns, ranges), as Confluent's serializer checks.",
     )
     key_schema: str = option("key.schema", "str", "auto", "As value.schema, for the key.")
     value_subject: str | None = option(
         "value.subject",
         "str",
         None,
-        "The subject of value.format=avro, named outright. Default: named by value.subject.name.strategy (<topic>-value, "
+        "The subject of an encoded value (avro, json-schema), named outright. Default: named by value.subject.name.strategy (<topic>-value, "
         "TopicNameStrategy, which needs option 'topic').",
     )
     key_subject: str | None = option("key.subject", "str", None, "As value.subject, for the key (default <topic>-key).")
@@ -200,7 +201,7 @@ class KafkaSinkOptions(RegistryOptions):
         "value.subject.name.strategy",
         "str",
         None,
-        "How the subject of value.format=avro is named when value.subject is not given: topic (default: "
+        "How the subject of an encoded value is named when value.subject is not given: topic (default: "
         "<topic>-value, needs option 'topic'), record (the record's full name: rows may name their topics), "
         "topic-record (<topic>-<record's full name>); Confluent's class names are taken too.",
         convert=_strategy("value.subject.name.strategy"),
@@ -216,8 +217,8 @@ class KafkaSinkOptions(RegistryOptions):
         "value.record.name",
         "str",
         None,
-        "The full name (namespace.Name) of the record value.schema=auto registers (default topLevelRecord, as "
-        "to_avro names it); with value.subject.name.strategy record or topic-record and a registered schema "
+        "The full name (namespace.Name) of the record value.schema=auto registers (avro: default topLevelRecord, as "
+        "to_avro names it; json-schema: the schema's title, none by default); with value.subject.name.strategy record or topic-record and a registered schema "
         "(latest, version:N), the record whose subject holds it.",
     )
     key_record_name: str | None = option("key.record.name", "str", None, "As value.record.name, for the key.")
@@ -337,7 +338,8 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool) -> KafkaSinkOption
         if given and getattr(opts, f"{column}_format") == "raw":
             raise ConfigError(
                 f"{CONTEXT}: option '{column}.{given[0]}' names the Schema Registry subject of an encoded {column}, and "
-                f"the {column} is written as it is ({column}.format=raw): set {column}.format=avro, or drop it",
+                f"the {column} is written as it is ({column}.format=raw): set {column}.format=avro or json-schema, or drop "
+                "it",
                 option=f"{column}.{given[0]}",
             )
     return opts

@@ -52,7 +52,7 @@ class KafkaSinkPlan:
     written: tuple[tuple[int, int, str], ...] | None = None
     # producer settings the driver's checks derived (batch.size under the smallest max.message.bytes)
     overrides: tuple[tuple[str, str], ...] = ()
-    # key.format/value.format=avro: sinks.kafka.formats.column_encoders, their schemas registered
+    # key.format/value.format=avro|json-schema: sinks.kafka.formats.column_encoders, their schemas registered
     encoders: dict[str, Any] = field(default_factory=dict)
 
     @property

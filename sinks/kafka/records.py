@@ -90,7 +90,7 @@ def check_schema(schema: StructType, *, topic_option: str | None, context: str) 
         if name in fields and not isinstance(fields[name], (StringType, BinaryType)):
             raise ConfigError(
                 f"{context}: column {name!r} is {fields[name].simpleString()}; it must be string or binary "
-                f"(cast it: CAST({name} AS STRING), or to_json/to_avro; a struct with option {name}.format=avro)",
+                f"(cast it: CAST({name} AS STRING), or to_json/to_avro; a struct with option {name}.format=avro or json-schema)",
                 option=name,
             )
     if "topic" in fields and not isinstance(fields["topic"], StringType):

@@ -29,7 +29,7 @@ def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> Kafka
     batch = opts.batch_id if opts.batch_id is not None else who.stream_batch
     if batch is None:
         raise FatalError(f"{plan.context}: no batch id: Spark did not set streaming.sql.batchId for this task")
-    if plan.encoders:  # key.format/value.format=avro: everything after this sees the bytes written
+    if plan.encoders:  # key.format/value.format=avro|json-schema: everything after this sees the bytes written
         from sinks.kafka.formats import encode_batch
 
         iterator = (encode_batch(arrow, plan.encoders) for arrow in iterator)
