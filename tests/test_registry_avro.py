@@ -604,3 +604,44 @@ def test_the_sinks_subject_follows_its_naming_strategy_and_names_the_option_that
             ConfigError, match=rf"option '{option}' names the Schema Registry subject .*\(value.format=raw\)"
         ):
             parse_options({**base, "topic": "t", "value.format": "raw", option: "record"}, streaming=True)
+
+
+def test_the_writer_registers_its_schema_when_handed_to_the_tasks_never_where_it_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spark builds the writer twice per batch on the driver: where it plans the tasks (then pickles the writer
+    for them) and where it commits. Only the first makes the encoders: the committing process asks the registry
+    nothing and imports no client."""
+    import pickle
+
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sinks.kafka import formats, spark
+
+    registered: list[str] = []
+    monkeypatch.setattr(formats, "register", lambda conf, subject, text, option: registered.append(subject) or 5)
+    monkeypatch.setattr(spark, "check_services", lambda opts: ())
+    options = {
+        "kafka.bootstrap.servers": "b:1",
+        "topic": "t",
+        "sink.id": "s",
+        "batch.id": "1",
+        "value.format": "avro",
+        "schema.registry.url": "http://r",
+    }
+    schema = StructType([StructField("value", StructType([StructField("n", LongType(), False)]))])
+    committer = spark.KafkaBatchWriter(options, schema)
+    assert registered == [] and committer.plan.encoders == {}
+    assert committer.plan.columns == ("value",)  # planned as the encoded (binary) column: a struct is refused
+    tasks = pickle.loads(pickle.dumps(committer))
+    assert registered == ["t-value"] and tasks.plan.encoders["value"].schema_id == 5
+    pickle.dumps(committer)  # pickled again (a retried stage): made once
+    assert registered == ["t-value"]
+
+    # a refusal comes there too, before any task runs
+    def refuse(conf: Any, subject: str, text: str, option: str) -> int:
+        raise ConfigError(f"subject {subject!r}: incompatible", option=option)
+
+    monkeypatch.setattr(formats, "register", refuse)
+    with pytest.raises(ConfigError, match=r"subject 't-value': incompatible"):
+        pickle.dumps(spark.KafkaBatchWriter(options, schema))

@@ -1,6 +1,7 @@
 """The kafka-eos sink's encoded key and value columns (``key.format``/``value.format`` = ``avro`` | ``json-schema``).
 
-The writer schema is settled on the driver when Spark builds the writer, before any task runs: derived from the
+The writer schema is settled on the driver when Spark hands the writer to the tasks, before any task runs (never in
+the process that commits the batch, which encodes nothing and so imports no registry client): derived from the
 column's Spark type and registered (``auto``: the registry's compatibility check refuses an incompatible change
 there, so nothing of the batch is written), or a registered one the column's type must match. Each task turns
 the struct column into Confluent's wire format (magic byte, schema id, Avro or JSON body) before anything else sees its
@@ -10,6 +11,7 @@ rows, so sizes, refusals, digests, staging and replays all work on the bytes wri
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import BinaryType, DataType, StructField, StructType
@@ -31,7 +33,7 @@ from sinks.kafka.options import CONTEXT, KafkaSinkOptions
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Encoder", "column_encoders", "encode_batch", "encoded_schema"]
+__all__ = ["Encoder", "column_encoders", "encode_batch", "encoded_columns", "encoded_schema"]
 
 _COLUMNS = ("key", "value")
 Encoder = AvroEncoder | JsonSchemaEncoder
@@ -209,11 +211,16 @@ def _json(schema: dict[str, Any]) -> str:
     return json.dumps(schema, separators=(",", ":"))
 
 
-def encoded_schema(schema: StructType, encoders: dict[str, Encoder]) -> StructType:
+def encoded_columns(opts: KafkaSinkOptions, schema: StructType) -> list[str]:
+    """The columns of ``schema`` the options encode (``avro``, ``json-schema``)."""
+    return [c for c in _COLUMNS if getattr(opts, f"{c}_format") != "raw" and c in schema.names]
+
+
+def encoded_schema(schema: StructType, encoded: Collection[str]) -> StructType:
     """The rows' schema as the rest of the sink sees it: each encoded column binary."""
-    if not encoders:
+    if not encoded:
         return schema
-    return StructType([StructField(f.name, BinaryType(), True) if f.name in encoders else f for f in schema.fields])
+    return StructType([StructField(f.name, BinaryType(), True) if f.name in encoded else f for f in schema.fields])
 
 
 def encode_batch(batch: pa.RecordBatch, encoders: dict[str, Encoder]) -> pa.RecordBatch:

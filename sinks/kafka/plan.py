@@ -63,11 +63,14 @@ class KafkaSinkPlan:
         return {**self.opts.producer_config(), **dict(self.overrides)}
 
 
-def build_plan(opts: KafkaSinkOptions, schema: StructType) -> KafkaSinkPlan:
-    from sinks.kafka.formats import column_encoders, encoded_schema
+def build_plan(opts: KafkaSinkOptions, schema: StructType, *, encode: bool = True) -> KafkaSinkPlan:
+    """The plan of a write of ``schema``; ``encode=False`` leaves the encoded columns' encoders (their schemas
+    registered or looked up) to ``with_encoders``, for the tasks only."""
+    from sinks.kafka.formats import column_encoders, encoded_columns, encoded_schema
 
-    encoders = column_encoders(opts, schema)
-    columns = check_schema(encoded_schema(schema, encoders), topic_option=opts.topic, context=CONTEXT)
+    encoders = column_encoders(opts, schema) if encode else {}
+    encoded = encoded_columns(opts, schema)
+    columns = check_schema(encoded_schema(schema, encoded), topic_option=opts.topic, context=CONTEXT)
     lineage, text, query, batch = None, "a batch job", BATCH_JOB, opts.batch_id
     if opts.checkpoint is not None:
         planned = planned_lineage(opts.checkpoint, opts.batch_id, context=f"{CONTEXT} {opts.sink_id}")
