@@ -157,8 +157,15 @@ def _registry_call(
                 f"the Schema Registry at {conf.shown_url} refused {what} as invalid: HTTP 422 {exc.error_message}",
                 option=option,
             ) from None
+        fix = ""
+        if exc.http_status_code == 404 and what.startswith(("subject", "version")):  # a subject deleted, or misnamed
+            fix = (
+                f"; if the subject was deleted, register its schema again, or pin one: {option}=id:N (a registered "
+                "schema's id; records keep their writer schema's) or the schema inline"
+            )
         raise ConfigError(
-            f"the Schema Registry at {conf.shown_url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}",
+            f"the Schema Registry at {conf.shown_url} has no {what}: HTTP {exc.http_status_code} {exc.error_message}"
+            + fix,
             option=option,
         ) from None
     except Exception as exc:  # httpx's connection errors, TLS failures, timeouts

@@ -440,6 +440,56 @@ def test_a_registry_down_when_a_stream_restarts_fails_it_at_once_and_it_resumes_
     assert rows == sorted((r["id"], r["amount"]) for r in records)  # every record once
 
 
+def test_a_deleted_subject_fails_the_restart_naming_it_and_a_reader_schema_pinned_by_id_resumes_exactly_once(
+    spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
+) -> None:
+    """Lifecycle row: an admin deletes the subject of a stream's reader schema between two runs (soft, then
+    permanently). The records keep their writer schema's id, which the registry still answers (Apicurio keeps a
+    schema by id after its subject is deleted, as Confluent's does after a soft delete); what is gone is the
+    subject's ``latest``. The restart fails when the query is planned, naming the subject and the options that fix
+    it, with nothing written; pinned by id (``value.schema=id:N``) the stream resumes: every record once."""
+    from connectors.services.schema_registry import confluent_client
+
+    topic = new_topic()
+    records = [{"id": f"r{i}", "amount": i} for i in range(6)]
+    payloads = _serialize(schema_registry, topic, V1, records)
+    schema_id = int.from_bytes(payloads[0][1:5], "big")
+    produce(topic, [{"value": p} for p in payloads[:4]])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def run(**extra: str) -> None:
+        options = _options(kafka_service, schema_registry, topic, startingOffsets="earliest", **extra)
+        query = (
+            spark.readStream.format("kafka-eos")
+            .options(**options)
+            .load()
+            .select("offset", "value.id", "value.amount")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180) is not False and query.exception() is None
+
+    run()
+    assert spark.read.parquet(str(out)).count() == 4
+    produce(topic, [{"value": p} for p in payloads[4:]])
+    with confluent_client(schema_registry.url) as client:
+        assert client.delete_subject(f"{topic}-value") == [1]
+        assert client.delete_subject(f"{topic}-value", permanent=True) == [1]
+
+    with pytest.raises(Exception) as err:
+        run()
+    text = str(err.value)
+    assert f"has no subject '{topic}-value'" in text and "value.schema=id:N" in text, text[-1500:]
+    assert spark.read.parquet(str(out)).count() == 4  # nothing written meanwhile
+
+    run(**{"value.schema": f"id:{schema_id}"})
+    rows = sorted((r["id"], r["amount"]) for r in spark.read.parquet(str(out)).collect())
+    assert rows == sorted((r["id"], r["amount"]) for r in records)  # every record once
+
+
 V3 = {**V2, "fields": [*V2["fields"], {"name": "channel", "type": "string", "default": "web"}]}
 
 
