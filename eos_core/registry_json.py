@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -340,38 +339,54 @@ def canonical(t: DataType) -> str:
     return t.simpleString()
 
 
-def _text_of(t: DataType) -> Callable[[Any], str]:
-    """What writes a (non-null) value of ``t``, as Arrow hands it over, as JSON text."""
+_DUMPS = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def _plain(t: DataType) -> bool:
+    """Whether Arrow hands values of ``t`` over as json.dumps writes them: structs as dicts in the fields' order,
+    arrays as lists, and strings, integers, booleans, floats; no maps (pairs), decimals, dates, times or bytes."""
     if isinstance(t, StructType):
-        parts = [(json.dumps(f.name) + ":", f.name, _text_of(f.dataType)) for f in t.fields]
+        return all(_plain(f.dataType) for f in t.fields)
+    if isinstance(t, ArrayType):
+        return _plain(t.elementType)
+    return isinstance(t, (StringType, BooleanType, FloatType, DoubleType, *_INTEGERS))
+
+
+def _text_of(t: DataType) -> Callable[[Any], str]:
+    """What writes a (non-null) value of ``t``, as Arrow hands it over, as JSON text: json's own encoder (in C)
+    where it writes the value as the schema says, else field by field."""
+    if _plain(t):
+        return _dumps
+    return _text_of_parts(t)
+
+
+def _dumps(v: Any) -> str:
+    try:
+        return _DUMPS(v)
+    except ValueError:  # json's "Out of range float values are not JSON compliant"
+        raise ValueError("a float is NaN or infinite, not a JSON number (JSON has neither)") from None
+
+
+def _text_of_parts(t: DataType) -> Callable[[Any], str]:
+    """A struct, array or map holding what json's encoder does not write as the schema says, or one of those."""
+    if isinstance(t, StructType):
+        parts = [(_DUMPS(f.name) + ":", f.name, _text_of(f.dataType)) for f in t.fields]
         return lambda v: "{" + ",".join(k + ("null" if v[n] is None else w(v[n])) for k, n, w in parts) + "}"
     if isinstance(t, ArrayType):
         item = _text_of(t.elementType)
         return lambda v: "[" + ",".join("null" if x is None else item(x) for x in v) + "]"
     if isinstance(t, MapType):
         value = _text_of(t.valueType)
-        return lambda v: "{" + ",".join(json.dumps(k) + ":" + ("null" if x is None else value(x)) for k, x in v) + "}"
-    if isinstance(t, _INTEGERS):
-        return lambda v: str(int(v))
-    if isinstance(t, (FloatType, DoubleType)):
-        return _float_text
+        return lambda v: "{" + ",".join(_DUMPS(k) + ":" + ("null" if x is None else value(x)) for k, x in v) + "}"
     if isinstance(t, DecimalType):
         return str  # a Decimal's own digits (1.50, 1E+3): JSON numbers, exactly
-    if isinstance(t, BooleanType):
-        return lambda v: "true" if v else "false"
     if isinstance(t, BinaryType):
         return lambda v: '"' + base64.b64encode(v).decode("ascii") + '"'
     if isinstance(t, TimestampType):
         return lambda v: '"' + v.isoformat().replace("+00:00", "Z") + '"'
     if isinstance(t, (DateType, TimestampNTZType)):
         return lambda v: '"' + v.isoformat() + '"'
-    return lambda v: json.dumps(v, ensure_ascii=False)
-
-
-def _float_text(v: float) -> str:
-    if not math.isfinite(v):
-        raise ValueError(f"{v} is not a JSON number (JSON has no NaN or infinity)")
-    return repr(float(v))
+    raise AssertionError(f"{t.simpleString()}: json_schema refuses it first")
 
 
 class JsonSchemaEncoder:

@@ -268,10 +268,18 @@ def test_the_encoder_writes_json_text_after_the_header_a_decimal_with_its_own_di
 
     ratio = StructType([StructField("r", DoubleType(), True)])
     with pytest.raises(
-        FatalError, match=r"row 1: the value cannot be written with schema id 9: inf is not a JSON number"
+        FatalError,
+        match=r"row 1: the value cannot be written with schema id 9: a float is NaN or infinite, not a JSON number",
     ):
         rj.JsonSchemaEncoder("{}", 9, ratio, column="value", validate=False).encode(
             [{"r": 1.0}, {"r": float("inf")}], lambda i: f"row {i}"
+        )
+    from pyspark.sql.types import DecimalType
+
+    mixed = StructType([StructField("r", DoubleType(), True), StructField("d", DecimalType(5, 2), True)])  # by parts
+    with pytest.raises(FatalError, match=r"row 0: .*: a float is NaN or infinite"):
+        rj.JsonSchemaEncoder("{}", 9, mixed, column="value", validate=False).encode(
+            [{"r": float("nan"), "d": None}], lambda i: f"row {i}"
         )
 
 
