@@ -627,6 +627,7 @@ class AvroEncoder:
         self._parsed = _parse(schema_text, f"{column}.schema")
         self._header = bytes([MAGIC]) + schema_id.to_bytes(4, "big")
         self._fix = _maps(spark)
+        self._by_columns: dict[Any, Any] = {}  # Arrow type -> eos_core.avro_columns' plan (None: record by record)
 
     def __getstate__(self) -> dict[str, Any]:  # pickled to executors: the parsed schema is rebuilt there
         return {k: getattr(self, k) for k in ("schema_text", "schema_id", "spark", "column")}
@@ -634,6 +635,23 @@ class AvroEncoder:
     def __setstate__(self, state: dict[str, Any]) -> None:
         text, sid, spark = state["schema_text"], state["schema_id"], state["spark"]
         self.__init__(text, sid, spark, column=state["column"])  # type: ignore[misc]
+
+    def encode_arrow(self, array: Any, where: Callable[[int], str]) -> Any:
+        """``encode`` of an Arrow struct array, into an Arrow binary array: by column (``eos_core.avro_columns``)
+        where the schema allows, else record by record."""
+        import pyarrow as pa
+
+        from eos_core import avro_columns
+
+        if array.type not in self._by_columns:
+            self._by_columns[array.type] = avro_columns.plan(self._parsed, array.type, self._header)
+        by_columns = self._by_columns[array.type]
+        if by_columns is not None:
+            try:
+                return by_columns(array)
+            except avro_columns.Fallback:  # a null where the schema has none: the record-by-record path names it
+                pass
+        return pa.array(self.encode(array.to_pylist(), where), type=pa.binary())
 
     def encode(self, values: list[Any], where: Callable[[int], str]) -> list[bytes | None]:
         """Each value (a dict; None stays a null key or value) as header + Avro body; a value the schema cannot

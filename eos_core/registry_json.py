@@ -412,6 +412,12 @@ class JsonSchemaEncoder:
         text, sid, spark = state["schema_text"], state["schema_id"], state["spark"]
         self.__init__(text, sid, spark, column=state["column"], validate=state["validate"])  # type: ignore[misc]
 
+    def encode_arrow(self, array: Any, where: Callable[[int], str]) -> Any:
+        """``encode`` of an Arrow struct array, into an Arrow binary array."""
+        import pyarrow as pa
+
+        return pa.array(self.encode(array.to_pylist(), where), type=pa.binary())
+
     def encode(self, values: list[Any], where: Callable[[int], str]) -> list[bytes | None]:
         """Each value (a dict; None stays a null key or value) as header + JSON text; a value that is no JSON or
         breaks the schema is a FatalError naming its row (``where(i)``)."""

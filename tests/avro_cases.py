@@ -29,7 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["TYPES", "FakeRegistry", "as_avro", "typed_rows", "values"]
+__all__ = ["COLUMNAR", "TYPES", "FakeRegistry", "as_avro", "typed_rows", "values"]
 
 _UTC = dt.timezone.utc
 _LO, _HI = dt.datetime(1900, 1, 1), dt.datetime(2200, 1, 1)
@@ -39,23 +39,19 @@ def _decimals() -> st.SearchStrategy[DataType]:
     return st.integers(1, 38).flatmap(lambda p: st.integers(0, p).map(lambda s: DecimalType(p, s)))
 
 
-LEAVES: st.SearchStrategy[DataType] = st.one_of(
-    st.sampled_from(
-        [
-            BooleanType(),
-            IntegerType(),
-            LongType(),
-            FloatType(),
-            DoubleType(),
-            StringType(),
-            BinaryType(),
-            DateType(),
-            TimestampType(),
-            TimestampNTZType(),
-        ]
-    ),
-    _decimals(),
-)
+LEAVES_PLAIN: list[DataType] = [
+    BooleanType(),
+    IntegerType(),
+    LongType(),
+    FloatType(),
+    DoubleType(),
+    StringType(),
+    BinaryType(),
+    DateType(),
+    TimestampType(),
+    TimestampNTZType(),
+]
+LEAVES: st.SearchStrategy[DataType] = st.one_of(st.sampled_from(LEAVES_PLAIN), _decimals())
 
 
 def _struct(children: st.SearchStrategy[DataType]) -> st.SearchStrategy[StructType]:
@@ -115,9 +111,17 @@ def values(t: DataType) -> st.SearchStrategy[Any]:
     )
 
 
+# what eos_core.avro_columns encodes by column: the leaves but decimals, in nested structs
+COLUMNAR: st.SearchStrategy[DataType] = st.recursive(
+    st.sampled_from(LEAVES_PLAIN),
+    _struct,
+    max_leaves=8,
+)
+
+
 @st.composite
-def typed_rows(draw: st.DrawFn) -> tuple[StructType, list[Any]]:
-    t = draw(_struct(TYPES))
+def typed_rows(draw: st.DrawFn, types: st.SearchStrategy[DataType] | None = None) -> tuple[StructType, list[Any]]:
+    t = draw(_struct(types if types is not None else TYPES))
     rows = draw(st.lists(st.one_of(st.none(), values(t)), min_size=1, max_size=4))
     return t, rows
 

@@ -645,3 +645,102 @@ def test_the_writer_registers_its_schema_when_handed_to_the_tasks_never_where_it
     monkeypatch.setattr(formats, "register", refuse)
     with pytest.raises(ConfigError, match=r"subject 't-value': incompatible"):
         pickle.dumps(spark.KafkaBatchWriter(options, schema))
+
+
+def test_the_columnar_encoder_writes_fastavros_bytes_and_falls_back_record_by_record_where_it_must() -> None:
+    """eos_core.avro_columns: a record of every type it encodes (integers, floats, booleans, strings, bytes, dates,
+    timestamps with and without a zone, nullable fields either union order, a nullable nested record), rows with
+    nulls everywhere and a tombstone, byte for byte what fastavro writes record by record; a schema with an array
+    is not planned (record by record), and a null where the schema has none falls back to the path that names it."""
+    import datetime as dt
+
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    from eos_core import avro_columns
+
+    inner = StructType([StructField("city", StringType(), False), StructField("zip", IntegerType(), True)])
+    spark = StructType(
+        [
+            StructField("id", StringType(), False),
+            StructField("n", LongType(), False),
+            StructField("small", IntegerType(), True),
+            StructField("ratio", FloatType(), True),
+            StructField("precise", DoubleType(), False),
+            StructField("flag", BooleanType(), True),
+            StructField("blob", BinaryType(), True),
+            StructField("day", DateType(), True),
+            StructField("at", TimestampType(), True),
+            StructField("local", TimestampNTZType(), True),
+            StructField("address", inner, True),
+        ]
+    )
+    schema = ra.avro_schema(spark)
+    schema["fields"][2]["type"] = ["int", "null"]  # to_avro's union order, beside ours
+    text = json.dumps(schema)
+    at = dt.datetime(2026, 11, 29, 12, 0, 1, 5, tzinfo=dt.timezone.utc)
+    rows = [
+        {
+            "id": "\u00e9t\u00e9",
+            "n": -(2**63),
+            "small": -1,
+            "ratio": 0.25,
+            "precise": -1e300,
+            "flag": True,
+            "blob": b"\x00" * 200,
+            "day": dt.date(1900, 1, 1),
+            "at": at,
+            "local": dt.datetime(2200, 1, 1),
+            "address": {"city": "Bern", "zip": 3000},
+        },
+        None,
+        {
+            "id": "",
+            "n": 2**63 - 1,
+            "small": None,
+            "ratio": None,
+            "precise": 0.0,
+            "flag": None,
+            "blob": None,
+            "day": None,
+            "at": None,
+            "local": None,
+            "address": None,
+        },
+        {**{k: None for k in spark.names}, "id": "x", "n": 64, "precise": 1.5, "address": {"city": "", "zip": None}},
+    ]
+    arrow = pa.array(rows, type=to_arrow_type(spark, timezone="UTC"))
+    encoder = ra.AvroEncoder(text, 300, spark, column="value")
+    assert avro_columns.plan(encoder._parsed, arrow.type, b"\x00\x00\x00\x01\x2c") is not None
+    assert encoder.encode_arrow(arrow, _where).to_pylist() == encoder.encode(rows, _where)
+
+    from pyspark.sql.types import ArrayType
+
+    listed = StructType([*spark.fields, StructField("tags", ArrayType(StringType()), True)])
+    with_array = ra.AvroEncoder(json.dumps(ra.avro_schema(listed)), 7, listed, column="value")
+    array_rows = [{**rows[0], "tags": ["a"]}]
+    arrow_listed = pa.array(array_rows, type=to_arrow_type(listed, timezone="UTC"))
+    assert avro_columns.plan(with_array._parsed, arrow_listed.type, b"\x00" * 5) is None
+    assert with_array.encode_arrow(arrow_listed, _where).to_pylist() == with_array.encode(array_rows, _where)
+
+    # a null in a field the schema does not allow null (a registered schema stricter than the column): named
+    loose = StructType([StructField("id", StringType(), True)])
+    strict = ra.AvroEncoder(
+        '{"type":"record","name":"R","fields":[{"name":"id","type":"string"}]}', 8, loose, column="value"
+    )
+    nulls = pa.array([{"id": "a"}, {"id": None}], type=to_arrow_type(loose, timezone="UTC"))
+    with pytest.raises(FatalError, match=r"offset 11: the value cannot be written with schema id 8"):
+        strict.encode_arrow(nulls, _where)

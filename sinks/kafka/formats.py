@@ -236,6 +236,6 @@ def encode_batch(batch: pa.RecordBatch, encoders: dict[str, Encoder]) -> pa.Reco
     fields = list(batch.schema)
     for name, encoder in encoders.items():
         i = names.index(name)
-        columns[i] = pa.array(encoder.encode(batch.column(i).to_pylist(), where), type=pa.binary())
+        columns[i] = encoder.encode_arrow(batch.column(i), where)
         fields[i] = pa.field(name, pa.binary())
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
