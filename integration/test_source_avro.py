@@ -384,6 +384,28 @@ def test_a_missing_registry_url_and_an_unknown_subject_are_config_errors_naming_
     assert f"has no subject '{topic}-value'" in str(err.value) and "HTTP 404" in str(err.value), str(err.value)[-1500:]
 
 
+def _parquet_stream(spark: Any, options: dict[str, str], out: Any, checkpoint: Any, trigger: dict[str, Any]) -> Any:
+    """A stream of the decoded values' id and amount into a parquet sink (one row per record, its own commit
+    log), started."""
+    return (
+        spark.readStream.format("kafka-eos")
+        .options(**options)
+        .load()
+        .select("offset", "value.id", "value.amount")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**trigger)
+        .start()
+    )
+
+
+def _to_parquet(spark: Any, options: dict[str, str], out: Any, checkpoint: Any) -> None:
+    """``_parquet_stream`` run to the topic's end (availableNow), without an error."""
+    query = _parquet_stream(spark, options, out, checkpoint, {"availableNow": True})
+    assert query.awaitTermination(180) is not False and query.exception() is None
+
+
 def test_a_registry_down_when_a_stream_restarts_fails_it_at_once_and_it_resumes_exactly_once_when_back(
     spark: Any, kafka_service: Any, schema_registry: Any, new_topic: Any, produce: Any, tmp_path: Any
 ) -> None:
@@ -402,21 +424,9 @@ def test_a_registry_down_when_a_stream_restarts_fails_it_at_once_and_it_resumes_
     produce(topic, [{"value": p} for p in payloads[:6]])
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
-    def run() -> Any:
+    def run() -> None:
         options = _options(kafka_service, schema_registry, topic, startingOffsets="earliest", maxOffsetsPerTrigger="3")
-        query = (
-            spark.readStream.format("kafka-eos")
-            .options(**options)
-            .load()
-            .select("offset", "value.id", "value.amount")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(180) is not False and query.exception() is None
-        return query
+        _to_parquet(spark, options, out, checkpoint)
 
     run()
     assert spark.read.parquet(str(out)).count() == 6
@@ -459,18 +469,7 @@ def test_a_deleted_subject_fails_the_restart_naming_it_and_a_reader_schema_pinne
 
     def run(**extra: str) -> None:
         options = _options(kafka_service, schema_registry, topic, startingOffsets="earliest", **extra)
-        query = (
-            spark.readStream.format("kafka-eos")
-            .options(**options)
-            .load()
-            .select("offset", "value.id", "value.amount")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        assert query.awaitTermination(180) is not False and query.exception() is None
+        _to_parquet(spark, options, out, checkpoint)
 
     run()
     assert spark.read.parquet(str(out)).count() == 4
@@ -522,17 +521,7 @@ def test_a_running_stream_reads_a_new_writer_schema_and_fails_within_its_timeout
     )
 
     def start(trigger: dict[str, Any]) -> Any:
-        return (
-            spark.readStream.format("kafka-eos")
-            .options(**options)
-            .load()
-            .select("offset", "value.id", "value.amount")
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(**trigger)
-            .start()
-        )
+        return _parquet_stream(spark, options, out, checkpoint, trigger)
 
     def written() -> list[tuple[str, int]]:
         return sorted((r["id"], r["amount"]) for r in spark.read.parquet(str(out)).collect())

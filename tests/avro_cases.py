@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import (
     ArrayType,
@@ -29,7 +31,16 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["COLUMNAR", "TYPES", "FakeRegistry", "as_avro", "typed_rows", "values"]
+__all__ = ["COLUMNAR", "PROPERTY", "TYPES", "FakeRegistry", "as_avro", "typed_rows", "values"]
+
+# the property tests' bounds: 60 examples (EOS_HYPOTHESIS_EXAMPLES raises them for a longer hunt), no deadline,
+# derandomized (the same examples every run)
+PROPERTY = settings(
+    max_examples=int(os.environ.get("EOS_HYPOTHESIS_EXAMPLES", "60")),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 _UTC = dt.timezone.utc
 _LO, _HI = dt.datetime(1900, 1, 1), dt.datetime(2200, 1, 1)

@@ -19,27 +19,19 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType
 
 from eos_core import registry_avro as ra
-from tests.avro_cases import COLUMNAR, FakeRegistry, as_avro, typed_rows
-
-EXAMPLES = int(os.environ.get("EOS_HYPOTHESIS_EXAMPLES", "60"))
+from tests.avro_cases import COLUMNAR, PROPERTY, FakeRegistry, as_avro, typed_rows
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@PROPERTY
 @given(case=typed_rows())
 def test_what_the_sink_encodes_the_source_decodes_and_fastavro_reads_alike(
     case: tuple[StructType, list[Any]], monkeypatch_module: pytest.MonkeyPatch
@@ -72,12 +64,7 @@ def test_what_the_sink_encodes_the_source_decodes_and_fastavro_reads_alike(
         assert read == as_avro(row, spark)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@PROPERTY
 @given(case=typed_rows(COLUMNAR))
 def test_the_encoder_by_column_writes_fastavros_bytes_for_every_type_it_takes(
     case: tuple[StructType, list[Any]],

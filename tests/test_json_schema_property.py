@@ -15,13 +15,12 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 from typing import Any
 
 import jsonschema
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
     ArrayType,
@@ -40,9 +39,7 @@ from pyspark.sql.types import (
 from eos_core import registry_avro as ra
 from eos_core import registry_json as rj
 from eos_core.errors import FatalError
-from tests.avro_cases import FakeRegistry, typed_rows
-
-EXAMPLES = int(os.environ.get("EOS_HYPOTHESIS_EXAMPLES", "60"))
+from tests.avro_cases import PROPERTY, FakeRegistry, typed_rows
 
 
 def as_json(value: Any, t: DataType) -> Any:
@@ -76,12 +73,7 @@ def _finite(value: Any) -> bool:
     return True
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@PROPERTY
 @given(case=typed_rows())
 def test_what_the_sink_encodes_is_valid_under_its_schema_and_the_source_reads_back_as_json_holds_it(
     case: tuple[StructType, list[Any]], monkeypatch_module: pytest.MonkeyPatch

@@ -475,6 +475,17 @@ def pickle_roundtrip(obj: Any) -> Any:
     return pickle.loads(pickle.dumps(obj))
 
 
+# a batch write of the Kafka sink with value.format=avro
+_SINK_AVRO = {
+    "kafka.bootstrap.servers": "b:1",
+    "topic": "t",
+    "sink.id": "s",
+    "batch.id": "1",
+    "value.format": "avro",
+    "schema.registry.url": "http://r",
+}
+
+
 def test_auto_writes_small_integers_as_avro_ints_without_a_false_type_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql.types import ByteType, ShortType, StructField, StructType
 
@@ -483,14 +494,7 @@ def test_auto_writes_small_integers_as_avro_ints_without_a_false_type_refusal(mo
 
     monkeypatch.setattr(formats, "register", lambda conf, subject, text, option: 5)
     opts = parse_options(
-        {
-            "kafka.bootstrap.servers": "b:1",
-            "topic": "t",
-            "sink.id": "s",
-            "batch.id": "1",
-            "value.format": "avro",
-            "schema.registry.url": "http://r",
-        },
+        _SINK_AVRO,
         streaming=False,
     )
     small = StructType([StructField("b", ByteType(), False), StructField("s", ShortType(), True)])
@@ -621,14 +625,7 @@ def test_the_writer_registers_its_schema_when_handed_to_the_tasks_never_where_it
     registered: list[str] = []
     monkeypatch.setattr(formats, "register", lambda conf, subject, text, option: registered.append(subject) or 5)
     monkeypatch.setattr(spark, "check_services", lambda opts: ())
-    options = {
-        "kafka.bootstrap.servers": "b:1",
-        "topic": "t",
-        "sink.id": "s",
-        "batch.id": "1",
-        "value.format": "avro",
-        "schema.registry.url": "http://r",
-    }
+    options = dict(_SINK_AVRO)
     schema = StructType([StructField("value", StructType([StructField("n", LongType(), False)]))])
     committer = spark.KafkaBatchWriter(options, schema)
     assert registered == [] and committer.plan.encoders == {}
@@ -655,39 +652,12 @@ def test_the_columnar_encoder_writes_fastavros_bytes_and_falls_back_record_by_re
     import datetime as dt
 
     from pyspark.sql.pandas.types import to_arrow_type
-    from pyspark.sql.types import (
-        BinaryType,
-        BooleanType,
-        DateType,
-        DoubleType,
-        FloatType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampNTZType,
-        TimestampType,
-    )
+    from pyspark.sql.types import StringType, StructField, StructType
 
     from eos_core import avro_columns
 
-    inner = StructType([StructField("city", StringType(), False), StructField("zip", IntegerType(), True)])
-    spark = StructType(
-        [
-            StructField("id", StringType(), False),
-            StructField("n", LongType(), False),
-            StructField("small", IntegerType(), True),
-            StructField("ratio", FloatType(), True),
-            StructField("precise", DoubleType(), False),
-            StructField("flag", BooleanType(), True),
-            StructField("blob", BinaryType(), True),
-            StructField("day", DateType(), True),
-            StructField("at", TimestampType(), True),
-            StructField("local", TimestampNTZType(), True),
-            StructField("address", inner, True),
-        ]
-    )
+    columnar = ("id", "n", "small", "flag", "ratio", "precise", "blob", "day", "at", "local", "address")
+    spark = StructType([f for f in _every_spark_type().fields if f.name in columnar])
     schema = ra.avro_schema(spark)
     schema["fields"][2]["type"] = ["int", "null"]  # to_avro's union order, beside ours
     text = json.dumps(schema)
@@ -727,9 +697,7 @@ def test_the_columnar_encoder_writes_fastavros_bytes_and_falls_back_record_by_re
     assert avro_columns.plan(encoder._parsed, arrow.type, b"\x00\x00\x00\x01\x2c") is not None
     assert encoder.encode_arrow(arrow, _where).to_pylist() == encoder.encode(rows, _where)
 
-    from pyspark.sql.types import ArrayType
-
-    listed = StructType([*spark.fields, StructField("tags", ArrayType(StringType()), True)])
+    listed = StructType([*spark.fields, _every_spark_type()["tags"]])
     with_array = ra.AvroEncoder(json.dumps(ra.avro_schema(listed)), 7, listed, column="value")
     array_rows = [{**rows[0], "tags": ["a"]}]
     arrow_listed = pa.array(array_rows, type=to_arrow_type(listed, timezone="UTC"))
