@@ -65,7 +65,7 @@ class KafkaSinkPlan:
 
 def build_plan(opts: KafkaSinkOptions, schema: StructType, *, encode: bool = True) -> KafkaSinkPlan:
     """The plan of a write of ``schema``; ``encode=False`` leaves the encoded columns' encoders (their schemas
-    registered or looked up) to ``with_encoders``, for the tasks only."""
+    registered or looked up) to the caller (``sinks.kafka.spark._Roles`` makes them for the tasks only)."""
     from sinks.kafka.formats import column_encoders, encoded_columns, encoded_schema
 
     encoders = column_encoders(opts, schema) if encode else {}
