@@ -64,31 +64,40 @@ def _ints(a: pa.Array) -> pa.Array:
 def _fixed(width: int, dtype: str) -> _Encode:
     def encode(a: pa.Array) -> pa.Array:
         filled = a.fill_null(0) if width > 1 else a.fill_null(False)
-        data = np.ascontiguousarray(np.asarray(filled.to_numpy(zero_copy_only=False), dtype=dtype)).view(np.uint8)
-        return _binary(np.full(len(a), width, dtype=np.int64), data)
+        values = np.ascontiguousarray(np.asarray(filled.to_numpy(zero_copy_only=False), dtype=dtype))
+        if dtype == "<f4" and np.isnan(values).any():  # a signalling NaN quieted, as fastavro's write of it does
+            values = values.copy()  # (Arrow's buffer is read-only)
+            values.view(np.uint32)[np.isnan(values)] |= np.uint32(0x400000)
+        return _binary(np.full(len(a), width, dtype=np.int64), values.view(np.uint8))
 
     return encode
 
 
 def _bytes(a: pa.Array) -> pa.Array:
+    if pa.types.is_string(a.type) or pa.types.is_large_string(a.type):
+        try:
+            a.validate(full=True)  # bytes that are not UTF-8 (Spark's CAST of binary does not check): record by record
+        except pa.ArrowInvalid:
+            raise Fallback from None
     raw = a.cast(pa.binary()).fill_null(b"")
     lengths = np.asarray(pc.binary_length(raw).to_numpy(zero_copy_only=False), dtype=np.int64)
     return pc.binary_join_element_wise(_varints(lengths), raw, _EMPTY)
 
 
 _PRIMITIVE: dict[str, tuple[Callable[[pa.DataType], bool], _Encode]] = {
-    "int": (lambda t: pa.types.is_integer(t), _ints),
-    "long": (lambda t: pa.types.is_integer(t), _ints),
+    "int": (lambda t: t in (pa.int8(), pa.int16(), pa.int32()), _ints),
+    "long": (lambda t: t in (pa.int8(), pa.int16(), pa.int32(), pa.int64()), _ints),
     "float": (pa.types.is_float32, _fixed(4, "<f4")),
     "double": (pa.types.is_float64, _fixed(8, "<f8")),
     "boolean": (pa.types.is_boolean, _fixed(1, "u1")),
     "string": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), _bytes),
     "bytes": (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), _bytes),
 }
-_LOGICAL: dict[str, Callable[[pa.DataType], bool]] = {
-    "date": pa.types.is_date32,
-    "timestamp-micros": lambda t: pa.types.is_timestamp(t) and t.unit == "us" and t.tz is not None,
-    "local-timestamp-micros": lambda t: pa.types.is_timestamp(t) and t.unit == "us" and t.tz is None,
+# logical type -> (its base type, the Arrow values it takes)
+_LOGICAL: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
+    "date": ("int", pa.types.is_date32),
+    "timestamp-micros": ("long", lambda t: pa.types.is_timestamp(t) and t.unit == "us" and t.tz is not None),
+    "local-timestamp-micros": ("long", lambda t: pa.types.is_timestamp(t) and t.unit == "us" and t.tz is None),
 }
 
 
@@ -123,8 +132,9 @@ def _field(schema: Any, t: pa.DataType) -> _Encode | None:
         return None
     logical = schema.get("logicalType")
     if logical is not None:
-        fits = _LOGICAL.get(logical)
-        return _strict(_ints) if fits is not None and fits(t) else None
+        base, fits = _LOGICAL.get(logical, ("", None))
+        ok = fits is not None and schema.get("type") == base and fits(t)  # on another base: not encoded here
+        return _strict(_ints) if ok else None
     if schema.get("type") == "record" and pa.types.is_struct(t):
         return _record(schema, t)
     if isinstance(schema.get("type"), str) and len(schema) == 1:  # {"type": "long"}

@@ -51,6 +51,7 @@ __all__ = [
     "avro_schema",
     "decode_each",
     "is_inline_schema",
+    "python_rows",
     "reader_schema",
     "register",
     "spark_type",
@@ -616,6 +617,23 @@ def register(conf: RegistryConf, subject: str, schema_text: str, *, option: str,
     return int(_registry_call(conf, f"subject {subject!r}", option, call))
 
 
+def python_rows(array: Any, where: Callable[[int], str], column: str) -> list[Any]:
+    """``array.to_pylist()``; a string holding bytes that are not UTF-8 (Spark's CAST of binary does not check) is
+    a FatalError naming the first such row, not a UnicodeDecodeError of the whole batch."""
+    try:
+        return list(array.to_pylist())
+    except UnicodeDecodeError as exc:
+        for i in range(len(array)):
+            try:
+                array[i].as_py()
+            except UnicodeDecodeError:
+                raise FatalError(
+                    f"kafka-eos sink: {where(i)}: the {column} holds a string that is not UTF-8 ({exc.reason}); "
+                    "CAST(binary AS STRING) does not check: clean or drop such rows, or write the bytes as bytes"
+                ) from None
+        raise
+
+
 class AvroEncoder:
     """Encodes a struct column into Confluent's wire format with one registered writer schema."""
 
@@ -651,7 +669,7 @@ class AvroEncoder:
                 return by_columns(array)
             except avro_columns.Fallback:  # a null where the schema has none: the record-by-record path names it
                 pass
-        return pa.array(self.encode(array.to_pylist(), where), type=pa.binary())
+        return pa.array(self.encode(python_rows(array, where, self.column), where), type=pa.binary())
 
     def encode(self, values: list[Any], where: Callable[[int], str]) -> list[bytes | None]:
         """Each value (a dict; None stays a null key or value) as header + Avro body; a value the schema cannot

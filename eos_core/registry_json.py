@@ -38,8 +38,10 @@ against it, as Confluent's serializer validates, and one that breaks it fails th
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from pyspark.sql.types import (
@@ -382,8 +384,8 @@ def _text_of_parts(t: DataType) -> Callable[[Any], str]:
         return str  # a Decimal's own digits (1.50, 1E+3): JSON numbers, exactly
     if isinstance(t, BinaryType):
         return lambda v: '"' + base64.b64encode(v).decode("ascii") + '"'
-    if isinstance(t, TimestampType):
-        return lambda v: '"' + v.isoformat().replace("+00:00", "Z") + '"'
+    if isinstance(t, TimestampType):  # in UTC, whatever the session's time zone: RFC 3339, the same bytes
+        return lambda v: '"' + v.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z") + '"'
     if isinstance(t, (DateType, TimestampNTZType)):
         return lambda v: '"' + v.isoformat() + '"'
     raise AssertionError(f"{t.simpleString()}: json_schema refuses it first")
@@ -416,7 +418,7 @@ class JsonSchemaEncoder:
         """``encode`` of an Arrow struct array, into an Arrow binary array."""
         import pyarrow as pa
 
-        return pa.array(self.encode(array.to_pylist(), where), type=pa.binary())
+        return pa.array(self.encode(registry_avro.python_rows(array, where, self.column), where), type=pa.binary())
 
     def encode(self, values: list[Any], where: Callable[[int], str]) -> list[bytes | None]:
         """Each value (a dict; None stays a null key or value) as header + JSON text; a value that is no JSON or
@@ -429,8 +431,8 @@ class JsonSchemaEncoder:
                 continue
             try:
                 body = text(value)
-                if validator is not None:
-                    error = next(iter(validator.iter_errors(json.loads(body))), None)
+                if validator is not None:  # decimals as decimals: a float would break multipleOf and bounds
+                    error = next(iter(validator.iter_errors(json.loads(body, parse_float=Decimal))), None)
                     if error is not None:
                         at = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
                         raise ValueError(f"{at.lstrip('.') or 'the record'}: {error.message}")
@@ -453,6 +455,7 @@ def _validator(schema_text: str, option: str) -> Any:
             option=option,
         ) from None
     schema = parse_schema(schema_text, option)
+    schema = json.loads(json.dumps(schema), parse_float=Decimal)  # bounds and multipleOf as the values are: decimals
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
     try:
         cls.check_schema(schema)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from eos_core import registry_avro as ra
@@ -363,3 +364,29 @@ def test_the_sink_registers_a_json_schema_and_refuses_a_given_one_its_column_doe
         encoder(**{"value.schema": "latest"})
     with pytest.raises(ConfigError, match=r"set option 'schema.registry.url'"):
         formats.column_encoders(parse_options({**base, "schema.registry.url": ""}, streaming=False), schema)
+
+
+def test_timestamps_are_written_in_utc_and_decimals_validated_as_decimals() -> None:
+    """From an independent review: a timestamp column in a session's other time zone is written as RFC 3339 in UTC
+    (the same bytes whatever the zone); a given schema's multipleOf and bounds judge decimals exactly."""
+    import datetime as dt
+    import decimal
+
+    from pyspark.sql.types import DecimalType, StructField, StructType, TimestampType
+
+    columns = StructType([StructField("at", TimestampType(), False)])
+    kolkata = pa.array(
+        [{"at": dt.datetime(1850, 1, 1, tzinfo=dt.timezone.utc)}],
+        pa.struct([("at", pa.timestamp("us", "Asia/Kolkata"))]),
+    )
+    encoder = rj.JsonSchemaEncoder("{}", 1, columns, column="value", validate=False)
+    assert encoder.encode_arrow(kolkata, _where).to_pylist() == [b'\x00\x00\x00\x00\x01{"at":"1850-01-01T00:00:00Z"}']
+
+    price = StructType([StructField("p", DecimalType(30, 20), False)])
+    cents = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.01}}}
+    strict = rj.JsonSchemaEncoder(json.dumps(cents), 2, price, column="value", validate=True)
+    assert len(strict.encode([{"p": decimal.Decimal("1.15")}], _where)) == 1  # a float 1.15 is no multiple of 0.01
+    bounded = {"type": "object", "properties": {"p": {"type": "number", "maximum": 1}}}
+    strict = rj.JsonSchemaEncoder(json.dumps(bounded), 2, price, column="value", validate=True)
+    with pytest.raises(FatalError, match=r"p: .* is greater than the maximum of 1"):  # as a float: 1.0
+        strict.encode([{"p": decimal.Decimal("1.00000000000000000001")}], _where)

@@ -54,6 +54,8 @@ class KafkaSinkPlan:
     overrides: tuple[tuple[str, str], ...] = ()
     # key.format/value.format=avro|json-schema: sinks.kafka.formats.column_encoders, their schemas registered
     encoders: dict[str, Any] = field(default_factory=dict)
+    # the columns the options encode: each needs its encoder before a task writes
+    encoded: tuple[str, ...] = ()
 
     @property
     def context(self) -> str:
@@ -76,7 +78,9 @@ def build_plan(opts: KafkaSinkOptions, schema: StructType, *, encode: bool = Tru
         planned = planned_lineage(opts.checkpoint, opts.batch_id, context=f"{CONTEXT} {opts.sink_id}")
         lineage, text, batch = planned.digest, str(planned), planned.batch
         query = query_id(opts.checkpoint) or display(opts.checkpoint) or BATCH_JOB
-    return KafkaSinkPlan(opts, columns, lineage, text, query, secrets.token_hex(6), batch, encoders=encoders)
+    return KafkaSinkPlan(
+        opts, columns, lineage, text, query, secrets.token_hex(6), batch, encoders=encoders, encoded=tuple(encoded)
+    )
 
 
 def partly_written(

@@ -24,6 +24,9 @@ log = logging.getLogger("sinks.kafka")
 
 
 def write_task(plan: KafkaSinkPlan, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkMessage:
+    missing = [c for c in plan.encoded if c not in plan.encoders]
+    if missing:  # made when the writer is pickled for the tasks (sinks.kafka.spark._Roles): never write a struct raw
+        raise FatalError(f"{plan.context}: no encoder for the {'/'.join(missing)} column: the writer was not readied")
     who: TaskIdentity = task_identity()
     opts = plan.opts
     batch = opts.batch_id if opts.batch_id is not None else who.stream_batch
