@@ -2,10 +2,12 @@
 
 Run: ``.venv/bin/python scripts/cpu_census.py [--every S] [--out FILE] -- COMMAND ...`` (for the suite:
 ``scripts/cpu_census.py -- make test``). Every ``--every`` seconds (default 2) it reads ``/proc/<pid>/stat`` of every
-process on the machine (run nothing else beside it) and keeps each one's latest user+system time; a process that ends between two readings loses at most its
-last interval (read the figures as lower bounds). At the end it prints, per kind (Spark's JVMs, Kafka's broker,
-the registry, Postgres, PySpark's planner processes by worker module, Python workers, the runners, pytest), the
-CPU seconds, the number of processes, and the share of the whole; with ``--out`` the same as JSON.
+process on the machine (run nothing else beside it) and keeps each one's latest user+system time. What a process
+spent after its last reading, or one that lived less than an interval, reaches its parent's reaped-children time
+(``cutime``) when the parent waits for it, and is counted as "unseen children of" the parent's kind. At the end it
+prints, per kind (Spark's JVMs, Kafka's broker, the registry, Postgres, PySpark's planner processes by worker module,
+Python workers, the runners, pytest), the CPU seconds, the number of processes, and the share of the whole; with
+``--out`` the same as JSON.
 """
 
 from __future__ import annotations
@@ -54,7 +56,16 @@ def kind_of(cmdline: str, exe: str) -> str:
     return f"other: {Path(exe).name or '?'}"
 
 
-def sample(seen: dict[int, tuple[str, float]]) -> None:
+class Seen:
+    """A process as last read: its kind, parent, own CPU seconds and its reaped children's (cutime + cstime)."""
+
+    __slots__ = ("children", "kind", "own", "ppid")
+
+    def __init__(self, kind: str, ppid: int, own: float, children: float) -> None:
+        self.kind, self.ppid, self.own, self.children = kind, ppid, own, children
+
+
+def sample(seen: dict[int, Seen]) -> None:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -62,13 +73,15 @@ def sample(seen: dict[int, tuple[str, float]]) -> None:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
             fields = stat[stat.rindex(")") + 2 :].split()
-            cpu = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
-            if pid not in seen or seen[pid][0] == "":
+            ppid = int(fields[1])
+            own = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+            children = (int(fields[13]) + int(fields[14])) / TICKS  # cutime, cstime: children it has reaped
+            known = seen.get(pid)
+            if known is None or not known.kind:
                 raw = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                exe = raw.split(" ", 1)[0]
-                seen[pid] = (kind_of(raw, exe) if raw else "", cpu)
+                seen[pid] = Seen(kind_of(raw, raw.split(" ", 1)[0]) if raw else "", ppid, own, children)
             else:
-                seen[pid] = (seen[pid][0], cpu)
+                known.own, known.children = own, children
         except (OSError, ValueError, IndexError):
             continue
 
@@ -82,22 +95,33 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give the command to run after --")
-    seen: dict[int, tuple[str, float]] = {}
+    seen: dict[int, Seen] = {}
     sample(seen)
-    before = {pid: cpu for pid, (_, cpu) in seen.items()}  # what ran before the command is not its
+    before = {pid: (p.own, p.children) for pid, p in seen.items()}  # what ran before the command is not its
     began = time.monotonic()
     proc = subprocess.Popen(command)
     while proc.poll() is None:
         time.sleep(args.every)
         sample(seen)
     wall = time.monotonic() - began
+    alive = {int(e.name) for e in os.scandir("/proc") if e.name.isdigit()}
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
-    for pid, (kind, cpu) in seen.items():
-        spent = cpu - before.get(pid, 0.0)
+    reaped_seen: dict[int, float] = defaultdict(float)  # per parent: what its ended children were seen to spend
+    for pid, p in seen.items():
+        own0, children0 = before.get(pid, (0.0, 0.0))
+        spent = p.own - own0
         if spent > 0:
-            totals[kind or "other: ?"] += spent
-            counts[kind or "other: ?"] += 1
+            totals[p.kind or "other: ?"] += spent
+            counts[p.kind or "other: ?"] += 1
+        if pid not in alive:
+            reaped_seen[p.ppid] += spent + p.children - children0
+    # a parent's reaped children spent its cutime growth; what the readings did not see of it (children that lived
+    # less than an interval, and each one's last interval) is counted under the parent's kind
+    for pid, p in seen.items():
+        unseen = p.children - before.get(pid, (0.0, 0.0))[1] - reaped_seen.get(pid, 0.0)
+        if unseen > 0.5:
+            totals[f"unseen children of: {p.kind or 'other: ?'}"] += unseen
     whole = sum(totals.values()) or 1.0
     print(f"\nCPU census: {whole:,.0f} CPU-s over {wall:,.0f} s wall ({whole / wall:.2f} cores busy on average)")
     for kind, spent in sorted(totals.items(), key=lambda kv: -kv[1]):
