@@ -396,13 +396,8 @@ class JsonSchemaEncoder:
     ``registry_avro.AvroEncoder``); ``validate``: each value checked against the schema (one the user gave)."""
 
     def __init__(self, schema_text: str, schema_id: int, spark: DataType, *, column: str, validate: bool) -> None:
-        self.schema_text, self.schema_id, self.spark, self.column, self.validate = (
-            schema_text,
-            schema_id,
-            spark,
-            column,
-            validate,
-        )
+        self.schema_text, self.schema_id, self.spark = schema_text, schema_id, spark
+        self.column, self.validate = column, validate
         self._header = bytes([registry_avro.MAGIC]) + schema_id.to_bytes(4, "big")
         self._text = _text_of(spark)
         self._validator = _validator(schema_text, f"{column}.schema") if validate else None

@@ -51,13 +51,10 @@ def column_encoders(opts: KafkaSinkOptions, schema: StructType) -> dict[str, Enc
             option="schema.registry.url",
         )
     conf = opts.registry_conf()
-    fields = {f.name: f.dataType for f in schema.fields}
     encoders: dict[str, Encoder] = {}
-    for column in wanted:
-        if column not in fields:
-            continue  # no key column: no key; check_schema names a missing value
+    for column in encoded_columns(opts, schema):  # no key column: no key; check_schema names a missing value
         build = _avro_encoder if getattr(opts, f"{column}_format") == "avro" else _json_encoder
-        encoders[column] = build(opts, conf, column, fields[column])
+        encoders[column] = build(opts, conf, column, schema[column].dataType)
     return encoders
 
 

@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 from eos_core.errors import ConfigError
 from sinks.kafka.client import KafkaLookups, fence
 from sinks.kafka.committer import commit_batch
-from sinks.kafka.formats import column_encoders, encoded_columns
+from sinks.kafka.formats import column_encoders
 from sinks.kafka.markers import publish_name, read_slot_markers, slot_groups
 from sinks.kafka.options import CONTEXT, OPTIONS, KafkaSinkOptions, parse_options
 from sinks.kafka.plan import KafkaSinkMessage, KafkaSinkPlan, build_plan, partly_written
@@ -165,18 +165,17 @@ class _Roles:
     plan: KafkaSinkPlan
     # the encoded columns' encoders (their schemas registered or looked up in the Schema Registry) are made when the
     # writer is pickled for the tasks, before any task runs; the process that commits never makes them
-    _schema: StructType | None
+    _schema: StructType
 
     def _setup(self, options: Mapping[str, str], schema: StructType, *, streaming: bool) -> None:
         opts = parse_options(options, streaming=streaming)
         plan = build_plan(opts, schema, encode=False)
         self.plan = dataclasses.replace(plan, overrides=check_services(opts))
-        self._schema = schema if encoded_columns(opts, schema) else None
+        self._schema = schema
 
     def __getstate__(self) -> dict[str, object]:
-        if self._schema is not None:  # before the survey: a refused schema leaves the slots' markers unread
+        if self.plan.encoded and not self.plan.encoders:  # before the survey: a refused schema reads no marker
             self.plan = dataclasses.replace(self.plan, encoders=column_encoders(self.plan.opts, self._schema))
-            self._schema = None
         if self.plan.opts.direct and self.plan.batch is not None and self.plan.written is None:
             self.plan = _survey(self.plan)  # pickled for the tasks: on the driver, before any task runs (K1, K2)
         return dict(self.__dict__)
