@@ -34,13 +34,15 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     import pyspark.daemon
 
     monkeypatch.setattr(pyspark.daemon, "manager", lambda: seen.append(("manager", None)))
+    monkeypatch.setattr(pyspark_daemon.gc, "freeze", lambda: seen.append(("freeze", None)))
     return seen
 
 
 def test_a_single_threaded_daemon_preloads_the_worker_module_first_then_serves(calls, monkeypatch) -> None:
     monkeypatch.setattr(pyspark_daemon, "threads", lambda: 1)
     pyspark_daemon.main(["pyspark.worker"])
-    assert [c[0] for c in calls] == ["preload", "manager"]
+    # the preloaded heap frozen before the first fork: out of the collection PySpark runs after each task
+    assert [c[0] for c in calls] == ["preload", "freeze", "manager"]
     modules = calls[0][1]
     assert modules[0] == "pyspark.worker" and list(modules).count("pyspark.worker") == 1
     assert {"sources.kafka.readers", "sinks.postgres.twophase.spark", "pyarrow"} <= set(modules)
