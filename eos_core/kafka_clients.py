@@ -258,7 +258,16 @@ def producer(conf: Mapping[str, Any], watch: Watch) -> Producer:
     return made
 
 
+# How often an admin client refreshes the cluster's metadata (librdkafka: 5 minutes). Requests librdkafka sends to
+# the controller (DescribeTopics, CreateTopics, the ACL and config requests) wait for the one its metadata last named;
+# when that broker dies, they waited out their whole timeout (the source's topic-id look-up: 2 minutes an attempt,
+# 5 minutes a batch, in a three-node cluster's leader kill, crash matrix F31) until a periodic refresh named a live
+# one. Every 5 s, one of them answers within about a second of the next refresh; a user's value wins.
+ADMIN_METADATA_REFRESH_MS = 5000
+
+
 def admin(conf: Mapping[str, Any], watch: Watch) -> AdminClient:
+    conf = {"topic.metadata.refresh.interval.ms": ADMIN_METADATA_REFRESH_MS, **conf}
     made: AdminClient = _made(AdminClient, conf, watch, "client")
     return made
 

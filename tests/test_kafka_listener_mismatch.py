@@ -180,3 +180,19 @@ def test_every_client_made_here_answers_check_with_the_refusal_its_watch_recorde
         kafka_clients.check(client)
     assert "secret-pw" not in str(caught.value)
     kafka_clients.check(object())  # a client made elsewhere has no watch to ask
+
+
+def test_an_admin_client_refreshes_its_metadata_every_few_seconds_unless_told_otherwise(monkeypatch) -> None:
+    """librdkafka sends DescribeTopics, CreateTopics, the ACL and the config requests to the controller its metadata
+    last named: with its 5-minute refresh, a dead one held them for their whole timeout (crash matrix F31)."""
+    made: list[dict[str, Any]] = []
+
+    class _Admin:
+        def __init__(self, conf: dict[str, Any]) -> None:
+            made.append(conf)
+
+    monkeypatch.setattr(kafka_clients, "AdminClient", _Admin)
+    watch = kafka_clients.Watch({"bootstrap.servers": "127.0.0.1:1"}, "test")
+    kafka_clients.admin({"bootstrap.servers": "127.0.0.1:1"}, watch)
+    kafka_clients.admin({"bootstrap.servers": "127.0.0.1:1", "topic.metadata.refresh.interval.ms": 60000}, watch)
+    assert [c["topic.metadata.refresh.interval.ms"] for c in made] == [5000, 60000]

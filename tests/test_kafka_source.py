@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1131,9 +1132,18 @@ def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyP
         def __init__(self, conf: dict) -> None:
             made.append(conf)
             self.closed = False
+            self.on_commit = conf["on_commit"]
+            self.pending: list = []
 
         def commit(self, offsets: list, asynchronous: bool) -> None:
+            assert asynchronous  # answered through on_commit, waited for within a bound
             commits.append([(o.topic, o.partition, o.offset) for o in offsets])
+            self.pending = offsets
+
+        def poll(self, timeout: float) -> None:
+            if self.pending:
+                self.on_commit(None, self.pending)
+                self.pending = []
 
         def close(self) -> None:
             self.closed = True
@@ -1147,6 +1157,43 @@ def test_commit_offsets_to_group_reuses_one_consumer(monkeypatch: pytest.MonkeyP
     committer = reader.planner.client._committer[1]  # type: ignore[index]
     reader.stop()
     assert committer.closed and reader.planner.client._committer is None
+
+
+def test_a_group_commit_nobody_answers_holds_the_batch_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka's synchronous commit has no timeout: a dead coordinator (issue 46) would hold the query's trigger.
+    The commit is left after COMMIT_WAIT_S, and the next batch commits from a fresh consumer, which looks the
+    coordinator up again."""
+    from sources.kafka import client as client_module
+
+    made: list = []
+
+    class _Silent:
+        def __init__(self, conf: dict) -> None:
+            made.append(self)
+            self.closed = False
+            self.polls = 0
+
+        def commit(self, offsets: list, asynchronous: bool) -> None:
+            pass
+
+        def poll(self, timeout: float) -> None:
+            self.polls += 1
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(kafka_clients, "Consumer", _Silent)
+    monkeypatch.setattr(client_module, "COMMIT_WAIT_S", 0.3)
+    reader = KafkaStreamReader(opts(subscribe="t", commitOffsetsToGroup="true", **{"kafka.group.id": "g"}))
+    began = time.monotonic()
+    with caplog.at_level("WARNING"):
+        reader.commit({"t": {"0": 5}})
+        reader.commit({"t": {"0": 9}})
+    assert time.monotonic() - began < 5  # not the minutes librdkafka waits
+    assert len(made) == 2 and all(c.closed and c.polls > 0 for c in made)  # each left, the next one fresh
+    assert "got no answer within 0.3s (monitoring only, ignored" in caplog.text
 
 
 # ---- the record loop's fast path (issue 16 item 8) --------------------------------------------------

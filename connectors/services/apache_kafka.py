@@ -307,8 +307,12 @@ def broker_properties(
     advertised_port: int | None = None,
     security: str = "plaintext",
     secured: Secured | None = None,
+    node_id: int = 1,
+    voters: str | None = None,
 ) -> dict[str, str]:
-    """server.properties of a combined broker+controller (node 1) on 127.0.0.1 with ``config`` on top.
+    """server.properties of a combined broker+controller (node ``node_id``, 1 by default) on 127.0.0.1 with
+    ``config`` on top. ``voters`` is the controller quorum (``controller.quorum.voters``: ``id@host:port`` of
+    every node, a cluster's); a single node is a quorum of one by default.
 
     ``advertised_port``: the port clients are told to connect to (default ``port``), e.g. a proxy in front of it.
     ``security="sasl_ssl"`` (with ``secured``: the certificate and the principals' passwords): the client
@@ -326,13 +330,13 @@ def broker_properties(
     client = "SASL_SSL" if security == "sasl_ssl" else "PLAINTEXT"
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
+        "node.id": str(node_id),
         "listeners": f"{client}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"{client}://127.0.0.1:{advertised_port or port}",
         "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": client,
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
         "log.dirs": str(data_dir),
     }
     if security == "sasl_ssl":
@@ -489,9 +493,19 @@ class ApacheKafka(KafkaService):
         keep: bool = False,
         advertised_port: int | None = None,
         security: str = "plaintext",
+        node_id: int = 1,
+        voters: str | None = None,
+        cluster: str | None = None,
+        secured: Secured | None = None,
+        wait: bool = True,
     ) -> None:
         _check_arguments(port, controller_port, advertised_port, security)
+        if (voters is not None or not wait) and (port is None or controller_port is None):
+            raise ServiceError("a node of a quorum (voters=, wait=False) needs its port and controller_port named")
         self.security = security
+        self.node_id = node_id
+        self.voters = voters
+        self.cluster = cluster or cluster_id()  # a cluster's nodes are formatted with the same id
         self.config = validate_config(config)
         self.advertised_port = advertised_port
         self.java = java_binary(java)
@@ -509,6 +523,7 @@ class ApacheKafka(KafkaService):
         self.pid = 0
         self._returncode: int | None = None
         self.start_seconds = 0.0
+        self._spawned_at = 0.0
         self.start_phases: dict[str, float] = {}  # seconds from the JVM's launch to metadata / coordinators
         self.port = port or 0
         self.controller_port = controller_port or 0
@@ -524,26 +539,34 @@ class ApacheKafka(KafkaService):
         self.properties_path = self.base / "server.properties"
         self.log4j_path = self.base / "log4j2.properties"
         self.log_dir = self.base / "data"
-        self.tls = Secured(self.base) if security == "sasl_ssl" else None  # its certificate and super users
+        # its certificate and super users: a cluster's nodes share them (secured=)
+        self.tls = (secured or Secured(self.base)) if security == "sasl_ssl" else None
         # a detached broker is stopped by another process (services down): it uses an archive, records none
         self._cds = _CdsArchive.for_broker(self.java, self._classpath(), record=not detached)
         if not detached:
             _proc.register_cleanup(id(self), self.stop)
         try:
             self.log4j_path.write_text(log4j2_properties(self.log_path, log_level))
-            named = port is not None and controller_port is not None
-            for attempt in range(1 if named else _PORT_ATTEMPTS):
-                self.port = port if port is not None else _free_port(avoid=controller_port)
-                self.controller_port = controller_port if controller_port is not None else _free_port(avoid=self.port)
-                self.bootstrap = f"127.0.0.1:{self.advertised_port or self.port}"
-                self._configure(retry=attempt > 0)
-                if self._launch(last_attempt=named or attempt == _PORT_ATTEMPTS - 1):
-                    break
+            self._first_start(port, controller_port, wait=wait)
         except BaseException:
             # the error names the log: keep it to read (swept once we are gone); a detached one has no owner
             self._keep = self._keep or (self.log_path.exists() and not detached)
             self.stop()
             raise
+
+    def _first_start(self, port: int | None, controller_port: int | None, *, wait: bool) -> None:
+        """Format and start on the named ports, or on free ones (again on others when one was taken meanwhile)."""
+        named = port is not None and controller_port is not None
+        for attempt in range(1 if named else _PORT_ATTEMPTS):
+            self.port = port if port is not None else _free_port(avoid=controller_port)
+            self.controller_port = controller_port if controller_port is not None else _free_port(avoid=self.port)
+            self.bootstrap = f"127.0.0.1:{self.advertised_port or self.port}"
+            self._configure(retry=attempt > 0)
+            if not wait:  # a quorum's node: its cluster waits for all of them at once (await_start)
+                self._spawn()
+                return
+            if self._launch(last_attempt=named or attempt == _PORT_ATTEMPTS - 1):
+                return
 
     # ---- files and commands ----------------------------------------------------------------------
     def _classpath(self) -> str:
@@ -567,6 +590,8 @@ class ApacheKafka(KafkaService):
             advertised_port=self.advertised_port,
             security=self.security,
             secured=self.tls,
+            node_id=self.node_id,
+            voters=self.voters,
         )
         header = f"spark-eos embedded Apache Kafka {self.version}\nstarted by pid {os.getpid()}"
         self.properties_path.write_text(render_properties(props, header))
@@ -581,7 +606,7 @@ class ApacheKafka(KafkaService):
             )
         scram = self.tls.scram_arguments() if self.tls is not None else []
         argv = self._java(
-            "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.properties_path), *scram
+            "kafka.tools.StorageTool", "format", "-t", self.cluster, "-c", str(self.properties_path), *scram
         )
         try:
             _proc.run(argv, timeout=120)
@@ -589,8 +614,10 @@ class ApacheKafka(KafkaService):
             raise ServiceError(f"formatting the Kafka storage in {self.log_dir} failed: {e}") from e
 
     # ---- lifecycle -------------------------------------------------------------------------------
-    def _launch(self, *, last_attempt: bool) -> bool:
-        started = time.monotonic()
+    def _spawn(self) -> None:
+        """Run the broker JVM (not waiting for it). The kernel ends it when the calling *thread* ends (the
+        parent-death signal follows the thread that forked): spawn from a thread that outlives the broker."""
+        self._spawned_at = time.monotonic()
         argv = self._java("kafka.Kafka", str(self.properties_path), cds=self._cds.options())
         with open(self.stdout_path, "ab") as out:
             try:
@@ -600,9 +627,21 @@ class ApacheKafka(KafkaService):
             except OSError as e:
                 raise ServiceError(f"cannot run {self.java!r}: {e}", java=self.java) from e
         self.pid = self.proc.pid
+
+    def await_start(self) -> None:
+        """Wait until a broker spawned without waiting (``wait=False``, ``start(wait=False)``) is healthy; the
+        error of a start that fails. Any thread may wait: a cluster waits for its nodes at once."""
+        self._ready(last_attempt=True)
+
+    def _launch(self, *, last_attempt: bool) -> bool:
+        self._spawn()
+        return self._ready(last_attempt=last_attempt)
+
+    def _ready(self, *, last_attempt: bool) -> bool:
+        assert self.proc is not None
         ok, last = self._wait_ready(self.start_timeout)
         if ok:
-            self.start_seconds = time.monotonic() - started
+            self.start_seconds = time.monotonic() - self._spawned_at
             return True
         exited = self.proc.poll() is not None
         self._kill()
@@ -690,7 +729,7 @@ class ApacheKafka(KafkaService):
             str(self.tls.cert.chain),  # the same file, modified: Kafka loads it again
             incremental_operation=AlterConfigOpType.SET,
         )
-        resource = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[entry])
+        resource = ConfigResource(ResourceType.BROKER, str(self.node_id), incremental_configs=[entry])
         admin = self._admin()  # held until the answer: a client let go of ends its requests
         for future in admin.incremental_alter_configs([resource]).values():
             future.result(timeout)
@@ -753,8 +792,9 @@ class ApacheKafka(KafkaService):
             raise ServiceError(f"embedded Apache Kafka on {self.bootstrap} is not running; nothing to crash")
         self._kill()
 
-    def start(self) -> None:
-        """Start again on the same data directory and ports and wait until healthy; a no-op when running."""
+    def start(self, *, wait: bool = True) -> None:
+        """Start again on the same data directory and ports and wait until healthy (``wait=False``: later, with
+        ``await_start``); a no-op when running."""
         if self.running():
             return
         if not (self.log_dir / "meta.properties").is_file():
@@ -766,7 +806,10 @@ class ApacheKafka(KafkaService):
                 )
         if not self._detached:
             _proc.register_cleanup(id(self), self.stop)
-        self._launch(last_attempt=True)
+        if wait:
+            self._launch(last_attempt=True)
+        else:
+            self._spawn()
 
     def restart(self) -> None:
         """A clean stop (SIGTERM), keeping the data directory, then ``start()``."""

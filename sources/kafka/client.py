@@ -113,12 +113,14 @@ class KafkaMetadataClient:
         self._admin: AdminClient | None = None
         self._committer: tuple[str, Consumer] | None = None  # (group, consumer) reused by every commit
         self._no_topic_ids = False  # the brokers do not know DescribeTopics (topic_ids)
+        self._answers: list[tuple[Any, Any]] = []  # the commit consumer's answers (its on_commit)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_consumer"] = None
         state["_admin"] = None
         state["_committer"] = None
+        state["_answers"] = []
         state["watch"] = kafka_clients.Watch(self.config, "kafka-eos")
         state["_connected"] = False
         return state
@@ -381,17 +383,43 @@ class KafkaMetadataClient:
                 raise group_denied(conf["group.id"], err, conf, "DESCRIBE", "read the group's committed offsets")
 
     def commit(self, group: str, offsets: PartitionOffsets) -> None:
-        """Commit offsets to a group (monitoring only); a failure is logged, never raised."""
+        """Commit offsets to a group (monitoring only); a failure is logged, never raised, and the wait is bounded
+        (``COMMIT_WAIT_S``): librdkafka's synchronous commit has no timeout, and with the group's coordinator
+        SIGKILLed (issue 46: a node of a replicated cluster) the query's trigger would wait on it. A commit not
+        answered in time is
+        left, and the next batch's, from a fresh consumer that looks the coordinator up again, covers it."""
         if not offsets:
             return
+        answers: list[tuple[Any, Any]] = []
         try:
             if self._committer is None or self._committer[0] != group:
                 self.close_committer()
-                self._committer = (group, kafka_clients.consumer({**self._conf(), "group.id": group}, self.watch))
-            self._committer[1].commit(
+                conf = {**self._conf(), "group.id": group, "on_commit": lambda err, parts: answers.append((err, parts))}
+                self._committer = (group, kafka_clients.consumer(conf, self.watch))
+                self._answers = answers
+            answers = self._answers
+            answers.clear()
+            committer = self._committer[1]
+            committer.commit(
                 offsets=[CkTopicPartition(tp.topic, tp.partition, off) for tp, off in offsets.items()],
-                asynchronous=False,
+                asynchronous=True,
             )
+            deadline = time.monotonic() + min(self.timeout, COMMIT_WAIT_S)
+            while not answers and time.monotonic() < deadline:
+                committer.poll(0.1)  # serves the commit's answer (on_commit); the committer reads nothing
+            if not answers:
+                self.close_committer()
+                log.warning(
+                    "kafka-eos: committing offsets to group %r got no answer within %gs (monitoring only, ignored; "
+                    "the next batch commits again from a fresh consumer)",
+                    group,
+                    min(self.timeout, COMMIT_WAIT_S),
+                )
+                return
+            err, parts = answers[0]
+            failed = err or next((p.error for p in parts or () if p.error is not None), None)
+            if failed is not None:
+                raise KafkaException(failed)
         except KafkaException as exc:
             self.close_committer()  # the next commit starts from a fresh consumer
             said: Exception = exc
@@ -400,6 +428,10 @@ class KafkaMetadataClient:
                 said = group_denied(group, exc.args[0], {**self._conf(), "group.id": group}, "READ", why)
             log.warning("kafka-eos: committing offsets to group %r failed (monitoring only, ignored): %s", group, said)
 
+
+# How long a group commit (monitoring only) may hold the batch's commit: the answer of a live coordinator comes in
+# milliseconds; librdkafka's synchronous commit would wait on a dead one without a bound
+COMMIT_WAIT_S = 10.0
 
 _METADATA_HINT = (
     "A topic with a metadata error (e.g. no leader) is not taken for a deleted one; check the brokers' health, "
