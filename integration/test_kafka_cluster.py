@@ -28,7 +28,7 @@ from connectors.toolkit.chaos import make_records
 from connectors.toolkit.harness import wait_until
 from eos_core.kafka_config import client_settings
 from integration.fixtures.kafka import module_principal
-from integration.harness.matrix import Pipeline
+from integration.harness.matrix import pipeline_maker
 from integration.test_kafka_broker_faults import _assert_ok, _drained, _produce
 
 pytestmark = [
@@ -62,18 +62,7 @@ def app(broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> tuple
 
 @pytest.fixture
 def make_pipeline(broker: KafkaCluster, app: tuple[Any, str | None], postgres_service: Any, tmp_path: Any) -> Any:
-    principal, properties = app
-
-    def make(fid: str, *, max_offsets: int) -> Pipeline:
-        name = f"rc_{fid}_{uuid.uuid4().hex[:8]}"
-        dsn = postgres_service.dsn
-        workdir = str(tmp_path / name)
-        pipe = Pipeline("2pc", broker.bootstrap, name, dsn, dsn, name, workdir, max_offsets, kafka_config=properties)
-        if principal is not None:
-            broker.grant(principal.name, pipe.kafka_acls())
-        return pipe
-
-    return make
+    return pipeline_maker(broker, app, postgres_service.dsn, tmp_path, "rc")
 
 
 def _create_topic(broker: KafkaCluster, topic: str, partitions: int) -> None:

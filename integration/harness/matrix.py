@@ -202,3 +202,22 @@ class Pipeline:
     def describe(self) -> str:
         runs = ", ".join(str(o) for o in self.outcomes)
         return f"{self.sink} pipeline {self.table} (runs: {runs}); log tail:\n{self.outcomes[-1].log_tail if self.outcomes else ''}"
+
+
+def pipeline_maker(broker: Any, app: tuple[Any, str | None], dsn: str, workdir: Any, prefix: str) -> Any:
+    """``make(fid, max_offsets=N)``: a ``2pc`` pipeline of a module's own broker (or cluster) on a new topic and
+    table ``<prefix>_<fid>_<hex>``, run as the module's app principal (``app``: ``module_principal``'s pair),
+    which is granted exactly the ACLs the pipeline's connectors declare."""
+    import uuid
+
+    principal, properties = app
+
+    def make(fid: str, *, max_offsets: int) -> Pipeline:
+        name = f"{prefix}_{fid}_{uuid.uuid4().hex[:8]}"
+        where = str(workdir / name)
+        pipe = Pipeline("2pc", broker.bootstrap, name, dsn, dsn, name, where, max_offsets, kafka_config=properties)
+        if principal is not None:
+            broker.grant(principal.name, pipe.kafka_acls())
+        return pipe
+
+    return make
