@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -135,3 +136,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 0 if item.get_closest_marker("slow") or item.get_closest_marker("crash") else 1
 
     items.sort(key=rank)  # stable: within a rank, the files' own order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With EOS_TEST_TIMELINE=<file>, each test's start and end (setup to teardown, module fixtures
+    included) on its worker, appended as "start end worker nodeid": where the CI's two cores wait."""
+    path = os.environ.get("EOS_TEST_TIMELINE")
+    start = time.time()
+    yield
+    if path:
+        with open(path, "a") as out:
+            out.write(f"{start:.1f} {time.time():.1f} {os.environ.get('PYTEST_XDIST_WORKER', 'main')} {item.nodeid}\n")
