@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from connectors.services import _proc
@@ -26,10 +27,12 @@ _HBA_TLS = """# spark-eos embedded cluster: TLS only, SCRAM passwords
 local     all all                scram-sha-256
 hostssl   all all 127.0.0.1/32   scram-sha-256
 hostssl   all all ::1/128        scram-sha-256
+hostssl   replication all 127.0.0.1/32 scram-sha-256
 hostnossl all all all            reject
 """
 
 START_TIMEOUT = 60.0
+STANDBY_NAME = "eos_standby"  # a standby's application_name, what a primary's synchronous_standby_names lists
 _TOOLS = ("initdb", "pg_ctl", "postgres")
 # Where distributions put the server binaries when they are not on PATH (Debian, RHEL/PGDG, Homebrew).
 PG_BIN_GLOBS = [
@@ -110,6 +113,8 @@ class EmbeddedPostgres(PostgresService):
     makes a least-privileged app role holding exactly what it is granted. ``crash()`` is
     ``pg_ctl stop -m immediate``; ``start()`` recovers on the same directory and port; ``stop()``
     stops cleanly and deletes the temp directory unless ``keep=True`` (a named ``base_dir`` is kept).
+    ``settings``: more ``postgresql.conf`` lines; ``replica_of``: a hot standby of that running server
+    (``connectors.services.postgres_standby``), with its superuser's ``password``.
     """
 
     kind = "embedded"
@@ -130,6 +135,9 @@ class EmbeddedPostgres(PostgresService):
         user: str = "eos_admin",
         security: str = "tls",
         hardened: bool = True,
+        settings: Mapping[str, str] | None = None,
+        password: str | None = None,
+        replica_of: EmbeddedPostgres | None = None,
     ) -> None:
         if security not in SECURITY:
             raise ServiceError(f"EmbeddedPostgres(security={security!r}): use one of {', '.join(SECURITY)}")
@@ -143,7 +151,9 @@ class EmbeddedPostgres(PostgresService):
             )
         self.run_as = _proc.run_as_for_root()
         self.user = user
-        self.password = secrets.token_urlsafe(18)
+        self.password = password or secrets.token_urlsafe(18)
+        self.settings = dict(settings or {})
+        self.replica_of = replica_of
         self.max_prepared_transactions = max_prepared_transactions
         self.max_connections = max_connections
         self.start_timeout = start_timeout
@@ -165,7 +175,10 @@ class EmbeddedPostgres(PostgresService):
         if not detached:
             _proc.register_cleanup(id(self), self.stop)
         try:
-            self._initdb()
+            if replica_of is None:
+                self._initdb()
+            else:
+                self._base_backup(replica_of)
             for attempt in range(1 if port is not None else _PORT_ATTEMPTS):
                 self.port = port if port is not None else _proc.free_port()
                 if self._launch(last_attempt=port is not None or attempt == _PORT_ATTEMPTS - 1):
@@ -173,7 +186,9 @@ class EmbeddedPostgres(PostgresService):
         except BaseException:
             self.stop()
             raise
-        if hardened:  # as a managed database is: PUBLIC may not connect, create temporary tables or use public
+        if (
+            hardened and replica_of is None
+        ):  # as a managed database is: PUBLIC may not connect, create temporary tables or use public
             from connectors.services.pg_security import harden
 
             harden(self.dsn)
@@ -275,9 +290,50 @@ class EmbeddedPostgres(PostgresService):
                 ssl_key_file=f"'{self.base / 'tls' / 'server.key'}'",
             )
             (self.data_dir / "pg_hba.conf").write_text(_HBA_TLS)  # initdb's file: its owner and mode stay
+        self._configure({**settings, **self.settings})
+
+    def _configure(self, settings: Mapping[str, str]) -> None:
         with open(self.data_dir / "postgresql.conf", "a") as conf:
             conf.write("\n# spark-eos embedded cluster\n")
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+
+    def _base_backup(self, primary: EmbeddedPostgres) -> None:
+        """The data directory as a streaming-replication standby of ``primary``: ``pg_basebackup`` (WAL
+        streamed), its CA and certificate copied, ``standby.signal``, ``primary_conninfo`` naming this
+        server ``application_name`` (what ``synchronous_standby_names`` lists) with a password file."""
+        owner = self.run_as
+        os.chmod(self.base, 0o700)
+        for part in ("ca", "tls"):
+            if (primary.base / part).exists():
+                shutil.copytree(primary.base / part, self.base / part)
+        passfile = self.base / "passfile"
+        passfile.write_text(f"127.0.0.1:{primary.port}:*:{primary.user}:{primary.password}\n")
+        os.chmod(passfile, 0o600)
+        if owner is not None:
+            for root, dirs, files in os.walk(self.base):
+                for name in [root, *(os.path.join(root, f) for f in dirs + files)]:
+                    os.chown(name, owner.uid, owner.gid)
+        tls = f" sslmode=verify-full sslrootcert={self.ca_path}" if self.security == "tls" else ""
+        conninfo = f"host=127.0.0.1 port={primary.port} user={primary.user} passfile={passfile}{tls}"
+        _proc.run(
+            [self._tool("pg_basebackup"), "-D", str(self.data_dir), "-d", conninfo, "-X", "stream", "--no-sync"],
+            run_as=owner,
+            timeout=120,
+        )
+        (self.data_dir / "standby.signal").touch()
+        if owner is not None:
+            os.chown(self.data_dir / "standby.signal", owner.uid, owner.gid)
+        settings = {
+            "unix_socket_directories": f"'{self.base}'",
+            "primary_conninfo": f"'{conninfo} application_name={STANDBY_NAME}'",
+            **self.settings,
+        }
+        if self.security == "tls":
+            settings.update(
+                ssl_cert_file=f"'{self.base / 'tls' / 'server.pem'}'",
+                ssl_key_file=f"'{self.base / 'tls' / 'server.key'}'",
+            )
+        self._configure(settings)
 
     def _launch(self, *, last_attempt: bool) -> bool:
         log = open(self.log_path, "ab")  # the child inherits the descriptor
