@@ -76,7 +76,9 @@ def _savepoint_create(args: argparse.Namespace) -> int:
     from connectors.savepoint import create
 
     _must_exist("create", "CHECKPOINT", args.checkpoint)
-    manifest = _savepoint_errors("create", lambda: create(args.checkpoint, args.dest, force=args.force))
+    manifest = _savepoint_errors(
+        "create", lambda: create(args.checkpoint, args.dest, force=args.force, batch=args.batch)
+    )
     print(
         f"savepoint {args.dest}: batches 0..{manifest['last_commit']} committed"
         f" ({manifest['files']} files, {manifest['bytes']} bytes) from {args.checkpoint}"
@@ -309,6 +311,13 @@ def _add_savepoint(sub: Any) -> None:
     c.add_argument("checkpoint", metavar="CHECKPOINT")
     c.add_argument("dest", metavar="DEST")
     c.add_argument("--force", action="store_true", help="replace DEST if it exists")
+    c.add_argument(
+        "--batch",
+        type=int,
+        metavar="N",
+        help="as of committed batch N instead of the last: the restored query replays the batches after N "
+        "(those a database lost in a failover; postgres-2pc's refusal names N)",
+    )
     c.set_defaults(func=_savepoint_create)
     r = ss.add_parser("restore", help="copy savepoint DEST into CHECKPOINT (a new or empty directory)")
     r.add_argument("savepoint", metavar="DEST")

@@ -3,7 +3,9 @@
 ``create`` copies ``metadata``, ``sources/``, ``commits/0..c`` (c = last committed batch), the
 write-ahead log ``offsets/0..p`` (p = last planned batch: a planned batch must replay with the same
 offsets, since a two-phase sink may already hold its decision) and the state store files up to
-version p + 1, then writes ``_savepoint.json`` (a manifest with every file's size). ``restore``
+version p + 1, then writes ``_savepoint.json`` (a manifest with every file's size); ``batch=b``: as of
+committed batch b (c = b, p = b + 1), to replay the later batches (a database that lost them: the
+2PC sink's refusal names b). ``restore``
 checks the manifest and copies the savepoint into a new or empty checkpoint directory. Trigger
 interval, cluster and parallelism of the restored query may change; the query's shape may not.
 """
@@ -39,8 +41,9 @@ def _keep(rel: str, last_commit: int, last_planned: int) -> bool:
     return True
 
 
-def create(checkpoint: str, dest: str, *, force: bool = False) -> dict[str, Any]:
-    """Copy ``checkpoint`` to ``dest`` up to its last committed batch; returns the manifest."""
+def create(checkpoint: str, dest: str, *, force: bool = False, batch: int | None = None) -> dict[str, Any]:
+    """Copy ``checkpoint`` to ``dest`` up to its last committed batch, or as of committed ``batch`` (the
+    later batches replay from the savepoint: batch + 1 with its planned offsets); returns the manifest."""
     if not os.path.isdir(os.path.join(checkpoint, "commits")):
         raise ValueError(f"{checkpoint!r} is not a streaming checkpoint with committed batches (no commits/)")
     commits = numbered(os.path.join(checkpoint, "commits"))
@@ -49,6 +52,14 @@ def create(checkpoint: str, dest: str, *, force: bool = False) -> dict[str, Any]
         raise ValueError(f"{checkpoint!r} has no committed batch yet; run the query until one batch commits")
     last_commit = commits[-1]
     last_planned = max([last_commit, *offsets])
+    if batch is not None:
+        if batch not in commits or batch not in offsets:
+            raise ValueError(
+                f"--batch {batch}: {checkpoint!r} keeps committed batches {commits[0]}..{last_commit}; a savepoint "
+                "as of a batch needs that batch's commit and offsets (Spark keeps the last "
+                "spark.sql.streaming.minBatchesToRetain, 100 by default)"
+            )
+        last_commit, last_planned = batch, min(batch + 1, last_planned)
     if os.path.exists(dest):
         if not force:
             raise FileExistsError(f"savepoint destination {dest!r} exists; pass --force to replace it")
@@ -71,6 +82,7 @@ def create(checkpoint: str, dest: str, *, force: bool = False) -> dict[str, Any]
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "last_commit": last_commit,
         "last_planned": last_planned,
+        **({"as_of_batch": batch} if batch is not None else {}),
         "files": len(files),
         "bytes": sum(files.values()),
         "sizes": files,
@@ -115,6 +127,8 @@ def restore(savepoint: str, checkpoint: str, *, force: bool = False) -> dict[str
 def moved_on(manifest: dict[str, Any]) -> str | None:
     """A warning when the checkpoint the savepoint was taken from went on past it (an older savepoint)."""
     source = manifest.get("source")
+    if "as_of_batch" in manifest:
+        return None  # taken as of a batch on purpose (batches a database lost, replayed); a 2PC sink checks still
     if not source or not os.path.isdir(os.path.join(source, "commits")):
         return None
     commits = numbered(os.path.join(source, "commits"))

@@ -446,6 +446,26 @@ def test_savepoint_restore_warns_when_the_source_checkpoint_went_on(tmp_path, ca
     assert "WARNING" in err and "ends at batch 2" in err and "up to batch 3" in err and "new 'sink.id'" in err
 
 
+def test_a_savepoint_as_of_an_earlier_batch_replays_the_later_ones(tmp_path, capsys) -> None:
+    """Issue 46: batches a database lost in a failover are replayed from a savepoint as of the sink's last
+    decision: its commits up to that batch, the next batch's planned offsets (it replays them as planned)."""
+    ck = _checkpoint(tmp_path)
+    sp = str(tmp_path / "sp")
+    assert cli.main(["savepoint", "create", ck, sp, "--batch", "1"]) == 0
+    assert "batches 0..1 committed" in capsys.readouterr().out
+    assert sorted(os.listdir(os.path.join(sp, "commits"))) == ["0", "1"]
+    assert sorted(os.listdir(os.path.join(sp, "offsets"))) == ["0", "1", "2"]
+    assert os.path.exists(os.path.join(sp, "state/0/0/3.changelog"))
+    assert not os.path.exists(os.path.join(sp, "state/0/0/4.changelog"))
+    restored = restore(sp, str(tmp_path / "replay"))
+    assert restored["as_of_batch"] == 1 and "warning" not in restored  # on purpose: no "went on" warning
+    info = inspect(str(tmp_path / "replay"))
+    assert info["last_committed"] == 1 and info["uncommitted"] == [2]
+    for batch in (3, 7):  # planned but never committed; not in the checkpoint
+        with pytest.raises(ValueError, match=rf"--batch {batch}: .* keeps committed batches 0..2"):
+            create(ck, str(tmp_path / f"sp{batch}"), batch=batch)
+
+
 def test_savepoint_refuses_a_checkpoint_without_commits(tmp_path) -> None:
     (tmp_path / "c" / "commits").mkdir(parents=True)
     with pytest.raises(ValueError, match="no committed batch"):

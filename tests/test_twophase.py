@@ -141,3 +141,38 @@ def test_batch_jobs_roll_back_other_batches_undecided_gids_only_past_the_timeout
     assert set(plan) == {str(old), str(mine)}
     assert plan[str(old)].action == "rollback" and "prepared.timeout" in plan[str(old)].reason
     assert plan[str(mine)].action == "keep"
+
+
+def _offsets(checkpoint: Any, batch: int, offset: int) -> None:
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"orders":{{"0":{offset}}}}}\n')
+
+
+def test_a_stream_past_batches_its_decision_log_lacks_is_refused_naming_them_and_the_replay(tmp_path: Any) -> None:
+    """Issue 46: Spark runs batch n only after committing n - 1, and commits a batch only after the sink's
+    decision: a decision log that ends before n - 1 lost committed batches (an asynchronous failover)."""
+    from sinks.postgres.twophase.guards import LostBatches, check_none_lost
+
+    ck = tmp_path / "ck"
+    for batch, offset in ((4, 40), (5, 50), (6, 60), (7, 70)):
+        _offsets(ck, batch, offset)
+    opts = TwoPhaseOptions.from_options({"dsn": DSN, "table": "t", "sink.id": "orders", "checkpointLocation": str(ck)})
+    for last in (None, 6, 7):  # a new sink id; the batch after the last decision; a replay of the last one
+        check_none_lost(opts, 7, last)
+    with pytest.raises(LostBatches) as refused:
+        check_none_lost(opts, 7, 4)
+    text = str(refused.value)
+    assert "the database lost batches 5..6" in text and "ends at batch 4" in text, text
+    assert '{"orders":{"0":40}} (offsets/4) to {"orders":{"0":60}} (offsets/5..offsets/6)' in text, text
+    assert "savepoint create <checkpoint> <savepoint> --batch 4" in text and "sinks release --sink-id orders" in text
+    assert "secret" not in text and refused.value.lost == [5, 6]
+    # where the checkpoint cannot be read (an executor), the files are named instead
+    elsewhere = TwoPhaseOptions.from_options({"dsn": DSN, "table": "t", "sink.id": "o", "checkpointLocation": "/gone"})
+    with pytest.raises(LostBatches, match=r"the database lost batch 6\b.*the checkpoint's offsets/6\. "):
+        check_none_lost(elsewhere, 7, 5)
+    # foreachBatch (twopc_batch gives batch.id): the user's function may skip a batch; nothing refused
+    adapter = TwoPhaseOptions.from_options(
+        {"dsn": DSN, "table": "t", "sink.id": "orders", "checkpointLocation": str(ck), "batch.id": "7"}
+    )
+    assert adapter.batch_id == 7
+    check_none_lost(adapter, 7, 4)

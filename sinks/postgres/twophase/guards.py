@@ -8,7 +8,7 @@ import logging
 
 import psycopg
 
-from eos_core.checkpoint import Lineage, display
+from eos_core.checkpoint import Lineage, batch_lineage, display
 from eos_core.errors import FatalError
 from sinks.postgres.options import (
     quote_ident,
@@ -53,11 +53,13 @@ def check_lineage(opts: TwoPhaseOptions, decision: Decision, lineage: Lineage | 
 def check_not_rewound(
     conn: psycopg.Connection, tables: ProtocolTables, opts: TwoPhaseOptions, batch_id: int, lineage: Lineage | None
 ) -> None:
-    """I1: with later batches decided, an undecided batch n cannot belong to the sink's lineage."""
+    """I1: with later batches decided, an undecided batch n cannot belong to the sink's lineage; and a
+    streaming query's batch n comes right after the sink's last decision (``check_none_lost``)."""
     if lineage is None:
         return  # batch jobs without a checkpoint: caller-given batch ids may come in any order
     sink_id = opts.sink_id
     last = tables.last_batch(conn, str(sink_id))
+    check_none_lost(opts, batch_id, last)
     if last is not None and last > batch_id:
         raise LineageMismatch(
             f"{FORMAT} sink {sink_id!r}: this query's {lineage} in checkpoint {display(opts.checkpoint)!r}, but the sink has "
@@ -66,6 +68,44 @@ def check_not_rewound(
             sink_id=sink_id,
             batch_id=batch_id,
         )
+
+
+def check_none_lost(opts: TwoPhaseOptions, batch_id: int, last: int | None) -> None:
+    """A streaming query (Spark commits a micro-batch only after the sink's commit of it, and runs batch n
+    only after committing n - 1) at batch n while the sink's decision log ends before n - 1: the database
+    lost batches Spark's checkpoint says were committed (a failover to an asynchronous standby, a backup
+    restored), refused before anything is written. Not for foreachBatch (``batch.id`` given), where a
+    user's function may skip a batch, nor for a sink with no decision (a new sink id)."""
+    if opts.batch_id is not None or last is None or last >= batch_id - 1:
+        return
+    first, end = last + 1, batch_id - 1
+    lost = f"batch {first}" if first == end else f"batches {first}..{end}"
+    raise LostBatches(
+        f"{FORMAT} sink {opts.sink_id!r}: the query's checkpoint {display(opts.checkpoint)!r} committed up to batch "
+        f"{end}, but the sink's decision log ({opts.eos_schema}.sink_batches) ends at batch {last}: the database lost "
+        f"{lost}, which it had committed (a failover to a standby that had not received them, or a restore from an "
+        f"older backup). Nothing was written. Their records: {_offsets(opts, first, end)}. To write them exactly "
+        f"once, stop the query and replay from a savepoint of the checkpoint as of batch {last}: "
+        f"`spark-eos savepoint create <checkpoint> <savepoint> --batch {last}`, then "
+        "`spark-eos savepoint restore <savepoint> <new checkpoint>`, and run the query on the new checkpoint (the "
+        "source must still hold those offsets). To accept the loss instead: `spark-eos sinks release --sink-id "
+        f"{opts.sink_id}` (the query then goes on from batch {batch_id})",
+        sink_id=opts.sink_id,
+        batch_id=batch_id,
+        lost=[first, end],
+    )
+
+
+def _offsets(opts: TwoPhaseOptions, first: int, end: int) -> str:
+    """The source offsets of the lost batches, from the checkpoint's offset log when this process can read it."""
+    where = f"offsets/{first}" + (f"..offsets/{end}" if end > first else "")
+    try:
+        assert opts.checkpoint is not None
+        start = batch_lineage(opts.checkpoint, first - 1).sources if first > 0 else "the sources' start"
+        stop = batch_lineage(opts.checkpoint, end).sources
+    except Exception:  # the checkpoint is not reachable from here (an executor): the files still say it
+        return f"the checkpoint's {where}"
+    return f"from {start} (offsets/{first - 1}) to {stop} ({where})"
 
 
 _REWIND_HELP = (
@@ -120,6 +160,10 @@ TAKE_BACK_STATES = ("57014",)
 
 class LineageMismatch(FatalError):
     """A decided batch number met with another checkpoint lineage (an older savepoint restored)."""
+
+
+class LostBatches(FatalError):
+    """The sink's decision log ends before the batches Spark's checkpoint committed (the database lost them)."""
 
 
 def select_list(plan: TwoPhasePlan) -> str:
