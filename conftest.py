@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from connectors.services import spark_bytecode, spark_cds
+from connectors.services import _proc, spark_bytecode, spark_cds
 from eos_core import faults
 
 # Every JVM the suite starts (Spark drivers in-process and in the harness's subprocesses, local-cluster
@@ -16,6 +20,17 @@ from eos_core import faults
 # and its first queries by a third to a half on 2 cores (measured: a local session's start 18 -> 10 s,
 # two small queries 15 -> 9 s, under load). Set before any JVM starts; a user's own value is kept.
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# ... and their scratch files (Spark's spark-*, blockmgr-* and artifacts-* dirs, the native libraries lz4-java,
+# snappy and RocksDB unpack) go in one directory of the run's, removed at its end (a crashed run's by the next):
+# a SIGKILLed JVM removes none of its own, and the suite kills hundreds (a pipeline run by the harness has a
+# directory of its own, connectors.toolkit.harness.PipelineProcess). Unset, ~10 GB piled up in /tmp over a day
+# of runs and filled this machine's disk mid-suite. xdist's workers inherit the controller's.
+if "-Djava.io.tmpdir=" not in os.environ["JDK_JAVA_OPTIONS"]:
+    _scratch = Path(tempfile.mkdtemp(prefix="eos-suite-jvm-"))
+    _proc.sweep_stale("eos-suite-jvm-")
+    _proc.claim_dir(_scratch)
+    atexit.register(shutil.rmtree, _scratch, True)
+    os.environ["JDK_JAVA_OPTIONS"] += f" -Djava.io.tmpdir={_scratch}"
 # ... and each spark-submit (every session the suite starts) finds Spark without asking Python: unset,
 # PySpark's bin/find-spark-home runs find_spark_home.py through `python3` (on a pyenv machine three bash
 # scripts first) for every JVM start. The suite's Spark is the venv's PySpark; a test that runs another

@@ -62,6 +62,38 @@ def test_a_killed_run_takes_its_processes_outside_the_group_too(tmp_path):
     assert not os.path.exists(f"/proc/{stray[0]}") or harness.process_state(stray[0]) == "Z"
 
 
+SCRATCH = """
+import os, re, time
+tmp = re.findall(r"-Djava.io.tmpdir=(\\S+)", os.environ["JDK_JAVA_OPTIONS"])[-1]
+os.makedirs(os.path.join(tmp, "blockmgr-1"))  # what a JVM leaves there when it is SIGKILLed
+open(os.path.join(tmp, "liblz4-java.so"), "w").close()
+print("scratch", tmp, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_runs_jvm_scratch_files_go_with_it(tmp_path, monkeypatch):
+    """Each run's JVMs get a java.io.tmpdir of the run's own (the last -D wins over the caller's), removed
+    once the run has ended; one of a harness that was itself SIGKILLed is swept by the next run."""
+    import tempfile
+
+    monkeypatch.setenv("JDK_JAVA_OPTIONS", "-XX:+UseSerialGC -Djava.io.tmpdir=/somewhere")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    orphan = tmp_path / f"{harness.SCRATCH_PREFIX}orphan"  # its owner is gone
+    orphan.mkdir()
+    from connectors.services import _proc
+
+    (orphan / _proc.OWNER_FILE).write_text("999999999")
+    proc = harness.PipelineProcess([sys.executable, "-c", SCRATCH], log_path=str(tmp_path / "log")).start()
+    harness.wait_until(lambda: "scratch" in proc.log_tail(), timeout=20, what="the child's scratch")
+    scratch = proc.log_tail().split("scratch ", 1)[1].split()[0]
+    assert scratch == proc.scratch and os.path.isdir(os.path.join(scratch, "blockmgr-1"))
+    assert os.path.dirname(scratch) == str(tmp_path) and not orphan.exists()
+    proc.kill_group()
+    assert proc.wait(10).killed
+    assert not os.path.exists(scratch) and proc.scratch is None
+
+
 def test_exit_code_reported(tmp_path):
     out = harness.PipelineProcess(
         [sys.executable, "-c", "import sys; print('bye'); sys.exit(17)"], log_path=str(tmp_path / "l")

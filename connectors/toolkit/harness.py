@@ -69,6 +69,23 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+SCRATCH_PREFIX = "eos-run-jvm-"
+
+
+def _scratch_dir() -> str:
+    """A new JVM scratch directory, claimed by this process; those of a process that died before it could
+    remove them (SIGKILLed) are swept first."""
+    import tempfile
+    from pathlib import Path
+
+    from connectors.services import _proc
+
+    _proc.sweep_stale(SCRATCH_PREFIX)
+    path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    _proc.claim_dir(Path(path))
+    return path
+
+
 @dataclass
 class PipelineProcess:
     """A pipeline run as a child process in its own session (and so its own process group).
@@ -78,6 +95,11 @@ class PipelineProcess:
     own; it and its workers are found by the job's ``EOS_FAULTS_PGID`` (``app_runner`` names the group
     before the JVM starts) and killed with the group when the run ends, so no task of a killed run
     writes on after it (the daemon alone would notice the JVM's death only within a second).
+
+    Each run's JVMs keep their scratch files (``java.io.tmpdir``, and so Spark's local dirs unless the
+    environment names them: ``spark-*``, ``blockmgr-*``, the native libraries lz4-java, snappy and RocksDB
+    unpack) in a directory of the run's own, removed when the run has ended: a SIGKILLed JVM removes none
+    of its own, and a few thousand killed runs filled the disk of the machine that ran them.
     """
 
     argv: Sequence[str]
@@ -89,6 +111,7 @@ class PipelineProcess:
     log_start: int = field(default=0, init=False)  # the log's size when this run started (runs share a log)
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
     _seen: set[str] = field(default_factory=set, init=False, repr=False)
+    scratch: str | None = field(default=None, init=False)  # the run's JVM scratch directory
 
     def start(self) -> PipelineProcess:
         if self.proc is not None and self.proc.poll() is None:
@@ -97,6 +120,9 @@ class PipelineProcess:
         # the child leads a group of its own and names it itself: a group id inherited from here
         # would aim its kill-group faults at us
         env.pop(faults.ENV_PGID, None)
+        self.scratch = _scratch_dir()
+        options = f"{env.get('JDK_JAVA_OPTIONS', '')} -Djava.io.tmpdir={self.scratch}"  # the last one wins
+        env["JDK_JAVA_OPTIONS"] = options.strip()
         self._log = open(self.log_path, "ab") if self.log_path else None
         self.log_start = self._log.tell() if self._log else 0
         self._seen = set()
@@ -137,6 +163,9 @@ class PipelineProcess:
         finally:
             if self.proc.poll() is not None:
                 self._reap_group()
+                if self.scratch is not None:
+                    shutil.rmtree(self.scratch, ignore_errors=True)
+                    self.scratch = None
                 if self._log:
                     self._log.close()
                     self._log = None
