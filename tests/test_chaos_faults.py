@@ -64,6 +64,9 @@ def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
     plans = chaos.plan_kills("2pc", 6, 1, faults={"kill": 1, "pg-cut": 1})
     outside = sum(p.kind == "pg-cut" for p in plans)
     assert chaos.schedule.chunks(plans) == 6 + outside + 1
+    # a kind fed while it is on gets a third: a job that keeps up during the fault has records after its heal
+    fed = chaos.plan_kills("2pc", 4, 1, faults={"kill": 1, "disk-full": 1})
+    assert [p.kind for p in fed].count("disk-full") == 2 and chaos.schedule.chunks(fed) == 4 + 2 * 2 + 1
 
 
 @pytest.mark.parametrize(
@@ -92,6 +95,18 @@ def test_chunks_give_faults_from_outside_records_before_and_after() -> None:
             "--faults pg-cut: the Postgres DSN names no single TCP",
         ),
         ("slow-task:1", {"partitions": 1}, "--faults slow-task: needs --partitions >= 2"),
+        (
+            "leader-kill:1",
+            {"kafka_named": "--bootstrap"},
+            "--faults leader-kill: needs a Kafka broker the chaos run starts itself (it restarts it), but --bootstrap "
+            "names yours",
+        ),
+        (
+            "rolling-restart:1,broker-crash:1",
+            {},
+            "--faults rolling-restart and broker-crash: a chaos run has one Kafka, a three-node cluster "
+            "(rolling-restart) or a single broker (broker-crash); run them in separate chaos runs",
+        ),
     ],
 )
 def test_faults_the_setup_cannot_inject_are_refused_naming_the_fault(kinds: str, named: dict, needle: str) -> None:

@@ -132,9 +132,13 @@ def test_a_postgres_the_job_names_may_be_cut_not_restarted() -> None:
     with pytest.raises(ConfigError, match="--faults pg-restart: --sink-kind kafka: it would stop and start a Postgres"):
         _prepare("kafka", {"pg-restart": 1}, dsn=dsn, postgres_named="--dsn")
     # every other kind applies (the broker faults on a broker of the run's own: none named, none asked for)
-    others = {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-")}
-    cfg = _prepare("kafka", others, services, bootstrap=None, kafka_named=None, dead_letters="{table}_dlq")
-    assert cfg.bootstrap == "" and services.asked == []
+    # (the replicated cluster's kinds in a run of their own: a run has one Kafka)
+    replicated = {k for k, kind in fault_kinds.KINDS.items() if "kafka-cluster" in kind.needs}
+    assert replicated == {"leader-kill", "rolling-restart"}
+    others = {k: 1 for k in fault_kinds.KINDS if not k.startswith("pg-") and k not in replicated}
+    for kinds in (others, dict.fromkeys(replicated, 1)):
+        cfg = _prepare("kafka", kinds, services, bootstrap=None, kafka_named=None, dead_letters="{table}_dlq")
+        assert cfg.bootstrap == "" and services.asked == []
     # a job writing to Postgres gets the Postgres the run starts, whose server the faults restart
     cfg = _prepare("2pc", {"pg-restart": 1}, services, dead_letters="public.x")
     assert services.asked == ["postgres"] and cfg.dsn == "pg" and cfg.postgres_service is not None

@@ -85,6 +85,7 @@ class Experiment:
                 **({"faults": kinds.format_faults(cfg.faults)} if dict(cfg.faults) != kinds.DEFAULT else {}),
                 **({"master": kit.master} if kit.master != cfg.master else {}),
                 **({"own_broker": kit.broker.security} if kit.broker is not None else {}),  # its listener
+                **({"kafka_nodes": len(kit.broker.nodes)} if hasattr(kit.broker, "nodes") else {}),  # a cluster's
             }
         )
         return report

@@ -170,8 +170,8 @@ def prepare(services: Services, *, names: Mapping[str, str] = CLI_NAMES, **given
         )
     _check_kafka_config(n, a.app_kafka_config)
     bootstrap, dsn, pg_service = a.bootstrap, a.dsn, None
-    if "own-broker" in kinds.needed(weights):
-        bootstrap = ""  # the run starts a broker of its own (kit.FaultKit)
+    if {"own-broker", "kafka-cluster"} & kinds.needed(weights):
+        bootstrap = ""  # the run starts a broker (or a replicated cluster) of its own (kit.FaultKit)
     elif not bootstrap:
         bootstrap = services.kafka().bootstrap
     if not dsn and not (a.app and a.sink_kind in KAFKA_SINK_KINDS):

@@ -37,6 +37,11 @@ its line in docs/guarantees.md and its test.
   broker says, so a proxy in front of any other broker would be bypassed).
 - ``broker-crash`` / ``broker-restart``: that broker SIGKILLed and started again on the same log
   directory after a few seconds, or restarted cleanly (controlled shutdown).
+- ``leader-kill`` / ``rolling-restart``: the job's Kafka is a replicated cluster of the run's own (three
+  KRaft nodes, three replicas per partition, two in sync required: ``connectors.services.kafka_cluster``);
+  the node leading most of the run's partitions SIGKILLed, down a few seconds while another replica
+  leads, started again; or every node restarted in turn, replicas back in sync before the next, as an
+  operator's rolling restart. A run has one Kafka: these do not mix with the single broker's kinds.
 
 A fault the setup cannot support is refused before anything runs, in one line naming the fault, why
 and the fix (``refuse``): the broker faults on a broker the user named (``--bootstrap`` /
@@ -177,6 +182,7 @@ NEEDS: dict[str, Need] = {
     need.name: need
     for need in (
         Need("own-broker", _own_broker),  # an Apache Kafka broker of the run's own
+        Need("kafka-cluster", _own_broker),  # three replicating Apache Kafka nodes of the run's own
         Need("kafka-proxy", lambda kind, setup: None),  # a proxy in front of it, which it advertises
         Need("pg-server", _pg_server),  # the Postgres server spark-eos runs
         Need("pg-proxy", _pg_proxy),  # a proxy in front of the job's Postgres
@@ -241,6 +247,10 @@ def _net_fault(proxy: str, kind: str) -> Injector:
 
 def _broker_fault(kind: str) -> Injector:
     return lambda kit, feed: kit.broker_fault(kind)
+
+
+def _cluster_fault(kind: str) -> Injector:
+    return lambda kit, feed: kit.cluster_fault(kind, feed)
 
 
 KINDS: dict[str, FaultKind] = {
@@ -342,6 +352,24 @@ KINDS: dict[str, FaultKind] = {
             inject=_broker_fault("broker-restart"),
         ),
         FaultKind(
+            "leader-kill",
+            "the Kafka node leading most of the run's partitions SIGKILLed, down 3 s while other replicas lead, "
+            "started on its log dir (a three-node cluster of the run's own)",
+            "outside",
+            needs=("kafka-cluster",),
+            inject=_cluster_fault("leader-kill"),
+            feed=True,
+        ),
+        FaultKind(
+            "rolling-restart",
+            "every node of a three-node Kafka cluster of the run's own restarted in turn (controlled shutdown, "
+            "start, every replica back in sync before the next)",
+            "outside",
+            needs=("kafka-cluster",),
+            inject=_cluster_fault("rolling-restart"),
+            feed=True,
+        ),
+        FaultKind(
             "disk-full",
             f"the checkpoint's filesystem full (a {DISK_MB} MB tmpfs the run mounts for it, filled to its last byte) "
             "while records arrive, until the job meets it (3 to 30 s), then freed",
@@ -418,6 +446,13 @@ def refuse(weights: Mapping[str, int], setup: Setup) -> None:
         raise ConfigError(
             f"{setup.name('faults')} {kind.name}: not with {setup.name('connect')} (it moves the job to a cluster of "
             f"its own, which is untested behind a Spark Connect server); drop {kind.name} or {setup.name('connect')}"
+        )
+    replicated = [k.name for k in listed if "kafka-cluster" in k.needs]
+    single = [k.name for k in listed if "own-broker" in k.needs]
+    if replicated and single:
+        raise ConfigError(
+            f"{setup.name('faults')} {replicated[0]} and {single[0]}: a chaos run has one Kafka, a three-node cluster "
+            f"({', '.join(replicated)}) or a single broker ({', '.join(single)}); run them in separate chaos runs"
         )
     if setup.kafka_sink:
         for kind in (k for k in listed if k.postgres):

@@ -192,6 +192,14 @@ class FaultKit:
             self._stops.append(self.broker.stop)
             self.bootstrap = self.broker.bootstrap
             self._name_kafka_config(self.broker.client_properties() if self.broker.secured else None)
+        elif "kafka-cluster" in self.needs:  # refuse() lets no single broker's kind beside it
+            from connectors.services import embedded_kafka_security
+            from connectors.services.kafka_cluster import KafkaCluster
+
+            self.broker = KafkaCluster(heap="320m", security=embedded_kafka_security())
+            self._stops.append(self.broker.stop)
+            self.bootstrap = self.broker.bootstrap
+            self._name_kafka_config(self.broker.client_properties() if self.broker.secured else None)
         if "pg-server" in self.needs and (self.postgres is None or getattr(self.postgres, "kind", "env") == "env"):
             server = next(k for k in self.weights if "pg-server" in KINDS[k].needs)
             raise ConfigError(
@@ -435,6 +443,71 @@ class FaultKit:
             "proof": f"broker JVM {old} {'SIGKILLed' if kind == 'broker-crash' else 'stopped'} "
             f"({'gone' if gone else 'STILL ALIVE'}), started again as {new}",
         }
+
+    def cluster_fault(self, kind: str, feed: Callable[[], None]) -> dict[str, Any]:
+        """``leader-kill``: the node leading most of the run's partitions SIGKILLed, down BROKER_DOWN seconds
+        (the producer writes meanwhile), started again; ``rolling-restart``: every node restarted in turn,
+        replicas in sync before the next (the producer writes after the first). The proof: the JVMs gone and
+        their successors, the leaderships that moved."""
+        cluster = self.broker
+        if kind == "leader-kill":
+            led = _leaders(cluster)
+            node_id = max(led, key=lambda n: (len(led[n]), -n))
+            node = cluster.node(node_id)
+            old = node.pid
+            node.crash()
+            gone = not _pid_alive(old)
+            wait_until_led = time.monotonic() + 30
+            moved: dict[str, int] = {}
+            while time.monotonic() < wait_until_led and len(moved) < len(led[node_id]):
+                now = cluster.partitions(sorted({t for t, _ in led[node_id]}))
+                moved = {
+                    f"{t}-{p}": int(now[(t, p)].leader)
+                    for t, p in led[node_id]
+                    if now[(t, p)].leader not in (-1, node_id)
+                }
+                time.sleep(0.2)
+            feed()
+            time.sleep(BROKER_DOWN)
+            node.start()
+            cluster.wait_in_sync(120)
+            ok = gone and len(moved) == len(led[node_id]) and node.pid != old and node.running()
+            return {
+                "node": node_id,
+                "pid_before": old,
+                "pid_after": node.pid,
+                "moved": moved,
+                "ok": ok,
+                "proof": f"node {node_id} (leader of {len(led[node_id])} partitions) JVM {old} SIGKILLed "
+                f"({'gone' if gone else 'STILL ALIVE'}); {len(moved)} leaderships moved: {moved}; started as {node.pid}",
+            }
+        restarts = []
+        for i, node in enumerate(cluster.nodes):
+            cluster.wait_in_sync(120)
+            old = node.pid
+            node.restart()
+            restarts.append(
+                {"node": node.node_id, "pid_before": old, "pid_after": node.pid, "gone": not _pid_alive(old)}
+            )
+            if i == 0:
+                feed()
+        cluster.wait_in_sync(120)
+        ok = all(r["gone"] and r["pid_after"] != r["pid_before"] for r in restarts) and cluster.running()
+        return {
+            "restarts": restarts,
+            "ok": ok,
+            "proof": "nodes restarted in turn: "
+            + ", ".join(f"{r['node']} ({r['pid_before']} -> {r['pid_after']})" for r in restarts),
+        }
+
+
+def _leaders(cluster: Any) -> dict[int, list[tuple[str, int]]]:
+    """Node -> the partitions of the cluster's own topics (not the internal ones) it leads now."""
+    led: dict[int, list[tuple[str, int]]] = {n.node_id: [] for n in cluster.nodes}
+    for (topic, partition), p in cluster.partitions().items():
+        if not topic.startswith("__") and p.leader in led:
+            led[p.leader].append((topic, partition))
+    return led
 
 
 def executor_of(pid: int) -> int | None:

@@ -373,11 +373,11 @@ class FaultLoop:
         before = checker.last_commit(self.checkpoint)
         self.producer.release()
         self._commit_after(proc, before)  # batches flow: the fault meets the job at work
-        # new records while the fault is on (a kind that wants the job writing into it), or after the heal:
-        # the run must get past the fault
+        # new records while the fault is on (a kind that wants the job writing into it), and after the heal:
+        # the run must get past the fault (a job that kept up during it, as on a cluster that lost a node,
+        # would otherwise have nothing left to commit after it)
         proof = self.kit.disturb(kind.name, self.producer.release if kind.feed else lambda: None)
-        if not kind.feed:
-            self.producer.release()
+        self.producer.release()
         healed_at = checker.last_commit(self.checkpoint)
         recovered = self._commit_after(proc, healed_at) if proc.alive() else False
         proof["recovered"] = recovered or not proc.alive()

@@ -129,9 +129,13 @@ def plan_kills(
 
 
 def chunks(plans: Sequence[KillPlan]) -> int:
-    """Chunks of the records: one per fault (two for a fault from outside: before it and after its heal)
-    and one for the draining run."""
-    return sum(2 if kinds.KINDS[p.kind].from_outside else 1 for p in plans) + 1
+    """Chunks of the records: one per fault (two for a fault from outside: before it and after its heal, and
+    a third for a kind fed while it is on) and one for the draining run."""
+    return sum(_chunks_of(kinds.KINDS[p.kind]) for p in plans) + 1
+
+
+def _chunks_of(kind: kinds.FaultKind) -> int:
+    return (3 if kind.feed else 2) if kind.from_outside else 1
 
 
 def hold_spec(point: str, batch: int | None, seconds: float, *, log_others: bool = False) -> str:

@@ -55,7 +55,8 @@ def create_topic(
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({**_settings(settings), "bootstrap.servers": bootstrap})
-    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    # the cluster's own replication factor (default.replication.factor): three on a replicated cluster
+    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic]
     fut.result(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
