@@ -81,6 +81,8 @@ _GROUPS = {
     "integration/test_chaos_cluster.py": "cluster",  # the chaos toolkit's own standalone cluster (slow-task)
     "integration/test_kafka_broker_faults.py": "kafka-broker",  # one module broker of their own, not one per worker
     # ... and modules whose module-scoped service or environment would otherwise be built on both workers
+    "integration/test_kafka_cluster.py": "kafka-cluster",  # one three-node cluster at a time (each ~1 GB, 3 JVMs)
+    "integration/test_chaos_replicated.py": "kafka-cluster",
     "integration/test_toolkit_wheel.py": "wheel",  # one venv with the wheel and its Spark's class archive (~85 s)
     "integration/test_kafka_sink_crash.py": "kafka-sink-crash",  # its broker with a 1 s transaction cleanup
     "integration/test_services_apache_kafka.py": "apache-kafka-broker",

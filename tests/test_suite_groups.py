@@ -74,3 +74,16 @@ def test_a_group_is_named_by_the_test_file_not_by_its_name_alone() -> None:
     # tests/ has a file of the same name as a grouped integration module: it is not in the group
     assert xdist_group_of("tests/test_services_apache_kafka.py::test_cluster_id_is_a_kafka_uuid") is None
     assert xdist_group_of("integration/test_upsert.py::test_x") is None
+
+
+def test_a_module_that_names_an_xdist_group_is_in_the_groups_the_scheduler_reads() -> None:
+    """A module's own ``pytest.mark.xdist_group`` is not read (see above): conftest.py's ``_GROUPS`` must list it."""
+    import re
+
+    named = {
+        f"integration/{path.name}": m.group(1)
+        for path in sorted((REPO / "integration").glob("test_*.py"))
+        for m in [re.search(r"xdist_group\(\"([^\"]+)\"\)", path.read_text())]
+        if m
+    }
+    assert named and {f: _GROUPS.get(f) for f in named} == named
