@@ -58,10 +58,10 @@ class ReplicatedPostgres(PostgresService):
             raise
         self.user, self.password, self.security = self.primary.user, self.primary.password, security
         self.promoted = False
-        if synchronous:  # once the standby exists: before, every commit (the primary's own setup) would wait
-            self._execute(self.primary.dsn, f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
-            self._execute(self.primary.dsn, "SELECT pg_reload_conf()")
         try:
+            if synchronous:  # once the standby exists: before, every commit (the primary's own setup) would wait
+                self._execute(self.primary.dsn, f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
+                self._execute(self.primary.dsn, "SELECT pg_reload_conf()")
             self.wait_replicating()
         except BaseException:
             self.stop()

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from sinks.postgres.datasources import Postgres2pcDataSource
     from sinks.postgres.refusal import DataRefused
     from sinks.postgres.twophase.committer import Committer
-    from sinks.postgres.twophase.guards import LineageMismatch, Superseded
+    from sinks.postgres.twophase.guards import LineageMismatch, LostBatches, Superseded
     from sinks.postgres.twophase.options import FORMAT, TWOPC_OPTIONS, TwoPhaseOptions
     from sinks.postgres.twophase.plan import DIRECT, TwoPhaseMessage, TwoPhasePlan
     from sinks.postgres.twophase.spark import TwoPhaseBatchWriter, TwoPhaseStreamWriter
@@ -66,6 +66,7 @@ __getattr__ = lazy.exports(
         "DataRefused": "sinks.postgres.refusal",
         "Committer": "sinks.postgres.twophase.committer",
         "LineageMismatch": "sinks.postgres.twophase.guards",
+        "LostBatches": "sinks.postgres.twophase.guards",
         "Superseded": "sinks.postgres.twophase.guards",
         "FORMAT": "sinks.postgres.twophase.options",
         "TWOPC_OPTIONS": "sinks.postgres.twophase.options",
@@ -86,6 +87,7 @@ __all__ = [
     "Committer",
     "DataRefused",
     "LineageMismatch",
+    "LostBatches",
     "Postgres2pcDataSource",
     "Superseded",
     "TwoPhaseBatchWriter",

@@ -99,9 +99,10 @@ def check_none_lost(opts: TwoPhaseOptions, batch_id: int, last: int | None) -> N
 def _offsets(opts: TwoPhaseOptions, first: int, end: int) -> str:
     """The source offsets of the lost batches, from the checkpoint's offset log when this process can read it."""
     where = f"offsets/{first}" + (f"..offsets/{end}" if end > first else "")
-    try:
-        assert opts.checkpoint is not None
-        start = batch_lineage(opts.checkpoint, first - 1).sources if first > 0 else "the sources' start"
+    if opts.checkpoint is None:
+        return f"the checkpoint's {where}"
+    try:  # first >= 1: it follows a decided batch
+        start = batch_lineage(opts.checkpoint, first - 1).sources
         stop = batch_lineage(opts.checkpoint, end).sources
     except Exception:  # the checkpoint is not reachable from here (an executor): the files still say it
         return f"the checkpoint's {where}"
