@@ -95,7 +95,18 @@ def test_query_over_spark_connect_survives_the_server_killed_and_restarted(
         first = server.proc
         assert first is not None
         client.start()
-        wait_until(lambda: first.poll() is not None, timeout=300, what="the server killed by its fault point")
+        wait_until(
+            lambda: first.poll() is not None or not client.alive(),
+            timeout=300,
+            what="the server killed by its fault point",
+        )
+        if first.poll() is None:  # the query failed before its fault: only Spark's own start-up limit is retried,
+            # once: a Python process the server starts must connect back within 10 s (hard-coded in Spark's
+            # PythonWorkerFactory), which a loaded 2-core machine can miss (seen in CI: the source's runner)
+            assert client.logged("Python worker failed to connect back"), pipe.describe()
+            pipe.outcomes.append(client.wait(30))
+            client = pipe.process(spec, state="killed-again").start()
+            wait_until(lambda: first.poll() is not None, timeout=300, what="the server killed by its fault point")
         assert first.returncode == -signal.SIGKILL, f"server: exit {first.returncode}\n{pipe.describe()}"
         fired = pipe.fired(point, action="kill-group")
         assert len(fired) == 1 and int(fired[0]["batch"]) == 1, f"{point}: {fired}"

@@ -363,7 +363,10 @@ class Modes:
     def __init__(self, s: dict[str, Any]) -> None:
         self.s = s
         self.dsn = s["dsn"]
-        self.batch = 0
+        self.batch = 0  # the upsert writes' batch id
+        # each 2PC sink's next batch, as Spark numbers a stream's: one after another, and a batch that failed is
+        # run again with its number (the sink refuses a batch whose predecessors it has no decision of)
+        self.next_batch = {"batch": 0, "partition": 0}
         self.tables = {m: f"{s['table']}_{m}" for m in ("upsert", "batch", "partition")}
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             for t in self.tables.values():
@@ -384,22 +387,24 @@ class Modes:
             merge = UpsertPlanner(opts, SCHEMA).plan()
             keys = KeyTracker(merge.key)
             rows = list(prepared_rows(iter([data]), merge, opts, keys))
+            self.batch += 1
             write_transaction(opts, merge, rows, keys=keys, batch_id=self.batch)
             return
-        self.batch += 1
+        batch = self.next_batch[mode]
         opts = dict(self.s["opts"], table=table, visibility=mode, **{"sink.id": f"{self.s['sink_id']}-{mode}"}, **extra)
-        plan(self.s["checkpoint"], self.batch)
+        plan(self.s["checkpoint"], batch)
         writer = TwoPhaseStreamWriter(opts, SCHEMA)
         half = max(1, data.num_rows // 2)
         msgs = []
         try:
             for p, part in enumerate((data.slice(0, half), data.slice(half))):
-                self.s["state"]["ctx"] = (p, 0, p, self.batch, "q1", "run1")
+                self.s["state"]["ctx"] = (p, 0, p, batch, "q1", "run1")
                 msgs.append(writer.write(iter([part])))
-            TwoPhaseStreamWriter(opts, SCHEMA).commit(msgs, self.batch)
+            TwoPhaseStreamWriter(opts, SCHEMA).commit(msgs, batch)
         except BaseException:
-            TwoPhaseStreamWriter(opts, SCHEMA).abort(msgs, self.batch)  # as Spark does after a failed task/commit
+            TwoPhaseStreamWriter(opts, SCHEMA).abort(msgs, batch)  # as Spark does after a failed task/commit
             raise
+        self.next_batch[mode] = batch + 1
 
     def read(self, mode: str) -> dict[int, dict[str, Any]]:
         with psycopg.connect(self.dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
