@@ -28,6 +28,7 @@ import pytest
 
 from connectors.services.pg_security import owner_grants
 from connectors.services.postgres_standby import ReplicatedPostgres
+from connectors.toolkit import checker
 from connectors.toolkit.chaos import create_topic, make_records, produce_records
 from connectors.toolkit.harness import wait_until
 from integration.harness.matrix import Pipeline
@@ -76,7 +77,7 @@ def _pipeline(pair: ReplicatedPostgres, kafka_service: Any, grant_topic: Any, wo
 
 def _prepared(dsn: str, sink_id: str) -> list[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{sink_id}%",))]
+        return checker.prepared_gids(conn, sink_id)
 
 
 def test_f33_primary_killed_with_a_decided_batch_prepared_and_the_promoted_standby_finishes_it(
