@@ -153,7 +153,6 @@ class EmbeddedPostgres(PostgresService):
         self.user = user
         self.password = password or secrets.token_urlsafe(18)
         self.settings = dict(settings or {})
-        self.replica_of = replica_of
         self.max_prepared_transactions = max_prepared_transactions
         self.max_connections = max_connections
         self.start_timeout = start_timeout
@@ -186,9 +185,9 @@ class EmbeddedPostgres(PostgresService):
         except BaseException:
             self.stop()
             raise
-        if (
-            hardened and replica_of is None
-        ):  # as a managed database is: PUBLIC may not connect, create temporary tables or use public
+        # as a managed database is: PUBLIC may not connect, create temporary tables or use public (a standby
+        # has it from its primary)
+        if hardened and replica_of is None:
             from connectors.services.pg_security import harden
 
             harden(self.dsn)
@@ -284,11 +283,7 @@ class EmbeddedPostgres(PostgresService):
         }
         if self.security == "tls":
             self._issue()
-            settings.update(
-                ssl="on",
-                ssl_cert_file=f"'{self.base / 'tls' / 'server.pem'}'",
-                ssl_key_file=f"'{self.base / 'tls' / 'server.key'}'",
-            )
+            settings.update(ssl="on", **self._tls_settings())
             (self.data_dir / "pg_hba.conf").write_text(_HBA_TLS)  # initdb's file: its owner and mode stay
         self._configure({**settings, **self.settings})
 
@@ -329,11 +324,13 @@ class EmbeddedPostgres(PostgresService):
             **self.settings,
         }
         if self.security == "tls":
-            settings.update(
-                ssl_cert_file=f"'{self.base / 'tls' / 'server.pem'}'",
-                ssl_key_file=f"'{self.base / 'tls' / 'server.key'}'",
-            )
+            settings.update(self._tls_settings())  # its own copy, not the primary's files
         self._configure(settings)
+
+    def _tls_settings(self) -> dict[str, str]:
+        assert self.tls_files is not None
+        cert, key = self.tls_files
+        return {"ssl_cert_file": f"'{cert}'", "ssl_key_file": f"'{key}'"}
 
     def _launch(self, *, last_attempt: bool) -> bool:
         log = open(self.log_path, "ab")  # the child inherits the descriptor
